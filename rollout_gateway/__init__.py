@@ -1,0 +1,68 @@
+"""rollout-gateway: gateway-mode rollouts for verifiers' ``CliAgentEnv``.
+
+Public API (imported lazily, so ``rollout_gateway.server`` does not pull in verifiers)::
+
+    from rollout_gateway import RolloutGatewayMixin, GatewayClient
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "RolloutGatewayMixin": "rollout_gateway.mixin",
+    "GatewayClient": "rollout_gateway.client",
+    "RetryPolicy": "rollout_gateway.client",
+    "TunnelProvider": "rollout_gateway.tunnels",
+    "PrimeTunnelProvider": "rollout_gateway.tunnels",
+    "DirectTunnelProvider": "rollout_gateway.tunnels",
+    "TunnelPool": "rollout_gateway.tunnels",
+    "GatewayConfigError": "rollout_gateway.errors",
+    "GatewayError": "rollout_gateway.errors",
+    "GatewayUnavailableError": "rollout_gateway.errors",
+    "GatewayRequestError": "rollout_gateway.errors",
+    "GatewayProtocolError": "rollout_gateway.errors",
+    "RolloutNotFoundError": "rollout_gateway.errors",
+    "RolloutConflictError": "rollout_gateway.errors",
+    "GatewayTunnelError": "rollout_gateway.errors",
+    "AgentStartError": "rollout_gateway.errors",
+    "AgentPollError": "rollout_gateway.errors",
+    "EmptyTrajectoryError": "rollout_gateway.errors",
+    "LocalSandboxClient": "rollout_gateway.local_sandbox",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from rollout_gateway.client import GatewayClient, RetryPolicy
+    from rollout_gateway.errors import (
+        AgentPollError,
+        AgentStartError,
+        EmptyTrajectoryError,
+        GatewayConfigError,
+        GatewayError,
+        GatewayProtocolError,
+        GatewayRequestError,
+        GatewayTunnelError,
+        GatewayUnavailableError,
+        RolloutConflictError,
+        RolloutNotFoundError,
+    )
+    from rollout_gateway.local_sandbox import LocalSandboxClient
+    from rollout_gateway.mixin import RolloutGatewayMixin
+    from rollout_gateway.tunnels import (
+        DirectTunnelProvider,
+        PrimeTunnelProvider,
+        TunnelPool,
+        TunnelProvider,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout_gateway' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
