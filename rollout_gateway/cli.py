@@ -1,0 +1,139 @@
+"""The ``rollout-gateway`` command line.
+
+Each subcommand is one function decorated with :func:`subcommand`: it receives the
+subparsers object, adds its parser and sets ``func`` (the callable run with the parsed
+arguments, returning an exit code). Adding a subcommand means adding one such function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+SubcommandSetup = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+_SUBCOMMANDS: list[SubcommandSetup] = []
+
+
+def subcommand(setup: SubcommandSetup) -> SubcommandSetup:
+    """Register a function that adds one subcommand's parser (see the module docstring)."""
+    _SUBCOMMANDS.append(setup)
+    return setup
+
+
+@subcommand
+def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``rollout-gateway serve``: the reference rollout gateway."""
+    p = subparsers.add_parser(
+        "serve",
+        help="run the rollout gateway in front of OpenAI-compatible upstreams",
+        description="Run the rollout gateway (protocol v1) in front of one or more "
+        "OpenAI-compatible upstreams (vLLM, the scripted model...).",
+    )
+    p.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="OpenAI base URL of an upstream, e.g. http://127.0.0.1:8001/v1 (repeatable)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--require-rollout-keys",
+        action="store_true",
+        help="register returns a per-rollout api_key that chat requests must present",
+    )
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get("ROLLOUT_GATEWAY_ADMIN_TOKEN"),
+        help="bearer token required by register/cancel/unregister/trajectory "
+        "(default: $ROLLOUT_GATEWAY_ADMIN_TOKEN)",
+    )
+    p.add_argument(
+        "--upstream-api-key",
+        default=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY"),
+        help="bearer token sent to the upstreams (default: $ROLLOUT_GATEWAY_UPSTREAM_API_KEY)",
+    )
+    p.add_argument("--rollout-ttl", type=float, default=3600.0, metavar="SECONDS")
+    p.add_argument("--max-rollouts", type=int, default=10_000, metavar="N")
+    p.add_argument("--upstream-timeout", type=float, default=600.0, metavar="S")
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, metavar="N")
+    p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run ``serve`` with parsed arguments."""
+    from rollout_gateway.server import GatewayConfig, create_app, serve
+
+    config = GatewayConfig(
+        upstreams=args.upstream,
+        enabled=not args.disabled,
+        require_rollout_keys=args.require_rollout_keys,
+        admin_token=args.admin_token or None,
+        rollout_ttl_s=args.rollout_ttl,
+        max_rollouts=args.max_rollouts,
+        upstream_timeout_s=args.upstream_timeout,
+        max_body_bytes=args.max_body_bytes,
+        upstream_api_key=args.upstream_api_key or None,
+    )
+    _setup_logging(args.log_level)
+    serve(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+@subcommand
+def add_scripted_model_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``rollout-gateway scripted-model``: the deterministic scripted upstream."""
+    p = subparsers.add_parser(
+        "scripted-model",
+        help="run the scripted OpenAI-compatible model (base URL http://HOST:PORT/v1)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--latency-ms", type=float, default=0.0, help="added latency per completion")
+    p.add_argument("--model-name", default="scripted")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_scripted_model)
+
+
+def run_scripted_model(args: argparse.Namespace) -> int:
+    """Run ``scripted-model`` with parsed arguments."""
+    from rollout_gateway.scripted import create_scripted_model_app
+    from rollout_gateway.server import serve
+
+    _setup_logging(args.log_level)
+    app = create_scripted_model_app(model_name=args.model_name, latency_ms=args.latency_ms)
+    serve(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, one subparser per registered subcommand."""
+    parser = argparse.ArgumentParser(prog="rollout-gateway", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for setup in _SUBCOMMANDS:
+        setup(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rollout-gateway`` command."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

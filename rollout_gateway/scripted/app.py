@@ -1,0 +1,152 @@
+"""A scripted OpenAI-compatible chat model (Starlette app), vLLM-shaped answers.
+
+``GET /v1/models`` and ``POST /v1/chat/completions``. Answers follow
+:mod:`rollout_gateway.scripted.policy` and are tokenized by
+:mod:`rollout_gateway.scripted.tokenizer`. Like vLLM, it adds top-level
+``prompt_token_ids`` and per-choice ``token_ids`` when the request has
+``return_token_ids: true``, and ``choices[].logprobs.content[]`` when it has
+``logprobs: true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from rollout_gateway.scripted import tokenizer as tok
+from rollout_gateway.scripted.policy import decide
+from rollout_gateway.server.responses import (
+    ApiError,
+    api_error_handler,
+    read_json_object,
+    validate_messages,
+)
+from rollout_gateway.server.sse import iter_completion_sse
+
+_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def _int_or_none(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer", "invalid_request_error")
+    return value
+
+
+def build_completion(body: dict[str, Any], model_name: str) -> dict[str, Any]:
+    """The ``chat.completion`` dict the scripted model answers to request ``body``."""
+    messages = validate_messages(body)
+    temperature = body.get("temperature")
+    if temperature is not None and not isinstance(temperature, int | float):
+        raise ApiError(400, "'temperature' must be a number", "invalid_request_error")
+    seed = _int_or_none(body.get("seed"), "seed")
+    max_tokens = _int_or_none(body.get("max_completion_tokens"), "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _int_or_none(body.get("max_tokens"), "max_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, "'max_tokens' must be at least 1", "invalid_request_error")
+
+    action = decide(messages, temperature=temperature, seed=seed)
+    tool_calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in action.tool_calls
+    ]
+    full_text = (action.text or "") + "".join(
+        tok.render_tool_call(c.name, c.arguments) for c in action.tool_calls
+    )
+    completion_ids = tok.encode_completion(full_text)
+    finish_reason = action.finish_reason
+    message: dict[str, Any] = {"role": "assistant", "content": action.text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if max_tokens is not None and len(completion_ids) > max_tokens:
+        # Cut short like a real model: partial text, no parsed tool call.
+        completion_ids = completion_ids[:max_tokens]
+        finish_reason = "length"
+        message = {"role": "assistant", "content": tok.decode(completion_ids)}
+
+    prompt_ids = tok.encode_prompt(messages)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+    if body.get("logprobs"):
+        choice["logprobs"] = {
+            "content": [
+                {
+                    "token": tok.token_str(t),
+                    "logprob": tok.token_logprob(t),
+                    "bytes": [t] if t < 256 else [],
+                    "top_logprobs": [],
+                }
+                for t in completion_ids
+            ]
+        }
+    completion: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model") or model_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(completion_ids),
+            "total_tokens": len(prompt_ids) + len(completion_ids),
+        },
+    }
+    if body.get("return_token_ids"):
+        completion["prompt_token_ids"] = prompt_ids
+        choice["token_ids"] = completion_ids
+    return completion
+
+
+def create_scripted_model_app(
+    *, model_name: str = "scripted", latency_ms: float = 0.0
+) -> Starlette:
+    """The scripted model's ASGI app. Its OpenAI base URL is ``http://host:port/v1``.
+
+    ``latency_ms`` is added (as an ``asyncio.sleep``) to every chat completion, to emulate
+    generation time without blocking other requests.
+    """
+
+    async def models(request: Request) -> Response:
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "rollout-gateway"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json_object(request, _MAX_BODY_BYTES)
+        completion = build_completion(body, model_name)
+        if latency_ms > 0:
+            await asyncio.sleep(latency_ms / 1000.0)
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                iter_completion_sse(completion, include_usage=include_usage),
+                media_type="text/event-stream",
+            )
+        return JSONResponse(completion)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(
+        routes=[
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={ApiError: api_error_handler},
+    )
+
+
+__all__ = ["build_completion", "create_scripted_model_app"]

@@ -1,0 +1,112 @@
+"""Deterministic byte-level tokenizer of the scripted model.
+
+Token ids (documented so tests and examples can predict them exactly):
+
+* ``0..255``: the UTF-8 bytes of the text;
+* ``256`` (:data:`IM_START`): start of a message; ``257`` (:data:`IM_END`): end of a
+  message (also the end-of-sequence token the model emits when it stops).
+
+A conversation renders with a ChatML-like template. Each message is
+``IM_START + utf8(f"{role}\\n{text}") + IM_END``; the prompt ends with the generation
+prompt ``IM_START + utf8("assistant\\n")``. A message's ``text`` is its text content
+(string, or the concatenated ``text`` parts of a list) followed by one
+``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` per tool call. A completion is
+``utf8(text) + IM_END`` (``IM_END`` dropped when ``max_tokens`` cuts it short).
+
+The log-probability of token ``t`` is :func:`token_logprob` ``= -0.01 * (1 + t % 50)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+IM_START = 256
+IM_END = 257
+
+_SPECIAL_NAMES = {IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
+
+
+def encode_text(text: str) -> list[int]:
+    """Token ids of plain text (its UTF-8 bytes)."""
+    return list(text.encode("utf-8"))
+
+
+def decode(ids: Iterable[int]) -> str:
+    """Text of ``ids``; special tokens are dropped, invalid UTF-8 is replaced."""
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def token_str(token_id: int) -> str:
+    """Display string of one token (as in ``logprobs.content[].token``)."""
+    if token_id in _SPECIAL_NAMES:
+        return _SPECIAL_NAMES[token_id]
+    return bytes([token_id]).decode("latin-1")
+
+
+def token_logprob(token_id: int) -> float:
+    """Deterministic log-probability the scripted model reports for ``token_id``."""
+    return -0.01 * (1 + token_id % 50)
+
+
+def render_tool_call(name: str, arguments: str) -> str:
+    """Text form of one tool call inside a rendered message."""
+    try:
+        args: Any = json.loads(arguments)
+    except (TypeError, ValueError):
+        args = arguments
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """Text of a message as the template renders it (content, then tool calls)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        text = "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    else:
+        text = ""
+    for call in message.get("tool_calls") or ():
+        if not isinstance(call, Mapping):
+            continue
+        function = call.get("function") or {}
+        text += render_tool_call(str(function.get("name", "")), function.get("arguments", ""))
+    return text
+
+
+def encode_message(message: Mapping[str, Any]) -> list[int]:
+    """Token ids of one rendered message."""
+    role = str(message.get("role", "user"))
+    return [IM_START, *encode_text(f"{role}\n{message_text(message)}"), IM_END]
+
+
+def encode_prompt(messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of a whole prompt, generation prompt included."""
+    ids: list[int] = []
+    for message in messages:
+        ids.extend(encode_message(message))
+    ids.append(IM_START)
+    ids.extend(encode_text("assistant\n"))
+    return ids
+
+
+def encode_completion(text: str) -> list[int]:
+    """Token ids of a full (not truncated) completion: its text then ``IM_END``."""
+    return [*encode_text(text), IM_END]
+
+
+__all__ = [
+    "IM_END",
+    "IM_START",
+    "decode",
+    "encode_completion",
+    "encode_message",
+    "encode_prompt",
+    "encode_text",
+    "message_text",
+    "render_tool_call",
+    "token_logprob",
+    "token_str",
+]

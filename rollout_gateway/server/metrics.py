@@ -1,0 +1,147 @@
+"""Prometheus metrics of the gateway (text exposition format, no dependency)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _labels(names: Sequence[str], values: Sequence[str]) -> str:
+    if not names:
+        return ""
+    inner = ",".join(
+        f'{n}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for n, v in zip(names, values, strict=True)
+    )
+    return "{" + inner + "}"
+
+
+class Counter:
+    """A monotonically increasing counter, optionally labelled."""
+
+    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
+        self.name, self.help, self.label_names = name, help_text, tuple(labels)
+        self._values: dict[tuple[str, ...], float] = {} if labels else {(): 0.0}
+
+    def inc(self, *labels: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to the series with these label values."""
+        self._values[labels] = self._values.get(labels, 0.0) + amount
+
+    def value(self, *labels: str) -> float:
+        """Current value of one series."""
+        return self._values.get(labels, 0.0)
+
+    def render(self) -> list[str]:
+        """Exposition lines."""
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
+        for key, value in sorted(self._values.items()):
+            lines.append(f"{self.name}{_labels(self.label_names, key)} {value:g}")
+        return lines
+
+
+class Gauge:
+    """A gauge whose value is read from a callback at scrape time."""
+
+    def __init__(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+        self.name, self.help, self.read = name, help_text, read
+
+    def render(self) -> list[str]:
+        """Exposition lines."""
+        return [
+            f"# HELP {self.name} {self.help}",
+            f"# TYPE {self.name} gauge",
+            f"{self.name} {self.read():g}",
+        ]
+
+
+class Histogram:
+    """A histogram with fixed buckets, labelled by one or more labels."""
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = _LATENCY_BUCKETS_S,
+    ) -> None:
+        self.name, self.help, self.label_names = name, help_text, tuple(labels)
+        self.buckets = tuple(buckets)
+        self._series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+
+    def observe(self, value: float, *labels: str) -> None:
+        """Record one observation."""
+        counts, total = self._series.setdefault(labels, ([0] * (len(self.buckets) + 1), [0.0]))
+        counts[bisect.bisect_left(self.buckets, value)] += 1
+        total[0] += value
+
+    def count(self, *labels: str) -> int:
+        """Number of observations of one series."""
+        series = self._series.get(labels)
+        return sum(series[0]) if series else 0
+
+    def render(self) -> list[str]:
+        """Exposition lines (cumulative buckets, ``_sum`` and ``_count``)."""
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        for key, (counts, total) in sorted(self._series.items()):
+            cumulative = 0
+            for bound, count in zip((*self.buckets, float("inf")), counts, strict=True):
+                cumulative += count
+                le = "+Inf" if bound == float("inf") else f"{bound:g}"
+                labels = _labels((*self.label_names, "le"), (*key, le))
+                lines.append(f"{self.name}_bucket{labels} {cumulative}")
+            base = _labels(self.label_names, key)
+            lines.append(f"{self.name}_sum{base} {total[0]:g}")
+            lines.append(f"{self.name}_count{base} {cumulative}")
+        return lines
+
+
+class GatewayMetrics:
+    """The gateway's metrics. ``active_rollouts`` is read from the registry at scrape."""
+
+    def __init__(self, active_rollouts: Callable[[], float]) -> None:
+        self.active_rollouts = Gauge(
+            "rollout_gateway_active_rollouts", "Rollouts currently registered.", active_rollouts
+        )
+        self.registrations = Counter("rollout_gateway_registrations_total", "Rollouts registered.")
+        self.turns = Counter(
+            "rollout_gateway_turns_total", "Chat turns completed, by upstream.", ["upstream"]
+        )
+        self.upstream_latency = Histogram(
+            "rollout_gateway_upstream_latency_seconds",
+            "Latency of upstream chat completions, by upstream.",
+            ["upstream"],
+        )
+        self.upstream_errors = Counter(
+            "rollout_gateway_upstream_errors_total",
+            "Failed upstream calls, by upstream and kind "
+            "(connect, timeout, http_4xx, http_5xx, protocol).",
+            ["upstream", "kind"],
+        )
+        self.expired_rollouts = Counter(
+            "rollout_gateway_expired_rollouts_total", "Rollouts dropped after the idle TTL."
+        )
+        self.rejected_requests = Counter(
+            "rollout_gateway_rejected_requests_total",
+            "Requests answered with a 4xx/5xx by the gateway itself, by status.",
+            ["status"],
+        )
+
+    def render(self) -> str:
+        """The whole exposition text."""
+        lines: list[str] = []
+        for metric in (
+            self.active_rollouts,
+            self.registrations,
+            self.turns,
+            self.upstream_latency,
+            self.upstream_errors,
+            self.expired_rollouts,
+            self.rejected_requests,
+        ):
+            lines.extend(metric.render())
+        return "\n".join(lines) + "\n"
+
+
+__all__ = ["Counter", "Gauge", "GatewayMetrics", "Histogram"]

@@ -1,0 +1,131 @@
+"""Run ASGI apps (the gateway, the scripted model) with uvicorn: in-process or blocking.
+
+In-process use (demos, integration tests, benchmarks)::
+
+    from rollout_gateway.server import GatewayConfig, create_app
+    from rollout_gateway.server.runner import running_server
+    from rollout_gateway.scripted import create_scripted_model_app
+
+    async with running_server(create_scripted_model_app()) as model_root:
+        config = GatewayConfig(upstreams=[f"{model_root}/v1"])
+        async with running_server(create_app(config)) as gateway_root:
+            ...  # gateway_root is "http://127.0.0.1:<port>"
+
+From synchronous code, :func:`server_thread` does the same in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import uvicorn
+
+from rollout_gateway.server.config import DEFAULT_KEEP_ALIVE_S
+
+
+def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
+    options: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        # Longer than client pools' idle timeout (httpx: 5 s): see DEFAULT_KEEP_ALIVE_S.
+        "timeout_keep_alive": DEFAULT_KEEP_ALIVE_S,
+        "lifespan": "on",
+    }
+    options.update(kwargs)
+    return uvicorn.Config(app, host=host, port=port, **options)
+
+
+def _bound_port(server: uvicorn.Server) -> int:
+    for srv in server.servers:
+        for sock in srv.sockets:
+            return int(sock.getsockname()[1])
+    raise RuntimeError("uvicorn server has no listening socket")
+
+
+def _root_url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    startup_timeout_s: float = 10.0,
+    **kwargs: Any,
+) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn as a task of the running loop; yields its root URL.
+
+    ``port=0`` binds a free port; the URL yielded (``http://host:port``, no path) has the
+    port actually bound. The app's lifespan runs (startup before the URL is yielded,
+    shutdown on exit). Extra ``kwargs`` go to ``uvicorn.Config``. On exit the server stops
+    accepting, finishes in-flight requests and shuts down.
+    """
+    server = uvicorn.Server(_uvicorn_config(app, host, port, **kwargs))
+    task = asyncio.create_task(server.serve())
+    try:
+        deadline = asyncio.get_running_loop().time() + startup_timeout_s
+        while not server.started:
+            if task.done():
+                task.result()  # re-raises the startup error
+                raise RuntimeError("uvicorn exited during startup")
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"server did not start within {startup_timeout_s} s")
+            await asyncio.sleep(0.005)
+        yield _root_url(host, _bound_port(server))
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.contextmanager
+def server_thread(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    startup_timeout_s: float = 10.0,
+    **kwargs: Any,
+) -> Iterator[str]:
+    """Like :func:`running_server`, from synchronous code: uvicorn in a daemon thread."""
+    server = uvicorn.Server(_uvicorn_config(app, host, port, **kwargs))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(server.serve())
+        except BaseException as exc:  # surfaced to the caller below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="rollout-gateway-uvicorn", daemon=True)
+    thread.start()
+    try:
+        waited = 0.0
+        while not server.started:
+            if errors or not thread.is_alive():
+                raise RuntimeError(f"server failed to start: {errors[:1]!r}")
+            if waited > startup_timeout_s:
+                raise TimeoutError(f"server did not start within {startup_timeout_s} s")
+            thread.join(0.01)
+            waited += 0.01
+        yield _root_url(host, _bound_port(server))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) -> None:
+    """Serve ``app`` in the foreground until interrupted (what the CLI uses)."""
+    options: dict[str, Any] = {"log_level": "info", "access_log": False}
+    options.update(kwargs)
+    uvicorn.Server(_uvicorn_config(app, host, port, **options)).run()
+
+
+__all__ = ["running_server", "serve", "server_thread"]

@@ -1,0 +1,71 @@
+"""Server-sent events synthesised from a full (non-streamed) chat completion.
+
+The gateway always calls its upstream non-streaming (it needs the whole completion and its
+token ids to record the turn). When the agent asked for ``stream: true`` it gets the same
+completion re-encoded as ``chat.completion.chunk`` events that the OpenAI SDK's streaming
+client accumulates back into the same message (content and tool-call deltas).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+def _event(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def completion_to_sse(completion: Mapping[str, Any], *, include_usage: bool = False) -> list[bytes]:
+    """Encode ``completion`` (a ``chat.completion`` dict) as SSE events, ``[DONE]`` last."""
+    return list(iter_completion_sse(completion, include_usage=include_usage))
+
+
+def iter_completion_sse(
+    completion: Mapping[str, Any], *, include_usage: bool = False
+) -> Iterator[bytes]:
+    """Yield the SSE events of ``completion`` one by one (see :func:`completion_to_sse`)."""
+    base = {
+        "id": completion.get("id", "chatcmpl-gateway"),
+        "object": "chat.completion.chunk",
+        "created": completion.get("created", 0),
+        "model": completion.get("model", ""),
+    }
+
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _event({**base, "choices": [choice]})
+
+    for position, choice in enumerate(completion.get("choices") or ()):
+        index = int(choice.get("index", position))
+        message = choice.get("message") or {}
+        yield chunk(index, {"role": message.get("role", "assistant"), "content": ""})
+        reasoning = message.get("reasoning_content")
+        if reasoning:
+            yield chunk(index, {"reasoning_content": reasoning})
+        content = message.get("content")
+        if content:
+            yield chunk(index, {"content": content})
+        for call_index, call in enumerate(message.get("tool_calls") or ()):
+            function = call.get("function") or {}
+            delta_call = {
+                "index": call_index,
+                "id": call.get("id"),
+                "type": call.get("type", "function"),
+                "function": {
+                    "name": function.get("name", ""),
+                    "arguments": function.get("arguments", ""),
+                },
+            }
+            yield chunk(index, {"tool_calls": [delta_call]})
+        yield chunk(index, {}, choice.get("finish_reason") or "stop")
+    if include_usage and completion.get("usage") is not None:
+        yield _event({**base, "choices": [], "usage": completion["usage"]})
+    yield DONE_EVENT
+
+
+__all__ = ["DONE_EVENT", "completion_to_sse", "iter_completion_sse"]

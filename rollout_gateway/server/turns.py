@@ -1,0 +1,157 @@
+"""One chat turn: the request sent upstream and what is read back from the answer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Request fields that are sampling parameters: the registered values win over the agent's.
+_MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
+#: Fields the gateway controls itself.
+_GATEWAY_FIELDS = ("stream", "stream_options", "return_token_ids", "model")
+
+
+def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Registered sampling params as top-level request fields.
+
+    verifiers passes engine-specific parameters (``top_k``, ``min_p``...) under
+    ``extra_body``; the OpenAI SDK would merge that into the body, so do the same.
+    """
+    flat = {k: v for k, v in params.items() if k != "extra_body"}
+    extra = params.get("extra_body")
+    if isinstance(extra, Mapping):
+        flat.update({k: v for k, v in extra.items() if k not in flat})
+    return flat
+
+
+def build_upstream_request(
+    body: Mapping[str, Any], *, model: str, sampling_params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The upstream request for an agent's chat ``body``.
+
+    The registered ``model`` and ``sampling_params`` override the agent's fields;
+    ``max_tokens`` / ``max_completion_tokens`` are one setting (the registered one wins,
+    then the agent's) sent once as ``max_tokens``. ``tools`` / ``tool_choice`` and
+    other fields pass through. The call is never streamed and always asks for token ids
+    and logprobs (vLLM's ``return_token_ids`` / ``logprobs``).
+    """
+    registered = flatten_sampling_params(sampling_params)
+    request = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
+    max_tokens = _first_set(registered, _MAX_TOKEN_KEYS)
+    if max_tokens is None:
+        max_tokens = _first_set(body, _MAX_TOKEN_KEYS)
+    request.update({k: v for k, v in registered.items() if k not in _MAX_TOKEN_KEYS})
+    for key in _MAX_TOKEN_KEYS:
+        request.pop(key, None)
+    if max_tokens is not None:
+        request["max_tokens"] = max_tokens
+    request["model"] = model
+    request["stream"] = False
+    request["return_token_ids"] = True
+    request["logprobs"] = True
+    return request
+
+
+def _first_set(mapping: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if mapping.get(key) is not None:
+            return mapping[key]
+    return None
+
+
+_MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content", "name")
+
+
+def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant message as recorded: OpenAI fields only, empty extras dropped."""
+    out: dict[str, Any] = {"role": message.get("role") or "assistant"}
+    out["content"] = message.get("content")
+    for key in _MESSAGE_FIELDS[2:]:
+        if message.get(key):
+            out[key] = message[key]
+    return out
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What the recorder needs from an upstream answer."""
+
+    completion: list[dict[str, Any]]
+    finish_reason: str | None
+    prompt_ids: list[int] | None
+    completion_ids: list[int] | None
+    completion_logprobs: list[float] | None
+    total_tokens: int | None
+
+
+def read_turn(completion: Mapping[str, Any]) -> TurnResult:
+    """Read the first choice of an upstream answer (vLLM shapes for ids and logprobs).
+
+    vLLM puts the prompt's ids at the top level (``prompt_token_ids``), the generated ids
+    on the choice (``token_ids``) and the per-token logprobs in
+    ``choices[0].logprobs.content[].logprob``. Missing or malformed fields give ``None``.
+    """
+    choices = completion.get("choices") or []
+    choice = choices[0] if choices and isinstance(choices[0], Mapping) else {}
+    message = choice.get("message") or {}
+    messages = [assistant_message(message)] if isinstance(message, Mapping) else []
+    prompt_ids = _int_list(completion.get("prompt_token_ids"))
+    completion_ids = _int_list(choice.get("token_ids"))
+    logprobs: list[float] | None = None
+    lp = choice.get("logprobs")
+    if isinstance(lp, Mapping) and isinstance(lp.get("content"), list):
+        try:
+            logprobs = [float(entry["logprob"]) for entry in lp["content"]]
+        except (KeyError, TypeError, ValueError):
+            logprobs = None
+    usage = completion.get("usage")
+    total = usage.get("total_tokens") if isinstance(usage, Mapping) else None
+    return TurnResult(
+        completion=messages,
+        finish_reason=choice.get("finish_reason"),
+        prompt_ids=prompt_ids,
+        completion_ids=completion_ids,
+        completion_logprobs=logprobs,
+        total_tokens=total if isinstance(total, int) else None,
+    )
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    return None
+
+
+def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer as the agent asked for it: token fields only if it asked for them.
+
+    The gateway always asks upstream for ids and logprobs; echoing a long context's
+    ``prompt_token_ids`` back to an agent that did not ask would waste the tunnel.
+    """
+    if body.get("return_token_ids") and body.get("logprobs"):
+        return completion
+    out = dict(completion)
+    if not body.get("return_token_ids"):
+        out.pop("prompt_token_ids", None)
+    choices = []
+    for choice in out.get("choices") or []:
+        if isinstance(choice, dict):
+            choice = dict(choice)
+            if not body.get("return_token_ids"):
+                choice.pop("token_ids", None)
+            if not body.get("logprobs"):
+                choice["logprobs"] = None
+        choices.append(choice)
+    out["choices"] = choices
+    return out
+
+
+__all__ = [
+    "TurnResult",
+    "agent_view",
+    "assistant_message",
+    "build_upstream_request",
+    "flatten_sampling_params",
+    "read_turn",
+]

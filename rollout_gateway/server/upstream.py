@@ -1,0 +1,196 @@
+"""Upstream inference servers: pooled clients, rollout pinning, health, error mapping."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+logger = logging.getLogger("rollout_gateway.server")
+
+ErrorKind = Literal["connect", "timeout", "transport", "http_4xx", "http_5xx", "protocol"]
+
+
+class UpstreamError(Exception):
+    """An upstream call failed; ``status_code`` is what the gateway answers the agent."""
+
+    def __init__(self, kind: ErrorKind, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status_code = status_code
+        self.message = message
+
+
+@dataclass(eq=False)
+class Upstream:
+    """One inference server (OpenAI base URL) and its connection pool."""
+
+    base_url: str
+    client: httpx.AsyncClient
+    healthy: bool = True
+    pinned: int = 0  # registered rollouts pinned here
+    in_flight: int = 0  # chat requests under way
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """Sort key of the least-loaded choice."""
+        return (self.pinned, self.in_flight)
+
+
+def _upstream_message(response: httpx.Response) -> str:
+    """The error message an OpenAI-compatible server put in its answer."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:2000] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        for key in ("message", "detail"):
+            if body.get(key):
+                return str(body[key])
+    return response.text[:2000]
+
+
+class UpstreamPool:
+    """The gateway's upstreams.
+
+    Each upstream has its own pooled ``httpx.AsyncClient`` (connections are reused across
+    turns and rollouts). A rollout is pinned at register time to the least-loaded healthy
+    upstream (fewest pinned rollouts, then fewest requests in flight), so its turns hit the
+    same server (prefix cache). An upstream whose requests fail to connect is marked
+    unhealthy for new registrations until a request to it succeeds or
+    :meth:`probe_unhealthy` finds ``GET {base}/models`` answering again.
+
+    Args:
+        urls: OpenAI base URLs (``http://host:port/v1``).
+        timeout_s: read/write/pool timeout of a chat completion.
+        connect_timeout_s: connect timeout (small: a dead upstream must fail fast).
+        transport: an httpx transport for every upstream, or one per URL (tests).
+        api_key: bearer token sent upstream.
+        max_connections: connection pool size per upstream.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | Mapping[str, httpx.AsyncBaseTransport] | None = None,
+        api_key: str | None = None,
+        max_connections: int = 1024,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=30.0,
+        )
+        self.upstreams: list[Upstream] = []
+        for url in urls:
+            t = transport.get(url) if isinstance(transport, Mapping) else transport
+            client = httpx.AsyncClient(
+                base_url=url, timeout=timeout, limits=limits, headers=headers, transport=t
+            )
+            self.upstreams.append(Upstream(url, client))
+        self._by_url = {u.base_url: u for u in self.upstreams}
+
+    def get(self, url: str) -> Upstream:
+        """The upstream of ``url``."""
+        return self._by_url[url]
+
+    def pin(self) -> Upstream:
+        """Choose the upstream of a new rollout and count it as pinned there.
+
+        Among healthy upstreams when there are any; when all are marked unhealthy, among
+        all of them (the mark may be stale, and the chat call reports a 502 if not).
+        """
+        candidates = [u for u in self.upstreams if u.healthy] or self.upstreams
+        chosen = min(candidates, key=lambda u: u.load)  # min is stable: first on ties
+        chosen.pinned += 1
+        return chosen
+
+    def release(self, url: str) -> None:
+        """A rollout pinned to ``url`` went away."""
+        upstream = self._by_url.get(url)
+        if upstream is not None and upstream.pinned > 0:
+            upstream.pinned -= 1
+
+    async def chat(self, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """POST ``body`` to ``{url}/chat/completions``; returns (completion, seconds).
+
+        Raises :class:`UpstreamError`: upstream 4xx -> 400 with its message (429 kept as
+        429 so clients back off), 5xx, unreachable, timeout or a non-JSON answer -> 502.
+        """
+        upstream = self._by_url[url]
+        upstream.in_flight += 1
+        start = time.perf_counter()
+        try:
+            response = await upstream.client.post("/chat/completions", json=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if upstream.healthy:
+                logger.warning("upstream=%s marked unhealthy: %r", url, exc)
+            upstream.healthy = False
+            raise UpstreamError("connect", 502, f"upstream {url} unreachable: {exc!r}") from exc
+        except httpx.TimeoutException as exc:
+            raise UpstreamError("timeout", 502, f"upstream {url} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError("transport", 502, f"upstream {url} failed: {exc!r}") from exc
+        finally:
+            upstream.in_flight -= 1
+        elapsed = time.perf_counter() - start
+        if not upstream.healthy:
+            logger.info("upstream=%s healthy again", url)
+        upstream.healthy = True  # it answered: reachable
+        status = response.status_code
+        if status >= 500:
+            raise UpstreamError(
+                "http_5xx", 502, f"upstream error {status}: {_upstream_message(response)}"
+            )
+        if status >= 400:
+            code = 429 if status == 429 else 400
+            raise UpstreamError("http_4xx", code, _upstream_message(response))
+        try:
+            completion = response.json()
+        except ValueError as exc:
+            raise UpstreamError("protocol", 502, "upstream answered non-JSON") from exc
+        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+            raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
+        return completion, elapsed
+
+    async def probe_unhealthy(self, timeout_s: float = 2.0) -> None:
+        """Re-probe unhealthy upstreams with ``GET {base}/models``; mark answering ones healthy."""
+        for upstream in self.upstreams:
+            if upstream.healthy:
+                continue
+            try:
+                response = await upstream.client.get("/models", timeout=timeout_s)
+            except httpx.HTTPError:
+                continue
+            if response.status_code < 500:
+                logger.info("upstream=%s healthy again (probe)", upstream.base_url)
+                upstream.healthy = True
+
+    def describe(self) -> list[dict[str, Any]]:
+        """State of every upstream (for ``/health``)."""
+        return [
+            {"url": u.base_url, "healthy": u.healthy, "pinned": u.pinned, "in_flight": u.in_flight}
+            for u in self.upstreams
+        ]
+
+    async def aclose(self) -> None:
+        """Close every connection pool."""
+        for upstream in self.upstreams:
+            await upstream.client.aclose()
+
+
+__all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool"]
