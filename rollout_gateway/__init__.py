@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "AgentStartError": "rollout_gateway.errors",
     "AgentPollError": "rollout_gateway.errors",
     "EmptyTrajectoryError": "rollout_gateway.errors",
+    "PostRolloutError": "rollout_gateway.errors",
+    "PollPolicy": "rollout_gateway.polling",
     "LocalSandboxClient": "rollout_gateway.local_sandbox",
 }
 
@@ -48,11 +50,13 @@ if TYPE_CHECKING:
         GatewayRequestError,
         GatewayTunnelError,
         GatewayUnavailableError,
+        PostRolloutError,
         RolloutConflictError,
         RolloutNotFoundError,
     )
     from rollout_gateway.local_sandbox import LocalSandboxClient
     from rollout_gateway.mixin import RolloutGatewayMixin
+    from rollout_gateway.polling import PollPolicy
     from rollout_gateway.tunnels import (
         DirectTunnelProvider,
         PrimeTunnelProvider,

@@ -69,6 +69,10 @@ class AgentPollError(vf.SandboxError):
     """Polling the agent's background job kept failing."""
 
 
+class PostRolloutError(vf.InfraError):
+    """The env's ``post_rollout`` hook failed (e.g. the sandbox check could not run)."""
+
+
 class EmptyTrajectoryError(vf.InfraError):
     """The agent exited without a single model call: nothing to train on.
 
@@ -88,6 +92,7 @@ __all__ = [
     "GatewayRequestError",
     "GatewayTunnelError",
     "GatewayUnavailableError",
+    "PostRolloutError",
     "RolloutConflictError",
     "RolloutNotFoundError",
 ]

@@ -1,0 +1,443 @@
+"""In-memory fakes for the mixin's seams, for tests and benchmarks of env code.
+
+- :class:`FakeGateway`: the gateway protocol's control plane as an httpx transport
+  (pass ``gateway.transport()`` as ``gateway_transport``), with failure injection.
+- :class:`FakeSandboxClient`: what ``CliAgentEnv`` calls on its sandbox client, with an
+  *agent* coroutine standing in for the sandboxed process, latencies and failure
+  injection.
+- :class:`FakeTunnelProvider`: counts tunnel starts, can be slow, fail or die.
+
+They hold no network resource; nothing here is used by the package at run time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CommandResponse
+
+
+Failure = int | BaseException
+"""An injected failure: an HTTP status to answer, or an exception to raise."""
+
+
+@dataclass
+class FakeRollout:
+    """A rollout as the fake gateway holds it."""
+
+    rollout_id: str
+    register_body: dict[str, Any]
+    status: str = "active"
+    api_key: str | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    trajectory_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+class FakeGateway:
+    """The control plane of the gateway protocol, in memory.
+
+    ``fail(op, *failures)`` queues failures for an operation (``register``,
+    ``trajectory``, ``cancel``, ``unregister``): each request of that op consumes one.
+    ``latency`` (seconds, or a callable returning seconds) delays every answer.
+    Agents add turns with :meth:`add_turn`.
+    """
+
+    def __init__(
+        self,
+        *,
+        issue_api_keys: bool = False,
+        latency: float | Callable[[], float] = 0.0,
+    ) -> None:
+        self.rollouts: dict[str, FakeRollout] = {}
+        self.issue_api_keys = issue_api_keys
+        self.latency = latency
+        self.calls: list[tuple[str, str]] = []
+        self.op_counts: Counter[str] = Counter()
+        self._failures: dict[str, list[Failure]] = {}
+        self.unregistered: list[str] = []
+        self.cancelled: list[str] = []
+
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """An httpx transport answering with this gateway."""
+        return httpx.MockTransport(self.handle)
+
+    def fail(self, op: str, *failures: Failure) -> None:
+        """Queue failures for the next requests of ``op``."""
+        self._failures.setdefault(op, []).extend(failures)
+
+    @property
+    def active(self) -> list[str]:
+        """Ids of rollouts still registered."""
+        return list(self.rollouts)
+
+    def add_turn(
+        self,
+        rollout_id: str,
+        prompt: list[dict[str, Any]],
+        completion: list[dict[str, Any]],
+        *,
+        tokens: dict[str, Any] | None = None,
+        is_truncated: bool = False,
+    ) -> None:
+        """Record one turn, as the data plane would after a chat completion."""
+        rollout = self.rollouts[rollout_id]
+        if rollout.status != "active":
+            raise RuntimeError(f"rollout {rollout_id} is {rollout.status}")
+        rollout.steps.append(
+            {
+                "prompt": prompt,
+                "completion": completion,
+                "tokens": tokens,
+                "reward": None,
+                "advantage": None,
+                "is_truncated": is_truncated,
+                "trajectory_id": rollout.trajectory_id,
+                "extras": {},
+            }
+        )
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        """The transport's handler."""
+        latency = self.latency() if callable(self.latency) else self.latency
+        if latency:
+            await asyncio.sleep(latency)
+        parts = request.url.path.strip("/").split("/")
+        self.calls.append((request.method, request.url.path))
+        if len(parts) < 4 or parts[:2] != ["v1", "rollouts"]:
+            return _error(404, "no such route")
+        rollout_id, op = parts[2], "/".join(parts[3:])
+        self.op_counts[op] += 1
+        queued = self._failures.get(op)
+        if queued:
+            failure = queued.pop(0)
+            if isinstance(failure, BaseException):
+                raise failure
+            return _error(failure, f"injected {failure}")
+        rollout = self.rollouts.get(rollout_id)
+        if op == "register" and request.method == "POST":
+            if rollout is not None:
+                return _error(409, "already registered")
+            body = json.loads(request.content or b"{}")
+            rollout = FakeRollout(rollout_id, body)
+            if self.issue_api_keys:
+                rollout.api_key = f"key-{uuid.uuid4().hex}"
+            self.rollouts[rollout_id] = rollout
+            answer = {
+                "rollout_id": rollout_id,
+                "status": "active",
+                "model": body.get("model"),
+                "max_turns": body.get("max_turns"),
+                "max_seq_len": body.get("max_seq_len"),
+            }
+            if rollout.api_key:
+                answer["api_key"] = rollout.api_key
+            return httpx.Response(200, json=answer)
+        if rollout is None:
+            return _error(404, f"unknown rollout {rollout_id}")
+        if op == "trajectory" and request.method == "GET":
+            steps = rollout.steps
+            prompt = steps[0]["prompt"] if steps else []
+            completion: list[dict[str, Any]] = []
+            if steps:
+                last = steps[-1]
+                completion = (last["prompt"] + last["completion"])[len(prompt) :]
+            return httpx.Response(
+                200,
+                json={
+                    "rollout_id": rollout_id,
+                    "status": rollout.status,
+                    "num_turns": len(steps),
+                    "model": rollout.register_body.get("model"),
+                    "prompt": prompt,
+                    "completion": completion,
+                    "is_truncated": any(s["is_truncated"] for s in steps),
+                    "trajectory": steps,
+                },
+            )
+        if op == "cancel" and request.method == "POST":
+            rollout.status = "cancelled"
+            self.cancelled.append(rollout_id)
+            return httpx.Response(200, json={"rollout_id": rollout_id, "status": "cancelled"})
+        if op == "unregister" and request.method == "POST":
+            del self.rollouts[rollout_id]
+            self.unregistered.append(rollout_id)
+            return httpx.Response(200, json={"rollout_id": rollout_id, "status": rollout.status})
+        return _error(404, "no such route")
+
+
+def _error(status: int, message: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"message": message, "type": "fake"}})
+
+
+@dataclass
+class FakeSandbox:
+    """A sandbox of :class:`FakeSandboxClient`."""
+
+    id: str
+    request: Any
+    env_vars: dict[str, str]
+    created_at: float
+    deleted: bool = False
+    agent_task: asyncio.Task[int] | None = None
+    agent_exit_time: float | None = None
+    job: BackgroundJob | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+
+AgentFn = Callable[[FakeSandbox], Awaitable[int]]
+"""The stand-in for the agent process: gets the sandbox, returns the exit code."""
+
+
+class FakeSandboxClient:
+    """What ``CliAgentEnv``/``SandboxMixin`` call on ``sandbox_client``, in memory.
+
+    Args:
+        agent: coroutine run when the agent job starts; its return value is the exit
+            code (an exception makes exit code 1 with the error on stderr).
+        create_latency, ready_latency: seconds (or callables) for create / ready.
+        rng: random source for latency callables built by :func:`uniform`.
+
+    ``fail(method, *exceptions)`` queues exceptions for a method
+    (``create``, ``wait_for_creation``, ``start_background_job``, ``get_background_job``,
+    ``execute_command``, ``delete``).
+    """
+
+    def __init__(
+        self,
+        agent: AgentFn | None = None,
+        *,
+        create_latency: float | Callable[[], float] = 0.0,
+        ready_latency: float | Callable[[], float] = 0.0,
+    ) -> None:
+        self.agent = agent or _exit_zero
+        self.create_latency = create_latency
+        self.ready_latency = ready_latency
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.calls: Counter[str] = Counter()
+        self._failures: dict[str, list[BaseException]] = {}
+        self._ids = itertools.count()
+        self.torn_down = False
+
+    def fail(self, method: str, *exceptions: BaseException) -> None:
+        """Queue exceptions for the next calls of ``method``."""
+        self._failures.setdefault(method, []).extend(exceptions)
+
+    def _enter(self, method: str) -> None:
+        self.calls[method] += 1
+        queued = self._failures.get(method)
+        if queued:
+            raise queued.pop(0)
+
+    @property
+    def alive(self) -> list[str]:
+        """Ids of sandboxes not deleted."""
+        return [s.id for s in self.sandboxes.values() if not s.deleted]
+
+    async def create(self, request: Any) -> SimpleNamespace:
+        """Create a sandbox from a ``CreateSandboxRequest``."""
+        self._enter("create")
+        await _sleep(self.create_latency)
+        sandbox_id = f"sbx-{next(self._ids)}"
+        self.sandboxes[sandbox_id] = FakeSandbox(
+            id=sandbox_id,
+            request=request,
+            env_vars=dict(request.environment_vars or {}),
+            created_at=time.monotonic(),
+        )
+        return SimpleNamespace(id=sandbox_id, name=request.name)
+
+    async def wait_for_creation(self, sandbox_id: str, **kwargs: Any) -> None:
+        """Wait until the sandbox is ready."""
+        self._enter("wait_for_creation")
+        await _sleep(self.ready_latency)
+
+    async def start_background_job(
+        self, sandbox_id: str, command: str, **kwargs: Any
+    ) -> BackgroundJob:
+        """Start the agent coroutine as the sandbox's background job."""
+        self._enter("start_background_job")
+        sandbox = self._live(sandbox_id)
+        sandbox.agent_task = asyncio.ensure_future(self._run_agent(sandbox))
+        sandbox.job = BackgroundJob(
+            job_id=f"job-{sandbox_id}",
+            sandbox_id=sandbox_id,
+            stdout_log_file="/tmp/stdout",
+            stderr_log_file="/tmp/stderr",
+            exit_file="/tmp/exit",
+        )
+        return sandbox.job
+
+    async def _run_agent(self, sandbox: FakeSandbox) -> int:
+        try:
+            return await self.agent(sandbox)
+        finally:
+            sandbox.agent_exit_time = time.monotonic()
+
+    async def get_background_job(
+        self, sandbox_id: str, job: BackgroundJob, timeout: int | None = None
+    ) -> BackgroundJobStatus:
+        """The job's status: completed once the agent coroutine returned."""
+        self._enter("get_background_job")
+        sandbox = self._live(sandbox_id)
+        task = sandbox.agent_task
+        if task is None or not task.done():
+            return BackgroundJobStatus(job_id=job.job_id, completed=False)
+        if task.cancelled():
+            return BackgroundJobStatus(job_id=job.job_id, completed=True, exit_code=137)
+        error = task.exception()
+        if error is not None:
+            return BackgroundJobStatus(
+                job_id=job.job_id, completed=True, exit_code=1, stdout="", stderr=str(error)
+            )
+        return BackgroundJobStatus(
+            job_id=job.job_id, completed=True, exit_code=task.result(), stdout="ok", stderr=""
+        )
+
+    async def execute_command(
+        self, sandbox_id: str, command: str, **kwargs: Any
+    ) -> CommandResponse:
+        """Answer ``cat FILE`` from the sandbox's files, anything else with exit 0."""
+        self._enter("execute_command")
+        sandbox = self._live(sandbox_id)
+        if command.startswith("cat "):
+            path = command[4:].strip()
+            if path in sandbox.files:
+                return CommandResponse(stdout=sandbox.files[path], stderr="", exit_code=0)
+            return CommandResponse(stdout="", stderr="no such file", exit_code=1)
+        return CommandResponse(stdout="", stderr="", exit_code=0)
+
+    async def delete(self, sandbox_id: str) -> dict[str, Any]:
+        """Delete a sandbox (and stop its agent)."""
+        self._enter("delete")
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None and not sandbox.deleted:
+            sandbox.deleted = True
+            if sandbox.agent_task is not None and not sandbox.agent_task.done():
+                sandbox.agent_task.cancel()
+        return {"success": True}
+
+    async def bulk_delete(self, sandbox_ids: list[str] | None = None, **kwargs: Any) -> None:
+        """Delete several sandboxes."""
+        for sandbox_id in sandbox_ids or []:
+            await self.delete(sandbox_id)
+
+    def delete_all(self) -> None:
+        """Synchronous delete of everything (teardown)."""
+        for sandbox in self.sandboxes.values():
+            sandbox.deleted = True
+            if sandbox.agent_task is not None and not sandbox.agent_task.done():
+                sandbox.agent_task.cancel()
+
+    def teardown(self, wait: bool = True) -> None:
+        """Like ``ThreadedAsyncSandboxClient.teardown``."""
+        self.torn_down = True
+
+    def _live(self, sandbox_id: str) -> FakeSandbox:
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None or sandbox.deleted:
+            raise RuntimeError(f"sandbox {sandbox_id} is not running")
+        return sandbox
+
+
+async def _exit_zero(sandbox: FakeSandbox) -> int:
+    return 0
+
+
+class FakeTunnelHandle:
+    """A fake tunnel; ``alive = False`` simulates a dead frpc process."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self.alive = True
+        self.registered = True
+        self.stops = 0
+
+    @property
+    def url(self) -> str:
+        """The public URL."""
+        return self._url
+
+    def is_running(self) -> bool:
+        """Whether the fake process lives."""
+        return self.alive
+
+    async def check_healthy(self) -> bool:
+        """Whether the fake tunnel is still registered."""
+        return self.registered
+
+    async def stop(self) -> None:
+        """Stop (counted)."""
+        self.stops += 1
+        self.alive = False
+
+
+class FakeTunnelProvider:
+    """Opens :class:`FakeTunnelHandle` s; ``start_latency`` seconds each; counts opens.
+
+    The public URL is ``https://tunnel-{n}.example`` so tests can tell tunnels apart.
+    ``fail_next`` makes the next opens raise it.
+    """
+
+    def __init__(self, start_latency: float = 0.0) -> None:
+        self.start_latency = start_latency
+        self.opened: list[tuple[str, int]] = []
+        self.handles: list[FakeTunnelHandle] = []
+        self.fail_next: list[BaseException] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def open(self, gateway_url: str, host: str, port: int) -> FakeTunnelHandle:
+        """Open a fake tunnel to ``host:port``."""
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await _sleep(self.start_latency)
+            if self.fail_next:
+                raise self.fail_next.pop(0)
+            self.opened.append((host, port))
+            handle = FakeTunnelHandle(f"https://tunnel-{len(self.opened)}.example")
+            self.handles.append(handle)
+            return handle
+        finally:
+            self.in_flight -= 1
+
+
+def uniform(low: float, high: float, rng: random.Random | None = None) -> Callable[[], float]:
+    """A latency callable drawing uniformly from ``[low, high]`` seconds."""
+    source = rng or random.Random()
+    return lambda: source.uniform(low, high)
+
+
+async def _sleep(latency: float | Callable[[], float]) -> None:
+    seconds = latency() if callable(latency) else latency
+    if seconds:
+        await asyncio.sleep(seconds)
+
+
+def rollout_id_of(sandbox: FakeSandbox) -> str:
+    """The rollout id in a sandbox's ``OPENAI_BASE_URL`` (``.../v1/rollouts/{id}``)."""
+    return sandbox.env_vars["OPENAI_BASE_URL"].rstrip("/").rsplit("/", 1)[-1]
+
+
+__all__ = [
+    "AgentFn",
+    "FakeGateway",
+    "FakeRollout",
+    "FakeSandbox",
+    "FakeSandboxClient",
+    "FakeTunnelHandle",
+    "FakeTunnelProvider",
+    "rollout_id_of",
+    "uniform",
+]

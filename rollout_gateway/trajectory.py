@@ -1,0 +1,205 @@
+"""Turn a gateway trajectory answer into verifiers' rollout state.
+
+The gateway answers with OpenAI-format messages and per-step token records
+(:class:`rollout_gateway.protocol.TrajectoryResponse`); verifiers wants
+``vf.TrajectoryStep`` dicts with provider-agnostic messages, a ``vf.Response`` per step
+(its usage feeds verifiers' token accounting) and ``tokens`` for the trainer. A field
+the gateway did not send never erases what the state already had.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from verifiers.types import (
+    Messages,
+    Response,
+    ResponseMessage,
+    ResponseTokens,
+    State,
+    ToolCall,
+    TrajectoryStep,
+    TrajectoryStepTokens,
+    Usage,
+)
+from verifiers.utils.message_utils import normalize_messages
+
+from rollout_gateway.errors import GatewayProtocolError
+
+_TOKEN_LIST_FIELDS = (
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "completion_logprobs",
+)
+
+
+def convert_messages(raw: object, where: str) -> Messages:
+    """OpenAI-format message dicts -> verifiers messages (typed error when malformed)."""
+    if not isinstance(raw, list):
+        raise GatewayProtocolError(f"{where}: expected a list of messages")
+    try:
+        return normalize_messages(cast(Any, raw), field_name=where)
+    except (KeyError, TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        raise GatewayProtocolError(f"{where}: malformed message: {e}") from e
+
+
+def convert_tokens(raw: object, where: str) -> TrajectoryStepTokens | None:
+    """A step's token record, checked for the fields and lengths a trainer relies on."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise GatewayProtocolError(f"{where}: 'tokens' is not an object")
+    missing = [f for f in _TOKEN_LIST_FIELDS if not isinstance(raw.get(f), list)]
+    if missing:
+        raise GatewayProtocolError(f"{where}: 'tokens' lacks lists {missing}")
+    if len(raw["prompt_ids"]) != len(raw["prompt_mask"]):
+        raise GatewayProtocolError(f"{where}: prompt_ids and prompt_mask differ in length")
+    n = len(raw["completion_ids"])
+    if len(raw["completion_mask"]) != n or len(raw["completion_logprobs"]) != n:
+        raise GatewayProtocolError(
+            f"{where}: completion_ids, completion_mask and completion_logprobs differ in length"
+        )
+    tokens: dict[str, Any] = {f: list(raw[f]) for f in _TOKEN_LIST_FIELDS}
+    tokens["overlong_prompt"] = bool(raw.get("overlong_prompt", False))
+    tokens["is_truncated"] = bool(raw.get("is_truncated", False))
+    tokens["routed_experts"] = raw.get("routed_experts")
+    return cast(TrajectoryStepTokens, tokens)
+
+
+def synthesize_response(
+    completion: Messages,
+    tokens: TrajectoryStepTokens | None,
+    *,
+    response_id: str,
+    model: str,
+    is_truncated: bool,
+) -> Response:
+    """A ``vf.Response`` for a gateway step: last assistant message, usage from tokens.
+
+    verifiers derives token usage and context metrics from each step's response, so the
+    gateway path must carry one just as the interception path does.
+    """
+    assistant = next(
+        (m for m in reversed(completion) if getattr(m, "role", None) == "assistant"), None
+    )
+    content = getattr(assistant, "content", None) if assistant is not None else ""
+    tool_calls = cast(list[ToolCall] | None, getattr(assistant, "tool_calls", None))
+    if tool_calls:
+        finish_reason = "tool_calls"
+    elif is_truncated:
+        finish_reason = "length"
+    else:
+        finish_reason = "stop"
+    usage = None
+    response_tokens = None
+    if tokens is not None:
+        prompt_n, completion_n = len(tokens["prompt_ids"]), len(tokens["completion_ids"])
+        usage = Usage(
+            prompt_tokens=prompt_n,
+            completion_tokens=completion_n,
+            reasoning_tokens=0,
+            total_tokens=prompt_n + completion_n,
+        )
+        response_tokens = ResponseTokens(
+            prompt_ids=tokens["prompt_ids"],
+            prompt_mask=tokens["prompt_mask"],
+            completion_ids=tokens["completion_ids"],
+            completion_mask=tokens["completion_mask"],
+            completion_logprobs=tokens["completion_logprobs"],
+        )
+    return Response(
+        id=response_id,
+        created=int(time.time()),
+        model=model,
+        usage=usage,
+        message=ResponseMessage(
+            content=content,
+            reasoning_content=getattr(assistant, "reasoning_content", None),
+            tool_calls=tool_calls or None,
+            finish_reason=finish_reason,
+            is_truncated=is_truncated,
+            tokens=response_tokens,
+        ),
+    )
+
+
+def convert_step(
+    raw: object, index: int, *, model: str, default_trajectory_id: str
+) -> TrajectoryStep:
+    """One gateway step -> ``vf.TrajectoryStep``."""
+    where = f"trajectory[{index}]"
+    if not isinstance(raw, Mapping):
+        raise GatewayProtocolError(f"{where} is not an object")
+    prompt = convert_messages(raw.get("prompt", []), f"{where}.prompt")
+    completion = convert_messages(raw.get("completion", []), f"{where}.completion")
+    tokens = convert_tokens(raw.get("tokens"), where)
+    is_truncated = bool(raw.get("is_truncated", False)) or bool(
+        tokens is not None and tokens["is_truncated"]
+    )
+    trajectory_id = str(raw.get("trajectory_id") or default_trajectory_id)
+    extras = raw.get("extras")
+    return TrajectoryStep(
+        prompt=prompt,
+        completion=completion,
+        response=synthesize_response(
+            completion,
+            tokens,
+            response_id=f"{trajectory_id}-{index}",
+            model=model,
+            is_truncated=is_truncated,
+        ),
+        tokens=tokens,
+        reward=raw.get("reward"),
+        advantage=raw.get("advantage"),
+        is_truncated=is_truncated,
+        trajectory_id=trajectory_id,
+        extras=dict(extras) if isinstance(extras, Mapping) else {},
+    )
+
+
+def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[TrajectoryStep]:
+    """Write a trajectory answer into ``state``; returns the converted steps.
+
+    Sets ``trajectory`` (when sent), ``prompt`` (when sent and non-empty),
+    ``gateway_completion`` (the answer's ``completion``, rendered into ``completion`` by
+    the mixin), ``is_truncated`` (only ever raised, never lowered) and
+    ``gateway_status`` / ``gateway_num_turns``. Nothing is erased for a missing field.
+    """
+    model = str(answer.get("model") or state.get("model") or "")
+    steps: list[TrajectoryStep] = []
+    raw_steps = answer.get("trajectory")
+    if raw_steps is not None:
+        if not isinstance(raw_steps, Sequence) or isinstance(raw_steps, str | bytes):
+            raise GatewayProtocolError("trajectory answer: 'trajectory' is not a list")
+        default_id = str(state.get("trajectory_id") or "")
+        steps = [
+            convert_step(raw, i, model=model, default_trajectory_id=default_id)
+            for i, raw in enumerate(raw_steps)
+        ]
+        state["trajectory"] = steps
+    prompt = answer.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        state["prompt"] = convert_messages(prompt, "prompt")
+    completion = answer.get("completion")
+    if isinstance(completion, list):
+        state["gateway_completion"] = convert_messages(completion, "completion")
+    if answer.get("is_truncated") or any(s["is_truncated"] for s in steps):
+        state["is_truncated"] = True
+    if "status" in answer:
+        state["gateway_status"] = answer["status"]
+    if "num_turns" in answer:
+        state["gateway_num_turns"] = answer["num_turns"]
+    return steps
+
+
+__all__ = [
+    "apply_trajectory",
+    "convert_messages",
+    "convert_step",
+    "convert_tokens",
+    "synthesize_response",
+]
