@@ -27,8 +27,8 @@ import verifiers as vf
 from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CreateSandboxRequest
 from verifiers.envs.experimental.cli_agent_env import make_agent_error
 from verifiers.envs.experimental.sandbox_mixin import is_retryable_sandbox_read_error
-from verifiers.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
 from verifiers.types import RolloutInput, SamplingArgs, State
+from verifiers.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient, RetryPolicy

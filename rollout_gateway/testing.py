@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CommandResponse
 
-
 Failure = int | BaseException
 """An injected failure: an HTTP status to answer, or an exception to raise."""
 
