@@ -140,7 +140,8 @@ class Gateway:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ApiError(400, "'model' must be a non-empty string", "invalid_request_error")
-        sampling = body.get("sampling_params") or {}
+        sampling = body.get("sampling_params")
+        sampling = {} if sampling is None else sampling
         if not isinstance(sampling, dict):
             raise ApiError(400, "'sampling_params' must be an object", "invalid_request_error")
         max_turns = body.get("max_turns", UNLIMITED_TURNS)

@@ -46,6 +46,15 @@ def _bound_port(server: uvicorn.Server) -> int:
     raise RuntimeError("uvicorn server has no listening socket")
 
 
+async def _serve(server: uvicorn.Server) -> None:
+    try:
+        await server.serve()
+    except SystemExit as exc:
+        # uvicorn sys.exit()s on startup failure (port in use...); inside a task that
+        # would escape the event loop and kill the caller's whole program.
+        raise RuntimeError(f"uvicorn failed to start (exit code {exc.code})") from None
+
+
 def _root_url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
@@ -68,7 +77,7 @@ async def running_server(
     accepting, finishes in-flight requests and shuts down.
     """
     server = uvicorn.Server(_uvicorn_config(app, host, port, **kwargs))
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(_serve(server))
     try:
         deadline = asyncio.get_running_loop().time() + startup_timeout_s
         while not server.started:
@@ -100,7 +109,7 @@ def server_thread(
 
     def run() -> None:
         try:
-            asyncio.run(server.serve())
+            asyncio.run(_serve(server))
         except BaseException as exc:  # surfaced to the caller below
             errors.append(exc)
 

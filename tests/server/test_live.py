@@ -1,0 +1,75 @@
+"""Live uvicorn servers on loopback (port 0): the runner helpers and the CLI parser."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from rollout_gateway.cli import build_parser, main
+from rollout_gateway.scripted import create_scripted_model_app
+from rollout_gateway.server import GatewayConfig, create_app, running_server, server_thread
+
+from .conftest import script
+
+
+async def test_end_to_end_over_real_http() -> None:
+    model_app = create_scripted_model_app(latency_ms=5)
+    async with running_server(model_app) as model_root:
+        assert model_root.startswith("http://127.0.0.1:") and not model_root.endswith(":0")
+        config = GatewayConfig(upstreams=[f"{model_root}/v1"], require_rollout_keys=True)
+        async with running_server(create_app(config)) as root:
+            async with httpx.AsyncClient(base_url=root) as control:
+                r = await control.post("/v1/rollouts/live1/register", json={"model": "m"})
+                key = r.json()["api_key"]
+                agent = openai.AsyncOpenAI(
+                    base_url=f"{root}/v1/rollouts/live1", api_key=key, max_retries=0
+                )
+                messages = [{"role": "user", "content": script({"say": "over the wire"})}]
+                stream = await agent.chat.completions.create(
+                    model="m", messages=messages, stream=True
+                )
+                text = "".join(
+                    [c.choices[0].delta.content or "" async for c in stream if c.choices]
+                )
+                assert text == "over the wire"
+                await agent.close()
+                traj = (await control.get("/v1/rollouts/live1/trajectory")).json()
+                assert traj["num_turns"] == 1 and traj["trajectory"][0]["tokens"] is not None
+                assert (await control.get("/health")).json()["status"] == "ok"
+
+
+def test_server_thread_from_sync_code() -> None:
+    with server_thread(create_scripted_model_app()) as root:
+        r = httpx.get(f"{root}/v1/models")
+        assert r.status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{root}/v1/models")
+
+
+async def test_running_server_reports_startup_failure() -> None:
+    async with running_server(create_scripted_model_app()) as root:
+        port = int(root.rsplit(":", 1)[1])
+        with pytest.raises(RuntimeError, match="failed to start"):
+            async with running_server(create_scripted_model_app(), port=port):
+                pass
+
+
+def test_cli_parses_serve_and_scripted_model() -> None:
+    args = build_parser().parse_args(
+        [
+            "serve", "--upstream", "http://a:1/v1", "--upstream", "http://b:2/v1",
+            "--port", "9000", "--require-rollout-keys", "--admin-token", "t",
+            "--rollout-ttl", "60", "--max-rollouts", "5", "--upstream-timeout", "30",
+            "--max-body-bytes", "1000", "--disabled",
+        ]
+    )  # fmt: skip
+    assert args.upstream == ["http://a:1/v1", "http://b:2/v1"]
+    assert (args.port, args.require_rollout_keys, args.admin_token) == (9000, True, "t")
+    assert (args.rollout_ttl, args.max_rollouts, args.upstream_timeout) == (60.0, 5, 30.0)
+    assert (args.max_body_bytes, args.disabled) == (1000, True)
+    args = build_parser().parse_args(["scripted-model", "--latency-ms", "20"])
+    assert (args.port, args.latency_ms, args.model_name) == (8001, 20.0, "scripted")
+    with pytest.raises(SystemExit) as exc:
+        main(["serve"])  # --upstream is required
+    assert exc.value.code == 2

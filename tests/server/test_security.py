@@ -1,0 +1,60 @@
+"""Optional security: per-rollout api keys (data plane) and an admin token (control plane)."""
+
+from __future__ import annotations
+
+from .conftest import GatewayHarness, script
+
+MESSAGES = [{"role": "user", "content": script({"say": "hi"})}]
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_keys_are_off_by_default(gw: GatewayHarness) -> None:
+    r = await gw.register("r1")
+    assert "api_key" not in r.json()
+    assert (await gw.chat("r1", MESSAGES)).status_code == 200
+
+
+async def test_rollout_keys(make_gateway) -> None:
+    gw = await make_gateway(require_rollout_keys=True)
+    key1 = (await gw.register("r1")).json()["api_key"]
+    key2 = (await gw.register("r2")).json()["api_key"]
+    assert len(key1) >= 40 and key1 != key2
+
+    assert (await gw.chat("r1", MESSAGES)).status_code == 401
+    assert (await gw.chat("r1", MESSAGES, headers=bearer("wrong"))).status_code == 401
+    assert (await gw.chat("r1", MESSAGES, headers=bearer(key2))).status_code == 401
+    r = await gw.chat("r1", MESSAGES, headers={"Authorization": key1})  # no scheme
+    assert r.status_code == 401
+    assert r.json()["error"]["type"] == "unauthorized"
+    assert (await gw.chat("r1", MESSAGES, headers=bearer(key1))).status_code == 200
+    assert (await gw.chat("r2", MESSAGES, headers=bearer(key2))).status_code == 200
+    # Rejected calls are not turns.
+    assert (await gw.trajectory("r1")).json()["num_turns"] == 1
+
+
+async def test_admin_token_guards_the_control_plane(make_gateway) -> None:
+    gw = await make_gateway(admin_token="s3cret")
+    ok = bearer("s3cret")
+    body = {"model": "m", "sampling_params": {}, "max_turns": -1, "max_seq_len": None}
+    control = [
+        ("POST", "/v1/rollouts/r1/register", body),
+        ("GET", "/v1/rollouts/r1/trajectory", None),
+        ("POST", "/v1/rollouts/r1/cancel", None),
+        ("POST", "/v1/rollouts/r1/unregister", None),
+    ]
+    for method, path, payload in control:
+        for headers in ({}, bearer("nope"), bearer("s3cret-but-longer")):
+            r = await gw.client.request(method, path, json=payload, headers=headers)
+            assert r.status_code == 401, (method, path, headers)
+    for method, path, payload in control:
+        r = await gw.client.request(method, path, json=payload, headers=ok)
+        assert r.status_code == 200, (method, path, r.text)
+
+
+async def test_admin_token_does_not_guard_chat(make_gateway) -> None:
+    gw = await make_gateway(admin_token="s3cret")
+    await gw.client.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=bearer("s3cret"))
+    assert (await gw.chat("r1", MESSAGES)).status_code == 200

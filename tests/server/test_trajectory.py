@@ -1,0 +1,156 @@
+"""Recorded trajectories: token fields vs the scripted tokenizer, history, truncation."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_gateway.scripted import tokenizer as tok
+from rollout_gateway.server.recorder import TrajectoryRecorder
+
+from .conftest import GatewayHarness, RecordingUpstream, script
+
+TOOL_STEP = {"tool": "run", "arguments": {"cmd": "ls"}}
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    return tok.render_tool_call(name, arguments)
+
+
+async def run_two_turns(gw: GatewayHarness, rollout_id: str = "r1") -> list[dict]:
+    """Turn 1: a tool call; turn 2: text. Returns the second request's messages."""
+    messages = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": script(TOOL_STEP, {"say": "finished"})},
+    ]
+    first = (await gw.chat(rollout_id, messages)).json()
+    assistant = first["choices"][0]["message"]
+    call = assistant["tool_calls"][0]
+    messages = [
+        *messages,
+        assistant,
+        {"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt"},
+    ]
+    second = await gw.chat(rollout_id, messages)
+    assert second.status_code == 200
+    return messages
+
+
+async def test_multi_turn_token_fields_match_the_tokenizer(gw: GatewayHarness) -> None:
+    await gw.register("r1", max_seq_len=10_000)
+    messages2 = await run_two_turns(gw)
+    messages1 = messages2[:2]
+    traj = (await gw.trajectory("r1")).json()
+    steps = traj["trajectory"]
+    assert len(steps) == 2 and traj["num_turns"] == 2
+
+    call_text = tool_call_text("run", '{"cmd": "ls"}')
+    expected = [
+        (tok.encode_prompt(messages1), tok.encode_completion(call_text)),
+        (tok.encode_prompt(messages2), tok.encode_completion("finished")),
+    ]
+    for step, (prompt_ids, completion_ids) in zip(steps, expected, strict=True):
+        t = step["tokens"]
+        assert t["prompt_ids"] == prompt_ids
+        assert t["prompt_mask"] == [0] * len(prompt_ids)
+        assert t["completion_ids"] == completion_ids
+        assert t["completion_mask"] == [1] * len(completion_ids)
+        assert t["completion_logprobs"] == pytest.approx(
+            [tok.token_logprob(i) for i in completion_ids], rel=1e-6
+        )
+        assert t["overlong_prompt"] is False and t["is_truncated"] is False
+        assert step["is_truncated"] is False
+        assert step["reward"] is None and step["advantage"] is None
+        assert step["extras"] == {}
+    # Both turns share the rollout's trajectory id, a uuid.
+    assert steps[0]["trajectory_id"] == steps[1]["trajectory_id"]
+    assert len(steps[0]["trajectory_id"]) == 36
+
+    # Step messages: the request's messages and the assistant answer.
+    assert steps[0]["prompt"] == messages1
+    assert steps[0]["completion"][0]["tool_calls"][0]["function"]["name"] == "run"
+    assert steps[1]["prompt"] == messages2
+    assert steps[1]["completion"] == [{"role": "assistant", "content": "finished"}]
+    # Top level: first prompt, then everything after it.
+    assert traj["prompt"] == messages1
+    assert traj["completion"] == [*messages2[2:], {"role": "assistant", "content": "finished"}]
+    assert traj["is_truncated"] is False
+
+
+async def test_rewritten_history_is_recorded_as_is(gw: GatewayHarness) -> None:
+    await gw.register("r1")
+    await run_two_turns(gw)
+    other = [{"role": "user", "content": "a summary of the conversation so far"}]
+    assert (await gw.chat("r1", other)).status_code == 200
+    steps = (await gw.trajectory("r1")).json()["trajectory"]
+    assert steps[2]["extras"] == {"history_rewritten": True}
+    assert steps[2]["prompt"] == other
+    assert steps[2]["tokens"]["prompt_ids"] == tok.encode_prompt(other)
+    # Earlier steps are unaffected.
+    assert steps[1]["extras"] == {}
+    assert len(steps[1]["prompt"]) == 4
+
+
+async def test_no_token_fields_upstream_gives_tokens_null(make_gateway) -> None:
+    upstream = RecordingUpstream(with_tokens=False)
+    gw = await make_gateway(upstream.app())
+    await gw.register("r1")
+    await run_two_turns(gw)
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["num_turns"] == 2
+    assert [s["tokens"] for s in traj["trajectory"]] == [None, None]
+    assert traj["trajectory"][1]["completion"] == [{"role": "assistant", "content": "finished"}]
+
+
+async def test_overlong_prompt_and_truncation(gw: GatewayHarness) -> None:
+    messages = [{"role": "user", "content": script({"say": "x" * 40})}]
+    prompt_len = len(tok.encode_prompt(messages))
+    await gw.register("long", max_seq_len=prompt_len - 1)
+    await gw.chat("long", messages)
+    step = (await gw.trajectory("long")).json()["trajectory"][0]
+    assert step["tokens"]["overlong_prompt"] is True
+    assert step["tokens"]["is_truncated"] is True and step["is_truncated"] is True
+
+    await gw.register("fits", max_seq_len=prompt_len + 10)  # completion does not fit
+    await gw.chat("fits", messages)
+    traj = (await gw.trajectory("fits")).json()
+    assert traj["trajectory"][0]["tokens"]["overlong_prompt"] is False
+    assert traj["trajectory"][0]["is_truncated"] is True and traj["is_truncated"] is True
+
+
+async def test_finish_reason_length_marks_truncated(gw: GatewayHarness) -> None:
+    await gw.register("r1", sampling_params={"max_tokens": 5})
+    r = await gw.chat("r1", [{"role": "user", "content": script({"say": "a long answer"})}])
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    step = (await gw.trajectory("r1")).json()["trajectory"][0]
+    assert step["is_truncated"] is True
+    assert step["tokens"]["completion_ids"] == tok.encode_text("a lon")
+
+
+def test_recorder_shares_prefixes_and_rebuilds_steps() -> None:
+    rec = TrajectoryRecorder("tid", max_seq_len=None)
+    history: list[dict] = [{"role": "user", "content": "start"}]
+    expected = []
+    for turn in range(30):
+        prompt_ids = tok.encode_prompt(history)
+        completion = {"role": "assistant", "content": f"answer {turn} " * 20}
+        completion_ids = tok.encode_completion(completion["content"])
+        logprobs = [tok.token_logprob(i) for i in completion_ids]
+        rec.record(
+            history,
+            [completion],
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            completion_logprobs=logprobs,
+            finish_reason="stop",
+        )
+        expected.append((list(history), prompt_ids, completion_ids))
+        history = [*history, completion, {"role": "user", "content": f"go on {turn}"}]
+    steps = rec.steps()
+    for step, (prompt, prompt_ids, completion_ids) in zip(steps, expected, strict=True):
+        assert step["prompt"] == prompt
+        assert step["tokens"]["prompt_ids"] == prompt_ids
+        assert step["tokens"]["completion_ids"] == completion_ids
+    # Memory grows with unique tokens, not with the sum over turns of the context.
+    final_len = len(expected[-1][1]) + len(expected[-1][2])
+    assert rec.logical_token_count() > 10 * final_len
+    assert rec.token_storage_bytes() < 16 * final_len
