@@ -1,0 +1,151 @@
+"""GatewayClient: retries on transient failures only, typed errors, register idempotence."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import respx
+from helpers import FAST_RETRY
+
+from rollout_gateway import (
+    GatewayClient,
+    GatewayProtocolError,
+    GatewayRequestError,
+    GatewayUnavailableError,
+    RetryPolicy,
+    RolloutConflictError,
+    RolloutNotFoundError,
+)
+
+ROOT = "http://gw.test:8000"
+RID = "rollout_abc"
+REGISTERED = {
+    "rollout_id": RID,
+    "status": "active",
+    "model": "m",
+    "max_turns": -1,
+    "max_seq_len": None,
+}
+
+
+@pytest.fixture
+async def client():
+    async with GatewayClient(ROOT + "/v1", retry=FAST_RETRY, admin_token="adm") as c:
+        yield c
+
+
+@respx.mock
+async def test_register_sends_the_protocol_body_and_admin_token(client):
+    route = respx.post(f"{ROOT}/v1/rollouts/{RID}/register").respond(
+        200, json={**REGISTERED, "api_key": "k1"}
+    )
+    answer = await client.register(RID, model="m", sampling_params={"temperature": 1.0})
+    assert answer["api_key"] == "k1"
+    request = route.calls.last.request
+    assert request.headers["authorization"] == "Bearer adm"
+    import json
+
+    assert json.loads(request.content) == {
+        "model": "m",
+        "sampling_params": {"temperature": 1.0},
+        "max_turns": -1,
+        "max_seq_len": None,
+    }
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+@respx.mock
+async def test_transient_statuses_are_retried(client, status):
+    route = respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").mock(
+        side_effect=[httpx.Response(status), httpx.Response(200, json={"trajectory": []})]
+    )
+    assert (await client.get_trajectory(RID))["trajectory"] == []
+    assert route.call_count == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ConnectError("refused"),
+        httpx.ReadTimeout("slow"),
+        httpx.ReadError("idle keep-alive connection closed by server"),
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+    ],
+)
+@respx.mock
+async def test_transport_errors_are_retried(client, error):
+    route = respx.post(f"{ROOT}/v1/rollouts/{RID}/unregister").mock(
+        side_effect=[error, httpx.Response(200, json={"rollout_id": RID, "status": "active"})]
+    )
+    assert (await client.unregister(RID))["rollout_id"] == RID
+    assert route.call_count == 2
+
+
+@respx.mock
+async def test_other_4xx_fail_fast_with_the_gateways_message(client):
+    route = respx.post(f"{ROOT}/v1/rollouts/{RID}/register").respond(
+        400, json={"error": {"message": "max_turns must be an integer", "type": "bad_request"}}
+    )
+    with pytest.raises(GatewayRequestError, match="max_turns must be an integer") as info:
+        await client.register(RID, model="m")
+    assert info.value.status_code == 400
+    assert route.call_count == 1
+
+
+@respx.mock
+async def test_404_and_409_have_their_own_types(client):
+    respx.post(f"{ROOT}/v1/rollouts/{RID}/cancel").respond(404, json={"detail": "unknown"})
+    respx.post(f"{ROOT}/v1/rollouts/{RID}/register").respond(409, text="already registered")
+    with pytest.raises(RolloutNotFoundError, match="unknown"):
+        await client.cancel(RID)
+    with pytest.raises(RolloutConflictError, match="already registered"):
+        await client.register(RID, model="m")
+
+
+@respx.mock
+async def test_retried_register_answered_409_counts_as_success(client):
+    route = respx.post(f"{ROOT}/v1/rollouts/{RID}/register").mock(
+        side_effect=[httpx.ReadError("reset"), httpx.Response(409)]
+    )
+    answer = await client.register(RID, model="m", max_turns=5)
+    assert answer["status"] == "active" and answer["max_turns"] == 5
+    assert "api_key" not in answer
+    assert route.call_count == 2
+
+
+@respx.mock
+async def test_retries_give_up_with_a_typed_retryable_error():
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0, max_backoff=0, jitter=0)
+    route = respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").respond(503)
+    async with GatewayClient(ROOT, retry=policy) as client:
+        with pytest.raises(GatewayUnavailableError) as info:
+            await client.get_trajectory(RID)
+    assert info.value.retryable and info.value.status_code == 503
+    assert route.call_count == 3
+
+
+@respx.mock
+async def test_non_json_or_malformed_answers_are_protocol_errors(client):
+    respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").respond(200, text="<html>")
+    with pytest.raises(GatewayProtocolError):
+        await client.get_trajectory(RID)
+    respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").respond(200, json={"trajectory": "x"})
+    with pytest.raises(GatewayProtocolError):
+        await client.get_trajectory(RID)
+
+
+async def test_bad_rollout_ids_are_refused_before_any_request(client):
+    with pytest.raises(ValueError, match="invalid rollout id"):
+        await client.cancel("../admin")
+
+
+async def test_close_is_idempotent():
+    client = GatewayClient(ROOT)
+    await client.aclose()
+    await client.aclose()
+    assert client.is_closed
+
+
+def test_retry_policy_validates():
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)

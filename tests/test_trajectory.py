@@ -1,0 +1,123 @@
+"""Gateway trajectory answer -> verifiers state."""
+
+from __future__ import annotations
+
+import pytest
+import verifiers as vf
+from helpers import tokens
+from verifiers.types import RolloutTiming
+from verifiers.utils.save_utils import state_to_output
+
+from rollout_gateway import GatewayProtocolError
+from rollout_gateway.trajectory import apply_trajectory
+
+USER = {"role": "user", "content": "hi"}
+ANSWER = {"role": "assistant", "content": "hello"}
+
+
+def fresh_state() -> vf.State:
+    state = vf.State(input={"prompt": [USER], "example_id": 3})
+    fields = {
+        "prompt": [vf.UserMessage(content="original")],
+        "completion": None,
+        "trajectory": [],
+        "trajectory_id": "tid",
+        "model": "m",
+        "is_truncated": False,
+        "timing": RolloutTiming(),
+    }
+    for key, value in fields.items():
+        state[key] = value
+    return state
+
+
+def step(**overrides):
+    base = {
+        "prompt": [USER],
+        "completion": [ANSWER],
+        "tokens": tokens([1, 2], [3, 4, 5]),
+        "reward": None,
+        "advantage": None,
+        "is_truncated": False,
+        "trajectory_id": "gw-tid",
+        "extras": {"history_rewritten": False},
+    }
+    base.update(overrides)
+    return base
+
+
+def test_steps_become_verifiers_steps_with_tokens_and_usage():
+    state = fresh_state()
+    steps = apply_trajectory(
+        state, {"prompt": [USER], "completion": [ANSWER], "trajectory": [step()], "model": "gm"}
+    )
+    [converted] = steps
+    assert converted["tokens"]["completion_ids"] == [3, 4, 5]
+    assert converted["tokens"]["completion_mask"] == [1, 1, 1]
+    assert converted["tokens"]["routed_experts"] is None
+    assert converted["response"].usage.prompt_tokens == 2
+    assert converted["response"].usage.completion_tokens == 3
+    assert converted["response"].message.content == "hello"
+    assert converted["response"].model == "gm"
+    assert converted["trajectory_id"] == "gw-tid"
+    assert converted["extras"] == {"history_rewritten": False}
+    assert state["prompt"][0].content == "hi"
+
+
+def test_missing_fields_never_erase_the_state():
+    state = fresh_state()
+    apply_trajectory(state, {"trajectory": [step(tokens=None)]})
+    assert state["prompt"][0].content == "original"  # no "prompt" in the answer
+    assert "gateway_completion" not in state
+    assert state["trajectory"][0]["tokens"] is None
+    assert state["trajectory"][0]["response"].usage is None
+    before = state["trajectory"]
+    apply_trajectory(state, {"status": "completed"})
+    assert state["trajectory"] is before  # no "trajectory" in the answer
+    assert state["gateway_status"] == "completed"
+
+
+def test_truncation_is_only_raised():
+    state = fresh_state()
+    apply_trajectory(state, {"trajectory": [step(is_truncated=True)]})
+    assert state["is_truncated"] is True
+    assert state["trajectory"][0]["response"].message.finish_reason == "length"
+    apply_trajectory(state, {"trajectory": [step()], "is_truncated": False})
+    assert state["is_truncated"] is True
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"trajectory": "nope"},
+        {"trajectory": [step(tokens={"prompt_ids": [1]})]},
+        {"trajectory": [step(tokens={**tokens([1], [2, 3]), "completion_logprobs": [0.0]})]},
+        {"trajectory": [step(prompt=[{"role": "alien", "content": "x"}])]},
+        {"trajectory": [42]},
+    ],
+)
+def test_malformed_answers_are_protocol_errors(bad):
+    with pytest.raises(GatewayProtocolError):
+        apply_trajectory(fresh_state(), bad)
+
+
+def test_state_serializes_with_verifiers_output_format():
+    state = fresh_state()
+    tool_call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "run_shell", "arguments": "{}"},
+    }
+    call = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+    apply_trajectory(
+        state,
+        {
+            "prompt": [USER],
+            "completion": [call, {"role": "tool", "tool_call_id": "c1", "content": "ok"}, ANSWER],
+            "trajectory": [step(completion=[call]), step()],
+        },
+    )
+    state["completion"] = state["gateway_completion"]
+    output = state_to_output(state, ["trajectory"])
+    assert output["trajectory"][1]["tokens"]["completion_logprobs"] == [-0.5] * 3
+    assert output["completion"][0]["tool_calls"]
