@@ -128,14 +128,13 @@ def tool_result(name: str, raw_arguments: str | None, timeout: int, limit: int) 
 
 def main() -> int:
     """Run the agent loop; the return value is the process exit status."""
-    try:
-        import openai
-    except ImportError:
-        return _fail(2, "the 'openai' package is not installed")
-
     task = read_task()
     if task is None:
         return _fail(2, "no task: write task.md or set AGENT_TASK")
+    try:
+        import openai  # imported late: a configuration error fails fast without it
+    except ImportError:
+        return _fail(2, "the 'openai' package is not installed")
     model = os.environ.get("OPENAI_MODEL") or "model"
     max_turns = _env_int("AGENT_MAX_TURNS", 10)
     command_timeout = _env_int("AGENT_COMMAND_TIMEOUT", 60)

@@ -28,8 +28,9 @@ DEFAULT_TASK_DIR = "fix_bug_task"
 #: Make sure the agent's one dependency is importable (a no-op when it already is, as in
 #: the local backend, which runs the host's Python).
 DEFAULT_AGENT_SETUP = (
-    "python3 -c 'import openai' 2>/dev/null || "
-    "python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40'"
+    # find_spec, not import: checking must not cost the second an openai import takes.
+    "python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"openai\") is None)' "
+    "|| python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40'"
 )
 
 
