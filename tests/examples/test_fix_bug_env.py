@@ -272,3 +272,44 @@ async def test_env_hooks_on_local_backend(tmp_path: Path) -> None:
         assert gateway_env.use_gateway is True
     finally:
         gateway_env.sandbox_client.teardown()
+
+
+async def test_gateway_rollouts_end_to_end_on_local_backend(tmp_path: Path) -> None:
+    """FixBugEnv in gateway mode: reference gateway + scripted model + real agent.py."""
+    import verifiers as vf
+    from openai import AsyncOpenAI
+
+    from rollout_gateway.polling import PollPolicy
+    from rollout_gateway.scripted import create_scripted_model_app
+    from rollout_gateway.server import GatewayConfig, create_app, running_server
+
+    async with running_server(create_scripted_model_app()) as model_root:
+        config = GatewayConfig(upstreams=[f"{model_root}/v1"])
+        async with running_server(create_app(config)) as gateway_root:
+            env = load_environment(
+                num_examples=2,
+                sandbox_backend="local",
+                local_sandbox_root=str(tmp_path / "sb"),
+                poll_policy=PollPolicy(min_interval=0.01, max_interval=0.05),
+                sandbox_creations_per_minute=None,
+            )
+            client = vf.OpenAIChatCompletionsClient(
+                AsyncOpenAI(base_url=f"{gateway_root}/v1", api_key="unused")
+            )
+            rows = [{**row, "example_id": i} for i, row in enumerate(env.get_dataset())]
+            try:
+                states = await asyncio.gather(
+                    *(env.rollout(row, client, "scripted", {"temperature": 0}) for row in rows)
+                )
+                for state in states:
+                    await env.rubric.score_rollout(state)
+            finally:
+                await env._teardown()
+
+    for state in states:
+        assert state["error"] is None, state["error"]
+        assert state["agent_exit_code"] == 0, state.get("agent_stderr")
+        assert state["tests_passed"] is True and state["reward"] == 1.0
+        assert len(state["trajectory"]) == 4  # cat, fix, test, final answer
+        assert state["trajectory"][0]["tokens"]["completion_ids"]
+    assert list((tmp_path / "sb").iterdir()) == []  # sandboxes deleted after scoring
