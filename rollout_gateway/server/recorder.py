@@ -145,7 +145,7 @@ class TrajectoryRecorder:
         if self._steps and not (
             len(messages) >= shared
             and all(
-                message_key(m) == message_key(p)
+                m == p or message_key(m) == message_key(p)  # == first: C speed
                 for m, p in zip(messages, self._last_messages, strict=False)
             )
         ):
@@ -159,11 +159,15 @@ class TrajectoryRecorder:
         tokens: _Tokens | None = None
         have_ids = prompt_ids is not None and completion_ids is not None
         if have_ids and completion_logprobs is not None:
-            if len(completion_logprobs) == len(completion_ids):  # type: ignore[arg-type]
-                tokens = self._make_tokens(prompt_ids, completion_ids, completion_logprobs)  # type: ignore[arg-type]
-                truncated = truncated or tokens.is_truncated
-            else:
+            if len(completion_logprobs) != len(completion_ids):  # type: ignore[arg-type]
                 extras["tokens_error"] = "logprobs and token ids differ in length"
+            else:
+                try:
+                    tokens = self._make_tokens(prompt_ids, completion_ids, completion_logprobs)  # type: ignore[arg-type]
+                except (TypeError, ValueError, OverflowError):
+                    extras["tokens_error"] = "token ids are not 32-bit integers"
+                else:
+                    truncated = truncated or tokens.is_truncated
         if tokens is None:
             self._last_ids = array("i")
             if self.max_seq_len is not None and total_tokens is not None:

@@ -154,3 +154,15 @@ def test_recorder_shares_prefixes_and_rebuilds_steps() -> None:
     final_len = len(expected[-1][1]) + len(expected[-1][2])
     assert rec.logical_token_count() > 10 * final_len
     assert rec.token_storage_bytes() < 16 * final_len
+
+
+def test_malformed_token_fields_give_tokens_null() -> None:
+    rec = TrajectoryRecorder("tid")
+    msgs = [{"role": "user", "content": "x"}]
+    done = [{"role": "assistant", "content": "y"}]
+    rec.record(msgs, done, prompt_ids=[1, "2"], completion_ids=[3], completion_logprobs=[-1.0])
+    rec.record(msgs, done, prompt_ids=[1], completion_ids=[3, 4], completion_logprobs=[-1.0])
+    rec.record(msgs, done, prompt_ids=[1], completion_ids=[2**40], completion_logprobs=[-1.0])
+    steps = rec.steps()
+    assert [s["tokens"] for s in steps] == [None, None, None]
+    assert all("tokens_error" in s["extras"] for s in steps)
