@@ -32,6 +32,16 @@ import httpx
 from rollout_gateway.server.recorder import TrajectoryRecorder
 
 
+def _cpu_s(pid: int) -> float:
+    """User+system CPU seconds of a process (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -176,7 +186,7 @@ def main() -> None:
     model_root = f"http://127.0.0.1:{model_port}"
     gateway_root = f"http://127.0.0.1:{gateway_port}"
     with (
-        _process(["scripted-model", "--port", str(model_port)], f"{model_root}/v1/models"),
+        _process(["scripted-model", "--port", str(model_port)], f"{model_root}/v1/models") as mp,
         _process(
             [
                 "serve",
@@ -188,13 +198,16 @@ def main() -> None:
                 str(max(10_000, args.rollouts * 4)),
             ],
             f"{gateway_root}/health",
-        ),
+        ) as gp,
     ):
         kw = {"rollouts": args.rollouts, "turns": args.turns, "tool_chars": args.tool_output_chars}
         asyncio.run(_warmup(model_root, False))
         asyncio.run(_warmup(gateway_root, True))
+        cpu0 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
         direct = asyncio.run(_run(model_root, gateway=False, **kw))
+        cpu1 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
         via = asyncio.run(_run(gateway_root, gateway=True, **kw))
+        cpu2 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
 
     n = args.rollouts * args.turns
     print(f"load: {args.rollouts} concurrent rollouts x {args.turns} turns = {n} turns per run")
@@ -210,6 +223,14 @@ def main() -> None:
         f"mean latency ms: direct {statistics.mean(direct.latencies_s) * 1000:.2f}, "
         f"gateway {statistics.mean(via.latencies_s) * 1000:.2f}"
     )
+
+    per_turn = 1000 / n
+    print(
+        f"CPU ms per turn: model {(cpu1[0] - cpu0[0]) * per_turn:.2f} (direct run), "
+        f"model {(cpu2[0] - cpu1[0]) * per_turn:.2f} + gateway {(cpu2[1] - cpu1[1]) * per_turn:.2f}"
+        " (gateway run; includes register/trajectory/unregister)"
+    )
+    print(f"host load average after the runs: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
 
     stored, unique, logical = storage_per_token()
     print(

@@ -311,6 +311,19 @@ class Gateway:
             )
         return JSONResponse(answer)
 
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/rollouts/{id}/models``: the registered model, for agents that list models.
+
+        Not part of protocol v1; agents whose SDK probes ``{base_url}/models`` at start
+        would otherwise get a 404.
+        """
+        rollout_id = self._rollout_id(request)
+        record = self._record(rollout_id)
+        if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
+            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
+        card = {"id": record.model, "object": "model", "created": 0, "owned_by": "rollout-gateway"}
+        return JSONResponse({"object": "list", "data": [card]})
+
     # -- operations ----------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -403,6 +416,7 @@ def create_app(
             Route(f"{prefix}/trajectory", gateway.trajectory, methods=["GET"]),
             Route(f"{prefix}/cancel", gateway.cancel, methods=["POST"]),
             Route(f"{prefix}/unregister", gateway.unregister, methods=["POST"]),
+            Route(f"{prefix}/models", gateway.models, methods=["GET"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         ],

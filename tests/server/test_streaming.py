@@ -6,6 +6,7 @@ import json
 
 import httpx
 import openai
+import pytest
 
 from .conftest import GatewayHarness, script
 
@@ -118,3 +119,12 @@ async def test_sdk_sees_error_message(gw: GatewayHarness) -> None:
         assert "not registered" in str(exc)
     else:
         raise AssertionError("expected a 404")
+
+
+async def test_sdk_models_list_shows_the_registered_model(make_gateway) -> None:
+    gw = await make_gateway(require_rollout_keys=True)
+    key = (await gw.register("r1", model="policy-7b")).json()["api_key"]
+    models = await sdk(gw, "r1", api_key=key).models.list()
+    assert [m.id for m in models.data] == ["policy-7b"]
+    with pytest.raises(openai.AuthenticationError):
+        await sdk(gw, "r1", api_key="wrong").models.list()
