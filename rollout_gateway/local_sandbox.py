@@ -61,7 +61,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,6 +134,7 @@ class _LocalSandbox:
     dead: bool = False
     procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
     jobs: dict[str, _Job] = field(default_factory=dict)
+    leaders: set[int] = field(default_factory=set)  # pid (= session id) of every command
     counter: int = 0
 
     @property
@@ -228,11 +229,19 @@ class LocalSandboxClient:
             created_at=now,
             deadline=self._clock() + request.timeout_minutes * 60,
         )
-        await asyncio.to_thread(self._prepare, sb)
+        self._make_dirs(sb)
+        # Registered before any await: a cancelled create() still leaves nothing behind
+        # after delete_all()/teardown() or the sandbox's lifetime.
         with self._lock:
             self._sandboxes[sandbox_id] = sb
+        self._start_reaper()
+        source = _local_image_path(request.docker_image)
+        if source is not None:
+            await asyncio.to_thread(self._seed, sb, source)
+        if sb.dead:  # deleted while being seeded
+            shutil.rmtree(sb.base, ignore_errors=True)
+            self._raise_missing(sandbox_id)
         if sb.status == "RUNNING":
-            self._start_reaper()
             self._start_main_command(sb)
         logger.debug("Created local sandbox %s at %s", sandbox_id, sb.work)
         return self._model(sb)
@@ -350,7 +359,7 @@ class LocalSandboxClient:
                 continue
             if _pid_alive(owner):
                 continue
-            pids = _marked_pids(base.name)
+            pids = _sandbox_pids(base.name)
             _signal_pids(pids, signal.SIGKILL)
             shutil.rmtree(base, ignore_errors=True)
             removed.append(base.name)
@@ -605,8 +614,8 @@ class LocalSandboxClient:
 
     # ------------------------------------------------------------------ internals
 
-    def _prepare(self, sb: _LocalSandbox) -> None:
-        """Create the sandbox's directories and seed the working dir (in a thread)."""
+    def _make_dirs(self, sb: _LocalSandbox) -> None:
+        """Create the sandbox's directories and its ownership record (for sweep_stale)."""
         sb.base.mkdir(mode=0o700)
         sb.work.mkdir()
         sb.tmp.mkdir()
@@ -614,9 +623,9 @@ class LocalSandboxClient:
         (sb.state / "meta.json").write_text(
             json.dumps({"owner_pid": os.getpid(), "name": sb.request.name})
         )
-        source = _local_image_path(sb.request.docker_image)
-        if source is None:
-            return
+
+    def _seed(self, sb: _LocalSandbox, source: Path) -> None:
+        """Fill the working dir from a local image (run in a thread)."""
         try:
             if source.is_dir():
                 shutil.copytree(source, sb.work, symlinks=True, dirs_exist_ok=True)
@@ -629,7 +638,6 @@ class LocalSandboxClient:
             sb.status = "ERROR"
             sb.error_type = "IMAGE_PULL_FAILED"
             sb.error_message = f"Cannot use local image {sb.request.docker_image!r}: {e}"
-            shutil.rmtree(sb.base, ignore_errors=True)
 
     def _start_main_command(self, sb: _LocalSandbox) -> None:
         """Run a non-trivial ``start_command`` as the sandbox's long-lived process."""
@@ -813,6 +821,7 @@ class LocalSandboxClient:
                     close_fds=True,
                 )
             sb.procs.add(proc)
+            sb.leaders.add(proc.pid)
         return proc
 
     def _start_reaper(self) -> None:
@@ -851,8 +860,9 @@ class LocalSandboxClient:
         with sb.lock:
             sb.dead = True  # no new process can start from here on
             procs = list(sb.procs)
+            leaders = set(sb.leaders)
         try:
-            self._kill_processes(sb.id, procs)
+            self._kill_processes(sb.id, procs, leaders)
             shutil.rmtree(sb.base, ignore_errors=True)
             if status == "TIMEOUT":
                 logger.warning("Local sandbox %s exceeded its lifetime; killed", sb.id)
@@ -860,32 +870,34 @@ class LocalSandboxClient:
             with self._lock:
                 self._destroying.pop(sb.id, None)
 
-    def _kill_processes(self, sandbox_id: str, procs: list[subprocess.Popen[bytes]]) -> None:
-        # Process groups of live leaders, plus whatever left them (setpgid/setsid) but
-        # still carries the marker or shares a live leader's session.
-        def targets() -> set[int]:
-            return _marked_pids(sandbox_id) | _session_pids(
-                {p.pid for p in procs if p.returncode is None}
-            )
-
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for proc in procs:
-                if proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, sig)
-            _signal_pids(targets(), sig)
-            if sig == signal.SIGTERM:
-                deadline = time.monotonic() + self._kill_grace
-                while time.monotonic() < deadline:
-                    if all(p.poll() is not None for p in procs) and not targets():
-                        break
-                    time.sleep(0.02)
-                else:
-                    continue
-                break
-        for proc in procs:  # reap, so no zombie stays behind
+    def _kill_processes(
+        self, sandbox_id: str, procs: list[subprocess.Popen[bytes]], leaders: set[int]
+    ) -> None:
+        """SIGTERM the process groups of live leaders, SIGKILL what outlives the grace
+        period, then one sweep of ``/proc`` for stragglers that left their group."""
+        live = [p for p in procs if p.poll() is None]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self._kill_grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in live):
+            time.sleep(0.01)
+        for proc in live:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:  # reap, so no zombie of ours stays behind
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=2)
+        # Orphans of a dead leader keep its session id (the kernel does not reuse a pid
+        # that still names a session or group), and setsid escapees keep the marker.
+        stragglers = _sandbox_pids(sandbox_id, leaders)
+        _signal_pids(stragglers, signal.SIGKILL)
+        deadline = time.monotonic() + 1.0
+        while stragglers and time.monotonic() < deadline:
+            stragglers = {pid for pid in stragglers if _pid_running(pid)}
+            if stragglers:
+                time.sleep(0.01)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -961,13 +973,37 @@ def _proc_pids() -> Iterable[int]:
     return [int(n) for n in names if n.isdigit()]
 
 
-def _marked_pids(sandbox_id: str) -> set[int]:
-    """Live processes whose environment carries this sandbox's marker (Linux)."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` fields after the command name: state ppid pgrp session ..."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _pid_running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie is its new parent's to reap)."""
+    fields = _stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] != b"Z"
+
+
+def _sandbox_pids(sandbox_id: str, sessions: Collection[int] = ()) -> set[int]:
+    """Live processes of a sandbox (Linux): in one of ``sessions`` (as session or process
+    group id) or carrying the sandbox's marker in their environment."""
     needle = f"{MARKER_ENV_VAR}={sandbox_id}".encode()
+    session_ids = set(sessions)
     found: set[int] = set()
     me = os.getpid()
     for pid in _proc_pids():
         if pid == me:
+            continue
+        fields = _stat_fields(pid)
+        if fields is None or len(fields) < 4 or fields[0] == b"Z":
+            continue
+        if int(fields[2]) in session_ids or int(fields[3]) in session_ids:
+            found.add(pid)
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -975,26 +1011,6 @@ def _marked_pids(sandbox_id: str) -> set[int]:
         except OSError:
             continue
         if needle in environ.split(b"\0"):
-            found.add(pid)
-    return found
-
-
-def _session_pids(sessions: set[int]) -> set[int]:
-    """Live processes in the given sessions or process groups (Linux)."""
-    if not sessions:
-        return set()
-    found: set[int] = set()
-    for pid in _proc_pids():
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Fields after the ")" closing the command name: state ppid pgrp session ...
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) < 4 or fields[0] == b"Z":
-            continue
-        if int(fields[2]) in sessions or int(fields[3]) in sessions:
             found.add(pid)
     return found
 
