@@ -24,7 +24,7 @@ from typing import Any
 
 import uvicorn
 
-from rollout_gateway.server.config import DEFAULT_KEEP_ALIVE_S
+from rollout_gateway.server.config import DEFAULT_KEEP_ALIVE_S, GatewayConfig
 
 
 def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
@@ -131,7 +131,15 @@ def server_thread(
 
 
 def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) -> None:
-    """Serve ``app`` in the foreground until interrupted (what the CLI uses)."""
+    """Serve ``app`` in the foreground until interrupted (what the CLI uses).
+
+    ``app`` is an ASGI app or a :class:`~rollout_gateway.server.config.GatewayConfig`
+    (a gateway app is then built from it). Extra ``kwargs`` go to ``uvicorn.Config``.
+    """
+    if isinstance(app, GatewayConfig):
+        from rollout_gateway.server.app import create_app
+
+        app = create_app(app)
     options: dict[str, Any] = {"log_level": "info", "access_log": False}
     options.update(kwargs)
     uvicorn.Server(_uvicorn_config(app, host, port, **options)).run()

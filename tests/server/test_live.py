@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
 import httpx
 import openai
 import pytest
@@ -73,3 +81,52 @@ def test_cli_parses_serve_and_scripted_model() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["serve"])  # --upstream is required
     assert exc.value.code == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _cli(*args: str, ready_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
+    cmd = [sys.executable, "-m", "rollout_gateway.cli", *args, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, f"{args[0]} exited with {proc.returncode}"
+            try:
+                if httpx.get(ready_url, timeout=1).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"{args[0]} did not start"
+            time.sleep(0.05)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_cli_processes_end_to_end() -> None:
+    model_port, gateway_port = _free_port(), _free_port()
+    model = f"http://127.0.0.1:{model_port}"
+    root = f"http://127.0.0.1:{gateway_port}"
+    with (
+        _cli("scripted-model", "--port", str(model_port), ready_url=f"{model}/v1/models"),
+        _cli(
+            "serve", "--upstream", f"{model}/v1", "--port", str(gateway_port),
+            ready_url=f"{root}/health", env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": "adm"},
+        ),
+    ):  # fmt: skip
+        admin = {"Authorization": "Bearer adm"}
+        assert httpx.post(f"{root}/v1/rollouts/c1/register", json={"model": "m"}).status_code == 401
+        r = httpx.post(f"{root}/v1/rollouts/c1/register", json={"model": "m"}, headers=admin)
+        assert r.status_code == 200
+        body = {"messages": [{"role": "user", "content": script({"say": "from the cli"})}]}
+        r = httpx.post(f"{root}/v1/rollouts/c1/chat/completions", json=body)
+        assert r.json()["choices"][0]["message"]["content"] == "from the cli"
+        traj = httpx.get(f"{root}/v1/rollouts/c1/trajectory", headers=admin).json()
+        assert traj["num_turns"] == 1
