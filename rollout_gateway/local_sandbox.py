@@ -229,7 +229,10 @@ class LocalSandboxClient:
             created_at=now,
             deadline=self._clock() + request.timeout_minutes * 60,
         )
-        self._make_dirs(sb)
+        try:
+            self._make_dirs(sb)
+        except OSError as e:  # as the real API reports a failed create
+            raise APIError(f"Create failed: {e.__class__.__name__}: {e}") from e
         # Registered before any await: a cancelled create() still leaves nothing behind
         # after delete_all()/teardown() or the sandbox's lifetime.
         with self._lock:
@@ -616,6 +619,7 @@ class LocalSandboxClient:
 
     def _make_dirs(self, sb: _LocalSandbox) -> None:
         """Create the sandbox's directories and its ownership record (for sweep_stale)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         sb.base.mkdir(mode=0o700)
         sb.work.mkdir()
         sb.tmp.mkdir()
