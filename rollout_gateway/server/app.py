@@ -12,8 +12,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import httpx
 from starlette.applications import Starlette
@@ -347,7 +346,7 @@ class Gateway:
         """Expire idle rollouts now; returns how many were dropped."""
         return len(self.registry.expire_idle())
 
-    async def _periodic(self, interval_s: float, action: Any) -> None:
+    async def _periodic(self, interval_s: float, action: Callable[[], object]) -> None:
         while True:
             await asyncio.sleep(interval_s)
             try:
