@@ -47,6 +47,33 @@ def convert_messages(raw: object, where: str) -> Messages:
         raise GatewayProtocolError(f"{where}: malformed message: {e}") from e
 
 
+class MessageCache:
+    """Converts the messages of successive steps, reusing the shared history prefix.
+
+    Step ``k``'s prompt repeats every message of steps ``< k``; converting each anew
+    makes a long rollout quadratic. Equal raw messages at the same position map to the
+    same verifiers message object, as verifiers' own multi-turn loop shares them.
+    """
+
+    def __init__(self) -> None:
+        self._raw: list[Any] = []
+        self._converted: Messages = []
+
+    def convert(self, raw: object, where: str) -> Messages:
+        """Like :func:`convert_messages`, with the prefix shared with earlier calls reused."""
+        if not isinstance(raw, list):
+            raise GatewayProtocolError(f"{where}: expected a list of messages")
+        same = 0
+        limit = min(len(raw), len(self._raw))
+        while same < limit and raw[same] == self._raw[same]:
+            same += 1
+        fresh = convert_messages(raw[same:], where) if same < len(raw) else []
+        result = self._converted[:same] + fresh
+        if len(raw) >= len(self._raw) or same == len(raw):
+            self._raw, self._converted = list(raw), result
+        return result
+
+
 def convert_tokens(raw: object, where: str) -> TrajectoryStepTokens | None:
     """A step's token record, checked for the fields and lengths a trainer relies on."""
     if raw is None:
@@ -104,12 +131,17 @@ def synthesize_response(
             reasoning_tokens=0,
             total_tokens=prompt_n + completion_n,
         )
-        response_tokens = ResponseTokens(
+        # Already checked by convert_tokens: share the lists instead of re-validating
+        # every element (the costliest part of a 500-rollout burst otherwise).
+        response_tokens = ResponseTokens.model_construct(
             prompt_ids=tokens["prompt_ids"],
             prompt_mask=tokens["prompt_mask"],
             completion_ids=tokens["completion_ids"],
             completion_mask=tokens["completion_mask"],
             completion_logprobs=tokens["completion_logprobs"],
+            routed_experts=None,
+            multi_modal_data=None,
+            prompt_attribution=None,
         )
     return Response(
         id=response_id,
@@ -128,13 +160,19 @@ def synthesize_response(
 
 
 def convert_step(
-    raw: object, index: int, *, model: str, default_trajectory_id: str
+    raw: object,
+    index: int,
+    *,
+    model: str,
+    default_trajectory_id: str,
+    cache: MessageCache | None = None,
 ) -> TrajectoryStep:
     """One gateway step -> ``vf.TrajectoryStep``."""
     where = f"trajectory[{index}]"
     if not isinstance(raw, Mapping):
         raise GatewayProtocolError(f"{where} is not an object")
-    prompt = convert_messages(raw.get("prompt", []), f"{where}.prompt")
+    cache = cache or MessageCache()
+    prompt = cache.convert(raw.get("prompt", []), f"{where}.prompt")
     completion = convert_messages(raw.get("completion", []), f"{where}.completion")
     tokens = convert_tokens(raw.get("tokens"), where)
     is_truncated = bool(raw.get("is_truncated", False)) or bool(
@@ -176,8 +214,9 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
         if not isinstance(raw_steps, Sequence) or isinstance(raw_steps, str | bytes):
             raise GatewayProtocolError("trajectory answer: 'trajectory' is not a list")
         default_id = str(state.get("trajectory_id") or "")
+        cache = MessageCache()
         steps = [
-            convert_step(raw, i, model=model, default_trajectory_id=default_id)
+            convert_step(raw, i, model=model, default_trajectory_id=default_id, cache=cache)
             for i, raw in enumerate(raw_steps)
         ]
         state["trajectory"] = steps
@@ -197,6 +236,7 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
 
 
 __all__ = [
+    "MessageCache",
     "apply_trajectory",
     "convert_messages",
     "convert_step",

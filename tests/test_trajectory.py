@@ -121,3 +121,15 @@ def test_state_serializes_with_verifiers_output_format():
     output = state_to_output(state, ["trajectory"])
     assert output["trajectory"][1]["tokens"]["completion_logprobs"] == [-0.5] * 3
     assert output["completion"][0]["tool_calls"]
+
+
+def test_shared_history_is_converted_once_and_still_exact():
+    from rollout_gateway.trajectory import MessageCache
+
+    cache = MessageCache()
+    first = cache.convert([USER, ANSWER], "p")
+    second = cache.convert([USER, ANSWER, {"role": "user", "content": "more"}], "p")
+    assert second[0] is first[0] and second[1] is first[1]
+    assert second[2].content == "more"
+    rewritten = cache.convert([{"role": "user", "content": "other"}], "p")
+    assert rewritten[0].content == "other"  # history rewritten: nothing stale reused
