@@ -114,6 +114,34 @@ def run_scripted_model(args: argparse.Namespace) -> int:
     return 0
 
 
+@subcommand
+def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``rollout-gateway demo``: the whole system on one machine."""
+    from rollout_gateway.demo import add_demo_arguments
+
+    p = subparsers.add_parser(
+        "demo",
+        help="run the example env end to end on this machine",
+        description="Start the scripted model (or use --upstream) and the reference gateway "
+        "on loopback, run the example env (fix_bug_env) in gateway mode on local sandboxes, "
+        "print a summary and write the results as JSONL.",
+    )
+    add_demo_arguments(p)
+    p.set_defaults(func=run_demo_command)
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    """Run ``demo`` with parsed arguments."""
+    from rollout_gateway.demo import DemoError, options_from_args, run_demo
+
+    try:
+        options = options_from_args(args)
+    except DemoError as e:
+        print(f"demo: {e}")
+        return 2
+    return run_demo(options)
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
