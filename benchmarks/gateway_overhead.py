@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -78,6 +78,7 @@ def _process(args: list[str], health_url: str) -> Iterator[subprocess.Popen[byte
 class RunResult:
     latencies_s: list[float]
     wall_s: float
+    cpu_after_turns: float = 0.0
 
     @property
     def turns_per_s(self) -> float:
@@ -120,30 +121,48 @@ async def _rollout(
 
 
 async def _run(
-    base: str, *, gateway: bool, rollouts: int, turns: int, tool_chars: int
+    base: str,
+    *,
+    gateway: bool,
+    rollouts: int,
+    turns: int,
+    tool_chars: int,
+    cpu_probe: Callable[[], float] = lambda: 0.0,
 ) -> RunResult:
-    limits = httpx.Limits(max_connections=rollouts * 2, max_keepalive_connections=rollouts * 2)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
-        ids = [f"bench_{os.getpid()}_{gateway}_{i}" for i in range(rollouts)]
+    ids = [f"bench_{os.getpid()}_{gateway}_{i}" for i in range(rollouts)]
+    async with contextlib.AsyncExitStack() as stack:
+        control = await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=60))
+        # One client per rollout, like one agent process each (and httpcore's pool gets
+        # slow with many connections in a single client, which would skew the baseline).
+        agents = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=60))
+            for _ in ids
+        ]
         if gateway:
             for rid in ids:
                 reg = {"model": "scripted", "sampling_params": {"temperature": 0}, "max_turns": -1}
-                (await client.post(f"/v1/rollouts/{rid}/register", json=reg)).raise_for_status()
+                (await control.post(f"/v1/rollouts/{rid}/register", json=reg)).raise_for_status()
         latencies: list[float] = []
         urls = [
             f"/v1/rollouts/{rid}/chat/completions" if gateway else "/v1/chat/completions"
             for rid in ids
         ]
         start = time.perf_counter()
-        await asyncio.gather(*(_rollout(client, u, turns, tool_chars, latencies) for u in urls))
+        await asyncio.gather(
+            *(
+                _rollout(c, u, turns, tool_chars, latencies)
+                for c, u in zip(agents, urls, strict=True)
+            )
+        )
         wall = time.perf_counter() - start
+        cpu_after_turns = cpu_probe()
         if gateway:
             for rid in ids:
-                traj = (await client.get(f"/v1/rollouts/{rid}/trajectory")).json()
+                traj = (await control.get(f"/v1/rollouts/{rid}/trajectory")).json()
                 assert traj["num_turns"] == turns, traj["num_turns"]
                 assert all(s["tokens"] is not None for s in traj["trajectory"])
-                await client.post(f"/v1/rollouts/{rid}/unregister")
-        return RunResult(latencies, wall)
+                await control.post(f"/v1/rollouts/{rid}/unregister")
+        return RunResult(latencies, wall, cpu_after_turns)
 
 
 async def _warmup(base: str, gateway: bool) -> None:
@@ -206,7 +225,7 @@ def main() -> None:
         cpu0 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
         direct = asyncio.run(_run(model_root, gateway=False, **kw))
         cpu1 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
-        via = asyncio.run(_run(gateway_root, gateway=True, **kw))
+        via = asyncio.run(_run(gateway_root, gateway=True, cpu_probe=lambda: _cpu_s(gp.pid), **kw))
         cpu2 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
 
     n = args.rollouts * args.turns
@@ -225,10 +244,12 @@ def main() -> None:
     )
 
     per_turn = 1000 / n
+    gw_turns = (via.cpu_after_turns - cpu1[1]) * per_turn
+    gw_total = (cpu2[1] - cpu1[1]) * per_turn
     print(
         f"CPU ms per turn: model {(cpu1[0] - cpu0[0]) * per_turn:.2f} (direct run), "
-        f"model {(cpu2[0] - cpu1[0]) * per_turn:.2f} + gateway {(cpu2[1] - cpu1[1]) * per_turn:.2f}"
-        " (gateway run; includes register/trajectory/unregister)"
+        f"{(cpu2[0] - cpu1[0]) * per_turn:.2f} (gateway run); gateway {gw_turns:.2f} for the "
+        f"turns, {gw_total:.2f} with register + trajectory fetch + unregister"
     )
     print(f"host load average after the runs: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
 

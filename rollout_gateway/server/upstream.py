@@ -27,13 +27,25 @@ class UpstreamError(Exception):
 
 @dataclass(eq=False)
 class Upstream:
-    """One inference server (OpenAI base URL) and its connection pool."""
+    """One inference server (OpenAI base URL) and its connection pool(s).
+
+    The pool is split into a few ``httpx.AsyncClient`` shards used round-robin: httpcore's
+    pool bookkeeping costs O(connections^2) per request, which dominated the gateway's
+    CPU at 64+ concurrent turns with a single pool; small shards keep it negligible.
+    """
 
     base_url: str
-    client: httpx.AsyncClient
+    clients: list[httpx.AsyncClient]
     healthy: bool = True
     pinned: int = 0  # registered rollouts pinned here
     in_flight: int = 0  # chat requests under way
+    _next_shard: int = 0
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The client of the next request (round-robin over the shards)."""
+        self._next_shard = (self._next_shard + 1) % len(self.clients)
+        return self.clients[self._next_shard]
 
     @property
     def load(self) -> tuple[int, int]:
@@ -75,7 +87,8 @@ class UpstreamPool:
         connect_timeout_s: connect timeout (small: a dead upstream must fail fast).
         transport: an httpx transport for every upstream, or one per URL (tests).
         api_key: bearer token sent upstream.
-        max_connections: connection pool size per upstream.
+        max_connections: connection pool size per upstream (all shards together).
+        pool_shards: number of client shards per upstream (see :class:`Upstream`).
     """
 
     def __init__(
@@ -87,21 +100,26 @@ class UpstreamPool:
         transport: httpx.AsyncBaseTransport | Mapping[str, httpx.AsyncBaseTransport] | None = None,
         api_key: str | None = None,
         max_connections: int = 1024,
+        pool_shards: int = 16,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        per_shard = max(1, -(-max_connections // pool_shards))
         limits = httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
+            max_connections=per_shard,
+            max_keepalive_connections=per_shard,
             keepalive_expiry=30.0,
         )
         self.upstreams: list[Upstream] = []
         for url in urls:
             t = transport.get(url) if isinstance(transport, Mapping) else transport
-            client = httpx.AsyncClient(
-                base_url=url, timeout=timeout, limits=limits, headers=headers, transport=t
-            )
-            self.upstreams.append(Upstream(url, client))
+            clients = [
+                httpx.AsyncClient(
+                    base_url=url, timeout=timeout, limits=limits, headers=headers, transport=t
+                )
+                for _ in range(pool_shards)
+            ]
+            self.upstreams.append(Upstream(url, clients))
         self._by_url = {u.base_url: u for u in self.upstreams}
 
     def get(self, url: str) -> Upstream:
@@ -190,7 +208,8 @@ class UpstreamPool:
     async def aclose(self) -> None:
         """Close every connection pool."""
         for upstream in self.upstreams:
-            await upstream.client.aclose()
+            for client in upstream.clients:
+                await client.aclose()
 
 
 __all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool"]
