@@ -146,6 +146,8 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    # httpx logs every upstream request at INFO; the gateway's own turn line says more.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def build_parser() -> argparse.ArgumentParser:
