@@ -130,3 +130,11 @@ def test_cli_processes_end_to_end() -> None:
         assert r.json()["choices"][0]["message"]["content"] == "from the cli"
         traj = httpx.get(f"{root}/v1/rollouts/c1/trajectory", headers=admin).json()
         assert traj["num_turns"] == 1
+
+
+def test_server_and_scripted_model_do_not_import_verifiers() -> None:
+    code = (
+        "import sys, rollout_gateway.server, rollout_gateway.scripted, rollout_gateway.cli; "
+        "sys.exit(1 if 'verifiers' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
