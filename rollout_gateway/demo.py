@@ -89,8 +89,12 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     )
 
 
-def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
-    """Run the demo; returns the process exit code (0: every rollout ran cleanly)."""
+def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
+    """Run the demo; returns the process exit code (0: every rollout ran cleanly).
+
+    Progress and the summary go to ``out`` (default: the current ``sys.stdout``).
+    """
+    out = out or sys.stdout
     if not options.verbose:
         for name in ("verifiers", "rollout_gateway", "httpx", "uvicorn"):
             logging.getLogger(name).setLevel(logging.ERROR)
