@@ -143,14 +143,12 @@ class GatewayClient:
             "max_seq_len": max_seq_len,
         }
         path = protocol.register_path(_checked_id(rollout_id))
-        attempt = 0
         async for try_ in self.retry.retrying():
             with try_:
-                attempt += 1
                 try:
                     data = await self._request_once("POST", path, rollout_id, json=body)
                 except RolloutConflictError:
-                    if attempt == 1:
+                    if try_.retry_state.attempt_number == 1:
                         raise
                     logger.info("rollout=%s register retried: already registered", rollout_id)
                     return {
