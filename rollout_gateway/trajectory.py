@@ -69,7 +69,7 @@ class MessageCache:
             same += 1
         fresh = convert_messages(raw[same:], where) if same < len(raw) else []
         result = self._converted[:same] + fresh
-        if len(raw) >= len(self._raw) or same == len(raw):
+        if same < len(raw):  # raw extends or rewrites the cached history; a prefix keeps it
             self._raw, self._converted = list(raw), result
         return result
 
@@ -209,23 +209,26 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
     """
     model = str(answer.get("model") or state.get("model") or "")
     steps: list[TrajectoryStep] = []
+    cache = MessageCache()
     raw_steps = answer.get("trajectory")
     if raw_steps is not None:
         if not isinstance(raw_steps, Sequence) or isinstance(raw_steps, str | bytes):
             raise GatewayProtocolError("trajectory answer: 'trajectory' is not a list")
         default_id = str(state.get("trajectory_id") or "")
-        cache = MessageCache()
         steps = [
             convert_step(raw, i, model=model, default_trajectory_id=default_id, cache=cache)
             for i, raw in enumerate(raw_steps)
         ]
         state["trajectory"] = steps
+    # The top-level prompt and completion are the last step's conversation: reuse it.
     prompt = answer.get("prompt")
-    if isinstance(prompt, list) and prompt:
-        state["prompt"] = convert_messages(prompt, "prompt")
+    prompt_messages = prompt if isinstance(prompt, list) else []
+    if prompt_messages:
+        state["prompt"] = cache.convert(prompt_messages, "prompt")
     completion = answer.get("completion")
     if isinstance(completion, list):
-        state["gateway_completion"] = convert_messages(completion, "completion")
+        conversation = cache.convert(prompt_messages + completion, "completion")
+        state["gateway_completion"] = conversation[len(prompt_messages) :]
     if answer.get("is_truncated") or any(s["is_truncated"] for s in steps):
         state["is_truncated"] = True
     if "status" in answer:

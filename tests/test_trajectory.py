@@ -109,15 +109,18 @@ def test_state_serializes_with_verifiers_output_format():
         "function": {"name": "run_shell", "arguments": "{}"},
     }
     call = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+    tool = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
     apply_trajectory(
         state,
         {
             "prompt": [USER],
-            "completion": [call, {"role": "tool", "tool_call_id": "c1", "content": "ok"}, ANSWER],
-            "trajectory": [step(completion=[call]), step()],
+            "completion": [call, tool, ANSWER],
+            "trajectory": [step(completion=[call]), step(prompt=[USER, call, tool])],
         },
     )
     state["completion"] = state["gateway_completion"]
+    # Top-level messages are the steps' own objects, not converted a second time.
+    assert state["completion"][0] is state["trajectory"][1]["prompt"][1]
     output = state_to_output(state, ["trajectory"])
     assert output["trajectory"][1]["tokens"]["completion_logprobs"] == [-0.5] * 3
     assert output["completion"][0]["tool_calls"]
@@ -131,5 +134,8 @@ def test_shared_history_is_converted_once_and_still_exact():
     second = cache.convert([USER, ANSWER, {"role": "user", "content": "more"}], "p")
     assert second[0] is first[0] and second[1] is first[1]
     assert second[2].content == "more"
+    prefix = cache.convert([USER], "p")  # a prefix keeps the longer history cached
+    assert prefix[0] is first[0]
+    assert cache.convert([USER, ANSWER, {"role": "user", "content": "more"}], "p")[2] is second[2]
     rewritten = cache.convert([{"role": "user", "content": "other"}], "p")
     assert rewritten[0].content == "other"  # history rewritten: nothing stale reused
