@@ -41,6 +41,7 @@ from rollout_gateway.testing import (
     FakeSandboxClient,
     FakeTunnelProvider,
     rollout_id_of,
+    task_row,
 )
 
 # Latencies (seconds).
@@ -76,18 +77,7 @@ class Work:
 
 
 def dataset(n: int) -> Dataset:
-    # No "task" key in info: verifiers reserves info["task"].
-    return Dataset.from_list(
-        [
-            {
-                "prompt": [{"role": "user", "content": f"Fix bug #{i}"}],
-                "answer": "fixed",
-                "info": {"task_id": i},
-                "example_id": i,
-            }
-            for i in range(n)
-        ]
-    )
+    return Dataset.from_list([task_row(i) for i in range(n)])
 
 
 class BurstEnv(RolloutGatewayMixin, vf.CliAgentEnv):
@@ -251,12 +241,7 @@ async def bench(rollouts: int, hosts: int, seed: int) -> bool:
     rss_before = peak_rss_mb()
 
     async def one(i: int) -> tuple[Any, float]:
-        row = {
-            "prompt": [{"role": "user", "content": f"Fix bug #{i}"}],
-            "answer": "fixed",
-            "info": {"task_id": i},
-            "example_id": i,
-        }
+        row = task_row(i)
         t0 = time.time()
         output = await env.run_rollout(
             row,

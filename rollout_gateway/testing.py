@@ -412,6 +412,19 @@ class FakeTunnelProvider:
             self.in_flight -= 1
 
 
+def task_row(example_id: int) -> dict[str, Any]:
+    """One rollout input row in verifiers' format (for datasets and ``env.rollout``).
+
+    ``info`` carries ``task_id``, not ``task``: verifiers reserves ``info["task"]``.
+    """
+    return {
+        "prompt": [{"role": "user", "content": f"Fix bug #{example_id}"}],
+        "answer": "fixed",
+        "info": {"task_id": example_id},
+        "example_id": example_id,
+    }
+
+
 def uniform(low: float, high: float, rng: random.Random | None = None) -> Callable[[], float]:
     """A latency callable drawing uniformly from ``[low, high]`` seconds."""
     source = rng or random.Random()
@@ -438,5 +451,6 @@ __all__ = [
     "FakeTunnelHandle",
     "FakeTunnelProvider",
     "rollout_id_of",
+    "task_row",
     "uniform",
 ]

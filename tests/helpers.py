@@ -11,7 +11,7 @@ from datasets import Dataset
 from rollout_gateway import RolloutGatewayMixin
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.polling import PollPolicy
-from rollout_gateway.testing import FakeGateway, FakeSandbox, rollout_id_of
+from rollout_gateway.testing import FakeGateway, FakeSandbox, rollout_id_of, task_row
 
 GATEWAY_BASE_URL = "http://gateway.test:8000/v1"
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0, jitter=0.0)
@@ -20,17 +20,7 @@ FAST_POLL = PollPolicy(min_interval=0.005, max_interval=0.02)
 
 def task_dataset(n: int = 2) -> Dataset:
     """Tiny task rows in verifiers' input format."""
-    return Dataset.from_list(
-        [
-            {
-                "prompt": [{"role": "user", "content": f"Fix bug #{i}"}],
-                "answer": "fixed",
-                "info": {"task_id": i},
-                "example_id": i,
-            }
-            for i in range(n)
-        ]
-    )
+    return Dataset.from_list([task_row(i) for i in range(n)])
 
 
 class GatewayTestEnv(RolloutGatewayMixin, vf.CliAgentEnv):
@@ -94,14 +84,4 @@ def tokens(prompt_ids: list[int], completion_ids: list[int]) -> dict[str, Any]:
         "completion_logprobs": [-0.5] * len(completion_ids),
         "overlong_prompt": False,
         "is_truncated": False,
-    }
-
-
-def rollout_input(example_id: int = 0) -> dict[str, Any]:
-    """One rollout input row."""
-    return {
-        "prompt": [{"role": "user", "content": f"Fix bug #{example_id}"}],
-        "answer": "fixed",
-        "info": {"task_id": example_id},
-        "example_id": example_id,
     }

@@ -12,13 +12,13 @@ import json
 from typing import Any
 
 import verifiers as vf
-from helpers import FAST_POLL, GatewayTestEnv, rollout_input
+from helpers import FAST_POLL, GatewayTestEnv
 from openai import AsyncOpenAI
 
 from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.scripted.tokenizer import encode_prompt
 from rollout_gateway.server import GatewayConfig, create_app, running_server
-from rollout_gateway.testing import FakeSandbox, FakeSandboxClient
+from rollout_gateway.testing import FakeSandbox, FakeSandboxClient, task_row
 
 SCRIPT = [
     {"tool": "run_shell", "arguments": {"command": "echo one"}},
@@ -85,7 +85,7 @@ async def test_mixin_against_the_reference_gateway_records_what_agents_exchanged
             )
             try:
                 states = await asyncio.gather(
-                    *(env.rollout(rollout_input(i % 2), client, "scripted", {}) for i in range(4))
+                    *(env.rollout(task_row(i % 2), client, "scripted", {}) for i in range(4))
                 )
                 for state in states:
                     await env.rubric.score_rollout(state)

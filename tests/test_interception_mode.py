@@ -6,10 +6,10 @@ import socket
 
 import httpx
 import verifiers as vf
-from helpers import GatewayTestEnv, rollout_input
+from helpers import GatewayTestEnv
 from openai import AsyncOpenAI
 
-from rollout_gateway.testing import FakeGateway, FakeSandbox, FakeSandboxClient
+from rollout_gateway.testing import FakeGateway, FakeSandbox, FakeSandboxClient, task_row
 
 
 def free_port() -> int:
@@ -74,7 +74,7 @@ async def test_interception_mode_runs_cli_agent_env_unchanged():
         sandbox_creations_per_minute=None,
     )
     try:
-        state = await env.rollout(rollout_input(), upstream_model(), "m", {})
+        state = await env.rollout(task_row(0), upstream_model(), "m", {})
         await env.rubric.score_rollout(state)
     finally:
         await env._teardown()

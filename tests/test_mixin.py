@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 import verifiers as vf
-from helpers import GATEWAY_BASE_URL, rollout_input, tokens, two_turn_agent
+from helpers import GATEWAY_BASE_URL, tokens, two_turn_agent
 from openai import AsyncOpenAI
 
 from rollout_gateway import (
@@ -29,6 +29,7 @@ from rollout_gateway.testing import (
     FakeSandboxClient,
     FakeTunnelProvider,
     rollout_id_of,
+    task_row,
 )
 
 
@@ -37,7 +38,7 @@ def client_for(base_url: str) -> vf.Client:
 
 
 async def run(env: Any, model_client: vf.Client, example_id: int = 0) -> vf.State:
-    return await env.rollout(rollout_input(example_id), model_client, "policy-model", {})
+    return await env.rollout(task_row(example_id), model_client, "policy-model", {})
 
 
 def assert_nothing_left(gateway: FakeGateway, sandboxes: FakeSandboxClient) -> None:
@@ -54,7 +55,7 @@ async def test_happy_path_registers_runs_fetches_scores_and_cleans_up(
     env = make_env(max_turns=12, max_seq_len=4096)
     env.sampling_args = {"n": 1, "extra_body": {"top_k": 20}, "temperature": 0.1}
     output = await env.run_rollout(
-        rollout_input(), model_client, "policy-model", {"temperature": 0.7, "max_tokens": 256}
+        task_row(0), model_client, "policy-model", {"temperature": 0.7, "max_tokens": 256}
     )
 
     rollout_id = gateway.unregistered[0]
@@ -99,7 +100,7 @@ async def test_register_payload_carries_model_sampling_params_and_limits(
 
     env = make_env(max_turns=12, max_seq_len=4096, gateway_transport=httpx.MockTransport(recording))
     env.sampling_args = {"n": 1, "extra_body": {"top_k": 20}, "temperature": 0.1}
-    await env.rollout(rollout_input(), model_client, "policy-model", {"temperature": 0.7})
+    await env.rollout(task_row(0), model_client, "policy-model", {"temperature": 0.7})
     assert captured == [
         {
             "model": "policy-model",
@@ -136,7 +137,7 @@ async def test_state_carries_lifecycle_keys_and_token_trajectory(
 async def test_run_group_scores_and_serializes(make_env, gateway, sandboxes, model_client):
     env = make_env()
     outputs = await env.run_group(
-        [rollout_input(0), rollout_input(1)],
+        [task_row(0), task_row(1)],
         model_client,
         "policy-model",
         {},
@@ -276,7 +277,7 @@ async def test_uninitialised_gateway_is_initialised_lazily(
 async def test_client_without_base_url_gives_a_config_error(make_env, gateway, sandboxes):
     no_url = vf.OpenAIChatCompletionsClient(object())  # type: ignore[arg-type]
     env = make_env()
-    state = await env.rollout(rollout_input(), no_url, "m", {})
+    state = await env.rollout(task_row(0), no_url, "m", {})
     assert isinstance(state["error"], GatewayConfigError)
     assert "gateway_url" in str(state["error"])
     assert_nothing_left(gateway, sandboxes)
