@@ -7,6 +7,7 @@ from typing import Any
 
 import verifiers as vf
 from datasets import Dataset
+from prime_sandboxes import CreateSandboxRequest
 
 from rollout_gateway import RolloutGatewayMixin
 from rollout_gateway.client import RetryPolicy
@@ -85,3 +86,29 @@ def tokens(prompt_ids: list[int], completion_ids: list[int]) -> dict[str, Any]:
         "overlong_prompt": False,
         "is_truncated": False,
     }
+
+
+def cli_agent_env_request(**overrides: Any) -> CreateSandboxRequest:
+    """A ``CreateSandboxRequest`` with exactly the keywords ``CliAgentEnv.setup_state`` passes.
+
+    verifiers 0.3.1 passes a string ``start_command`` and a ``vm`` flag; prime-sandboxes
+    0.3.0 and later reject both, so building this is the pin's guard.
+    """
+    fields: dict[str, Any] = {
+        "name": "rollout_x",
+        "docker_image": "python:3.11-slim",
+        "start_command": "tail -f /dev/null",
+        "cpu_cores": 1,
+        "memory_gb": 2,
+        "disk_size_gb": 5,
+        "gpu_count": 0,
+        "gpu_type": None,
+        "vm": False,
+        "timeout_minutes": 60,
+        "environment_vars": {"OPENAI_BASE_URL": "http://x"},
+        "team_id": None,
+        "advanced_configs": None,
+        "labels": [],
+    }
+    fields.update(overrides)
+    return CreateSandboxRequest(**fields)

@@ -8,7 +8,7 @@ training run.
 
 from __future__ import annotations
 
-from helpers import GatewayTestEnv
+from helpers import GatewayTestEnv, cli_agent_env_request
 from prime_sandboxes import CreateSandboxRequest
 
 from rollout_gateway.testing import FakeSandboxClient
@@ -33,21 +33,5 @@ async def test_the_gateway_path_builds_a_valid_request():
 
 
 def test_cli_agent_env_request_shape_is_accepted():
-    # The exact keyword set CliAgentEnv.setup_state passes.
-    request = CreateSandboxRequest(
-        name="rollout_x",
-        docker_image="python:3.11-slim",
-        start_command="tail -f /dev/null",
-        cpu_cores=1,
-        memory_gb=2,
-        disk_size_gb=5,
-        gpu_count=0,
-        gpu_type=None,
-        vm=False,
-        timeout_minutes=60,
-        environment_vars={"OPENAI_BASE_URL": "http://x"},
-        team_id=None,
-        advanced_configs=None,
-        labels=[],
-    )
+    request = cli_agent_env_request()
     assert request.start_command == "tail -f /dev/null"

@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import cli_agent_env_request
 from prime_sandboxes import (
     AdvancedConfigs,
     APIError,
@@ -101,20 +102,10 @@ def assert_gone(pid: int) -> None:
 
 
 async def test_request_built_like_cli_agent_env_is_accepted(client: LocalSandboxClient) -> None:
-    # Exactly the fields and types vf.CliAgentEnv.setup_state passes.
-    req = CreateSandboxRequest(
+    req = cli_agent_env_request(
         name="rollout_1234abcd",
-        docker_image="python:3.11-slim",
-        start_command="tail -f /dev/null",
-        cpu_cores=1,
-        memory_gb=2,
-        disk_size_gb=5,
-        gpu_count=0,
-        gpu_type=None,
-        vm=False,
         timeout_minutes=61,
         environment_vars={"OPENAI_BASE_URL": "http://127.0.0.1:1/v1", "OPENAI_API_KEY": "k"},
-        team_id=None,
         advanced_configs=AdvancedConfigs(),
         labels=["fix-bug"],
     )
