@@ -16,7 +16,6 @@ import json
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -108,32 +107,22 @@ def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
         return 2
 
 
-@contextlib.asynccontextmanager
-async def _model_root(options: DemoOptions, out: TextIO) -> AsyncIterator[tuple[str, str]]:
-    """(upstream base URL, model name): the given upstream, or a scripted model."""
-    if options.upstream:
-        yield options.upstream.rstrip("/"), str(options.model)
-        return
-    from rollout_gateway.scripted import create_scripted_model_app
-    from rollout_gateway.server.runner import running_server
+async def _serve(stack: contextlib.AsyncExitStack, app: Any, what: str) -> str:
+    """Serve ``app`` on loopback until ``stack`` closes; a failed start is a DemoError."""
+    from rollout_gateway.server import running_server
 
     try:
-        server = running_server(create_scripted_model_app())
-        root = await server.__aenter__()
+        return await stack.enter_async_context(running_server(app))
     except Exception as e:
-        raise DemoError(f"could not start the scripted model: {e}") from e
-    print(f"scripted model  {root}/v1", file=out)
-    try:
-        yield f"{root}/v1", options.model or "scripted"
-    finally:
-        await server.__aexit__(None, None, None)
+        raise DemoError(f"could not start the {what}: {e}") from e
 
 
 async def _demo(options: DemoOptions, out: TextIO) -> int:
     import verifiers as vf
     from openai import AsyncOpenAI
 
-    from rollout_gateway.server import GatewayConfig, create_app, running_server
+    from rollout_gateway.scripted import create_scripted_model_app
+    from rollout_gateway.server import GatewayConfig, create_app
 
     try:
         import fix_bug_env
@@ -142,30 +131,29 @@ async def _demo(options: DemoOptions, out: TextIO) -> int:
             "the example env is not installed: pip install -e examples/fix_bug_env"
         ) from e
 
-    async with _model_root(options, out) as (upstream, model):
-        try:
-            gateway = running_server(create_app(GatewayConfig(upstreams=[upstream])))
-            gateway_root = await gateway.__aenter__()
-        except Exception as e:
-            raise DemoError(f"could not start the gateway: {e}") from e
+    # Closed in reverse: the env's teardown, then the gateway, then the scripted model.
+    async with contextlib.AsyncExitStack() as stack:
+        if options.upstream:
+            upstream, model = options.upstream.rstrip("/"), str(options.model)
+        else:
+            model_root = await _serve(stack, create_scripted_model_app(), "scripted model")
+            upstream, model = f"{model_root}/v1", options.model or "scripted"
+            print(f"scripted model  {upstream}", file=out)
+        gateway_app = create_app(GatewayConfig(upstreams=[upstream]))
+        gateway_root = await _serve(stack, gateway_app, "gateway")
         print(f"rollout gateway {gateway_root}  (upstream {upstream})", file=out)
-        try:
-            env = fix_bug_env.load_environment(
-                num_examples=options.examples,
-                use_gateway=True,
-                sandbox_backend="local",
-                tunnel_provider="direct",
-                timeout_seconds=min(options.timeout, 600.0),
-            )
-            client = vf.OpenAIChatCompletionsClient(
-                AsyncOpenAI(base_url=f"{gateway_root}/v1", api_key="demo")
-            )
-            try:
-                outputs = await _run_rollouts(env, client, model, options, out)
-            finally:
-                await env._teardown()
-        finally:
-            await gateway.__aexit__(None, None, None)
+        env = fix_bug_env.load_environment(
+            num_examples=options.examples,
+            use_gateway=True,
+            sandbox_backend="local",
+            tunnel_provider="direct",
+            timeout_seconds=min(options.timeout, 600.0),
+        )
+        stack.push_async_callback(env._teardown)
+        client = vf.OpenAIChatCompletionsClient(
+            AsyncOpenAI(base_url=f"{gateway_root}/v1", api_key="demo")
+        )
+        outputs = await _run_rollouts(env, client, model, options, out)
 
     path = options.output or DEFAULT_OUTPUT_DIR / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     _write_jsonl(path, outputs)
