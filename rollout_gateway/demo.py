@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -43,12 +44,23 @@ class DemoError(RuntimeError):
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of the ``demo`` subcommand."""
-    parser.add_argument("--examples", type=int, default=3, help="tasks to run (default 3)")
+    """Arguments of the ``demo`` subcommand (defaults: those of :class:`DemoOptions`)."""
+    default = DemoOptions()
     parser.add_argument(
-        "--rollouts-per-example", type=int, default=3, help="rollouts per task (default 3)"
+        "--examples", type=int, default=default.examples, help="tasks to run (%(default)s)"
     )
-    parser.add_argument("--concurrency", type=int, default=9, help="rollouts at once (default 9)")
+    parser.add_argument(
+        "--rollouts-per-example",
+        type=int,
+        default=default.rollouts_per_example,
+        help="rollouts per task (%(default)s)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=default.concurrency,
+        help="rollouts at once (%(default)s)",
+    )
     parser.add_argument(
         "--output", type=Path, default=None, help="results JSONL (default outputs/demo-*.jsonl)"
     )
@@ -59,10 +71,16 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default=None, help="model name (required with --upstream)")
     parser.add_argument(
-        "--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)"
+        "--temperature",
+        type=float,
+        default=default.temperature,
+        help="sampling temperature (%(default)s)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="whole-demo time limit, seconds"
+        "--timeout",
+        type=float,
+        default=default.timeout,
+        help="whole-demo time limit, seconds (%(default)s)",
     )
     parser.add_argument("--verbose", action="store_true", help="show library logs")
 
@@ -75,17 +93,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         raise DemoError("--upstream needs --model (the model name the upstream serves)")
     if args.timeout <= 0:
         raise DemoError("--timeout must be positive")
-    return DemoOptions(
-        examples=args.examples,
-        rollouts_per_example=args.rollouts_per_example,
-        concurrency=args.concurrency,
-        output=args.output,
-        upstream=args.upstream,
-        model=args.model,
-        temperature=args.temperature,
-        timeout=args.timeout,
-        verbose=args.verbose,
-    )
+    return DemoOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DemoOptions)})
 
 
 def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
