@@ -396,7 +396,6 @@ class LocalSandboxClient:
         try:
             rc = await _wait_proc(proc, effective_timeout)
             if rc is None:
-                _kill_group(proc)
                 raise CommandTimeoutError(sandbox_id, command, effective_timeout)
         except BaseException:
             _kill_group(proc)  # cancelled or timed out: leave no runaway behind
@@ -937,12 +936,30 @@ async def _wait_proc(proc: subprocess.Popen[bytes], timeout: float) -> int | Non
         delay = min(delay * 2, 0.025)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+def _kill_group(proc: subprocess.Popen[bytes], settle_s: float = 1.0) -> None:
+    """SIGKILL a command's whole process group and return once none of it still runs.
+
+    The group is signalled even when its leader already exited: its children keep the
+    group id (the kernel does not reuse it while they live). SIGKILL is delivered
+    asynchronously, so wait (bounded) until no member is left running.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=2)
+    deadline = time.monotonic() + settle_s
+    while _group_running(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a live (non-zombie) process of process group ``pgid`` remains (Linux)."""
+    for pid in _proc_pids():
+        fields = _stat_fields(pid)
+        if fields is not None and len(fields) > 2 and fields[0] != b"Z":
+            if int(fields[2]) == pgid:
+                return True
+    return False
 
 
 def _read_tail(path: Path, limit: int | None) -> tuple[str, bool]:
