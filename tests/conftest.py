@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import verifiers as vf
+from core_world import no_wait
 from helpers import (
     FAST_POLL,
     FAST_RETRY,
@@ -53,6 +54,7 @@ async def make_env(
             transport=gateway.transport(),
             retry=FAST_RETRY,
             poll=FAST_POLL,
+            sleep=no_wait,
         )
         changes = overrides.pop("gateway", {})
         options: dict[str, Any] = {
