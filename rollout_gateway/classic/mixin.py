@@ -409,7 +409,7 @@ class RolloutGatewayMixin(_Base):
 
     # verifiers marks MultiTurnEnv.rollout @final and offers no hook that replaces its
     # model loop, so gateway mode overrides it; interception mode calls it unchanged.
-    async def rollout(  # type: ignore[misc]
+    async def rollout(
         self,
         input: RolloutInput,
         client: Any,
@@ -453,7 +453,7 @@ class RolloutGatewayMixin(_Base):
             return await self.init_state(input, client, model, sampling_args)
         except Exception as e:
             blank = {**input, "prompt": [], "info": {}}
-            state = await self.init_state(blank, client, model, sampling_args)  # type: ignore[arg-type]
+            state = await self.init_state(blank, client, model, sampling_args)
             state["error"] = RolloutInputError(f"malformed input row: {type(e).__name__}: {e}")
             return state
 

@@ -391,6 +391,8 @@ async def test_completion_is_detected_quickly_without_busy_polling(
             return self.now
 
         async def sleep(self, seconds: float) -> None:
+            if seconds >= 7.0:  # the tunnel monitor's interval: it must not move the clock
+                await asyncio.Event().wait()
             self.now += seconds
             await asyncio.sleep(0)
 
@@ -405,7 +407,14 @@ async def test_completion_is_detected_quickly_without_busy_polling(
         return 0
 
     sandboxes.agent = agent
-    env = make_env(gateway={"poll": PollPolicy(), "clock": fake.clock, "sleep": fake.sleep})
+    env = make_env(
+        gateway={
+            "poll": PollPolicy(),
+            "clock": fake.clock,
+            "sleep": fake.sleep,
+            "tunnel_liveness_interval": 7.0,
+        }
+    )
     state = await run(env, model_client)
     assert state["error"] is None
     assert state["agent_polls"] <= 15  # 50 ms floor over 0.5 s, not a busy loop
