@@ -210,6 +210,10 @@ class GatewayRollout:
 
     # ---------------------------------------------------------------- operations
 
+    def is_typed(self, error: BaseException) -> bool:
+        """Whether ``error`` is already typed for this rollout's adapter (kept as raised)."""
+        return self._is_typed(error)
+
     def fail(self, error: BaseException) -> None:
         """Record ``error`` unless an earlier one already explains the rollout."""
         if self.record.error is None:
@@ -523,7 +527,7 @@ class GatewayRollout:
             raise error_type(f"{name} did not finish within {timeout:g}s") from None
 
     def _typed(self, error: Exception, error_type: type[Exception], stage: str) -> Exception:
-        if self._is_typed(error):
+        if self.is_typed(error):
             return error
         return error_type(f"{stage} failed: {type(error).__name__}: {error}")
 
