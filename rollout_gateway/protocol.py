@@ -76,6 +76,10 @@ def cancel_path(rollout_id: str) -> str:
     return f"/v1/rollouts/{rollout_id}/cancel"
 
 
+#: Control-plane path where the trainer announces a new policy version (admin token).
+POLICY_VERSION_PATH = "/v1/policy/version"
+
+
 def unregister_path(rollout_id: str) -> str:
     """Path of the unregister call."""
     return f"/v1/rollouts/{rollout_id}/unregister"
@@ -131,6 +135,88 @@ class TrajectoryStepBody(TypedDict):
     extras: dict[str, Any]
 
 
+class TurnTiming(TypedDict):
+    """When a turn ran and how long its parts took (``StepExtras.timing``)."""
+
+    #: Unix time (seconds) the gateway sent the turn upstream.
+    started_at: float
+    #: Seconds until the upstream's first byte of answer (first chunk when streamed).
+    first_token_s: float | None
+    #: Seconds the upstream call took, answer complete.
+    upstream_s: float
+
+
+class TurnError(TypedDict):
+    """Why a recorded turn produced no sample (``StepExtras.error``)."""
+
+    #: ``context_length_exceeded`` (the prompt does not fit the engine's context), ...
+    type: str
+    message: str
+    #: HTTP status the gateway answered the agent.
+    status_code: int
+
+
+class StepExtras(TypedDict, total=False):
+    """Per-turn facts the reference gateway records in a step's ``extras``.
+
+    All keys are optional on the wire (another gateway may send none of them). A trainer
+    reads them to filter or weight turns: ``policy_version`` for staleness,
+    ``prefix_break`` for turns whose prompt does not extend the previous turn's ids,
+    ``status`` for turns that produced no sample.
+    """
+
+    #: ``"ok"``: a sample was taken; ``"error"``: the turn was refused by the engine and
+    #: recorded for the trainer's sake (e.g. context overflow), with ``error``.
+    status: Literal["ok", "error"]
+    error: TurnError
+    #: The engine's ``finish_reason`` (``stop``, ``length``, ``tool_calls``, ``abort``...).
+    finish_reason: str | None
+    #: vLLM's ``stop_reason`` / SGLang's ``matched_stop``: the stop string or token id hit.
+    stop_reason: int | str | None
+    #: The engine's ``usage`` of the turn.
+    usage: dict[str, Any] | None
+    #: Prompt tokens served from the engine's prefix cache (when it reports them).
+    cached_tokens: int | None
+    timing: TurnTiming
+    #: Sampling fields actually sent upstream (registered values, the per-turn seed...).
+    sampling: dict[str, Any]
+    #: Policy version in effect when the turn was sent upstream (``None``: never announced).
+    policy_version: int | None
+    #: Set when the policy version changed while the turn was being sampled: the
+    #: version in effect when the answer came back.
+    policy_version_end: int | None
+    #: The engine's own weight version in its answer (SGLang ``metadata.weight_version``).
+    engine_weight_version: str | None
+    #: The prompt ids do not start with the previous turn's prompt + completion ids
+    #: (re-tokenized history: a tool call re-rendered, a cut completion, ...).
+    prefix_break: bool
+    #: The previous turn's messages are not a prefix of this turn's request.
+    history_rewritten: bool
+    #: Why the step has ``tokens: null``.
+    tokens_missing: str
+    #: The engine sent token fields that could not be used (``tokens: null``).
+    tokens_error: str
+    #: Indexes of completion logprobs that are sentinels (e.g. ``-9999``) or not finite.
+    logprob_sentinels: list[int]
+    #: The other sampled choices of an ``n > 1`` request (same shape as the step's
+    #: ``completion`` and ``tokens``), so no sampled token is dropped.
+    other_choices: list[dict[str, Any]]
+
+
+class PolicyVersionRequest(TypedDict):
+    """Body of ``POST /v1/policy/version``: the trainer announces new weights."""
+
+    version: int
+
+
+class PolicyVersionResponse(TypedDict):
+    """Answer of ``GET`` / ``POST /v1/policy/version``."""
+
+    version: int | None
+    #: Unix time of the last announcement (``None``: never announced).
+    updated_at: float | None
+
+
 class TrajectoryResponse(TypedDict):
     """Success body of ``GET /v1/rollouts/{id}/trajectory``."""
 
@@ -142,6 +228,10 @@ class TrajectoryResponse(TypedDict):
     completion: list[dict[str, Any]]
     is_truncated: bool
     trajectory: list[TrajectoryStepBody]
+    #: Why the rollout stopped short, when it did: ``"context_length_exceeded"``.
+    truncated_reason: NotRequired[str | None]
+    #: Policy versions of the recorded turns, oldest first (reference gateway).
+    policy_versions: NotRequired[list[int | None]]
 
 
 class StatusResponse(TypedDict):
@@ -152,15 +242,21 @@ class StatusResponse(TypedDict):
 
 
 __all__ = [
+    "POLICY_VERSION_PATH",
     "ROLLOUT_ID_RE",
     "UNLIMITED_TURNS",
+    "PolicyVersionRequest",
+    "PolicyVersionResponse",
     "RegisterRequest",
     "RegisterResponse",
     "RolloutStatus",
     "StatusResponse",
+    "StepExtras",
     "StepTokens",
     "TrajectoryResponse",
     "TrajectoryStepBody",
+    "TurnError",
+    "TurnTiming",
     "cancel_path",
     "chat_completions_path",
     "gateway_root",

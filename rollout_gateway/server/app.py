@@ -18,18 +18,22 @@ import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from rollout_gateway.protocol import (
+    POLICY_VERSION_PATH,
     UNLIMITED_TURNS,
+    PolicyVersionResponse,
     RegisterResponse,
     StatusResponse,
     TrajectoryResponse,
     is_valid_rollout_id,
 )
 from rollout_gateway.server.config import GatewayConfig
+from rollout_gateway.server.engines import EngineInfo, probe_engine
 from rollout_gateway.server.metrics import GatewayMetrics
+from rollout_gateway.server.policy import PolicyClock, StaleVersionError
 from rollout_gateway.server.registry import (
     AlreadyRegisteredError,
     Clock,
@@ -43,9 +47,9 @@ from rollout_gateway.server.responses import (
     read_json_object,
     validate_messages,
 )
-from rollout_gateway.server.sse import iter_completion_sse
-from rollout_gateway.server.turns import agent_view, build_upstream_request, read_turn
-from rollout_gateway.server.upstream import UpstreamError, UpstreamPool
+from rollout_gateway.server.turn_runner import Turn, TurnRunner, prepare_upstream_body
+from rollout_gateway.server.turns import build_upstream_request
+from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
 
@@ -100,6 +104,17 @@ class Gateway:
             on_remove=lambda r: self.pool.release(r.upstream),
             on_expire=self._on_expire,
         )
+        #: The policy version in effect (announced by the trainer).
+        self.policy = PolicyClock()
+        #: What runs behind each upstream (probed at start-up and on first use).
+        self.engines = {url: EngineInfo() for url in config.upstreams}
+        self.turns = TurnRunner(
+            self.pool,
+            self.registry,
+            self.metrics,
+            self.policy,
+            keepalive_s=config.stream_keepalive_s,
+        )
 
     def _on_expire(self, record: RolloutRecord) -> None:
         self.metrics.expired_rollouts.inc()
@@ -120,6 +135,13 @@ class Gateway:
         token = self.config.admin_token
         if token and not _token_matches(_bearer(request), token):
             raise ApiError(401, "missing or invalid admin token", "unauthorized")
+
+    async def _engine(self, url: str) -> EngineInfo:
+        """The engine behind ``url``, probed now if the start-up probe found it down."""
+        info = self.engines[url]
+        if not info.probed:
+            await probe_engine(self.pool.get(url).client, info)
+        return info
 
     def _record(self, rollout_id: str) -> RolloutRecord:
         record = self.registry.get(rollout_id)
@@ -159,6 +181,8 @@ class Gateway:
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
 
         upstream = self.pool.pin()
+        if max_seq_len is None:  # default: the context length the engine serves
+            max_seq_len = (await self._engine(upstream.base_url)).max_model_len
         record = RolloutRecord(
             rollout_id=rollout_id,
             model=model,
@@ -207,6 +231,8 @@ class Gateway:
             "completion": completion,
             "is_truncated": truncated,
             "trajectory": steps,
+            "truncated_reason": record.truncated_reason,
+            "policy_versions": [s["extras"].get("policy_version") for s in steps],
         }
         return JSONResponse(answer)
 
@@ -236,7 +262,6 @@ class Gateway:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/chat/completions``: forward, record, answer."""
-        start = time.perf_counter()
         rollout_id = self._rollout_id(request)
         record = self._record(rollout_id)
         if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
@@ -244,71 +269,33 @@ class Gateway:
         body = await read_json_object(request, self.config.max_body_bytes)
         messages = validate_messages(body)
 
-        async with record.lock:  # turns of one rollout run one at a time, in order
+        await record.lock.acquire()  # turns of one rollout run one at a time, in order
+        try:
             if not record.live:
                 raise ApiError(404, f"rollout {rollout_id} is not registered", "rollout_not_found")
             if record.status == "cancelled":
                 raise ApiError(409, f"rollout {rollout_id} is cancelled", "conflict")
             if record.status == "completed" or record.at_max_turns:
-                raise ApiError(
-                    409,
-                    f"rollout {rollout_id} is completed (max_turns={record.max_turns})",
-                    "conflict",
-                )
+                reason = record.truncated_reason or f"max_turns={record.max_turns}"
+                raise ApiError(409, f"rollout {rollout_id} is completed ({reason})", "conflict")
             self.registry.touch(record)
+            engine = await self._engine(record.upstream)
             upstream_body = build_upstream_request(
                 body, model=record.model, sampling_params=record.sampling_params
             )
-            try:
-                completion, upstream_s = await self.pool.chat(record.upstream, upstream_body)
-            except UpstreamError as exc:
-                self.metrics.upstream_errors.inc(record.upstream, exc.kind)
-                self.registry.touch(record)
-                logger.warning(
-                    "rollout=%s turn=%d upstream=%s error=%s: %s",
-                    rollout_id,
-                    record.num_turns + 1,
-                    record.upstream,
-                    exc.kind,
-                    exc.message,
-                )
-                raise ApiError(exc.status_code, exc.message, "upstream_error") from None
-            turn = read_turn(completion)
-            record.recorder.record(
-                messages,
-                turn.completion,
-                prompt_ids=turn.prompt_ids,
-                completion_ids=turn.completion_ids,
-                completion_logprobs=turn.completion_logprobs,
-                finish_reason=turn.finish_reason,
-                total_tokens=turn.total_tokens,
+            turn = Turn(
+                record=record,
+                body=body,
+                messages=messages,
+                upstream_body=prepare_upstream_body(upstream_body, record, engine),
+                engine=engine,
+                policy_version=self.policy.version,
+                policy_epoch=self.policy.epoch,
             )
-            record.num_turns += 1
-            turn_number = record.num_turns
-            if record.at_max_turns and record.status == "active":
-                record.status = "completed"
-            self.registry.touch(record)
-
-        self.metrics.turns.inc(record.upstream)
-        self.metrics.upstream_latency.observe(upstream_s, record.upstream)
-        logger.info(
-            "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
-            rollout_id,
-            turn_number,
-            (time.perf_counter() - start) * 1000,
-            upstream_s * 1000,
-            turn.finish_reason,
-        )
-        answer = agent_view(completion, body)
-        if body.get("stream"):
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return StreamingResponse(
-                iter_completion_sse(answer, include_usage=include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        return JSONResponse(answer)
+        except BaseException:
+            record.lock.release()
+            raise
+        return await self.turns.respond(turn)  # releases the lock when the turn is over
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/rollouts/{id}/models``: the registered model, for agents that list models.
@@ -323,6 +310,38 @@ class Gateway:
         card = {"id": record.model, "object": "model", "created": 0, "owned_by": "rollout-gateway"}
         return JSONResponse({"object": "list", "data": [card]})
 
+    # -- policy version ------------------------------------------------------------------
+
+    def _policy_answer(self) -> Response:
+        answer: PolicyVersionResponse = {
+            "version": self.policy.version,
+            "updated_at": self.policy.updated_at,
+        }
+        return JSONResponse(answer)
+
+    async def get_policy_version(self, request: Request) -> Response:
+        """``GET /v1/policy/version``: the version turns are stamped with now."""
+        self._check_admin(request)
+        return self._policy_answer()
+
+    async def set_policy_version(self, request: Request) -> Response:
+        """``POST /v1/policy/version`` ``{"version": int}``: the trainer loaded new weights.
+
+        Turns sent upstream from now on are stamped with it; a turn under way keeps the
+        version it started with and is flagged ``policy_version_end`` when it ends.
+        """
+        self._check_admin(request)
+        body = await read_json_object(request, _CONTROL_BODY_LIMIT)
+        version = body.get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ApiError(400, "'version' must be a non-negative integer", "invalid_request_error")
+        try:
+            self.policy.announce(version)
+        except StaleVersionError as exc:
+            raise ApiError(409, str(exc), "conflict") from None
+        logger.info("policy version %d announced", version)
+        return self._policy_answer()
+
     # -- operations ----------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -332,7 +351,11 @@ class Gateway:
                 "status": "ok",
                 "enabled": self.config.enabled,
                 "active_rollouts": len(self.registry),
-                "upstreams": self.pool.describe(),
+                "upstreams": [
+                    {**state, **self.engines[state["url"]].describe()}
+                    for state in self.pool.describe()
+                ],
+                "policy_version": self.policy.version,
             }
         )
 
@@ -358,7 +381,10 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Run the idle sweep and the upstream re-probe; close pools at shutdown."""
+        """Probe the engines; run the idle sweep and the upstream re-probe; close pools."""
+        await asyncio.gather(
+            *(probe_engine(self.pool.get(url).client, info) for url, info in self.engines.items())
+        )
         tasks = [
             asyncio.create_task(self._periodic(self.config.sweep_interval_s, self.sweep)),
             asyncio.create_task(
@@ -416,6 +442,8 @@ def create_app(
             Route(f"{prefix}/cancel", gateway.cancel, methods=["POST"]),
             Route(f"{prefix}/unregister", gateway.unregister, methods=["POST"]),
             Route(f"{prefix}/models", gateway.models, methods=["GET"]),
+            Route(POLICY_VERSION_PATH, gateway.get_policy_version, methods=["GET"]),
+            Route(POLICY_VERSION_PATH, gateway.set_policy_version, methods=["POST"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         ],

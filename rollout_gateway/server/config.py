@@ -31,6 +31,8 @@ class GatewayConfig:
         probe_interval_s: period of the re-probe of unhealthy upstreams.
         upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
         max_connections_per_upstream: size of each upstream's HTTP connection pool.
+        stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
+            many seconds without a chunk (tunnels and proxies drop silent connections).
     """
 
     upstreams: list[str] = field(default_factory=list)
@@ -46,6 +48,7 @@ class GatewayConfig:
     probe_interval_s: float = 5.0
     upstream_api_key: str | None = None
     max_connections_per_upstream: int = 1024
+    stream_keepalive_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -55,6 +58,8 @@ class GatewayConfig:
             raise ValueError("max_rollouts must be >= 1")
         if self.rollout_ttl_s <= 0:
             raise ValueError("rollout_ttl_s must be > 0")
+        if self.stream_keepalive_s <= 0:
+            raise ValueError("stream_keepalive_s must be > 0")
 
 
 __all__ = ["DEFAULT_KEEP_ALIVE_S", "GatewayConfig"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
+from rollout_gateway.server.answers import TRUNCATING_FINISH_REASONS
 
 
 def _text(content: Any) -> str:
@@ -116,6 +117,7 @@ class TrajectoryRecorder:
     _steps: list[_Step] = field(default_factory=list)
     _last_messages: list[dict[str, Any]] = field(default_factory=list)
     _last_ids: array = field(default_factory=lambda: array("i"))
+    _prev_total: int = 0  # length of the previous step's prompt+completion ids
 
     @property
     def num_steps(self) -> int:
@@ -132,15 +134,49 @@ class TrajectoryRecorder:
         completion_logprobs: Sequence[float] | None = None,
         finish_reason: str | None = None,
         total_tokens: int | None = None,
+        extras: Mapping[str, Any] | None = None,
+        truncated: bool = False,
     ) -> None:
         """Record one turn: the request's ``messages`` and the returned ``completion``.
 
         Token fields are kept only when ``prompt_ids``, ``completion_ids`` and
         ``completion_logprobs`` are all given and consistent; otherwise the step has
         ``tokens: null`` (still recorded). ``total_tokens`` (usage) is the fallback
-        length for ``is_truncated`` when there are no ids.
+        length for ``is_truncated`` when there are no ids. ``extras`` (turn facts, see
+        :class:`~rollout_gateway.protocol.StepExtras`) go into the step's ``extras``;
+        ``truncated`` marks the step truncated whatever its finish reason. The step gets
+        ``prefix_break`` when its prompt ids do not extend the previous step's prompt +
+        completion ids.
         """
-        extras: dict[str, Any] = {}
+        self._record(
+            messages,
+            completion,
+            prompt_ids,
+            completion_ids,
+            completion_logprobs,
+            finish_reason,
+            total_tokens,
+            dict(extras or {}),
+            truncated,
+        )
+
+    def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:
+        """Record a turn the engine refused (no sample): its prompt, no completion, no
+        tokens, marked truncated. ``extras`` carries ``status``/``error``."""
+        self._record(messages, [], None, None, None, None, None, dict(extras), True)
+
+    def _record(
+        self,
+        messages: Sequence[dict[str, Any]],
+        completion: Sequence[dict[str, Any]],
+        prompt_ids: Sequence[int] | None,
+        completion_ids: Sequence[int] | None,
+        completion_logprobs: Sequence[float] | None,
+        finish_reason: str | None,
+        total_tokens: int | None,
+        extras: dict[str, Any],
+        forced_truncated: bool,
+    ) -> None:
         shared = len(self._last_messages)
         if self._steps and not (
             len(messages) >= shared
@@ -154,10 +190,11 @@ class TrajectoryRecorder:
         if not self._steps:
             shared = 0
         new_messages = list(messages[shared:])
-        truncated = finish_reason == "length"
+        truncated = forced_truncated or finish_reason in TRUNCATING_FINISH_REASONS
 
         tokens: _Tokens | None = None
         have_ids = prompt_ids is not None and completion_ids is not None
+        had_ids = len(self._last_ids) > 0
         if have_ids and completion_logprobs is not None:
             if len(completion_logprobs) != len(completion_ids):  # type: ignore[arg-type]
                 extras["tokens_error"] = "logprobs and token ids differ in length"
@@ -168,6 +205,8 @@ class TrajectoryRecorder:
                     extras["tokens_error"] = "token ids are not 32-bit integers"
                 else:
                     truncated = truncated or tokens.is_truncated
+                    if had_ids:
+                        extras["prefix_break"] = tokens.prefix_len < self._prev_total
         if tokens is None:
             self._last_ids = array("i")
             if self.max_seq_len is not None and total_tokens is not None:
@@ -188,6 +227,7 @@ class TrajectoryRecorder:
         overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
         too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
         tokens = _Tokens(prefix, prompt[prefix:], comp, array("f", logprobs), overlong, too_long)
+        self._prev_total = len(self._last_ids)
         prompt.extend(comp)
         self._last_ids = prompt  # the next turn's prompt usually extends this
         return tokens

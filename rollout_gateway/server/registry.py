@@ -35,6 +35,8 @@ class RolloutRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: False once unregistered or expired (a turn waiting on the lock must then stop).
     live: bool = True
+    #: Why the rollout ended short (``"context_length_exceeded"``), if it did.
+    truncated_reason: str | None = None
 
     def __post_init__(self) -> None:
         self.recorder = TrajectoryRecorder(str(uuid.uuid4()), self.max_seq_len)

@@ -3,7 +3,10 @@
 The gateway always calls its upstream non-streaming (it needs the whole completion and its
 token ids to record the turn). When the agent asked for ``stream: true`` it gets the same
 completion re-encoded as ``chat.completion.chunk`` events that the OpenAI SDK's streaming
-client accumulates back into the same message (content and tool-call deltas).
+client accumulates back into the same message (content and tool-call deltas). The
+choice's ``logprobs``, ``token_ids`` and ``stop_reason`` and the top-level
+``prompt_token_ids``, when the completion has them, ride on the chunks as vLLM streams
+them (so an agent that asked for logprobs gets them in the stream too).
 """
 
 from __future__ import annotations
@@ -36,17 +39,36 @@ def iter_completion_sse(
         "model": completion.get("model", ""),
     }
 
-    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def chunk(
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        **extra: Any,
+    ) -> bytes:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice.update(extra)
         return _event({**base, "choices": [choice]})
 
+    prompt_ids = completion.get("prompt_token_ids")
     for position, choice in enumerate(completion.get("choices") or ()):
         index = int(choice.get("index", position))
         message = choice.get("message") or {}
-        yield chunk(index, {"role": message.get("role", "assistant"), "content": ""})
-        reasoning = message.get("reasoning_content")
+        first = {"role": message.get("role", "assistant"), "content": ""}
+        if prompt_ids is not None and position == 0:
+            yield _event(
+                {
+                    **base,
+                    "choices": [
+                        {"index": index, "delta": first, "logprobs": None, "finish_reason": None}
+                    ],
+                    "prompt_token_ids": prompt_ids,
+                }
+            )
+        else:
+            yield chunk(index, first)
+        reasoning = {k: message[k] for k in ("reasoning", "reasoning_content") if message.get(k)}
         if reasoning:
-            yield chunk(index, {"reasoning_content": reasoning})
+            yield chunk(index, reasoning)
         content = message.get("content")
         if content:
             yield chunk(index, {"content": content})
@@ -62,7 +84,14 @@ def iter_completion_sse(
                 },
             }
             yield chunk(index, {"tool_calls": [delta_call]})
-        yield chunk(index, {}, choice.get("finish_reason") or "stop")
+        tail: dict[str, Any] = {}
+        if choice.get("logprobs") is not None:
+            tail["logprobs"] = choice["logprobs"]
+        if choice.get("token_ids") is not None:
+            tail["token_ids"] = choice["token_ids"]
+        if choice.get("stop_reason") is not None:
+            tail["stop_reason"] = choice["stop_reason"]
+        yield chunk(index, {}, choice.get("finish_reason") or "stop", **tail)
     if include_usage and completion.get("usage") is not None:
         yield _event({**base, "choices": [], "usage": completion["usage"]})
     yield DONE_EVENT

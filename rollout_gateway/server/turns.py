@@ -64,12 +64,19 @@ _MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content", "name")
 
 
 def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The assistant message as recorded: OpenAI fields only, empty extras dropped."""
+    """The assistant message as recorded: OpenAI fields only, empty extras dropped.
+
+    Reasoning text is recorded under both names engines use: ``reasoning`` (vLLM >= 0.10)
+    and ``reasoning_content`` (SGLang, older vLLM, most chat templates).
+    """
     out: dict[str, Any] = {"role": message.get("role") or "assistant"}
     out["content"] = message.get("content")
     for key in _MESSAGE_FIELDS[2:]:
         if message.get(key):
             out[key] = message[key]
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    if reasoning:
+        out["reasoning"] = out["reasoning_content"] = reasoning
     return out
 
 

@@ -71,6 +71,22 @@ def _upstream_message(response: httpx.Response) -> str:
     return response.text[:2000]
 
 
+def raise_for_upstream_status(response: httpx.Response) -> None:
+    """Raise the :class:`UpstreamError` an error answer maps to (nothing for 2xx/3xx).
+
+    5xx -> 502; 4xx -> 400 with the upstream's message, except 429 (kept so clients back
+    off) and 404 (an unknown model name stays "not found").
+    """
+    status = response.status_code
+    if status >= 500:
+        raise UpstreamError(
+            "http_5xx", 502, f"upstream error {status}: {_upstream_message(response)}"
+        )
+    if status >= 400:
+        code = status if status in (404, 429) else 400
+        raise UpstreamError("http_4xx", code, _upstream_message(response))
+
+
 class UpstreamPool:
     """The gateway's upstreams.
 
@@ -146,8 +162,8 @@ class UpstreamPool:
     async def chat(self, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """POST ``body`` to ``{url}/chat/completions``; returns (completion, seconds).
 
-        Raises :class:`UpstreamError`: upstream 4xx -> 400 with its message (429 kept as
-        429 so clients back off), 5xx, unreachable, timeout or a non-JSON answer -> 502.
+        Raises :class:`UpstreamError`: upstream 4xx -> 400 with its message (404 and 429
+        kept), 5xx, unreachable, timeout or a non-JSON answer -> 502.
         """
         upstream = self._by_url[url]
         upstream.in_flight += 1
@@ -169,14 +185,7 @@ class UpstreamPool:
         if not upstream.healthy:
             logger.info("upstream=%s healthy again", url)
         upstream.healthy = True  # it answered: reachable
-        status = response.status_code
-        if status >= 500:
-            raise UpstreamError(
-                "http_5xx", 502, f"upstream error {status}: {_upstream_message(response)}"
-            )
-        if status >= 400:
-            code = 429 if status == 429 else 400
-            raise UpstreamError("http_4xx", code, _upstream_message(response))
+        raise_for_upstream_status(response)
         try:
             completion = response.json()
         except ValueError as exc:
@@ -212,4 +221,4 @@ class UpstreamPool:
                 await client.aclose()
 
 
-__all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool"]
+__all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool", "raise_for_upstream_status"]

@@ -145,8 +145,9 @@ async def test_trajectory_and_404(gw: GatewayHarness) -> None:
     body = r.json()
     assert set(body) == {
         "rollout_id", "status", "num_turns", "model", "prompt", "completion",
-        "is_truncated", "trajectory",
+        "is_truncated", "trajectory", "truncated_reason", "policy_versions",
     }  # fmt: skip
+    assert body["truncated_reason"] is None and body["policy_versions"] == [None]
     assert body["rollout_id"] == "r1" and body["status"] == "active"
     assert body["num_turns"] == 1 and body["model"] == "m"
     assert body["prompt"] == MESSAGES

@@ -81,7 +81,8 @@ async def test_sdk_streaming_tool_call_then_text(gw: GatewayHarness) -> None:
     traj = (await gw.trajectory("r1")).json()
     assert traj["num_turns"] == 2
     assert traj["trajectory"][0]["completion"][0]["tool_calls"][0]["function"]["name"] == "run"
-    assert traj["trajectory"][1]["extras"] == {}  # the SDK-built history extends turn 1
+    # The SDK-built history extends turn 1.
+    assert "history_rewritten" not in traj["trajectory"][1]["extras"]
 
 
 async def test_sdk_stream_accumulates_with_stream_helper(gw: GatewayHarness) -> None:

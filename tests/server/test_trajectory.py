@@ -60,7 +60,9 @@ async def test_multi_turn_token_fields_match_the_tokenizer(gw: GatewayHarness) -
         assert t["overlong_prompt"] is False and t["is_truncated"] is False
         assert step["is_truncated"] is False
         assert step["reward"] is None and step["advantage"] is None
-        assert step["extras"] == {}
+        assert step["extras"]["status"] == "ok" and "history_rewritten" not in step["extras"]
+    assert [s["extras"]["finish_reason"] for s in steps] == ["tool_calls", "stop"]
+    assert steps[1]["extras"]["prefix_break"] is False  # the scripted template extends
     # Both turns share the rollout's trajectory id, a uuid.
     assert steps[0]["trajectory_id"] == steps[1]["trajectory_id"]
     assert len(steps[0]["trajectory_id"]) == 36
@@ -82,11 +84,12 @@ async def test_rewritten_history_is_recorded_as_is(gw: GatewayHarness) -> None:
     other = [{"role": "user", "content": "a summary of the conversation so far"}]
     assert (await gw.chat("r1", other)).status_code == 200
     steps = (await gw.trajectory("r1")).json()["trajectory"]
-    assert steps[2]["extras"] == {"history_rewritten": True}
+    assert steps[2]["extras"]["history_rewritten"] is True
+    assert steps[2]["extras"]["prefix_break"] is True
     assert steps[2]["prompt"] == other
     assert steps[2]["tokens"]["prompt_ids"] == tok.encode_prompt(other)
     # Earlier steps are unaffected.
-    assert steps[1]["extras"] == {}
+    assert "history_rewritten" not in steps[1]["extras"]
     assert len(steps[1]["prompt"]) == 4
 
 
