@@ -24,7 +24,6 @@ stream aborts generation); that turn is not recorded, since the agent never saw 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -162,6 +161,33 @@ def agent_answer(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[st
 _TurnTask = asyncio.Task[tuple[dict[str, Any], bool]]
 
 
+def _abandon(task: _TurnTask, getter: asyncio.Task[bytes]) -> None:
+    """The agent's stream is over: stop waiting, and abort the turn if still running
+    (closing the upstream stream makes the engine abort the generation; the turn task
+    then releases the rollout's lock)."""
+    getter.cancel()
+    if not task.done() and not task.cancelling():  # a second cancel would also cut
+        task.cancel()  # the task's own clean-up (closing the upstream stream)
+
+
+class _TurnStreamResponse(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends.
+
+    Starlette stops iterating the body when the client disconnects, but does not close
+    the generator (its ``finally`` would only run at garbage collection).
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
 class TurnRunner:
     """Runs turns against the upstreams and records them.
 
@@ -205,8 +231,9 @@ class TurnRunner:
         if task in done and getter not in done and task.exception() is not None:
             getter.cancel()
             raise task.exception()  # type: ignore[misc]  # status code still ours to set
-        return StreamingResponse(
+        return _TurnStreamResponse(
             self._agent_stream(turn, task, queue, getter),
+            on_close=lambda: _abandon(task, getter),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -237,11 +264,7 @@ class TurnRunner:
                 if not done:
                     yield KEEPALIVE_EVENT
         finally:
-            getter.cancel()
-            if not task.done():
-                task.cancel()  # the agent went away: abort the engine's generation
-                with contextlib.suppress(BaseException):
-                    await task
+            _abandon(task, getter)
 
     async def _stream_end(self, turn: Turn, task: _TurnTask) -> AsyncIterator[bytes]:
         exc = task.exception()
@@ -331,7 +354,8 @@ class TurnRunner:
                     if out is not None:
                         emit(sse_event(out))
             finally:
-                await response.aclose()
+                # Shielded: closing the stream is what tells the engine to stop generating.
+                await asyncio.shield(response.aclose())
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             upstream.healthy = False
             raise UpstreamError("connect", 502, f"upstream {url} unreachable: {exc!r}") from exc
