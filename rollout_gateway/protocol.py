@@ -21,6 +21,44 @@ ROLLOUT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNLIMITED_TURNS = -1
 
 
+#: Status of a refused chat turn (rollout cancelled, completed, or at one of its limits).
+#: Not 409 as in the original table: the OpenAI SDK (and litellm) retry 408, 409, 429 and
+#: 5xx, so an agent would re-send a refused turn for minutes. The error's ``code`` says
+#: why (one of :data:`TURN_REFUSAL_CODES`); refusals also carry ``x-should-retry: false``.
+TURN_REFUSED_STATUS = 403
+
+#: ``error.code`` values of a refused turn.
+TurnRefusalCode = Literal[
+    "rollout_cancelled",
+    "rollout_completed",
+    "max_turns_reached",
+    "max_completion_tokens_reached",
+    "max_context_reached",
+    "max_rollout_bytes_reached",
+]
+TURN_REFUSAL_CODES: tuple[str, ...] = TurnRefusalCode.__args__  # type: ignore[attr-defined]
+
+#: Why a trajectory is truncated (``truncation_reason`` of the trajectory answer): the
+#: limit that refused a turn the agent asked for, or ``context_length_exceeded`` when the
+#: engine refused a prompt longer than its context (that turn is recorded, no sample).
+TruncationReason = Literal[
+    "max_turns",
+    "max_completion_tokens",
+    "max_context",
+    "max_rollout_bytes",
+    "context_length_exceeded",
+]
+
+#: Bearer-key routed data plane (the rollout is found by its per-rollout key, for agents
+#: that cannot carry the rollout id in their base URL, e.g. verifiers v1 harnesses).
+BEARER_CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+BEARER_MODELS_PATH = "/v1/models"
+
+#: Headers by which a client marks a retry (the OpenAI SDK's and the generic one).
+SDK_RETRY_COUNT_HEADER = "x-stainless-retry-count"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
+
 def new_rollout_id() -> str:
     """Return a fresh, unguessable rollout id (128 random bits, URL-safe)."""
     return f"rollout_{secrets.token_hex(16)}"
@@ -97,6 +135,8 @@ class RegisterRequest(TypedDict):
     sampling_params: dict[str, Any]
     max_turns: int
     max_seq_len: int | None
+    #: Our addition: completion tokens of the whole rollout (gateway default when absent).
+    max_total_completion_tokens: NotRequired[int | None]
 
 
 class RegisterResponse(TypedDict):
@@ -228,8 +268,9 @@ class TrajectoryResponse(TypedDict):
     completion: list[dict[str, Any]]
     is_truncated: bool
     trajectory: list[TrajectoryStepBody]
-    #: Why the rollout stopped short, when it did: ``"context_length_exceeded"``.
-    truncated_reason: NotRequired[str | None]
+    #: Our additions: the limit that refused a turn, turns whose answer reached nobody.
+    truncation_reason: NotRequired[TruncationReason | None]
+    abandoned_turns: NotRequired[int]
     #: Policy versions of the recorded turns, oldest first (reference gateway).
     policy_versions: NotRequired[list[int | None]]
 
@@ -242,11 +283,19 @@ class StatusResponse(TypedDict):
 
 
 __all__ = [
+    "BEARER_CHAT_COMPLETIONS_PATH",
+    "BEARER_MODELS_PATH",
+    "IDEMPOTENCY_KEY_HEADER",
     "POLICY_VERSION_PATH",
     "ROLLOUT_ID_RE",
+    "SDK_RETRY_COUNT_HEADER",
+    "TURN_REFUSAL_CODES",
+    "TURN_REFUSED_STATUS",
     "UNLIMITED_TURNS",
     "PolicyVersionRequest",
     "PolicyVersionResponse",
+    "TruncationReason",
+    "TurnRefusalCode",
     "RegisterRequest",
     "RegisterResponse",
     "RolloutStatus",

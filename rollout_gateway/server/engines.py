@@ -106,16 +106,19 @@ def _logprobs_mode(server_info: Any) -> str | None:
     return str(mode) if mode is not None else None
 
 
-async def probe_engine(client: httpx.AsyncClient, info: EngineInfo, timeout_s: float = 5.0) -> None:
+async def probe_engine(
+    client: httpx.AsyncClient, info: EngineInfo, label: str, timeout_s: float = 5.0
+) -> None:
     """Fill ``info`` from the upstream's ``/models`` (and vLLM's dev ``/server_info``).
 
-    Failures leave ``info.probed`` false (retried later); they never raise.
+    ``label`` names the upstream in logs (its URL without credentials). Failures leave
+    ``info.probed`` false (retried on the next use); they never raise.
     """
     try:
         response = await client.get("/models", timeout=timeout_s)
         listing = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError) as exc:
-        logger.info("upstream=%s /models probe failed: %r", client.base_url, exc)
+        logger.info("upstream=%s /models probe failed: %r", label, exc)
         return
     if listing is None:
         return
@@ -136,12 +139,12 @@ async def probe_engine(client: httpx.AsyncClient, info: EngineInfo, timeout_s: f
                 "upstream=%s runs vLLM with --logprobs-mode %s: recorded logprobs are not "
                 "those of the sampling distribution when temperature/top-p/top-k apply; "
                 "start vLLM with --logprobs-mode processed_logprobs",
-                client.base_url,
+                label,
                 info.logprobs_mode,
             )
     logger.info(
         "upstream=%s engine=%s max_model_len=%s logprobs_mode=%s",
-        client.base_url,
+        label,
         info.kind,
         info.max_model_len,
         info.logprobs_mode or "unreported",

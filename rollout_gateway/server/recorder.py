@@ -12,6 +12,7 @@ the trajectory is fetched.
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,24 @@ def _canonical_arguments(arguments: Any) -> str:
     return json.dumps(arguments, sort_keys=True)
 
 
+#: Message fields the trajectory keeps; everything else an agent sends (vendor extras,
+#: cache hints, ids...) is dropped when the message is stored, so it costs no memory.
+RECORDED_MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+    "reasoning",
+)
+
+
+def recorded_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a chat message the trajectory keeps (see :data:`RECORDED_MESSAGE_FIELDS`)."""
+    return {k: message[k] for k in RECORDED_MESSAGE_FIELDS if k in message}
+
+
 def _common_prefix_len(a: array, b: array) -> int:
     """Length of the longest common prefix of two id arrays (slice compares run in C)."""
     n = min(len(a), len(b))
@@ -101,6 +120,7 @@ class _Step:
     tokens: _Tokens | None
     is_truncated: bool
     extras: dict[str, Any]
+    abandoned: bool = False  # nobody received the answer: not a turn the agent saw
 
 
 @dataclass
@@ -117,12 +137,46 @@ class TrajectoryRecorder:
     _steps: list[_Step] = field(default_factory=list)
     _last_messages: list[dict[str, Any]] = field(default_factory=list)
     _last_ids: array = field(default_factory=lambda: array("i"))
-    _prev_total: int = 0  # length of the previous step's prompt+completion ids
+    #: ``(_last_messages, _last_ids)`` before the last step (to undo an abandoned turn).
+    _before_last: tuple[list[dict[str, Any]], array] | None = None
 
     @property
     def num_steps(self) -> int:
         """Number of recorded turns."""
         return len(self._steps)
+
+    @property
+    def last_context_tokens(self) -> int:
+        """Prompt + completion ids of the last turn (0 when it had no ids)."""
+        return len(self._last_ids)
+
+    def shared_messages(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """How many leading ``messages`` the last turn's prompt + completion holds already.
+
+        ``None`` when ``messages`` does not extend that history (it was rewritten).
+        """
+        shared = len(self._last_messages)
+        if not self._steps:
+            return 0
+        if len(messages) >= shared and all(
+            m == p or message_key(m) == message_key(p)  # == first: C speed
+            for m, p in zip(messages, self._last_messages, strict=False)
+        ):
+            return shared
+        return None
+
+    def abandon_last(self) -> None:
+        """Mark the last step abandoned (its answer reached nobody) and forget it as the
+        history the next turn extends."""
+        if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
+            self._steps[-1].abandoned = True
+            self._last_messages, self._last_ids = self._before_last
+            self._before_last = None
+
+    @property
+    def num_abandoned(self) -> int:
+        """Steps recorded as abandoned."""
+        return sum(1 for s in self._steps if s.abandoned)
 
     def record(
         self,
@@ -134,6 +188,7 @@ class TrajectoryRecorder:
         completion_logprobs: Sequence[float] | None = None,
         finish_reason: str | None = None,
         total_tokens: int | None = None,
+        shared: int | None = -1,
         extras: Mapping[str, Any] | None = None,
         truncated: bool = False,
     ) -> None:
@@ -148,53 +203,20 @@ class TrajectoryRecorder:
         ``prefix_break`` when its prompt ids do not extend the previous step's prompt +
         completion ids.
         """
-        self._record(
-            messages,
-            completion,
-            prompt_ids,
-            completion_ids,
-            completion_logprobs,
-            finish_reason,
-            total_tokens,
-            dict(extras or {}),
-            truncated,
-        )
-
-    def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:
-        """Record a turn the engine refused (no sample): its prompt, no completion, no
-        tokens, marked truncated. ``extras`` carries ``status``/``error``."""
-        self._record(messages, [], None, None, None, None, None, dict(extras), True)
-
-    def _record(
-        self,
-        messages: Sequence[dict[str, Any]],
-        completion: Sequence[dict[str, Any]],
-        prompt_ids: Sequence[int] | None,
-        completion_ids: Sequence[int] | None,
-        completion_logprobs: Sequence[float] | None,
-        finish_reason: str | None,
-        total_tokens: int | None,
-        extras: dict[str, Any],
-        forced_truncated: bool,
-    ) -> None:
-        shared = len(self._last_messages)
-        if self._steps and not (
-            len(messages) >= shared
-            and all(
-                m == p or message_key(m) == message_key(p)  # == first: C speed
-                for m, p in zip(messages, self._last_messages, strict=False)
-            )
-        ):
-            extras["history_rewritten"] = True
+        step_extras: dict[str, Any] = dict(extras or {})
+        if shared == -1:  # not computed by the caller
+            shared = self.shared_messages(messages)
+        if shared is None:
+            step_extras["history_rewritten"] = True
             shared = 0
-        if not self._steps:
-            shared = 0
-        new_messages = list(messages[shared:])
-        truncated = forced_truncated or finish_reason in TRUNCATING_FINISH_REASONS
+        new_messages = [recorded_message(m) for m in messages[shared:]]
+        truncated = truncated or finish_reason in TRUNCATING_FINISH_REASONS
+        extras = step_extras
+        previous_ids = len(self._last_ids)
+        before = (self._last_messages, self._last_ids)
 
         tokens: _Tokens | None = None
         have_ids = prompt_ids is not None and completion_ids is not None
-        had_ids = len(self._last_ids) > 0
         if have_ids and completion_logprobs is not None:
             if len(completion_logprobs) != len(completion_ids):  # type: ignore[arg-type]
                 extras["tokens_error"] = "logprobs and token ids differ in length"
@@ -205,8 +227,13 @@ class TrajectoryRecorder:
                     extras["tokens_error"] = "token ids are not 32-bit integers"
                 else:
                     truncated = truncated or tokens.is_truncated
-                    if had_ids:
-                        extras["prefix_break"] = tokens.prefix_len < self._prev_total
+                    if previous_ids:
+                        extras["prefix_break"] = tokens.prefix_len < previous_ids
+                    if not math.isfinite(sum(tokens.completion_logprobs)):
+                        # Served as null (JSON has no NaN/inf); the turn says so.
+                        extras["nonfinite_logprobs"] = sum(
+                            1 for x in tokens.completion_logprobs if not math.isfinite(x)
+                        )
         if tokens is None:
             self._last_ids = array("i")
             if self.max_seq_len is not None and total_tokens is not None:
@@ -217,6 +244,12 @@ class TrajectoryRecorder:
         completion_list = [dict(m) for m in completion]
         self._steps.append(_Step(shared, new_messages, completion_list, tokens, truncated, extras))
         self._last_messages = [*self._last_messages[:shared], *new_messages, *completion_list]
+        self._before_last = before
+
+    def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:
+        """Record a turn the engine refused (no sample): its prompt, no completion, no
+        tokens, marked truncated. ``extras`` carries ``status`` and ``error``."""
+        self.record(messages, [], extras=extras, truncated=True)
 
     def _make_tokens(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], logprobs: Sequence[float]
@@ -227,7 +260,6 @@ class TrajectoryRecorder:
         overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
         too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
         tokens = _Tokens(prefix, prompt[prefix:], comp, array("f", logprobs), overlong, too_long)
-        self._prev_total = len(self._last_ids)
         prompt.extend(comp)
         self._last_ids = prompt  # the next turn's prompt usually extends this
         return tokens
@@ -252,9 +284,13 @@ class TrajectoryRecorder:
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
-                prev_ids = prompt_ids + t.completion_ids
+                next_ids = prompt_ids + t.completion_ids
             else:
-                prev_ids = array("i")
+                next_ids = array("i")
+            if step.abandoned:
+                continue  # the next step extends the history before this one
+            prev_ids = next_ids
+            prev_messages = [*prompt, *step.completion]
             out.append(
                 {
                     "prompt": prompt,
@@ -267,7 +303,6 @@ class TrajectoryRecorder:
                     "extras": dict(step.extras),
                 }
             )
-            prev_messages = [*prompt, *step.completion]
         return out
 
     def summary(

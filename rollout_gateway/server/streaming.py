@@ -12,6 +12,7 @@ non-streamed request would have got, so the turn is recorded exactly as complete
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -244,8 +245,60 @@ def sse_error_event(message: str, status_code: int, error_type: str) -> bytes:
     return sse_event({"error": {"message": message, "type": error_type, "code": status_code}})
 
 
+class EventLog:
+    """The SSE events of one turn, kept for every request waiting on it.
+
+    The turn appends events as the engine sends them; each waiting request (the original
+    and any retry that joins the turn) follows the log from its start, so a retry that
+    arrives mid-stream still gets the whole answer. While no event comes for
+    ``keepalive_s``, a follower gets :data:`KEEPALIVE_EVENT` instead.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+        self.closed = False
+        self._changed = asyncio.Event()
+
+    def append(self, event: bytes) -> None:
+        """Add one event (wakes the followers)."""
+        self.events.append(event)
+        self._wake()
+
+    def close(self) -> None:
+        """No more events will come."""
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait for an event or the close, at most ``timeout_s``; whether one came."""
+        if self.closed:
+            return True
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def follow(self, keepalive_s: float) -> AsyncIterator[bytes]:
+        """Every event from the first, then each as it comes, until the log closes."""
+        position = 0
+        while True:
+            while position < len(self.events):
+                position += 1
+                yield self.events[position - 1]
+            if self.closed:
+                return
+            if not await self.wait(keepalive_s):
+                yield KEEPALIVE_EVENT
+
+
 __all__ = [
     "KEEPALIVE_EVENT",
+    "EventLog",
     "StreamAssembler",
     "StreamError",
     "agent_chunk",

@@ -77,7 +77,7 @@ async def test_sglang_streaming_agent_gets_a_synthesized_stream(
     await gw.register("r1")
     client = openai.AsyncOpenAI(
         base_url="http://gateway/v1/rollouts/r1",
-        api_key="x",
+        api_key=gw.keys["r1"],
         http_client=httpx.AsyncClient(transport=httpx.ASGITransport(gw.app)),
         max_retries=0,
     )

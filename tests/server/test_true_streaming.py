@@ -96,7 +96,7 @@ class ReplayVLLM:
 def sdk(gw: Any, rollout_id: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=f"http://gateway/v1/rollouts/{rollout_id}",
-        api_key="x",
+        api_key=gw.keys[rollout_id],
         http_client=httpx.AsyncClient(transport=httpx.ASGITransport(gw.app)),
         max_retries=0,
     )
@@ -173,7 +173,9 @@ async def test_agent_gets_no_ids_or_usage_it_did_not_ask_for(make_gateway: Gatew
     gw = await make_gateway(engine.app())
     await gw.register("r1", model="gemma3-270m")
     body = {"model": "a", "messages": engine.request["messages"], "stream": True}
-    async with gw.client.stream("POST", "/v1/rollouts/r1/chat/completions", json=body) as r:
+    headers = gw.agent_headers("r1")
+    url = "/v1/rollouts/r1/chat/completions"
+    async with gw.client.stream("POST", url, json=body, headers=headers) as r:
         raw = (await r.aread()).decode()
     chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
     assert raw.rstrip().endswith("data: [DONE]")
@@ -185,14 +187,28 @@ async def test_agent_gets_no_ids_or_usage_it_did_not_ask_for(make_gateway: Gatew
     assert text == engine.answer["choices"][0]["message"]["content"]
 
 
+ADMIN = "test-admin-token-0123456789"
+
+
 @contextlib.asynccontextmanager
 async def served_pair(engine: ReplayVLLM, **config: Any) -> AsyncIterator[httpx.AsyncClient]:
     """The fake engine and the gateway on loopback sockets (httpx's ASGI transport
-    buffers whole responses, which would hide streaming)."""
+    buffers whole responses, which would hide streaming). The client is the admin's."""
     async with running_server(engine.app()) as engine_root:
-        app = create_app(GatewayConfig(upstreams=[f"{engine_root}/v1"], **config))
-        async with running_server(app) as root, httpx.AsyncClient(base_url=root) as client:
+        gateway_config = GatewayConfig(upstreams=[f"{engine_root}/v1"], admin_token=ADMIN, **config)
+        app = create_app(gateway_config)
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        async with (
+            running_server(app) as root,
+            httpx.AsyncClient(base_url=root, headers=headers) as client,
+        ):
             yield client
+
+
+async def register(client: httpx.AsyncClient) -> dict[str, str]:
+    """Register rollout r1; the agent's headers (its key)."""
+    r = await client.post("/v1/rollouts/r1/register", json={"model": "gemma3-270m"})
+    return {"Authorization": f"Bearer {r.json()['api_key']}"}
 
 
 async def test_keepalives_while_the_engine_is_silent() -> None:
@@ -200,9 +216,10 @@ async def test_keepalives_while_the_engine_is_silent() -> None:
     engine = ReplayVLLM("text", hold=hold)
     body = {"model": "a", "messages": engine.request["messages"], "stream": True}
     async with served_pair(engine, stream_keepalive_s=0.05) as client:
-        await client.post("/v1/rollouts/r1/register", json={"model": "gemma3-270m"})
+        agent = await register(client)
         seen = b""
-        async with client.stream("POST", "/v1/rollouts/r1/chat/completions", json=body) as r:
+        url = "/v1/rollouts/r1/chat/completions"
+        async with client.stream("POST", url, json=body, headers=agent) as r:
             assert r.status_code == 200
             async for piece in r.aiter_bytes():
                 seen += piece
@@ -214,19 +231,27 @@ async def test_keepalives_while_the_engine_is_silent() -> None:
     assert step["tokens"]["completion_ids"] == engine.answer["choices"][0]["token_ids"]
 
 
-async def test_agent_disconnect_aborts_the_engine_and_records_nothing() -> None:
+async def test_agent_disconnect_mid_stream_keeps_the_turn_for_its_retry() -> None:
     hold = asyncio.Event()
     engine = ReplayVLLM("text", hold=hold)
     body = {"model": "a", "messages": engine.request["messages"], "stream": True}
+    url = "/v1/rollouts/r1/chat/completions"
     async with served_pair(engine, stream_keepalive_s=0.05) as client:
-        await client.post("/v1/rollouts/r1/register", json={"model": "gemma3-270m"})
-        async with client.stream("POST", "/v1/rollouts/r1/chat/completions", json=body) as r:
+        agent = await register(client)
+        async with client.stream("POST", url, json=body, headers=agent) as r:
             async for _ in r.aiter_bytes():
                 break  # the agent goes away after the first bytes
-        await asyncio.wait_for(engine.closed.wait(), 10)  # the engine stream was closed
+        hold.set()  # the engine finishes: the turn is recorded all the same
+        # The SDK's retry joins the turn and gets the whole answer, from the first chunk.
+        retry = {**agent, "x-stainless-retry-count": "1"}
+        async with client.stream("POST", url, json=body, headers=retry) as r:
+            raw = (await r.aread()).decode()
         traj = (await client.get("/v1/rollouts/r1/trajectory")).json()
-        assert traj["num_turns"] == 0 and traj["trajectory"] == []
-        # The turn lock was released: the next turn runs.
-        hold.set()
-        r = await client.post("/v1/rollouts/r1/chat/completions", json={**body, "stream": False})
-        assert r.status_code == 200
+    assert len(engine.bodies) == 1  # one engine call
+    chunks = [json.loads(x[6:]) for x in raw.splitlines() if x.startswith("data: {")]
+    text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+    assert text == engine.answer["choices"][0]["message"]["content"]
+    assert raw.rstrip().endswith("data: [DONE]")
+    assert traj["num_turns"] == 1 and traj["abandoned_turns"] == 0
+    step = traj["trajectory"][0]
+    assert step["tokens"]["completion_ids"] == engine.answer["choices"][0]["token_ids"]
