@@ -275,6 +275,56 @@ class TrajectoryResponse(TypedDict):
     policy_versions: NotRequired[list[int | None]]
 
 
+#: ``GET /v1/rollouts/{id}/trajectory?format=delta``: the steps in the delta form (our
+#: addition; without the parameter the answer is the protocol table's). The answer then
+#: has ``"format": "delta"`` and each step, instead of ``prompt`` and ``tokens.prompt_ids``
+#: / masks, holds ``prompt_shared`` (how many leading messages of the previous step's
+#: prompt + completion it reuses), ``prompt_new`` (the messages after those), and in
+#: ``tokens`` ``prompt_shared`` / ``prompt_new_ids`` (the same for token ids). Masks are
+#: implied (prompt 0s, completion 1s). :func:`expand_delta_steps` rebuilds the full steps.
+TRAJECTORY_DELTA_QUERY = {"format": "delta"}
+
+
+def expand_delta_steps(steps: list[dict[str, Any]]) -> list[TrajectoryStepBody]:
+    """Full trajectory steps (the protocol table's shape) from delta-form ``steps``."""
+    out: list[TrajectoryStepBody] = []
+    history: list[dict[str, Any]] = []
+    history_ids: list[int] = []
+    for step in steps:
+        prompt = [*history[: step["prompt_shared"]], *step["prompt_new"]]
+        tokens: StepTokens | None = None
+        delta = step.get("tokens")
+        if delta is not None:
+            prompt_ids = [*history_ids[: delta["prompt_shared"]], *delta["prompt_new_ids"]]
+            completion_ids = delta["completion_ids"]
+            tokens = {
+                "prompt_ids": prompt_ids,
+                "prompt_mask": [0] * len(prompt_ids),
+                "completion_ids": completion_ids,
+                "completion_mask": [1] * len(completion_ids),
+                "completion_logprobs": delta["completion_logprobs"],
+                "overlong_prompt": delta["overlong_prompt"],
+                "is_truncated": delta["is_truncated"],
+            }
+            history_ids = [*prompt_ids, *completion_ids]
+        else:
+            history_ids = []
+        history = [*prompt, *step["completion"]]
+        out.append(
+            {
+                "prompt": prompt,
+                "completion": step["completion"],
+                "tokens": tokens,
+                "reward": step.get("reward"),
+                "advantage": step.get("advantage"),
+                "is_truncated": step["is_truncated"],
+                "trajectory_id": step["trajectory_id"],
+                "extras": step.get("extras") or {},
+            }
+        )
+    return out
+
+
 class StatusResponse(TypedDict):
     """Success body of cancel and unregister."""
 
@@ -289,6 +339,7 @@ __all__ = [
     "POLICY_VERSION_PATH",
     "ROLLOUT_ID_RE",
     "SDK_RETRY_COUNT_HEADER",
+    "TRAJECTORY_DELTA_QUERY",
     "TURN_REFUSAL_CODES",
     "TURN_REFUSED_STATUS",
     "UNLIMITED_TURNS",
@@ -308,6 +359,7 @@ __all__ = [
     "TurnTiming",
     "cancel_path",
     "chat_completions_path",
+    "expand_delta_steps",
     "gateway_root",
     "is_valid_rollout_id",
     "new_rollout_id",

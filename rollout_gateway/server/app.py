@@ -240,8 +240,9 @@ class Gateway:
         self._check_admin(request)
         record = self._record(rollout_id)
         self.registry.touch(record)
-        steps = record.recorder.steps()
-        prompt, completion, truncated = record.recorder.summary(steps)
+        prompt, completion, truncated = record.recorder.overview()
+        delta = request.query_params.get("format") == "delta"
+        steps: Any = record.recorder.delta_steps() if delta else record.recorder.steps()
         answer: TrajectoryResponse = {
             "rollout_id": rollout_id,
             "status": record.status,
@@ -255,6 +256,8 @@ class Gateway:
             "abandoned_turns": record.recorder.num_abandoned,
             "policy_versions": [s["extras"].get("policy_version") for s in steps],
         }
+        if delta:
+            answer["format"] = "delta"  # type: ignore[typeddict-unknown-key]
         return JSONBytesResponse(answer)
 
     async def cancel(self, request: Request) -> Response:

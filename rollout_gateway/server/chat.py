@@ -38,6 +38,7 @@ from rollout_gateway.server.engine_turn import (
 )
 from rollout_gateway.server.jsonio import JSONBytesResponse
 from rollout_gateway.server.limits import check_turn_allowed, max_tokens_allowed
+from rollout_gateway.server.recorder import recorded_message
 from rollout_gateway.server.registry import RolloutRecord
 from rollout_gateway.server.responses import (
     ApiError,
@@ -233,7 +234,8 @@ class ChatTurns:
                 record.status = "active"
             gateway.metrics.abandoned_turns.inc()
         shared = record.recorder.shared_messages(messages)
-        new_bytes = len(jsonio.dumps(messages[shared or 0 :]))
+        # Counted as stored: only the fields the trajectory keeps.
+        new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
         extends = bool(shared)
         try:
             check_turn_allowed(record, extends_history=extends, new_message_bytes=new_bytes)

@@ -305,6 +305,52 @@ class TrajectoryRecorder:
             )
         return out
 
+    def delta_steps(self) -> list[dict[str, Any]]:
+        """All steps in the delta form (see :func:`rollout_gateway.protocol.expand_delta_steps`):
+        each step holds only what its predecessor's prompt + completion does not.
+
+        Abandoned steps are left out; the step after one is stored against the history
+        before it (see :meth:`abandon_last`), i.e. against the previous step kept here.
+        """
+        out: list[dict[str, Any]] = []
+        for step in self._steps:
+            if step.abandoned:
+                continue
+            body_tokens: dict[str, Any] | None = None
+            if step.tokens is not None:
+                t = step.tokens
+                body_tokens = {
+                    "prompt_shared": t.prefix_len,
+                    "prompt_new_ids": t.prompt_tail.tolist(),
+                    "completion_ids": t.completion_ids.tolist(),
+                    "completion_logprobs": t.completion_logprobs.tolist(),
+                    "overlong_prompt": t.overlong_prompt,
+                    "is_truncated": t.is_truncated,
+                }
+            out.append(
+                {
+                    "prompt_shared": step.shared_messages,
+                    "prompt_new": step.new_messages,
+                    "completion": step.completion,
+                    "tokens": body_tokens,
+                    "reward": None,
+                    "advantage": None,
+                    "is_truncated": step.is_truncated,
+                    "trajectory_id": self.trajectory_id,
+                    "extras": step.extras,
+                }
+            )
+        return out
+
+    def overview(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """Like :meth:`summary`, without rebuilding the steps (O(messages), not O(steps))."""
+        kept = [s for s in self._steps if not s.abandoned]
+        if not kept:
+            return [], [], False
+        first = kept[0].new_messages  # the first kept step extends nothing
+        completion = self._last_messages[len(first) :]
+        return list(first), list(completion), any(s.is_truncated for s in kept)
+
     def summary(
         self, steps: list[TrajectoryStepBody] | None = None
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:

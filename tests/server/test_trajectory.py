@@ -169,3 +169,34 @@ def test_malformed_token_fields_give_tokens_null() -> None:
     steps = rec.steps()
     assert [s["tokens"] for s in steps] == [None, None, None]
     assert all("tokens_error" in s["extras"] for s in steps)
+
+
+async def test_delta_trajectory_rebuilds_the_full_one(gw) -> None:
+    """``?format=delta`` holds each step's new messages and ids only; expanding it gives
+    exactly the table's answer (abandoned turns and rewritten histories included)."""
+    from rollout_gateway.protocol import expand_delta_steps
+
+    from .conftest import script
+
+    await gw.register("d1")
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": script({"tool": "run", "arguments": {"cmd": "ls"}},
+                                           {"tool": "run", "arguments": {"cmd": "pwd"}},
+                                           {"say": "done"})},
+    ]  # fmt: skip
+    for _ in range(3):
+        answer = (await gw.chat("d1", messages)).json()["choices"][0]["message"]
+        messages = [*messages, answer]
+        for call in answer.get("tool_calls") or ():
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "out"})
+    await gw.chat("d1", [{"role": "user", "content": script({"say": "rewritten"})}])
+    full = (await gw.trajectory("d1")).json()
+    delta = (await gw.client.get("/v1/rollouts/d1/trajectory", params={"format": "delta"})).json()
+    assert delta["format"] == "delta"
+    assert expand_delta_steps(delta["trajectory"]) == full["trajectory"]
+    assert {k: v for k, v in delta.items() if k not in ("trajectory", "format")} == {
+        k: v for k, v in full.items() if k != "trajectory"
+    }
+    assert len(str(delta["trajectory"])) < len(str(full["trajectory"]))
+    assert delta["trajectory"][1]["tokens"]["prompt_shared"] > 0
