@@ -136,7 +136,7 @@ class Gateway:
     async def engine(self, url: str) -> EngineInfo:
         """The engine behind ``url``, probed now if the start-up probe found it down."""
         info = self.engines[url]
-        if not info.probed:
+        if info.due(time.monotonic()):
             await probe_engine(self.pool.get(url).client, info, self.pool.get(url).label)
         return info
 

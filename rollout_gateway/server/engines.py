@@ -15,7 +15,9 @@ SGLang refuses its flags on streamed requests, so only vLLM is streamed from.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,10 +58,17 @@ class EngineInfo:
     max_model_len: int | None = None
     #: The engine's logprobs mode, when it tells (vLLM dev mode ``/server_info``).
     logprobs_mode: str | None = None
-    #: Whether ``/models`` answered (a failed probe is retried on the next turn).
+    #: Whether ``/models`` answered (a failed probe is retried, see :meth:`due`).
     probed: bool = False
+    #: Monotonic time of the last probe attempt.
+    probed_at: float | None = None
     #: ``None`` until the first answer; then whether answers carry token ids.
     token_ids: bool | None = None
+
+    def due(self, now: float, retry_s: float = 30.0) -> bool:
+        """Whether to probe now: never answered, and no attempt in the last ``retry_s``
+        (a turn must not wait on a dead upstream's ``/models`` every time)."""
+        return not self.probed and (self.probed_at is None or now - self.probed_at >= retry_s)
 
     @property
     def streams_token_ids(self) -> bool:
@@ -107,17 +116,19 @@ def _logprobs_mode(server_info: Any) -> str | None:
 
 
 async def probe_engine(
-    client: httpx.AsyncClient, info: EngineInfo, label: str, timeout_s: float = 5.0
+    client: httpx.AsyncClient, info: EngineInfo, label: str, timeout_s: float = 2.0
 ) -> None:
     """Fill ``info`` from the upstream's ``/models`` (and vLLM's dev ``/server_info``).
 
     ``label`` names the upstream in logs (its URL without credentials). Failures leave
     ``info.probed`` false (retried on the next use); they never raise.
     """
+    info.probed_at = time.monotonic()
     try:
-        response = await client.get("/models", timeout=timeout_s)
+        async with asyncio.timeout(timeout_s):
+            response = await client.get("/models")
         listing = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as exc:
+    except Exception as exc:  # a probe never fails the caller: the engine stays unknown
         logger.info("upstream=%s /models probe failed: %r", label, exc)
         return
     if listing is None:
@@ -127,12 +138,11 @@ async def probe_engine(
     if info.kind == "vllm":
         root = str(client.base_url).rstrip("/").removesuffix("/v1")
         try:
-            response = await client.get(
-                f"{root}/server_info", params={"config_format": "json"}, timeout=timeout_s
-            )
+            async with asyncio.timeout(timeout_s):
+                response = await client.get(f"{root}/server_info", params={"config_format": "json"})
             if response.status_code == 200:
                 info.logprobs_mode = _logprobs_mode(response.json())
-        except (httpx.HTTPError, ValueError):
+        except Exception:  # dev mode off (404) or unreachable: the mode stays unreported
             pass
         if info.logprobs_mode is not None and info.logprobs_mode != "processed_logprobs":
             logger.warning(
