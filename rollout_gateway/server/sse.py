@@ -1,8 +1,8 @@
 """Server-sent events synthesised from a full (non-streamed) chat completion.
 
-The gateway always calls its upstream non-streaming (it needs the whole completion and its
-token ids to record the turn). When the agent asked for ``stream: true`` it gets the same
-completion re-encoded as ``chat.completion.chunk`` events that the OpenAI SDK's streaming
+Engines that cannot stream token ids (SGLang refuses them on streamed requests; an
+unknown engine) are called non-streaming. When the agent asked for ``stream: true`` it
+gets the completion re-encoded as ``chat.completion.chunk`` events that the OpenAI SDK's streaming
 client accumulates back into the same message (content and tool-call deltas). The
 choice's ``logprobs``, ``token_ids`` and ``stop_reason`` and the top-level
 ``prompt_token_ids``, when the completion has them, ride on the chunks as vLLM streams
