@@ -120,7 +120,7 @@ class ChatTurns:
             logger.info("rollout=%s agent disconnected before its answer", record.rollout_id)
             return Response(status_code=499)
         turn.delivered = True
-        answer = agent_view(completion, body)
+        answer = completion  # already the agent's view (see _locked_turn)
         if body.get("stream"):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -229,7 +229,9 @@ class ChatTurns:
                 record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
                 upstream_s * 1000, result.finish_reason,
             )  # fmt: skip
-        return completion
+        # What a retry replays, kept until the next turn: the agent's view only (without
+        # the prompt's token ids unless it asked), not the whole upstream answer.
+        return agent_view(completion, body)
 
 
 async def _aiter(events: Iterator[bytes]) -> AsyncIterator[bytes]:
