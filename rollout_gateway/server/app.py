@@ -38,6 +38,7 @@ from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.dedupe import TurnTracker
 from rollout_gateway.server.guard import GuardMiddleware
 from rollout_gateway.server.jsonio import JSONBytesResponse
+from rollout_gateway.server.memory import MemoryTrimmer
 from rollout_gateway.server.metrics import GatewayMetrics
 from rollout_gateway.server.registry import (
     AlreadyRegisteredError,
@@ -93,11 +94,16 @@ class Gateway:
             max_rollouts=config.max_rollouts,
             ttl_s=config.rollout_ttl_s,
             clock=clock,
-            on_remove=lambda r: self.pool.release(r.upstream),
+            on_remove=self._on_remove,
             on_expire=self._on_expire,
         )
         self.chat = ChatTurns(self)
+        self.trimmer = MemoryTrimmer()
         self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+    def _on_remove(self, record: RolloutRecord) -> None:
+        self.pool.release(record.upstream)
+        self.trimmer.removed()
 
     def _on_expire(self, record: RolloutRecord) -> None:
         self.metrics.expired_rollouts.inc()
