@@ -41,6 +41,7 @@ from rollout_gateway.server.dedupe import TurnTracker
 from rollout_gateway.server.engines import EngineInfo, probe_engine
 from rollout_gateway.server.guard import GuardMiddleware
 from rollout_gateway.server.jsonio import JSONBytesResponse
+from rollout_gateway.server.memory import MemoryTrimmer
 from rollout_gateway.server.metrics import GatewayMetrics
 from rollout_gateway.server.policy import PolicyClock, StaleVersionError
 from rollout_gateway.server.registry import (
@@ -97,7 +98,7 @@ class Gateway:
             max_rollouts=config.max_rollouts,
             ttl_s=config.rollout_ttl_s,
             clock=clock,
-            on_remove=lambda r: self.pool.release(r.upstream),
+            on_remove=self._on_remove,
             on_expire=self._on_expire,
         )
         #: The policy version in effect (announced by the trainer).
@@ -105,7 +106,12 @@ class Gateway:
         #: What runs behind each upstream (probed at start-up, again on use until it answers).
         self.engines = {url: EngineInfo() for url in config.upstreams}
         self.chat = ChatTurns(self)
+        self.trimmer = MemoryTrimmer()
         self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+    def _on_remove(self, record: RolloutRecord) -> None:
+        self.pool.release(record.upstream)
+        self.trimmer.removed()
 
     def _on_expire(self, record: RolloutRecord) -> None:
         self.metrics.expired_rollouts.inc()

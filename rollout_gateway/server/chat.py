@@ -134,7 +134,7 @@ class ChatTurns:
             logger.info("rollout=%s agent disconnected before its answer", record.rollout_id)
             return Response(status_code=499)
         turn.delivered = True
-        answer = agent_answer(completion, body)
+        answer = completion  # already the agent's view (see _locked_turn)
         if body.get("stream"):
             events: Iterator[bytes] = iter_completion_sse(answer, include_usage=wants_usage(body))
             return StreamingResponse(
@@ -182,9 +182,9 @@ class ChatTurns:
             return
         if streamed:  # the chunks went out as the engine sent them
             yield DONE_EVENT
-        else:
-            answer = agent_answer(completion, body)
-            for event in guard_sse(iter_completion_sse(answer, include_usage=wants_usage(body))):
+        else:  # ``completion`` is the agent's view already
+            events = iter_completion_sse(completion, include_usage=wants_usage(body))
+            for event in guard_sse(events):
                 yield event
         turn.delivered = True
 
@@ -289,7 +289,9 @@ class ChatTurns:
                 record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
                 upstream_s * 1000, streamed,
             )  # fmt: skip
-        return completion, streamed
+        # What a retry replays, kept until the next turn: the agent's view only (without
+        # the prompt's token ids unless it asked), not the whole upstream answer.
+        return agent_answer(completion, body), streamed
 
 
 def _left(turn: Turn) -> None:

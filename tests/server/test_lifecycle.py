@@ -123,3 +123,15 @@ async def test_health_counts(gw: GatewayHarness) -> None:
     for i in range(3):
         await gw.register(f"r{i}")
     assert (await gw.client.get("/health")).json()["active_rollouts"] == 3
+
+
+async def test_memory_is_trimmed_after_many_rollouts_go_away(gw: GatewayHarness) -> None:
+    calls: list[int] = []
+    from rollout_gateway.server.memory import MemoryTrimmer
+
+    gw.gateway.trimmer = MemoryTrimmer(every=3, trim=lambda: calls.append(1))
+    for i in range(7):
+        await gw.register(f"m{i}")
+        await gw.client.post(f"/v1/rollouts/m{i}/unregister")
+        await asyncio.sleep(0.01)
+    assert len(calls) == 2
