@@ -125,7 +125,7 @@ class ChatTurns:
             turn.task.add_done_callback(_retrieve)
             record.turns.start(turn)
         turn.waiters += 1
-        if body.get("stream") and turn.events is not None:
+        if body.get("stream") and turn.events is not None and not turn.task.done():
             return await self._stream(turn, body, request)
         try:
             completion, _ = await self._await(turn, request)
@@ -148,10 +148,11 @@ class ChatTurns:
         """Answer a streaming request from the turn's event log (see the module doc)."""
         keepalive_s = self.gateway.config.stream_keepalive_s
         log: EventLog = turn.events
+        log.followers += 1  # from here until _left: the log keeps its events for us
         if not log.events and not turn.task.done():
             await log.wait(keepalive_s)  # the first chunk, the end, or one interval
         if turn.task.done() and not log.events:
-            turn.waiters -= 1
+            _left(turn)
             if turn.task.cancelled():
                 raise ApiError(
                     404, "rollout is not registered", "not_found", code="rollout_not_found"
@@ -295,8 +296,10 @@ class ChatTurns:
 
 
 def _left(turn: Turn) -> None:
-    """A streaming waiter's response ended: it no longer waits (delivered or not)."""
+    """A streaming waiter's response ended: it no longer waits (delivered or not), and
+    no longer needs the turn's event log."""
     turn.waiters -= 1
+    turn.events.release()
 
 
 class _TurnStream(StreamingResponse):

@@ -251,13 +251,27 @@ class EventLog:
     The turn appends events as the engine sends them; each waiting request (the original
     and any retry that joins the turn) follows the log from its start, so a retry that
     arrives mid-stream still gets the whole answer. While no event comes for
-    ``keepalive_s``, a follower gets :data:`KEEPALIVE_EVENT` instead.
+    ``keepalive_s``, a follower gets :data:`KEEPALIVE_EVENT` instead. Once the log is
+    closed and nobody follows it, its events are dropped (a retry arriving after the turn
+    ended is answered from the turn's answer instead): a rollout does not keep its last
+    turn's chunks.
     """
 
     def __init__(self) -> None:
         self.events: list[bytes] = []
         self.closed = False
+        #: Requests following the log (see :meth:`release`).
+        self.followers = 0
         self._changed = asyncio.Event()
+
+    def release(self) -> None:
+        """A follower is done with the log."""
+        self.followers -= 1
+        self._drop_if_unused()
+
+    def _drop_if_unused(self) -> None:
+        if self.closed and self.followers <= 0:
+            self.events = []
 
     def append(self, event: bytes) -> None:
         """Add one event (wakes the followers)."""
@@ -268,6 +282,7 @@ class EventLog:
         """No more events will come."""
         self.closed = True
         self._wake()
+        self._drop_if_unused()
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()

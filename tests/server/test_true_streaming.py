@@ -166,6 +166,8 @@ async def test_gateway_streams_from_vllm_and_records_the_whole_turn(
     )
     assert step["extras"]["usage"]["completion_tokens"] == len(whole["token_ids"])
     assert step["extras"]["timing"]["first_token_s"] is not None
+    # Delivered and nobody follows it: the turn's chunks are not kept.
+    assert gw.gateway.registry.get("r1").turns.last.events.events == []
 
 
 async def test_agent_gets_no_ids_or_usage_it_did_not_ask_for(make_gateway: GatewayFactory) -> None:
