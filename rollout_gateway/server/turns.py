@@ -1,9 +1,11 @@
-"""One chat turn: the request sent upstream and what is read back from the answer."""
+"""One chat turn: the request sent upstream, and the answer as the agent sees it.
+
+Reading the engine's answer (token ids, logprobs, finish facts) is :mod:`.answers`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
@@ -118,56 +120,6 @@ def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class TurnResult:
-    """What the recorder needs from an upstream answer."""
-
-    completion: list[dict[str, Any]]
-    finish_reason: str | None
-    prompt_ids: list[int] | None
-    completion_ids: list[int] | None
-    completion_logprobs: list[float] | None
-    total_tokens: int | None
-
-
-def read_turn(completion: Mapping[str, Any]) -> TurnResult:
-    """Read the first choice of an upstream answer (vLLM shapes for ids and logprobs).
-
-    vLLM puts the prompt's ids at the top level (``prompt_token_ids``), the generated ids
-    on the choice (``token_ids``) and the per-token logprobs in
-    ``choices[0].logprobs.content[].logprob``. Missing or malformed fields give ``None``.
-    """
-    choices = completion.get("choices") or []
-    choice = choices[0] if choices and isinstance(choices[0], Mapping) else {}
-    message = choice.get("message") or {}
-    messages = [assistant_message(message)] if isinstance(message, Mapping) else []
-    prompt_ids = _int_list(completion.get("prompt_token_ids"))
-    completion_ids = _int_list(choice.get("token_ids"))
-    logprobs: list[float] | None = None
-    lp = choice.get("logprobs")
-    if isinstance(lp, Mapping) and isinstance(lp.get("content"), list):
-        try:
-            logprobs = [float(entry["logprob"]) for entry in lp["content"]]
-        except (KeyError, TypeError, ValueError):
-            logprobs = None
-    usage = completion.get("usage")
-    total = usage.get("total_tokens") if isinstance(usage, Mapping) else None
-    return TurnResult(
-        completion=messages,
-        finish_reason=choice.get("finish_reason"),
-        prompt_ids=prompt_ids,
-        completion_ids=completion_ids,
-        completion_logprobs=logprobs,
-        total_tokens=total if isinstance(total, int) else None,
-    )
-
-
-def _int_list(value: Any) -> list[int] | None:
-    # Element types are checked by the recorder's array('i') conversion (in C): a
-    # Python-level check of every id of a long prompt would dominate the turn's cost.
-    return value if isinstance(value, list) else None
-
-
 def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
     """The answer as the agent asked for it: token fields only if it asked for them.
 
@@ -195,11 +147,9 @@ def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str,
 __all__ = [
     "AGENT_FORWARDED_FIELDS",
     "AGENT_READ_FIELDS",
-    "TurnResult",
     "agent_view",
     "assistant_message",
     "build_upstream_request",
     "dropped_agent_fields",
     "flatten_sampling_params",
-    "read_turn",
 ]
