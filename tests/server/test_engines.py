@@ -10,7 +10,7 @@ import pytest
 
 from rollout_gateway.scripted import tokenizer as tok
 from rollout_gateway.server.answers import read_answer
-from rollout_gateway.server.engines import read_model_cards, token_flags
+from rollout_gateway.server.engines import EngineInfo, probe_engine, read_model_cards, token_flags
 
 from .conftest import UPSTREAM, GatewayFactory, RecordingUpstream, script
 from .fake_engines import FakeSGLang
@@ -141,3 +141,36 @@ async def test_engine_without_token_ids_is_reported_loudly(
     assert health["token_ids"] is False and "no token ids" in health["warning"]
     steps = (await gw.trajectory("r1")).json()["trajectory"]
     assert all(s["tokens"] is None and "tokens_missing" in s["extras"] for s in steps)
+
+
+async def test_logprobs_mode_is_checked_where_vllm_tells(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            card = {"id": "m", "owned_by": "vllm", "max_model_len": 1024}
+            return httpx.Response(200, json={"object": "list", "data": [card]})
+        if request.url.path == "/server_info":  # vLLM with VLLM_SERVER_DEV_MODE=1
+            config = {"model_config": {"logprobs_mode": "raw_logprobs"}}
+            return httpx.Response(200, json={"vllm_config": config})
+        return httpx.Response(404)
+
+    info = EngineInfo()
+    client = httpx.AsyncClient(base_url="http://engine/v1", transport=httpx.MockTransport(handler))
+    with caplog.at_level(logging.WARNING, logger="rollout_gateway.server"):
+        await probe_engine(client, info, "http://engine/v1")
+    assert (info.kind, info.max_model_len, info.logprobs_mode) == ("vllm", 1024, "raw_logprobs")
+    assert any("processed_logprobs" in r.getMessage() for r in caplog.records)
+    assert info.describe()["logprobs_mode"] == "raw_logprobs"
+
+
+async def test_a_dead_engine_probe_never_fails_and_waits_before_retrying() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("boom")
+
+    info = EngineInfo()
+    client = httpx.AsyncClient(base_url="http://engine/v1", transport=httpx.MockTransport(handler))
+    await probe_engine(client, info, "http://engine/v1")
+    assert not info.probed and info.kind == "unknown"
+    assert info.probed_at is not None
+    assert not info.due(info.probed_at + 1) and info.due(info.probed_at + 31)
