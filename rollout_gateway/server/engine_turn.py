@@ -245,6 +245,7 @@ class EngineTurn:
         extras = self._base_extras(None)
         extras.update({"status": "error", "error": error})
         record.recorder.record_refused(self.messages, {**self.extras, **extras})
+        record.num_turns += 1  # a recorded step: num_turns stays the trajectory's length
         record.truncation_reason = "context_length_exceeded"
         if record.status == "active":
             record.status = "completed"

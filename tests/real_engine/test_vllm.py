@@ -161,6 +161,7 @@ async def test_context_overflow_is_recorded_and_ends_the_rollout(real: RealGatew
     assert traj["is_truncated"] is True
     assert traj["truncation_reason"] == "context_length_exceeded"
     assert traj["status"] == "completed"
+    assert traj["num_turns"] == len(traj["trajectory"]) == 2
     step = traj["trajectory"][-1]
     assert step["prompt"] == long_prompt and step["completion"] == []
     assert step["tokens"] is None and step["is_truncated"] is True

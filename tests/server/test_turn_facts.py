@@ -187,6 +187,7 @@ async def test_context_overflow_is_recorded_and_ends_the_rollout(
     traj = (await gw.trajectory("r1")).json()
     assert traj["is_truncated"] is True and traj["status"] == "completed"
     assert traj["truncation_reason"] == "context_length_exceeded"
+    assert traj["num_turns"] == len(traj["trajectory"]) == 2
     step = traj["trajectory"][1]
     assert step["prompt"] == long and step["completion"] == [] and step["tokens"] is None
     assert step["is_truncated"] is True
