@@ -24,6 +24,7 @@ from rollout_gateway.server import jsonio
 from rollout_gateway.server.dedupe import Turn, body_fingerprint
 from rollout_gateway.server.jsonio import JSONBytesResponse
 from rollout_gateway.server.limits import check_turn_allowed, max_tokens_allowed
+from rollout_gateway.server.prompt_ids import split_prompt_ids
 from rollout_gateway.server.recorder import recorded_message
 from rollout_gateway.server.registry import RolloutRecord
 from rollout_gateway.server.responses import (
@@ -39,7 +40,7 @@ from rollout_gateway.server.turns import (
     dropped_agent_fields,
     read_turn,
 )
-from rollout_gateway.server.upstream import UpstreamError
+from rollout_gateway.server.upstream import UpstreamError, parse_completion
 
 if TYPE_CHECKING:
     from rollout_gateway.server.app import Gateway
@@ -121,6 +122,10 @@ class ChatTurns:
             return Response(status_code=499)
         turn.delivered = True
         answer = completion  # already the agent's view (see _locked_turn)
+        if isinstance(answer, bytes):
+            if not body.get("stream"):
+                return Response(answer, media_type="application/json")
+            answer = jsonio.loads_lenient(answer)  # an idempotency-key replay, streamed
         if body.get("stream"):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -133,7 +138,7 @@ class ChatTurns:
         return JSONBytesResponse(answer)
 
     @staticmethod
-    async def _await(turn: Turn, request: Request) -> dict[str, Any]:
+    async def _await(turn: Turn, request: Request) -> dict[str, Any] | bytes:
         watch = asyncio.ensure_future(_wait_disconnect(request))
         try:
             done, _ = await asyncio.wait({turn.task, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -147,7 +152,7 @@ class ChatTurns:
 
     async def _run_turn(
         self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         try:
             async with record.lock:  # turns of one rollout run one at a time, in order
@@ -158,7 +163,7 @@ class ChatTurns:
 
     async def _locked_turn(
         self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
         if not record.live:
@@ -194,7 +199,10 @@ class ChatTurns:
         )
         upstream = gateway.pool.get(record.upstream)
         try:
-            completion, upstream_s = await gateway.pool.chat(record.upstream, upstream_body)
+            raw, upstream_s = await gateway.pool.chat_raw(record.upstream, upstream_body)
+            # The prompt's ids stay JSON text: the recorder parses only what is new.
+            rest, prompt_ids_json = split_prompt_ids(raw)
+            completion, strict = parse_completion(rest)
         except UpstreamError as exc:
             gateway.metrics.upstream_errors.inc(upstream.label, exc.kind)
             logger.warning(
@@ -214,6 +222,7 @@ class ChatTurns:
             total_tokens=result.total_tokens,
             shared=shared,
             extras=extras,
+            prompt_ids_json=prompt_ids_json,
         )
         turn.recorded = True
         record.message_bytes += new_bytes
@@ -229,8 +238,14 @@ class ChatTurns:
                 record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
                 upstream_s * 1000, result.finish_reason,
             )  # fmt: skip
-        # What a retry replays, kept until the next turn: the agent's view only (without
-        # the prompt's token ids unless it asked), not the whole upstream answer.
+        # The answer, also what a retry replays (kept until the next turn): the engine's
+        # bytes as they are when the agent asked for everything the gateway asked for,
+        # else the agent's view (without the prompt's ids unless it asked).
+        wants_ids = bool(body.get("return_token_ids"))
+        if wants_ids and body.get("logprobs") and not body.get("stream") and strict:
+            return raw
+        if wants_ids and prompt_ids_json is not None:
+            completion["prompt_token_ids"] = jsonio.loads_lenient(prompt_ids_json)
         return agent_view(completion, body)
 
 

@@ -18,7 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
+from rollout_gateway.server.prompt_ids import prefix_hasher
 
 
 def _text(content: Any) -> str:
@@ -135,9 +138,14 @@ class TrajectoryRecorder:
     max_seq_len: int | None = None
     _steps: list[_Step] = field(default_factory=list)
     _last_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: ``_last_messages`` as the agent last sent them (trimmed): what its next request
+    #: repeats byte for byte, so that a plain ``==`` matches most of its history.
+    _match_base: list[dict[str, Any]] = field(default_factory=list)
     _last_ids: array = field(default_factory=lambda: array("i"))
-    #: ``(_last_messages, _last_ids)`` before the last step (to undo an abandoned turn).
-    _before_last: tuple[list[dict[str, Any]], array] | None = None
+    #: The last prompt's id-array text, as (digest without "]", its length, id count).
+    _last_prompt_text: tuple[bytes, int, int] | None = None
+    #: History state before the last step (to undo an abandoned turn).
+    _before_last: tuple[Any, ...] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -157,19 +165,32 @@ class TrajectoryRecorder:
         shared = len(self._last_messages)
         if not self._steps:
             return 0
-        if len(messages) >= shared and all(
-            m == p or message_key(m) == message_key(p)  # == first: C speed
-            for m, p in zip(messages, self._last_messages, strict=False)
-        ):
-            return shared
-        return None
+        if len(messages) < shared:
+            return None
+        base, recorded = self._match_base, self._last_messages
+        for i in range(shared):
+            m, p = messages[i], base[i]
+            if m == p:  # C speed: the usual case
+                continue
+            trimmed = recorded_message(m)
+            if trimmed == p:
+                continue
+            if message_key(m) != message_key(recorded[i]):
+                return None
+            base[i] = trimmed  # an SDK's re-serialised echo: match it by == next time
+        return shared
 
     def abandon_last(self) -> None:
         """Mark the last step abandoned (its answer reached nobody) and forget it as the
         history the next turn extends."""
         if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
             self._steps[-1].abandoned = True
-            self._last_messages, self._last_ids = self._before_last
+            (
+                self._last_messages,
+                self._match_base,
+                self._last_ids,
+                self._last_prompt_text,
+            ) = self._before_last
             self._before_last = None
 
     @property
@@ -189,13 +210,16 @@ class TrajectoryRecorder:
         total_tokens: int | None = None,
         shared: int | None = -1,
         extras: Mapping[str, Any] | None = None,
+        prompt_ids_json: bytes | None = None,
     ) -> None:
         """Record one turn: the request's ``messages`` and the returned ``completion``.
 
         Token fields are kept only when ``prompt_ids``, ``completion_ids`` and
         ``completion_logprobs`` are all given and consistent; otherwise the step has
         ``tokens: null`` (still recorded). ``total_tokens`` (usage) is the fallback
-        length for ``is_truncated`` when there are no ids.
+        length for ``is_truncated`` when there are no ids. ``prompt_ids_json`` (the JSON
+        text of the prompt's id array, see :mod:`.prompt_ids`) may stand in for
+        ``prompt_ids``: only what the previous prompt's text does not hold is parsed.
         """
         step_extras: dict[str, Any] = dict(extras or {})
         if shared == -1:  # not computed by the caller
@@ -206,16 +230,23 @@ class TrajectoryRecorder:
         new_messages = [recorded_message(m) for m in messages[shared:]]
         truncated = finish_reason == "length"
         extras = step_extras
-        before = (self._last_messages, self._last_ids)
+        before = (
+            self._last_messages,
+            list(self._match_base),
+            self._last_ids,
+            self._last_prompt_text,
+        )
 
         tokens: _Tokens | None = None
-        have_ids = prompt_ids is not None and completion_ids is not None
+        have_prompt = prompt_ids is not None or prompt_ids_json is not None
+        have_ids = have_prompt and completion_ids is not None
         if have_ids and completion_logprobs is not None:
             if len(completion_logprobs) != len(completion_ids):  # type: ignore[arg-type]
                 extras["tokens_error"] = "logprobs and token ids differ in length"
             else:
                 try:
-                    tokens = self._make_tokens(prompt_ids, completion_ids, completion_logprobs)  # type: ignore[arg-type]
+                    prompt = self._prompt_array(prompt_ids, prompt_ids_json)
+                    tokens = self._make_tokens(prompt, completion_ids, completion_logprobs)  # type: ignore[arg-type]
                 except (TypeError, ValueError, OverflowError):
                     extras["tokens_error"] = "token ids are not 32-bit integers"
                 else:
@@ -227,6 +258,7 @@ class TrajectoryRecorder:
                         )
         if tokens is None:
             self._last_ids = array("i")
+            self._last_prompt_text = None
             if self.max_seq_len is not None and total_tokens is not None:
                 truncated = truncated or total_tokens > self.max_seq_len
         if tokens is not None:
@@ -235,12 +267,37 @@ class TrajectoryRecorder:
         completion_list = [dict(m) for m in completion]
         self._steps.append(_Step(shared, new_messages, completion_list, tokens, truncated, extras))
         self._last_messages = [*self._last_messages[:shared], *new_messages, *completion_list]
+        self._match_base = [*self._match_base[:shared], *new_messages, *completion_list]
         self._before_last = before
 
+    def _prompt_array(self, ids: Sequence[int] | None, text: bytes | None) -> array:
+        """The prompt's ids, from ``text`` (JSON array) when given, else from ``ids``."""
+        if text is None:
+            self._last_prompt_text = None
+            return array("i", ids)  # type: ignore[arg-type]
+        body = memoryview(text)[:-1]  # without "]"
+        last = self._last_prompt_text
+        prompt: array | None = None
+        hasher = None
+        if last is not None:
+            digest, length, count = last
+            if len(body) >= length and text[length : length + 1] in (b",", b"]"):
+                hasher = prefix_hasher(body[:length])  # one pass: check, then extend
+                if hasher.digest() == digest:
+                    prompt = self._last_ids[:count]
+                    if text[length : length + 1] == b",":
+                        prompt.extend(orjson.loads(b"[" + text[length + 1 :]))
+                    hasher.update(body[length:])
+        if prompt is None:
+            prompt = array("i", orjson.loads(text))
+            hasher = prefix_hasher(body)
+        assert hasher is not None
+        self._last_prompt_text = (hasher.digest(), len(body), len(prompt))
+        return prompt
+
     def _make_tokens(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], logprobs: Sequence[float]
+        self, prompt: array, completion_ids: Sequence[int], logprobs: Sequence[float]
     ) -> _Tokens:
-        prompt = array("i", prompt_ids)
         comp = array("i", completion_ids)
         prefix = _common_prefix_len(self._last_ids, prompt)
         overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len

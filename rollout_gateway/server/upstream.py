@@ -94,6 +94,29 @@ def _upstream_message(response: httpx.Response) -> str:
     return response.text[:2000]
 
 
+def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """An upstream's chat completion; ``(completion, strict)``.
+
+    ``strict`` is false when the answer needed the lenient parser (``NaN``/``Infinity``
+    literals): it must then not be passed to an agent as it is. Raises
+    :class:`UpstreamError` (502) when it is not JSON or not a chat completion.
+    """
+    strict = True
+    try:
+        completion = jsonio.loads(raw)
+    except jsonio.JSONDecodeError:
+        strict = False
+        try:
+            completion = jsonio.loads_lenient(raw)
+        except (ValueError, RecursionError) as exc:
+            raise UpstreamError(
+                "protocol", 502, "upstream answered non-JSON", f"unparsable answer: {exc!r}"
+            ) from exc
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+        raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
+    return completion, strict
+
+
 class UpstreamPool:
     """The gateway's upstreams.
 
@@ -171,6 +194,14 @@ class UpstreamPool:
     async def chat(self, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """POST ``body`` to ``{url}/chat/completions``; returns (completion, seconds).
 
+        See :meth:`chat_raw` for the errors.
+        """
+        raw, elapsed = await self.chat_raw(url, body)
+        return parse_completion(raw)[0], elapsed
+
+    async def chat_raw(self, url: str, body: dict[str, Any]) -> tuple[bytes, float]:
+        """POST ``body`` to ``{url}/chat/completions``; returns (answer bytes, seconds).
+
         The whole call (connect to last byte) is bounded by ``timeout_s``. Raises
         :class:`UpstreamError`: upstream 4xx -> 400 with the engine's own message (429
         kept as 429 so clients back off); 5xx, unreachable, timeout or a non-JSON answer
@@ -220,15 +251,7 @@ class UpstreamPool:
             code = 429 if status == 429 else 400
             message = _upstream_message(response)[:2000]
             raise UpstreamError("http_4xx", code, message, f"{label} answered {status}: {message}")
-        try:
-            completion = jsonio.loads_lenient(response.content)
-        except (ValueError, RecursionError) as exc:
-            raise UpstreamError(
-                "protocol", 502, "upstream answered non-JSON", f"{label}: {exc!r}"
-            ) from exc
-        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
-        return completion, elapsed
+        return response.content, elapsed
 
     async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """The model cards of ``GET {url}/models`` (vLLM's carry ``max_model_len``)."""
@@ -266,4 +289,11 @@ class UpstreamPool:
                 await client.aclose()
 
 
-__all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool", "redact_url"]
+__all__ = [
+    "ErrorKind",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamPool",
+    "parse_completion",
+    "redact_url",
+]
