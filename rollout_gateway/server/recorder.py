@@ -106,12 +106,24 @@ def _common_prefix_len(a: array, b: array) -> int:
 
 @dataclass(slots=True)
 class _Tokens:
+    #: The ids of this step's branch: ``segment[:prompt_end]`` is the prompt,
+    #: ``segment[prompt_end:completion_end]`` the completion. Steps that extend their
+    #: predecessor share its segment (appended to in place), so each id is stored once.
+    segment: array
     prefix_len: int  # leading ids shared with the previous step's prompt+completion
-    prompt_tail: array
-    completion_ids: array
+    prompt_end: int
+    completion_end: int
     completion_logprobs: array
     overlong_prompt: bool
     is_truncated: bool
+
+    @property
+    def prompt_ids(self) -> array:
+        return self.segment[: self.prompt_end]
+
+    @property
+    def completion_ids(self) -> array:
+        return self.segment[self.prompt_end : self.completion_end]
 
 
 @dataclass(slots=True)
@@ -189,8 +201,10 @@ class TrajectoryRecorder:
                 self._last_messages,
                 self._match_base,
                 self._last_ids,
+                length,
                 self._last_prompt_text,
             ) = self._before_last
+            del self._last_ids[length:]  # drop what the abandoned step appended
             self._before_last = None
 
     @property
@@ -234,6 +248,7 @@ class TrajectoryRecorder:
             self._last_messages,
             list(self._match_base),
             self._last_ids,
+            len(self._last_ids),  # the next step may extend this segment in place
             self._last_prompt_text,
         )
 
@@ -299,40 +314,41 @@ class TrajectoryRecorder:
         self, prompt: array, completion_ids: Sequence[int], logprobs: Sequence[float]
     ) -> _Tokens:
         comp = array("i", completion_ids)
-        prefix = _common_prefix_len(self._last_ids, prompt)
+        lps = array("f", logprobs)
+        last = self._last_ids
+        prefix = _common_prefix_len(last, prompt)
         overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
         too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
-        tokens = _Tokens(prefix, prompt[prefix:], comp, array("f", logprobs), overlong, too_long)
-        prompt.extend(comp)
-        self._last_ids = prompt  # the next turn's prompt usually extends this
-        return tokens
+        if last and prefix == len(last):
+            segment = last  # the prompt extends the branch: append in place
+            segment.extend(prompt[prefix:])
+        else:
+            segment = prompt  # a new branch (first turn, or a rewritten history)
+        prompt_end = len(segment)
+        segment.extend(comp)
+        self._last_ids = segment  # the next turn's prompt usually extends this
+        return _Tokens(segment, prefix, prompt_end, len(segment), lps, overlong, too_long)
 
     def steps(self) -> list[TrajectoryStepBody]:
         """All steps, rebuilt in the protocol's shape."""
         out: list[TrajectoryStepBody] = []
         prev_messages: list[dict[str, Any]] = []
-        prev_ids = array("i")
         for step in self._steps:
+            if step.abandoned:
+                continue  # the next step extends the history before this one
             prompt = [*prev_messages[: step.shared_messages], *step.new_messages]
             body_tokens: StepTokens | None = None
             if step.tokens is not None:
                 t = step.tokens
-                prompt_ids = prev_ids[: t.prefix_len] + t.prompt_tail
                 body_tokens = {
-                    "prompt_ids": prompt_ids.tolist(),
-                    "prompt_mask": [0] * len(prompt_ids),
-                    "completion_ids": t.completion_ids.tolist(),
-                    "completion_mask": [1] * len(t.completion_ids),
+                    "prompt_ids": t.segment[: t.prompt_end].tolist(),
+                    "prompt_mask": [0] * t.prompt_end,
+                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
+                    "completion_mask": [1] * (t.completion_end - t.prompt_end),
                     "completion_logprobs": t.completion_logprobs.tolist(),
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
-                next_ids = prompt_ids + t.completion_ids
-            else:
-                next_ids = array("i")
-            if step.abandoned:
-                continue  # the next step extends the history before this one
-            prev_ids = next_ids
             prev_messages = [*prompt, *step.completion]
             out.append(
                 {
@@ -364,8 +380,8 @@ class TrajectoryRecorder:
                 t = step.tokens
                 body_tokens = {
                     "prompt_shared": t.prefix_len,
-                    "prompt_new_ids": t.prompt_tail.tolist(),
-                    "completion_ids": t.completion_ids.tolist(),
+                    "prompt_new_ids": t.segment[t.prefix_len : t.prompt_end].tolist(),
+                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
                     "completion_logprobs": t.completion_logprobs.tolist(),
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
@@ -411,24 +427,20 @@ class TrajectoryRecorder:
         return list(first), completion, any(s["is_truncated"] for s in steps)
 
     def token_storage_bytes(self) -> int:
-        """Bytes held by the token arrays (ids, logprobs and the last-turn cache)."""
-        total = self._last_ids.buffer_info()[1] * self._last_ids.itemsize
+        """Bytes held by the token arrays (each branch's ids once, and the logprobs)."""
+        segments = {id(self._last_ids): self._last_ids}
+        total = 0
         for step in self._steps:
             if step.tokens is not None:
-                for arr in (
-                    step.tokens.prompt_tail,
-                    step.tokens.completion_ids,
-                    step.tokens.completion_logprobs,
-                ):
-                    total += arr.buffer_info()[1] * arr.itemsize
-        return total
+                segments[id(step.tokens.segment)] = step.tokens.segment
+                lps = step.tokens.completion_logprobs
+                total += lps.buffer_info()[1] * lps.itemsize
+        return total + sum(a.buffer_info()[1] * a.itemsize for a in segments.values())
 
     def logical_token_count(self) -> int:
         """Tokens the trajectory reports (sum over steps of prompt + completion ids)."""
         return sum(
-            s.tokens.prefix_len + len(s.tokens.prompt_tail) + len(s.tokens.completion_ids)
-            for s in self._steps
-            if s.tokens is not None
+            s.tokens.completion_end for s in self._steps if s.tokens is not None and not s.abandoned
         )
 
 

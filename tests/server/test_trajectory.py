@@ -231,3 +231,22 @@ def test_prompt_ids_from_json_text_equal_the_parsed_path() -> None:
     for a, b in zip(steps_a, steps_b, strict=True):
         assert a["tokens"] == b["tokens"]
     assert [s["tokens"]["prompt_ids"] for s in steps_b] == prompts
+
+
+def test_abandoned_step_that_extended_the_branch_is_undone() -> None:
+    from rollout_gateway.server.recorder import TrajectoryRecorder
+
+    rec = TrajectoryRecorder("t")
+    m1 = [{"role": "user", "content": "a"}]
+    a1 = [{"role": "assistant", "content": "x"}]
+    rec.record(m1, a1, prompt_ids=[1, 2], completion_ids=[3], completion_logprobs=[-0.1])
+    lost = [*m1, *a1, {"role": "user", "content": "lost"}]
+    rec.record(lost, a1, prompt_ids=[1, 2, 3, 9], completion_ids=[8], completion_logprobs=[-1.0])
+    rec.abandon_last()  # its answer reached nobody
+    again = [*m1, *a1, {"role": "user", "content": "b"}]
+    rec.record(again, a1, prompt_ids=[1, 2, 3, 4], completion_ids=[5], completion_logprobs=[-0.2])
+    steps = rec.steps()
+    assert [s["tokens"]["prompt_ids"] for s in steps] == [[1, 2], [1, 2, 3, 4]]
+    assert [s["tokens"]["completion_ids"] for s in steps] == [[3], [5]]
+    assert "history_rewritten" not in steps[1]["extras"] and rec.num_abandoned == 1
+    assert rec.token_storage_bytes() <= 8 * 5
