@@ -199,7 +199,9 @@ class ChatTurns:
         )
         upstream = gateway.pool.get(record.upstream)
         try:
-            raw, upstream_s = await gateway.pool.chat_raw(record.upstream, upstream_body)
+            raw, upstream_s = await gateway.pool.chat_raw(
+                record.upstream, upstream_body, shard_key=record.rollout_id
+            )
             # The prompt's ids stay JSON text: the recorder parses only what is new.
             rest, prompt_ids_json = split_prompt_ids(raw)
             completion, strict = parse_completion(rest)

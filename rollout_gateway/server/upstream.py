@@ -64,6 +64,14 @@ class Upstream:
     def __post_init__(self) -> None:
         self.label = self.label or redact_url(self.base_url)
 
+    def client_for(self, key: str | None) -> httpx.AsyncClient:
+        """The shard of ``key`` (a rollout id): one rollout's turns reuse one pool, so a
+        rollout that runs alone keeps one warm connection instead of spreading its turns
+        over every shard's connections (which the upstream then has to serve too)."""
+        if key is None:
+            return self.client
+        return self.clients[hash(key) % len(self.clients)]
+
     @property
     def client(self) -> httpx.AsyncClient:
         """The client of the next request (round-robin over the shards)."""
@@ -199,7 +207,9 @@ class UpstreamPool:
         raw, elapsed = await self.chat_raw(url, body)
         return parse_completion(raw)[0], elapsed
 
-    async def chat_raw(self, url: str, body: dict[str, Any]) -> tuple[bytes, float]:
+    async def chat_raw(
+        self, url: str, body: dict[str, Any], *, shard_key: str | None = None
+    ) -> tuple[bytes, float]:
         """POST ``body`` to ``{url}/chat/completions``; returns (answer bytes, seconds).
 
         The whole call (connect to last byte) is bounded by ``timeout_s``. Raises
@@ -213,7 +223,7 @@ class UpstreamPool:
         start = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
-                response = await upstream.client.post(
+                response = await upstream.client_for(shard_key).post(
                     "/chat/completions",
                     content=jsonio.dumps(body),
                     headers={"Content-Type": "application/json"},
