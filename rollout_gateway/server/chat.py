@@ -11,7 +11,8 @@ A streaming agent is answered from the turn's :class:`~.streaming.EventLog`: chu
 the engine sends them (vLLM is streamed from, :mod:`.engine_turn`), SSE keepalive
 comments while it is silent, then ``[DONE]``. The response starts at the first chunk, or
 after one keepalive interval: an error before that keeps its HTTP status; after it, it
-arrives as an SSE error event.
+arrives as an SSE error event. The engine call and the step's facts are
+:mod:`.engine_turn`'s.
 """
 
 from __future__ import annotations
@@ -126,15 +127,19 @@ class ChatTurns:
             record.turns.start(turn)
         turn.waiters += 1
         if body.get("stream") and turn.events is not None and not turn.task.done():
-            return await self._stream(turn, body, request)
+            return await self._stream(turn, body)
         try:
-            completion, _ = await self._await(turn, request)
+            completion = await self._await(turn, request)
         except ClientGone:
             turn.waiters -= 1
             logger.info("rollout=%s agent disconnected before its answer", record.rollout_id)
             return Response(status_code=499)
         turn.delivered = True
         answer = completion  # already the agent's view (see _locked_turn)
+        if isinstance(answer, bytes):
+            if not body.get("stream"):
+                return Response(answer, media_type="application/json")
+            answer = jsonio.loads_lenient(answer)  # an idempotency-key replay, streamed
         if body.get("stream"):
             events: Iterator[bytes] = iter_completion_sse(answer, include_usage=wants_usage(body))
             return StreamingResponse(
@@ -144,7 +149,7 @@ class ChatTurns:
             )
         return JSONBytesResponse(answer)
 
-    async def _stream(self, turn: Turn, body: dict[str, Any], request: Request) -> Response:
+    async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
         """Answer a streaming request from the turn's event log (see the module doc)."""
         keepalive_s = self.gateway.config.stream_keepalive_s
         log: EventLog = turn.events
@@ -167,7 +172,7 @@ class ChatTurns:
         async for event in log.follow(keepalive_s):
             yield event
         try:
-            completion, streamed = await turn.task
+            answer = await turn.task
         except ApiError as exc:
             yield error_event(exc.message, exc.code or "upstream_error")
             yield DONE_EVENT
@@ -181,16 +186,18 @@ class ChatTurns:
             yield error_event("internal gateway error", "internal_error")
             yield DONE_EVENT
             return
-        if streamed:  # the chunks went out as the engine sent them
+        if log.relayed:  # the chunks went out as the engine sent them
             yield DONE_EVENT
-        else:  # ``completion`` is the agent's view already
-            events = iter_completion_sse(completion, include_usage=wants_usage(body))
+        else:  # the answer (the agent's view) re-encoded as chunks
+            if isinstance(answer, bytes):
+                answer = jsonio.loads_lenient(answer)
+            events = iter_completion_sse(answer, include_usage=wants_usage(body))
             for event in guard_sse(events):
                 yield event
         turn.delivered = True
 
     @staticmethod
-    async def _await(turn: Turn, request: Request) -> tuple[dict[str, Any], bool]:
+    async def _await(turn: Turn, request: Request) -> dict[str, Any] | bytes:
         watch = asyncio.ensure_future(_wait_disconnect(request))
         try:
             done, _ = await asyncio.wait({turn.task, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -204,7 +211,7 @@ class ChatTurns:
 
     async def _run_turn(
         self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         try:
             async with record.lock:  # turns of one rollout run one at a time, in order
@@ -217,7 +224,7 @@ class ChatTurns:
 
     async def _locked_turn(
         self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
         if not record.live:
@@ -265,7 +272,7 @@ class ChatTurns:
         )
         emit = turn.events.append if turn.events is not None else None
         try:
-            completion, streamed = await call.call(emit)
+            result = await call.call(emit)
         except UpstreamError as exc:
             gateway.metrics.upstream_errors.inc(upstream.label, exc.kind)
             logger.warning(
@@ -275,7 +282,9 @@ class ChatTurns:
             if is_context_overflow(exc):
                 raise context_overflow_error(exc) from None
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
-        upstream_s = call.upstream_seconds()
+        if result.relayed:
+            turn.events.relayed = True
+        completion, upstream_s = result.completion, call.upstream_seconds()
         turn.recorded = True
         record.message_bytes += new_bytes
         record.completion_tokens += _completion_tokens(completion, call.completion_ids)
@@ -288,11 +297,20 @@ class ChatTurns:
             logger.debug(
                 "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
                 record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
-                upstream_s * 1000, streamed,
+                upstream_s * 1000, call.finish_reason,
             )  # fmt: skip
-        # What a retry replays, kept until the next turn: the agent's view only (without
-        # the prompt's token ids unless it asked), not the whole upstream answer.
-        return agent_answer(completion, body), streamed
+        # The answer, also what a retry replays (kept until the next turn): the engine's
+        # bytes as they are when the agent asked for everything the gateway asked for,
+        # else the agent's view (without the prompt's ids unless it asked).
+        wants_ids = bool(body.get("return_token_ids"))
+        everything = (
+            wants_ids and body.get("logprobs") and body.get("include_reasoning") is not False
+        )
+        if everything and not body.get("stream") and result.raw is not None and result.strict:
+            return result.raw
+        if wants_ids and result.prompt_ids_json is not None:
+            completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
+        return agent_answer(completion, body)
 
 
 def _left(turn: Turn) -> None:

@@ -33,6 +33,7 @@ import httpx
 from rollout_gateway.protocol import StepExtras, TurnError
 from rollout_gateway.server.answers import EngineAnswer, read_answer
 from rollout_gateway.server.engines import TOKEN_FLAG_FIELDS, EngineInfo, token_flags
+from rollout_gateway.server.prompt_ids import split_prompt_ids
 from rollout_gateway.server.responses import ApiError
 from rollout_gateway.server.streaming import (
     StreamAssembler,
@@ -43,7 +44,11 @@ from rollout_gateway.server.streaming import (
 )
 from rollout_gateway.server.turn_seed import turn_seed
 from rollout_gateway.server.turns import agent_view, flatten_sampling_params
-from rollout_gateway.server.upstream import UpstreamError, raise_for_upstream_status
+from rollout_gateway.server.upstream import (
+    UpstreamError,
+    parse_completion,
+    raise_for_upstream_status,
+)
 
 if TYPE_CHECKING:
     from rollout_gateway.server.app import Gateway
@@ -124,6 +129,24 @@ def wants_usage(body: Mapping[str, Any]) -> bool:
 
 
 @dataclass
+class EngineResult:
+    """The engine's answer to a turn."""
+
+    #: The whole answer (reassembled from the chunks when streamed; its top-level
+    #: ``prompt_token_ids`` cut out, see ``prompt_ids_json``, when not).
+    completion: dict[str, Any]
+    #: The engine's bytes as they came (not streamed), passed through when they are
+    #: exactly what the agent asked for.
+    raw: bytes | None = None
+    #: Whether ``raw`` is strict JSON (no ``NaN``/``Infinity``).
+    strict: bool = True
+    #: The JSON text of the prompt's id array, cut out of ``raw``.
+    prompt_ids_json: bytes | None = None
+    #: Whether the chunks were relayed to the agent as the engine sent them.
+    relayed: bool = False
+
+
+@dataclass
 class EngineTurn:
     """One turn's engine call and its recording (the rollout's lock is held)."""
 
@@ -143,28 +166,37 @@ class EngineTurn:
     def __post_init__(self) -> None:
         self.policy_version = self.gateway.policy.version
         self.policy_epoch = self.gateway.policy.epoch
-        #: The recorded sample's completion ids, once the answer is in.
+        #: The recorded sample's completion ids and finish reason, once the answer is in.
         self.completion_ids: list[int] | None = None
+        self.finish_reason: str | None = None
 
-    async def call(self, emit: Callable[[bytes], None] | None) -> tuple[dict[str, Any], bool]:
-        """Call the engine; returns (the whole answer, whether ``emit`` relayed it).
+    async def call(self, emit: Callable[[bytes], None] | None) -> EngineResult:
+        """Call the engine and record the step.
 
-        Raises :class:`UpstreamError` (after recording a context overflow).
+        Streams when ``emit`` is given and the engine streams token ids. Raises
+        :class:`UpstreamError` (after recording a context overflow).
         """
         streamed = emit is not None and self.engine.streams_token_ids
         first_chunk_s: float | None = None
+        result = EngineResult({})
         try:
             if streamed:
                 completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
+                result = EngineResult(completion, relayed=True)
             else:
-                pool = self.gateway.pool
-                completion, _ = await pool.chat(self.record.upstream, self.upstream_body)
+                raw, _ = await self.gateway.pool.chat_raw(
+                    self.record.upstream, self.upstream_body, shard_key=self.record.rollout_id
+                )
+                # The prompt's ids stay JSON text: the recorder parses only what is new.
+                rest, prompt_ids_json = split_prompt_ids(raw)
+                completion, strict = parse_completion(rest)
+                result = EngineResult(completion, raw, strict, prompt_ids_json)
         except UpstreamError as exc:
             if is_context_overflow(exc):
                 self._record_overflow(exc)
             raise
-        self._record(read_answer(completion), first_chunk_s)
-        return completion, streamed
+        self._record(read_answer(result.completion), first_chunk_s, result.prompt_ids_json)
+        return result
 
     def upstream_seconds(self) -> float:
         """Seconds since the turn went upstream."""
@@ -182,7 +214,7 @@ class EngineTurn:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(pool.timeout_s):
-                client = upstream.client
+                client = upstream.client_for(self.record.rollout_id)
                 request = client.build_request("POST", "/chat/completions", json=body)
                 response = await client.send(request, stream=True)
                 try:
@@ -256,8 +288,11 @@ class EngineTurn:
             record.num_turns + 1,
         )
 
-    def _record(self, answer: EngineAnswer, first_chunk_s: float | None) -> None:
+    def _record(
+        self, answer: EngineAnswer, first_chunk_s: float | None, prompt_ids_json: bytes | None
+    ) -> None:
         record, engine, first = self.record, self.engine, answer.first
+        self.finish_reason = first.finish_reason if first else None
         extras: dict[str, Any] = {**self.extras, **self._base_extras(first_chunk_s)}
         extras.update(
             status="ok",
@@ -284,7 +319,8 @@ class EngineTurn:
                 }
                 for c in answer.choices[1:]
             ]
-        if not answer.has_token_ids:
+        has_prompt = answer.prompt_ids is not None or prompt_ids_json is not None
+        if not (has_prompt and first is not None and first.completion_ids is not None):
             extras["tokens_missing"] = "the upstream's answer carries no token ids"
             if engine.token_ids is not False:
                 logger.error(
@@ -312,6 +348,7 @@ class EngineTurn:
             total_tokens=total if isinstance(total, int) else None,
             shared=self.shared,
             extras=extras,
+            prompt_ids_json=prompt_ids_json,
         )
 
 
@@ -327,6 +364,7 @@ def context_overflow_error(exc: UpstreamError) -> ApiError:
 
 
 __all__ = [
+    "EngineResult",
     "EngineTurn",
     "agent_answer",
     "context_overflow_error",

@@ -262,6 +262,8 @@ class EventLog:
         self.closed = False
         #: Requests following the log (see :meth:`release`).
         self.followers = 0
+        #: Whether the engine's chunks were relayed (else the answer is re-encoded).
+        self.relayed = False
         self._changed = asyncio.Event()
 
     def release(self) -> None:

@@ -64,6 +64,14 @@ class Upstream:
     def __post_init__(self) -> None:
         self.label = self.label or redact_url(self.base_url)
 
+    def client_for(self, key: str | None) -> httpx.AsyncClient:
+        """The shard of ``key`` (a rollout id): one rollout's turns reuse one pool, so a
+        rollout that runs alone keeps one warm connection instead of spreading its turns
+        over every shard's connections (which the upstream then has to serve too)."""
+        if key is None:
+            return self.client
+        return self.clients[hash(key) % len(self.clients)]
+
     @property
     def client(self) -> httpx.AsyncClient:
         """The client of the next request (round-robin over the shards)."""
@@ -113,6 +121,29 @@ def raise_for_upstream_status(response: httpx.Response, label: str) -> None:
         code = status if status in (404, 429) else 400
         message = _upstream_message(response)[:2000]
         raise UpstreamError("http_4xx", code, message, f"{label} answered {status}: {message}")
+
+
+def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """An upstream's chat completion; ``(completion, strict)``.
+
+    ``strict`` is false when the answer needed the lenient parser (``NaN``/``Infinity``
+    literals): it must then not be passed to an agent as it is. Raises
+    :class:`UpstreamError` (502) when it is not JSON or not a chat completion.
+    """
+    strict = True
+    try:
+        completion = jsonio.loads(raw)
+    except jsonio.JSONDecodeError:
+        strict = False
+        try:
+            completion = jsonio.loads_lenient(raw)
+        except (ValueError, RecursionError) as exc:
+            raise UpstreamError(
+                "protocol", 502, "upstream answered non-JSON", f"unparsable answer: {exc!r}"
+            ) from exc
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+        raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
+    return completion, strict
 
 
 class UpstreamPool:
@@ -192,6 +223,16 @@ class UpstreamPool:
     async def chat(self, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """POST ``body`` to ``{url}/chat/completions``; returns (completion, seconds).
 
+        See :meth:`chat_raw` for the errors.
+        """
+        raw, elapsed = await self.chat_raw(url, body)
+        return parse_completion(raw)[0], elapsed
+
+    async def chat_raw(
+        self, url: str, body: dict[str, Any], *, shard_key: str | None = None
+    ) -> tuple[bytes, float]:
+        """POST ``body`` to ``{url}/chat/completions``; returns (answer bytes, seconds).
+
         The whole call (connect to last byte) is bounded by ``timeout_s``. Raises
         :class:`UpstreamError`: upstream 4xx -> 400 with the engine's own message (404 and
         429 kept: an unknown model stays not found, clients back off); 5xx, unreachable,
@@ -204,7 +245,7 @@ class UpstreamPool:
         start = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
-                response = await upstream.client.post(
+                response = await upstream.client_for(shard_key).post(
                     "/chat/completions",
                     content=jsonio.dumps(body),
                     headers={"Content-Type": "application/json"},
@@ -231,15 +272,7 @@ class UpstreamPool:
             logger.info("upstream=%s healthy again", label)
         upstream.healthy = True  # it answered: reachable
         raise_for_upstream_status(response, label)
-        try:
-            completion = jsonio.loads_lenient(response.content)
-        except (ValueError, RecursionError) as exc:
-            raise UpstreamError(
-                "protocol", 502, "upstream answered non-JSON", f"{label}: {exc!r}"
-            ) from exc
-        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
-        return completion, elapsed
+        return response.content, elapsed
 
     async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """The model cards of ``GET {url}/models`` (vLLM's carry ``max_model_len``)."""
@@ -283,5 +316,6 @@ __all__ = [
     "UpstreamError",
     "UpstreamPool",
     "raise_for_upstream_status",
+    "parse_completion",
     "redact_url",
 ]
