@@ -64,8 +64,12 @@ class _RefuseOnCommandLine(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
         parser.error(
             f"{self.option_strings[0]}: secrets are not accepted on the command line "
-            "(visible in ps); use $ROLLOUT_GATEWAY_ADMIN_TOKEN or --admin-token-file"
+            f"(visible in ps); use {self.help_text}"
         )
+
+    @property
+    def help_text(self) -> str:
+        return str(self.metavar)
 
 
 _SERVE_EPILOG = """\
@@ -141,6 +145,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     access.add_argument(
         "--admin-token",
         action=_RefuseOnCommandLine,
+        metavar="$ROLLOUT_GATEWAY_ADMIN_TOKEN or --admin-token-file",
         help=argparse.SUPPRESS,  # refused: a token on the command line shows in ps
     )
     access.add_argument(
@@ -156,8 +161,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     p.add_argument(
         "--upstream-api-key",
-        default=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY"),
-        help=argparse.SUPPRESS,  # kept for compatibility; prefer the env variable
+        action=_RefuseOnCommandLine,
+        metavar="$ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
+        help=argparse.SUPPRESS,  # refused: a key on the command line shows in ps
     )
     limits = p.add_argument_group("limits per request and per rollout")
     limits.add_argument(
@@ -258,7 +264,7 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         max_rollouts=args.max_rollouts,
         upstream_timeout_s=args.upstream_timeout,
         max_body_bytes=args.max_body_bytes,
-        upstream_api_key=args.upstream_api_key or None,
+        upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
         default_max_turns=args.max_turns,
         max_total_completion_tokens=args.max_completion_tokens,
         default_max_context_tokens=args.max_context_tokens,

@@ -37,9 +37,10 @@ def test_invalid_option_is_refused_naming_it(option: str, value: str, capsys) ->
     assert option in capsys.readouterr().err
 
 
-def test_admin_token_is_never_a_command_line_argument(capsys) -> None:
+@pytest.mark.parametrize("option", ["--admin-token", "--upstream-api-key"])
+def test_secrets_are_never_command_line_arguments(option: str, capsys) -> None:
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--upstream", UP, "--admin-token", "secret"])
+        build_parser().parse_args(["serve", "--upstream", UP, option, "secret"])
     assert "not accepted on the command line" in capsys.readouterr().err
 
 
