@@ -257,3 +257,30 @@ async def test_agent_disconnect_mid_stream_keeps_the_turn_for_its_retry() -> Non
     assert traj["num_turns"] == 1 and traj["abandoned_turns"] == 0
     step = traj["trajectory"][0]
     assert step["tokens"]["completion_ids"] == engine.answer["choices"][0]["token_ids"]
+
+
+async def test_an_engine_error_mid_stream_reaches_the_agent_and_records_nothing(
+    make_gateway: GatewayFactory,
+) -> None:
+    engine = ReplayVLLM("text")
+    first_block = engine.raw.split("\n\n")[0]
+    error = {"error": {"message": "KV cache lost", "type": "InternalServerError", "code": 500}}
+    engine.raw = f"{first_block}\n\ndata: {json.dumps(error)}\n\ndata: [DONE]\n\n"
+    gw = await make_gateway(engine.app())
+    await gw.register("r1", model="gemma3-270m")
+    body = {"model": "a", "messages": engine.request["messages"], "stream": True}
+    url = "/v1/rollouts/r1/chat/completions"
+    async with gw.client.stream("POST", url, json=body, headers=gw.agent_headers("r1")) as r:
+        assert r.status_code == 200  # the first chunk went out before the error
+        raw = (await r.aread()).decode()
+    events = [json.loads(x[6:]) for x in raw.splitlines() if x.startswith("data: {")]
+    assert "KV cache lost" in events[-1]["error"]["message"]
+    assert raw.rstrip().endswith("data: [DONE]")
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["trajectory"] == [] and traj["num_turns"] == 0
+
+
+async def test_sse_parser_reads_what_servers_send() -> None:
+    text = ': comment\n\nevent: x\ndata: {"a":\ndata: 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
+    got = [chunk async for chunk in iter_sse_json(_lines(text))]
+    assert got == [{"a": 1}, {"b": 2}]
