@@ -196,6 +196,17 @@ class TurnError(TypedDict):
     status_code: int
 
 
+class FailedTurn(TypedDict):
+    """A turn whose engine call failed (5xx, unreachable, timeout, a 4xx other than a
+    context overflow): no sample, so no step; the agent got the error and may retry."""
+
+    #: Steps recorded before it (the failed call came between step ``after_steps - 1``
+    #: and step ``after_steps``).
+    after_steps: int
+    error: TurnError
+    timing: TurnTiming
+
+
 class StepExtras(TypedDict, total=False):
     """Per-turn facts the reference gateway records in a step's ``extras``.
 
@@ -273,6 +284,8 @@ class TrajectoryResponse(TypedDict):
     abandoned_turns: NotRequired[int]
     #: Policy versions of the recorded turns, oldest first (reference gateway).
     policy_versions: NotRequired[list[int | None]]
+    #: Engine calls that failed (the last 100), reference gateway.
+    failed_turns: NotRequired[list[FailedTurn]]
 
 
 #: ``GET /v1/rollouts/{id}/trajectory?format=delta``: the steps in the delta form (our
@@ -343,6 +356,7 @@ __all__ = [
     "TURN_REFUSAL_CODES",
     "TURN_REFUSED_STATUS",
     "UNLIMITED_TURNS",
+    "FailedTurn",
     "PolicyVersionRequest",
     "PolicyVersionResponse",
     "TruncationReason",

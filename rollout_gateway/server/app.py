@@ -261,6 +261,7 @@ class Gateway:
             "truncation_reason": record.truncation_reason,
             "abandoned_turns": record.recorder.num_abandoned,
             "policy_versions": [s["extras"].get("policy_version") for s in steps],
+            "failed_turns": list(record.failed_turns),
         }
         if delta:
             answer["format"] = "delta"  # type: ignore[typeddict-unknown-key]

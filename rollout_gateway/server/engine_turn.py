@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from rollout_gateway.protocol import StepExtras, TurnError
+from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
 from rollout_gateway.server.answers import EngineAnswer, read_answer
 from rollout_gateway.server.engines import TOKEN_FLAG_FIELDS, EngineInfo, token_flags
 from rollout_gateway.server.prompt_ids import split_prompt_ids
@@ -65,6 +65,9 @@ _CONTEXT_OVERFLOW_RE = re.compile(
     r"maximum model length|prompt is too long",
     re.IGNORECASE,
 )
+
+#: Failed engine calls a rollout keeps (the most recent).
+_MAX_FAILED_TURNS = 100
 
 #: Request fields that are not sampling settings (left out of ``extras.sampling``).
 _NOT_SAMPLING = frozenset(
@@ -194,6 +197,8 @@ class EngineTurn:
         except UpstreamError as exc:
             if is_context_overflow(exc):
                 self._record_overflow(exc)
+            else:
+                self._note_failure(exc)
             raise
         self._record(read_answer(result.completion), first_chunk_s, result.prompt_ids_json)
         return result
@@ -266,6 +271,16 @@ class EngineTurn:
         if self.gateway.policy.epoch != self.policy_epoch:  # weights changed mid-turn
             extras["policy_version_end"] = self.gateway.policy.version
         return extras
+
+    def _note_failure(self, exc: UpstreamError) -> None:
+        """Keep a failed call in the rollout's ``failed_turns`` (bounded)."""
+        failed: FailedTurn = {
+            "after_steps": self.record.recorder.num_steps,
+            "error": {"type": exc.kind, "message": exc.message, "status_code": exc.status_code},
+            "timing": self._base_extras(None)["timing"],
+        }
+        self.record.failed_turns.append(dict(failed))
+        del self.record.failed_turns[:-_MAX_FAILED_TURNS]
 
     def _record_overflow(self, exc: UpstreamError) -> None:
         record = self.record

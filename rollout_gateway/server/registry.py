@@ -39,6 +39,8 @@ class RolloutRecord:
     message_bytes: int = 0
     #: The limit that refused a turn (the trajectory reports it).
     truncation_reason: TruncationReason | None = None
+    #: Engine calls that failed, the most recent ones (``protocol.FailedTurn``).
+    failed_turns: list[dict[str, Any]] = field(default_factory=list)
     #: Turns queued, running and the last answered one (retry deduplication).
     turns: TurnTracker = field(default_factory=lambda: TurnTracker(120.0, time.monotonic))
     recorder: TrajectoryRecorder = field(init=False)

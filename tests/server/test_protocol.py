@@ -152,7 +152,7 @@ async def test_trajectory_and_404(gw: GatewayHarness) -> None:
     assert set(body) == {
         "rollout_id", "status", "num_turns", "model", "prompt", "completion",
         "is_truncated", "trajectory", "truncation_reason", "abandoned_turns",
-        "policy_versions",
+        "policy_versions", "failed_turns",
     }  # fmt: skip
     assert body["truncation_reason"] is None and body["policy_versions"] == [None]
     assert body["rollout_id"] == "r1" and body["status"] == "active"

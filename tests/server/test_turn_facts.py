@@ -256,3 +256,31 @@ def test_policy_clock() -> None:
     assert clock.stamp("17") == 2  # the announced version wins
     with pytest.raises(StaleVersionError):
         clock.announce(1)
+
+
+async def test_failed_engine_calls_are_listed_not_recorded_as_steps(
+    make_gateway: GatewayFactory,
+) -> None:
+    calls = []
+
+    def answer(body: dict[str, Any]) -> tuple[int, Any]:
+        calls.append(body)
+        if len(calls) == 2:
+            return 503, {"error": {"message": "engine overloaded", "code": 503}}
+        return scripted()(body)
+
+    gw = await make_gateway(vllm_like(answer)[0])
+    await gw.register("r1")
+    assert (await gw.chat("r1", HI)).status_code == 200
+    failed = await gw.chat("r1", [*HI, {"role": "assistant", "content": "a"}])
+    assert failed.status_code == 502
+    traj = (await gw.trajectory("r1")).json()
+    assert len(traj["trajectory"]) == traj["num_turns"] == 1
+    (entry,) = traj["failed_turns"]
+    assert entry["after_steps"] == 1
+    assert entry["error"] == {
+        "type": "http_5xx",
+        "message": "upstream error 503",
+        "status_code": 502,
+    }
+    assert entry["timing"]["upstream_s"] >= 0
