@@ -2,10 +2,13 @@
 
 In-process use (demos, integration tests, benchmarks)::
 
+    import secrets
+
     from rollout_gateway.server import GatewayConfig, create_app
     from rollout_gateway.server.runner import running_server
     from rollout_gateway.scripted import create_scripted_model_app
 
+    admin_token = secrets.token_urlsafe(32)
     async with running_server(create_scripted_model_app()) as model_root:
         config = GatewayConfig(upstreams=[f"{model_root}/v1"], admin_token=admin_token)
         async with running_server(create_app(config)) as gateway_root:
