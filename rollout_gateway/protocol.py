@@ -117,24 +117,44 @@ def replace_port(url: str, port: int) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+#: Route templates of the per-rollout calls (``{rollout_id}`` is one path segment). The
+#: server routes on them; the ``*_path`` functions below fill them in for clients.
+ROLLOUT_PREFIX = "/v1/rollouts/{rollout_id}"
+REGISTER_ROUTE = ROLLOUT_PREFIX + "/register"
+CHAT_COMPLETIONS_ROUTE = ROLLOUT_PREFIX + "/chat/completions"
+TRAJECTORY_ROUTE = ROLLOUT_PREFIX + "/trajectory"
+CANCEL_ROUTE = ROLLOUT_PREFIX + "/cancel"
+UNREGISTER_ROUTE = ROLLOUT_PREFIX + "/unregister"
+EXIT_ROUTE = ROLLOUT_PREFIX + "/exit"
+MODELS_ROUTE = ROLLOUT_PREFIX + "/models"
+
+_ROLLOUT_PATH_RE = re.compile(r"^/v1/rollouts/([^/]+)/(.+)$")
+
+
+def parse_rollout_path(path: str) -> tuple[str, str] | None:
+    """``(rollout_id, operation)`` of a per-rollout path; operation as ``"chat/completions"``."""
+    match = _ROLLOUT_PATH_RE.fullmatch(path)
+    return (match.group(1), match.group(2)) if match else None
+
+
 def register_path(rollout_id: str) -> str:
     """Path of the register call."""
-    return f"/v1/rollouts/{rollout_id}/register"
+    return REGISTER_ROUTE.format(rollout_id=rollout_id)
 
 
 def chat_completions_path(rollout_id: str) -> str:
     """Path of the data-plane chat completions call."""
-    return f"/v1/rollouts/{rollout_id}/chat/completions"
+    return CHAT_COMPLETIONS_ROUTE.format(rollout_id=rollout_id)
 
 
 def trajectory_path(rollout_id: str) -> str:
     """Path of the trajectory call."""
-    return f"/v1/rollouts/{rollout_id}/trajectory"
+    return TRAJECTORY_ROUTE.format(rollout_id=rollout_id)
 
 
 def cancel_path(rollout_id: str) -> str:
     """Path of the cancel call."""
-    return f"/v1/rollouts/{rollout_id}/cancel"
+    return CANCEL_ROUTE.format(rollout_id=rollout_id)
 
 
 #: Control-plane path where the trainer announces a new policy version (admin token).
@@ -143,12 +163,12 @@ POLICY_VERSION_PATH = "/v1/policy/version"
 
 def unregister_path(rollout_id: str) -> str:
     """Path of the unregister call."""
-    return f"/v1/rollouts/{rollout_id}/unregister"
+    return UNREGISTER_ROUTE.format(rollout_id=rollout_id)
 
 
 def exit_path(rollout_id: str) -> str:
     """Path of the agent's exit report (data plane: the agent's launch wrapper calls it)."""
-    return f"/v1/rollouts/{rollout_id}/exit"
+    return EXIT_ROUTE.format(rollout_id=rollout_id)
 
 
 #: Path of the exit-report long-poll (control plane): ``GET ?after=<seq>&timeout=<s>``.
@@ -474,7 +494,15 @@ __all__ = [
     "BEARER_MODELS_PATH",
     "IDEMPOTENCY_KEY_HEADER",
     "POLICY_VERSION_PATH",
+    "CANCEL_ROUTE",
+    "CHAT_COMPLETIONS_ROUTE",
+    "EXIT_ROUTE",
+    "MODELS_ROUTE",
+    "REGISTER_ROUTE",
     "ROLLOUT_ID_RE",
+    "ROLLOUT_PREFIX",
+    "TRAJECTORY_ROUTE",
+    "UNREGISTER_ROUTE",
     "SDK_RETRY_COUNT_HEADER",
     "TRAJECTORY_DELTA_QUERY",
     "TURN_REFUSAL_CODES",
@@ -505,6 +533,7 @@ __all__ = [
     "is_valid_rollout_id",
     "new_rollout_api_key",
     "new_rollout_id",
+    "parse_rollout_path",
     "register_path",
     "register_request",
     "register_response",

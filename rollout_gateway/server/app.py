@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from rollout_gateway import protocol
 from rollout_gateway.exits import ExitBoard
 from rollout_gateway.protocol import (
     API_KEY_RE,
@@ -516,17 +517,16 @@ def create_app(
             (tests route to in-process apps with ``httpx.ASGITransport``).
     """
     gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport)
-    prefix = "/v1/rollouts/{rollout_id}"
     app = Starlette(
         routes=[
             Route(EXITS_PATH, gateway.exits, methods=["GET"]),
-            Route(f"{prefix}/register", gateway.register, methods=["POST"]),
-            Route(f"{prefix}/exit", gateway.report_exit, methods=["POST"]),
-            Route(f"{prefix}/chat/completions", gateway.chat_completions, methods=["POST"]),
-            Route(f"{prefix}/trajectory", gateway.trajectory, methods=["GET"]),
-            Route(f"{prefix}/cancel", gateway.cancel, methods=["POST"]),
-            Route(f"{prefix}/unregister", gateway.unregister, methods=["POST"]),
-            Route(f"{prefix}/models", gateway.models, methods=["GET"]),
+            Route(protocol.REGISTER_ROUTE, gateway.register, methods=["POST"]),
+            Route(protocol.EXIT_ROUTE, gateway.report_exit, methods=["POST"]),
+            Route(protocol.CHAT_COMPLETIONS_ROUTE, gateway.chat_completions, methods=["POST"]),
+            Route(protocol.TRAJECTORY_ROUTE, gateway.trajectory, methods=["GET"]),
+            Route(protocol.CANCEL_ROUTE, gateway.cancel, methods=["POST"]),
+            Route(protocol.UNREGISTER_ROUTE, gateway.unregister, methods=["POST"]),
+            Route(protocol.MODELS_ROUTE, gateway.models, methods=["GET"]),
             Route(BEARER_CHAT_COMPLETIONS_PATH, gateway.chat_completions_by_key, methods=["POST"]),
             Route(BEARER_MODELS_PATH, gateway.models_by_key, methods=["GET"]),
             Route(POLICY_VERSION_PATH, gateway.get_policy_version, methods=["GET"]),
