@@ -252,13 +252,20 @@ _ETC_ENTRIES = (
 
 
 def python_dirs() -> tuple[Path, ...]:
-    """The running Python's installation and virtualenv (read-only in ``bwrap`` mode), so
-    that ``python3`` in a sandbox is the host's interpreter with its packages."""
+    """The running Python's installation, virtualenv and package directories (read-only in
+    ``bwrap`` mode), so that ``python3`` in a sandbox is the host's interpreter with its
+    packages. Source trees on ``sys.path`` (editable installs, the current directory) are
+    not included."""
+    candidates = [sys.base_prefix, sys.prefix]
+    candidates += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     dirs: list[Path] = []
-    for prefix in dict.fromkeys([sys.base_prefix, sys.prefix]):
-        path = Path(prefix).resolve()
-        if path != Path("/usr") and Path("/usr") not in path.parents:
-            dirs.append(path)
+    for candidate in candidates:
+        path = Path(candidate).resolve()
+        if not path.is_dir() or path == Path("/usr") or Path("/usr") in path.parents:
+            continue
+        if any(path == d or d in path.parents for d in dirs):
+            continue
+        dirs.append(path)
     return tuple(dirs)
 
 
