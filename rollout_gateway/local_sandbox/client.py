@@ -311,7 +311,17 @@ class LocalSandboxClient(SandboxFileAPI):
         n = sb.next_number()
         out_path = sb.dirs.state / f"exec_{n}.stdout"
         err_path = sb.dirs.state / f"exec_{n}.stderr"
-        proc = await self._spawn(sb, command, working_dir, env, user, out_path, err_path)
+        spawning = asyncio.ensure_future(
+            self._spawn(sb, command, working_dir, env, user, out_path, err_path)
+        )
+        try:
+            proc = await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            # Cancelled while the process was being started: it still starts; end it.
+            with contextlib.suppress(Exception):
+                started = await spawning
+                await asyncio.to_thread(processes.kill_group, started)
+            raise
         try:
             rc = await processes.wait_proc(proc, effective_timeout)
             if rc is None:

@@ -34,7 +34,7 @@ def host_pids(marker: int) -> set[int]:
     return found
 
 
-async def wait_running(*marks: int, timeout: float = 10.0) -> None:
+async def wait_running(*marks: int, timeout: float = 30.0) -> None:
     """Wait until a ``sleep <mark>`` runs for each mark."""
     deadline = time.monotonic() + timeout
     while any(not host_pids(m) for m in marks):
@@ -44,7 +44,7 @@ async def wait_running(*marks: int, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def assert_none_running(*marks: int, settle: float = 2.0) -> None:
+def assert_none_running(*marks: int, settle: float = 5.0) -> None:
     """No ``sleep <mark>`` is left (after at most ``settle`` seconds for SIGKILL to land)."""
     deadline = time.monotonic() + settle
     while True:
