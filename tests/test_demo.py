@@ -45,6 +45,7 @@ def test_demo_runs_the_example_and_writes_results_and_metadata(
     assert sorted((r["example_id"], r["rollout_index"]) for r in rows) == [(0, 0), (1, 0)]
     for row in rows:
         assert row["error"] is None
+        assert row["sandbox_isolation"] in ("bwrap", "unshare", "uid")
         assert row["reward"] == 1.0  # temperature 0: the scripted fix is the right one
         for step in row["trajectory"]:
             tokens = step["tokens"]
@@ -230,3 +231,31 @@ def test_timeout_keeps_finished_results(tmp_path: Path) -> None:
     assert "timed_out (--timeout 0.5 s reached)" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     assert json.loads((out / "metadata.json").read_text())["status"] == "timed_out"
+
+
+def test_progress_bar_on_a_terminal_and_plain_lines_elsewhere() -> None:
+    import io
+
+    from rollout_gateway.demo.progress import ProgressView
+
+    ok = {"example_id": 0, "rollout_index": 0, "reward": 1.0, "error": None, "trajectory": []}
+    failed = {**ok, "rollout_index": 1, "reward": 0.0, "error": {"error": "E", "message": "x"}}
+    screen = io.StringIO()
+    with ProgressView(screen, total=2, terminal=True) as view:
+        view.finished(ok, verbose=False)
+        view.finished(failed, verbose=False)
+    shown = screen.getvalue()
+    assert "2/2" in shown and "failed 1" in shown and "mean reward 0.500" in shown
+
+    log = io.StringIO()
+    with ProgressView(log, total=2, terminal=False) as view:
+        view.finished(ok, verbose=False)
+        view.finished(failed, verbose=False)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and "\x1b" not in log.getvalue()
+    assert lines[1].startswith("[2/2]") and "failed=1" in lines[1] and "error=E: x" in lines[1]
+
+    long_error = {**failed, "error": {"error": "SandboxError", "message": "y" * 300}}
+    table = io.StringIO()
+    ProgressView(table, total=1, terminal=False).summary([long_error], [("status", "done")])
+    assert table.getvalue().count("y") == 300  # wrapped, never cut off

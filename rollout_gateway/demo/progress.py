@@ -62,9 +62,17 @@ def token_counts(record: dict[str, Any]) -> tuple[int, int]:
 class ProgressView:
     """Live progress on a terminal, plain lines elsewhere."""
 
-    def __init__(self, out: TextIO, total: int, already: Tally | None = None) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        total: int,
+        already: Tally | None = None,
+        *,
+        terminal: bool | None = None,
+    ) -> None:
+        """``terminal``: force (or forbid) the live bar; default: whether ``out`` is a TTY."""
         self.out = out
-        self.console = Console(file=out, highlight=False, soft_wrap=False)
+        self.console = Console(file=out, highlight=False, soft_wrap=False, force_terminal=terminal)
         self.live = self.console.is_terminal
         self.tally = already or Tally(total=total)
         self.started = time.monotonic()

@@ -231,6 +231,7 @@ class _Demo:
             record["example_id"] = example_id
             record["rollout_index"] = index
             record["duration_s"] = round(time.monotonic() - started, 3)
+            record["sandbox_isolation"] = self.metadata["isolation"]
             stored = results.append(record)  # on disk before anything else can go wrong
             self.records.append(stored)
             view.finished(stored, opts.verbose)

@@ -56,7 +56,9 @@ def prepare_root(root: Path, shared_with_uids: bool) -> Path:
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     root = root.resolve()
     if shared_with_uids:
-        os.chmod(root, 0o711)
+        mode = stat.S_IMODE(os.stat(root).st_mode)
+        if mode & 0o001 == 0:  # searchable by others; never loosen anything else (e.g. /tmp)
+            os.chmod(root, mode | 0o011)
         for parent in root.parents:
             if not os.stat(parent).st_mode & stat.S_IXOTH:
                 raise PermissionError(
