@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import verifiers as vf
+from core_world import no_wait
 from helpers import (
     FAST_POLL,
     FAST_RETRY,
@@ -16,6 +17,7 @@ from helpers import (
 )
 from openai import AsyncOpenAI
 
+from rollout_gateway.settings import GatewaySettings
 from rollout_gateway.testing import FakeGateway, FakeSandboxClient, FakeTunnelProvider
 
 
@@ -31,7 +33,9 @@ def tunnels() -> FakeTunnelProvider:
 
 @pytest.fixture
 def sandboxes(gateway: FakeGateway) -> FakeSandboxClient:
-    return FakeSandboxClient(two_turn_agent(gateway))
+    client = FakeSandboxClient(two_turn_agent(gateway))
+    client.on_agent_exit = gateway.agent_exited  # the launch wrapper's exit report
+    return client
 
 
 @pytest.fixture
@@ -47,12 +51,17 @@ async def make_env(
     envs: list[GatewayTestEnv] = []
 
     def build(**overrides: Any) -> GatewayTestEnv:
+        settings = GatewaySettings(
+            tunnel_provider=tunnels,
+            transport=gateway.transport(),
+            retry=FAST_RETRY,
+            poll=FAST_POLL,
+            sleep=no_wait,
+        )
+        changes = overrides.pop("gateway", {})
         options: dict[str, Any] = {
             "sandbox_client": sandboxes,
-            "tunnel_provider": tunnels,
-            "gateway_transport": gateway.transport(),
-            "gateway_retry": FAST_RETRY,
-            "poll_policy": FAST_POLL,
+            "gateway": settings.replace(**changes),
             "sandbox_creations_per_minute": None,
             "max_retries": 0,
         }

@@ -222,7 +222,7 @@ class _Demo:
         async def one(example_id: int, index: int, row: dict[str, Any]) -> None:
             async with limit:
                 started = time.monotonic()
-                data = {k: row[k] for k in ("prompt", "answer", "info") if k in row}
+                data: dict[str, Any] = {k: row[k] for k in ("prompt", "answer", "info") if k in row}
                 data["example_id"] = example_id
                 output = await env.run_rollout(
                     data, client, model, sampling, state_columns=["trajectory"]

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from prime_sandboxes import (
     APIError,
@@ -468,7 +468,7 @@ class LocalSandboxClient(SandboxFileAPI):
             self._raise_missing(sandbox_id, command)
         return sb
 
-    def _raise_missing(self, sandbox_id: str, command: str | None = None) -> Any:
+    def _raise_missing(self, sandbox_id: str, command: str | None = None) -> NoReturn:
         with self._lock:
             gone = self._gone.get(sandbox_id)
         if gone is None:

@@ -110,30 +110,33 @@ class LocalSandbox:
     def model(self) -> Sandbox:
         """The prime-sandboxes ``Sandbox`` model of this sandbox."""
         req = self.request
-        return Sandbox(
-            id=self.id,
-            name=req.name,
-            docker_image=req.docker_image,
-            start_command=req.start_command,
-            cpu_cores=req.cpu_cores,
-            memory_gb=req.memory_gb,
-            disk_size_gb=req.disk_size_gb,
-            disk_mount_path=str(self.dirs.work),
-            gpu_count=req.gpu_count,
-            gpu_type=req.gpu_type,
-            vm=False,
-            status=self.status,
-            timeout_minutes=req.timeout_minutes,
-            idle_timeout_minutes=req.idle_timeout_minutes,
-            environment_vars=req.environment_vars,
-            advanced_configs=req.advanced_configs,
-            labels=list(req.labels),
-            created_at=self.created_at,
-            updated_at=self.created_at,
-            started_at=self.created_at if self.status == "RUNNING" else None,
-            team_id=req.team_id,
-            error_type=self.error_type,
-            error_message=self.error_message,
+        # By field name (the model also accepts its camelCase API aliases).
+        return Sandbox.model_validate(
+            {
+                "id": self.id,
+                "name": req.name,
+                "docker_image": req.docker_image,
+                "start_command": req.start_command,
+                "cpu_cores": req.cpu_cores,
+                "memory_gb": req.memory_gb,
+                "disk_size_gb": req.disk_size_gb,
+                "disk_mount_path": str(self.dirs.work),
+                "gpu_count": req.gpu_count,
+                "gpu_type": req.gpu_type,
+                "vm": False,
+                "status": self.status,
+                "timeout_minutes": req.timeout_minutes,
+                "idle_timeout_minutes": req.idle_timeout_minutes,
+                "environment_vars": req.environment_vars,
+                "advanced_configs": req.advanced_configs,
+                "labels": list(req.labels),
+                "created_at": self.created_at,
+                "updated_at": self.created_at,
+                "started_at": self.created_at if self.status == "RUNNING" else None,
+                "team_id": req.team_id,
+                "error_type": self.error_type,
+                "error_message": self.error_message,
+            }
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -22,7 +23,8 @@ from rollout_gateway import (
     GatewayUnavailableError,
     PostRolloutError,
 )
-from rollout_gateway.mixin import PLACEHOLDER_API_KEY
+from rollout_gateway.lifecycle import PLACEHOLDER_API_KEY
+from rollout_gateway.settings import GatewaySettings
 from rollout_gateway.testing import (
     FakeGateway,
     FakeSandbox,
@@ -59,7 +61,7 @@ async def test_happy_path_registers_runs_fetches_scores_and_cleans_up(
     )
 
     rollout_id = gateway.unregistered[0]
-    assert gateway.op_counts == {"register": 1, "trajectory": 1, "unregister": 1}
+    assert gateway.op_counts - Counter(exits=99) == Counter(register=1, trajectory=1, unregister=1)
     assert gateway.calls[0] == ("POST", f"/v1/rollouts/{rollout_id}/register")
 
     sandbox = next(iter(sandboxes.sandboxes.values()))
@@ -98,9 +100,15 @@ async def test_register_payload_carries_model_sampling_params_and_limits(
             captured.append(json.loads(request.content))
         return await original(request)
 
-    env = make_env(max_turns=12, max_seq_len=4096, gateway_transport=httpx.MockTransport(recording))
+    env = make_env(
+        max_turns=12,
+        max_seq_len=4096,
+        gateway={"transport": httpx.MockTransport(recording)},
+    )
     env.sampling_args = {"n": 1, "extra_body": {"top_k": 20}, "temperature": 0.1}
     await env.rollout(task_row(0), model_client, "policy-model", {"temperature": 0.7})
+    proposed_key = captured[0].pop("api_key")
+    assert proposed_key.startswith("rk_") and len(proposed_key) >= 43
     assert captured == [
         {
             "model": "policy-model",
@@ -161,14 +169,17 @@ async def test_per_rollout_api_key_reaches_the_agent(sandboxes, tunnels, model_c
         return 0
 
     sandboxes.agent = agent
+    sandboxes.on_agent_exit = gateway.agent_exited
     from helpers import FAST_POLL, FAST_RETRY, GatewayTestEnv
 
     env = GatewayTestEnv(
         sandbox_client=sandboxes,
-        tunnel_provider=tunnels,
-        gateway_transport=gateway.transport(),
-        gateway_retry=FAST_RETRY,
-        poll_policy=FAST_POLL,
+        gateway=GatewaySettings(
+            tunnel_provider=tunnels,
+            transport=gateway.transport(),
+            retry=FAST_RETRY,
+            poll=FAST_POLL,
+        ),
     )
     try:
         state = await run(env, model_client)
@@ -234,14 +245,15 @@ async def test_teardown_stops_every_tunnel_once_and_is_idempotent(
     env = make_env()
     for base in ("http://gw-a.test:8000/v1", "http://gw-b.test:8000/v1"):
         await run(env, client_for(base))
+    resources = env.gateway_resources()
     await env._teardown()
     await env._teardown()
     assert [h.stops for h in tunnels.handles] == [1, 1]
-    assert env._gateway_clients == {}
+    assert resources.closed
 
 
 async def test_gateway_port_applies_when_the_url_names_none(make_env, gateway, sandboxes, tunnels):
-    env = make_env(gateway_port=8123)
+    env = make_env(gateway={"gateway_port": 8123})
     await run(env, client_for("http://gw.test/v1"))
     assert tunnels.opened == [("gw.test", 8123)]
 
@@ -257,19 +269,21 @@ async def test_teardown_without_gateway_init_is_safe(sandboxes, tunnels):
     await env._teardown()
 
 
-async def test_uninitialised_gateway_is_initialised_lazily(
+async def test_gateway_switched_on_after_construction_runs(
     gateway, sandboxes, tunnels, model_client
 ):
-    """An env that never called init_gateway still runs (defaults), no AttributeError."""
-    from helpers import GatewayTestEnv
+    """Nothing needs initialising: settings exist from construction, resources start lazily."""
+    from helpers import FAST_POLL, GatewayTestEnv
 
-    env = GatewayTestEnv(use_gateway=False, sandbox_client=sandboxes)
-    env.use_gateway = True  # switched on after construction: nothing was initialised
-    env.gateway_transport = None
-    del env._gateway_initialized
+    env = GatewayTestEnv(
+        use_gateway=False,
+        sandbox_client=sandboxes,
+        gateway={"tunnel_provider": tunnels, "transport": gateway.transport(), "poll": FAST_POLL},
+    )
+    env.use_gateway = True
     state = await run(env, model_client)
-    # Default provider is prime tunnels, unreachable here: a typed tunnel error, no crash.
-    assert isinstance(state["error"], (GatewayUnavailableError, GatewayTunnelError))
+    assert state["error"] is None
+    assert gateway.unregistered == [state["rollout_id"]]
     assert sandboxes.alive == []
     await env._teardown()
 
@@ -287,15 +301,15 @@ def test_bad_settings_fail_at_construction(sandboxes):
     from helpers import GatewayTestEnv
 
     with pytest.raises(GatewayConfigError):
-        GatewayTestEnv(sandbox_client=sandboxes, tunnel_provider="ssh")
+        GatewayTestEnv(sandbox_client=sandboxes, gateway={"tunnel_provider": "ssh"})
     with pytest.raises(GatewayConfigError):
         GatewayTestEnv(sandbox_client=sandboxes, sandbox_backend="docker")
     with pytest.raises(GatewayConfigError):
-        GatewayTestEnv(sandbox_client=sandboxes, gateway_timeout_seconds=-1)
+        GatewayTestEnv(sandbox_client=sandboxes, gateway={"agent_timeout": -1})
 
 
 async def test_explicit_gateway_url_overrides_the_client(make_env, gateway, sandboxes, tunnels):
-    env = make_env(gateway_url="http://other.test:7000/v1/")
+    env = make_env(gateway={"gateway_url": "http://other.test:7000/v1/"})
     state = await run(env, client_for(GATEWAY_BASE_URL))
     assert state["gateway_url"] == "http://other.test:7000"
     assert tunnels.opened == [("other.test", 7000)]
@@ -323,7 +337,7 @@ async def test_empty_trajectory_allowed_by_setting(make_env, gateway, sandboxes,
         return 0
 
     sandboxes.agent = silent
-    state = await run(make_env(allow_empty_trajectory=True), model_client)
+    state = await run(make_env(gateway={"allow_empty_trajectory": True}), model_client)
     assert state["error"] is None
     assert state["trajectory"] == []
     assert state["stop_condition"] == "agent_completed"
@@ -357,7 +371,7 @@ async def test_agent_timeout_stops_cancels_and_keeps_partial_trajectory(
         return 0
 
     sandboxes.agent = slow
-    state = await run(make_env(gateway_timeout_seconds=0.2), model_client)
+    state = await run(make_env(gateway={"agent_timeout": 0.2}), model_client)
     assert state["agent_timed_out"] is True
     assert state["stop_condition"] == "agent_timeout"
     assert state["error"] is None
@@ -369,22 +383,114 @@ async def test_agent_timeout_stops_cancels_and_keeps_partial_trajectory(
 async def test_completion_is_detected_quickly_without_busy_polling(
     make_env, gateway, sandboxes, model_client
 ):
+    """Without exit reports: the default PollPolicy on a fake clock polls a few times and
+    notices the exit within the 50 ms floor."""
     from rollout_gateway.polling import PollPolicy
+
+    class FakeTime:
+        now = 0.0
+
+        def clock(self) -> float:
+            return self.now
+
+        async def sleep(self, seconds: float) -> None:
+            if seconds >= 7.0:  # the tunnel monitor's interval: it must not move the clock
+                await asyncio.Event().wait()
+            self.now += seconds
+            await asyncio.sleep(0)
+
+    fake = FakeTime()
+    exited_at: list[float] = []
 
     async def agent(sandbox: FakeSandbox) -> int:
         gateway.add_turn(rollout_id_of(sandbox), [{"role": "user", "content": "x"}], [])
-        await asyncio.sleep(0.5)
+        while fake.now < 0.5:  # 0.5 s of (fake) work
+            await asyncio.sleep(0)
+        exited_at.append(fake.now)
         return 0
 
     sandboxes.agent = agent
-    env = make_env(poll_policy=PollPolicy())  # the defaults users get
+    env = make_env(
+        gateway={
+            "poll": PollPolicy(),
+            "clock": fake.clock,
+            "sleep": fake.sleep,
+            "tunnel_liveness_interval": 7.0,
+            "exit_reports": False,
+        }
+    )
     state = await run(env, model_client)
-    sandbox = next(iter(sandboxes.sandboxes.values()))
     assert state["error"] is None
     assert state["agent_polls"] <= 15  # 50 ms floor over 0.5 s, not a busy loop
-    # Noticed within the 50 ms floor plus scheduling slack, far under verifiers' 5 s.
-    assert state["agent_end_time"] - state["agent_start_time"] < 0.5 + 0.25
-    assert sandbox.agent_exit_time is not None
+    assert fake.now - exited_at[0] <= 0.05 + 1e-9  # noticed within one floor interval
+
+
+async def test_an_exit_report_is_confirmed_with_one_status_call(
+    make_env, gateway, sandboxes, model_client
+):
+    """With exit reports the sandbox is asked once, to confirm the agent's report."""
+    agent_may_exit = asyncio.Event()
+
+    async def agent(sandbox: FakeSandbox) -> int:
+        gateway.add_turn(rollout_id_of(sandbox), [{"role": "user", "content": "x"}], [])
+        await agent_may_exit.wait()
+        return 0
+
+    sandboxes.agent = agent
+    env = make_env(gateway={"sleep": asyncio.sleep})  # real waits: 10 s safety interval
+    task = asyncio.ensure_future(run(env, model_client))
+    while sandboxes.calls["start_background_job"] == 0:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.2)  # running: only the first check at 50 ms, then nothing
+    agent_may_exit.set()
+    state = await asyncio.wait_for(task, 5)
+    assert state["error"] is None
+    assert sandboxes.calls["get_background_job"] == 1
+    assert state["agent_polls"] == 1
+
+
+async def test_an_unconfirmed_exit_report_does_not_end_the_rollout(
+    make_env, gateway, sandboxes, model_client
+):
+    """The agent holds the key: a false report costs one status call, nothing more."""
+    agent_may_exit = asyncio.Event()
+
+    async def lying_agent(sandbox: FakeSandbox) -> int:
+        gateway.add_turn(rollout_id_of(sandbox), [{"role": "user", "content": "x"}], [])
+        gateway.report_exit(rollout_id_of(sandbox), 0)  # "I exited" while still running
+        await agent_may_exit.wait()
+        sandbox.files["result.txt"] = "PASS"
+        return 0
+
+    sandboxes.agent = lying_agent
+    sandboxes.on_agent_exit = None
+    env = make_env()
+    task = asyncio.ensure_future(run(env, model_client))
+    while sandboxes.calls["get_background_job"] < 3:  # back on the poll policy
+        await asyncio.sleep(0.001)
+    assert not task.done()
+    agent_may_exit.set()
+    state = await asyncio.wait_for(task, 5)
+    assert state["error"] is None and state["tests_passed"] is True
+
+
+async def test_a_gateway_without_exit_reports_falls_back_to_polling(
+    sandboxes, tunnels, model_client
+):
+    gateway = FakeGateway(exit_reports=False)
+    from helpers import FAST_POLL, GatewayTestEnv
+
+    sandboxes.agent = two_turn_agent(gateway)
+    env = GatewayTestEnv(
+        sandbox_client=sandboxes,
+        gateway={"transport": gateway.transport(), "tunnel_provider": tunnels, "poll": FAST_POLL},
+    )
+    try:
+        state = await run(env, model_client)
+    finally:
+        await env._teardown()
+    assert state["error"] is None and state["tests_passed"] is True
+    assert gateway.op_counts["exits"] == 1  # asked once, then never again
 
 
 async def test_transient_poll_errors_are_retried(make_env, gateway, sandboxes, model_client):
@@ -437,9 +543,8 @@ async def test_failure_at_each_stage_is_typed_cleans_up_and_env_stays_usable(
 
     assert isinstance(state["error"], error_type), state["error"]
     assert isinstance(state["error"], vf.InfraError)
-    # A teardown failure does not rewrite why the rollout stopped.
-    after_the_agent = stage in ("unregister", "delete")
-    assert state["stop_condition"] == ("agent_completed" if after_the_agent else "has_error")
+    # Any error, a teardown failure too, means the rollout must not train as clean.
+    assert state["stop_condition"] == "has_error"
     assert state["is_completed"] is True
     if stage == "unregister":
         # The gateway's idle TTL reclaims it; the env still tried once, then moved on.
@@ -500,7 +605,7 @@ async def test_retried_register_that_had_landed_counts_as_success(
             raise httpx.ReadError("connection reset by peer")
         return response
 
-    env = make_env(gateway_transport=httpx.MockTransport(lossy))
+    env = make_env(gateway={"transport": httpx.MockTransport(lossy)})
     state = await run(env, model_client)
     assert state["error"] is None
     assert gateway.op_counts["register"] == 2
@@ -547,7 +652,7 @@ async def test_cancellation_at_each_stage_cancels_and_cleans_up(
 
         sandboxes.agent = forever
 
-    env = make_env(gateway_transport=httpx.MockTransport(gated), tunnel_provider=tunnels)
+    env = make_env(gateway={"transport": httpx.MockTransport(gated), "tunnel_provider": tunnels})
     task = asyncio.ensure_future(run(env, model_client))
     await asyncio.wait_for(reached.wait(), 5)
     task.cancel()
@@ -563,3 +668,53 @@ async def test_cancellation_at_each_stage_cancels_and_cleans_up(
     sandboxes.agent = two_turn_agent(gateway)
     ok = await asyncio.wait_for(run(make_env(), model_client, 1), 10)
     assert ok["error"] is None
+
+
+# ---------------------------------------------------------------- malformed input, teardown
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {**task_row(0), "prompt": [{"role": "wizard", "content": "hi"}]},
+        {**task_row(0), "info": "{not json"},
+    ],
+    ids=["unknown-role", "info-not-json"],
+)
+async def test_a_malformed_row_ends_as_a_typed_error(
+    row, make_env, gateway, sandboxes, model_client
+):
+    from rollout_gateway import RolloutInputError
+
+    env = make_env()
+    state = await env.rollout(row, model_client, "policy-model", {})
+    assert isinstance(state["error"], RolloutInputError)
+    assert isinstance(state["error"], vf.InfraError)
+    assert state["stop_condition"] == "has_error" and state["is_completed"] is True
+    assert gateway.calls == [] and sandboxes.alive == []
+    ok = await run(env, model_client, 1)  # the env is still usable
+    assert ok["error"] is None
+
+
+async def test_teardown_with_rollouts_in_flight_ends_them_and_leaves_nothing_open(
+    make_env, gateway, sandboxes, tunnels, model_client
+):
+    started = asyncio.Event()
+
+    async def forever(sandbox: FakeSandbox) -> int:
+        started.set()
+        await asyncio.Event().wait()
+        return 0
+
+    sandboxes.agent = forever
+    env = make_env()
+    tasks = [asyncio.ensure_future(run(env, model_client, i)) for i in range(3)]
+    await started.wait()
+    while len(sandboxes.sandboxes) < 3 or gateway.op_counts["register"] < 3:
+        await asyncio.sleep(0.001)
+    await env._teardown()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results)
+    assert gateway.active == [] and sandboxes.alive == []
+    assert all(not h.alive for h in tunnels.handles)
+    assert sorted(gateway.cancelled) == sorted(gateway.unregistered)
