@@ -170,7 +170,7 @@ class _Demo:
                 use_gateway=True,
                 sandbox_backend="local",
                 sandbox_client=sandboxes,
-                tunnel_provider="direct",
+                gateway={"tunnel_provider": "direct"},
                 timeout_seconds=min(opts.timeout, 600.0),
             )
             stack.push_async_callback(env._teardown)

@@ -13,6 +13,7 @@ import os
 import shlex
 import socket
 import tarfile
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -220,9 +221,14 @@ def load_environment(
         # tunnel is needed. CliAgentEnv needs the URL up front, hence a fixed free port.
         port = kwargs.setdefault("interception_port", _free_loopback_port())
         kwargs["interception_url"] = f"http://127.0.0.1:{port}"
-    if use_gateway:
-        # Stop the agent a little before the rollout cap so its trajectory is still fetched.
-        kwargs.setdefault("gateway_timeout_seconds", max(timeout_seconds * 0.9, 1.0))
+    gateway = kwargs.get("gateway")
+    if use_gateway and (gateway is None or isinstance(gateway, Mapping)):
+        # Stop the agent a little before the rollout cap so its trajectory is still fetched
+        # (unless the caller chose an agent timeout; a GatewaySettings object is kept as is).
+        settings = dict(gateway or {})
+        if "gateway_timeout_seconds" not in kwargs:
+            settings.setdefault("agent_timeout", max(timeout_seconds * 0.9, 1.0))
+        kwargs["gateway"] = settings
     return FixBugEnv(
         dataset=build_dataset(num_examples),
         use_gateway=use_gateway,
