@@ -259,3 +259,28 @@ def test_progress_bar_on_a_terminal_and_plain_lines_elsewhere() -> None:
     table = io.StringIO()
     ProgressView(table, total=1, terminal=False).summary([long_error], [("status", "done")])
     assert table.getvalue().count("y") == 300  # wrapped, never cut off
+
+
+def test_uid_modes_refuse_a_python_the_sandbox_uid_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+    import tempfile
+
+    from rollout_gateway.local_sandbox import unavailable_reasons
+
+    real = Path(os.path.realpath(sys.executable))
+    if unavailable_reasons()["uid"] is not None:
+        pytest.skip("isolation uid unavailable here")
+    if all(os.stat(p).st_mode & 0o001 for p in real.parents):
+        pytest.skip(f"{real} is reachable by other users here")
+    base = Path(tempfile.mkdtemp(prefix="rg-demo-", dir="/tmp"))  # reachable by any uid
+    os.chmod(base, 0o711)
+    sandbox_root = base / "sandboxes"
+    monkeypatch.setenv("ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT", str(sandbox_root))
+    try:
+        assert main(["demo", "--isolation", "uid", "--output", str(tmp_path / "o")]) == 2
+        assert "install bubblewrap" in capsys.readouterr().out
+        assert not sandbox_root.exists() or list(sandbox_root.iterdir()) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from rollout_gateway.demo.options import (
@@ -97,11 +99,22 @@ class _Demo:
         from rollout_gateway.local_sandbox import IsolationUnavailableError, LocalSandboxClient
 
         try:
-            return LocalSandboxClient(isolation=self.options.isolation)
+            client = LocalSandboxClient(isolation=self.options.isolation)
         except IsolationUnavailableError as e:
             raise DemoError(str(e)) from None
         except OSError as e:
             raise DemoError(f"cannot prepare local sandboxes: {e}") from None
+        if not client.isolation.has_mount_namespace_view and not _reachable_by_others(
+            sys.executable
+        ):
+            client.teardown()
+            raise DemoError(
+                f"isolation {client.isolation} runs the agent as an unprivileged uid, which "
+                f"cannot run this Python ({os.path.realpath(sys.executable)}: a parent "
+                "directory is not searchable by others); install bubblewrap "
+                "(apt-get install bubblewrap) or use a Python installed outside such a directory"
+            )
+        return client
 
     # ---------------------------------------------------------------- run
 
@@ -304,6 +317,12 @@ class _Demo:
         if self.stop_reason is not None:
             return 128 + int(getattr(signal, self.stop_reason, signal.SIGINT))
         return EXIT_FAILED_ROLLOUTS if tally.failed else EXIT_OK
+
+
+def _reachable_by_others(path: str) -> bool:
+    """Whether an unprivileged user can reach ``path``'s real location."""
+    real = Path(os.path.realpath(path))
+    return all(os.stat(parent).st_mode & 0o001 for parent in real.parents)
 
 
 async def _serve(stack: contextlib.AsyncExitStack, app: Any, what: str) -> str:

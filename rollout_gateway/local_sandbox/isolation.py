@@ -64,6 +64,12 @@ class IsolationMode(enum.StrEnum):
         return self in (IsolationMode.UNSHARE, IsolationMode.UID)
 
     @property
+    def has_mount_namespace_view(self) -> bool:
+        """Whether the sandbox sees a file system built for it (host paths need not be
+        reachable by its uid): ``bwrap`` (as root it mounts them), ``process-group``."""
+        return self in (IsolationMode.BWRAP, IsolationMode.PROCESS_GROUP)
+
+    @property
     def has_pid_namespace(self) -> bool:
         """Whether each command runs in its own PID namespace."""
         return self in (IsolationMode.BWRAP, IsolationMode.UNSHARE)
