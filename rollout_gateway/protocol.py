@@ -142,6 +142,8 @@ class TrajectoryResponse(TypedDict):
     completion: list[dict[str, Any]]
     is_truncated: bool
     trajectory: list[TrajectoryStepBody]
+    #: Our optional addition: the limit that refused a turn (v1's stop-condition name).
+    stop_condition: NotRequired[str]
 
 
 class StatusResponse(TypedDict):
@@ -172,3 +174,27 @@ __all__ = [
     "trajectory_path",
     "unregister_path",
 ]
+
+
+# -- verifiers v1 limits (optional register fields; a gateway may ignore them) ----------------
+
+#: Token budgets of verifiers v1's ``RolloutLimits``, sent as extra register fields
+#: (``{"max_input_tokens": int, ...}``); ``max_turns`` is the protocol's own field.
+#: Counted as v1 counts them: input = new prompt tokens per turn (cache reads included),
+#: output = completion tokens, total = both; soft by one turn (checked between turns).
+TOKEN_LIMIT_FIELDS = ("max_input_tokens", "max_output_tokens", "max_total_tokens")
+
+#: Names a gateway reports in a trajectory's optional ``"stop_condition"`` when it refused
+#: a turn because a limit was reached (v1's own stop-condition names).
+LIMIT_STOP_CONDITIONS = ("max_turns", *TOKEN_LIMIT_FIELDS)
+
+
+class TokenLimits(TypedDict, total=False):
+    """Optional register fields: verifiers v1's token budgets for the rollout."""
+
+    max_input_tokens: int
+    max_output_tokens: int
+    max_total_tokens: int
+
+
+__all__ += ["LIMIT_STOP_CONDITIONS", "TOKEN_LIMIT_FIELDS", "TokenLimits"]

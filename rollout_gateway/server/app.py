@@ -29,6 +29,7 @@ from rollout_gateway.protocol import (
     is_valid_rollout_id,
 )
 from rollout_gateway.server.config import GatewayConfig
+from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget, turn_token_counts
 from rollout_gateway.server.metrics import GatewayMetrics
 from rollout_gateway.server.registry import (
     AlreadyRegisteredError,
@@ -155,6 +156,10 @@ class Gateway:
             raise ApiError(
                 400, "'max_seq_len' must be a positive integer or null", "invalid_request_error"
             )
+        try:
+            token_budget = TokenBudget.from_register(body)
+        except LimitsError as exc:
+            raise ApiError(400, str(exc), "invalid_request_error") from None
         if self.registry.get(rollout_id) is not None:
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
 
@@ -168,6 +173,7 @@ class Gateway:
             upstream=upstream.base_url,
             last_activity=self.registry.clock(),
             api_key=secrets.token_urlsafe(32) if self.config.require_rollout_keys else None,
+            token_budget=token_budget,
         )
         try:
             self.registry.add(record)
@@ -208,6 +214,8 @@ class Gateway:
             "is_truncated": truncated,
             "trajectory": steps,
         }
+        if record.stop_condition is not None:
+            answer["stop_condition"] = record.stop_condition
         return JSONResponse(answer)
 
     async def cancel(self, request: Request) -> Response:
@@ -250,11 +258,16 @@ class Gateway:
             if record.status == "cancelled":
                 raise ApiError(409, f"rollout {rollout_id} is cancelled", "conflict")
             if record.status == "completed" or record.at_max_turns:
+                if record.at_max_turns:
+                    record.stop_condition = record.stop_condition or "max_turns"
                 raise ApiError(
                     409,
                     f"rollout {rollout_id} is completed (max_turns={record.max_turns})",
                     "conflict",
                 )
+            if record.token_budget is not None and (limit := record.token_budget.reached()):
+                record.stop_condition = record.stop_condition or limit
+                raise ApiError(409, f"rollout {rollout_id} stopped: {limit}", "conflict")
             self.registry.touch(record)
             upstream_body = build_upstream_request(
                 body, model=record.model, sampling_params=record.sampling_params
@@ -284,6 +297,10 @@ class Gateway:
                 total_tokens=turn.total_tokens,
             )
             record.num_turns += 1
+            if record.token_budget is not None:
+                record.token_budget.add_turn(
+                    *turn_token_counts(completion, turn.prompt_ids, turn.completion_ids)
+                )
             turn_number = record.num_turns
             if record.at_max_turns and record.status == "active":
                 record.status = "completed"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus
+from rollout_gateway.server.limits_v1 import TokenBudget
 from rollout_gateway.server.recorder import TrajectoryRecorder
 
 #: A monotonic clock in seconds (injectable so tests can expire rollouts instantly).
@@ -35,6 +36,10 @@ class RolloutRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: False once unregistered or expired (a turn waiting on the lock must then stop).
     live: bool = True
+    #: verifiers v1 token caps of the rollout (``server/limits_v1.py``), if it set any.
+    token_budget: TokenBudget | None = None
+    #: The limit that refused a turn (v1's name: ``max_turns``, ``max_input_tokens``...).
+    stop_condition: str | None = None
 
     def __post_init__(self) -> None:
         self.recorder = TrajectoryRecorder(str(uuid.uuid4()), self.max_seq_len)

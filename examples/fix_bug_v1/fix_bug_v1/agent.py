@@ -1,0 +1,1 @@
+../../fix_bug_env/fix_bug_env/agent.py
