@@ -10,6 +10,7 @@ in :meth:`GatewayClient._request`, and nowhere else.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -46,6 +47,8 @@ class RetryPolicy:
     max_backoff: float = 5.0
     jitter: float = 0.2
     retry_statuses: frozenset[int] = field(default=RETRYABLE_STATUSES)
+    #: How to wait between attempts (a seam: tests pass a fake sleep, no real waiting).
+    sleep: Callable[[float], Awaitable[None]] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -55,7 +58,9 @@ class RetryPolicy:
 
     def retrying(self) -> tenacity.AsyncRetrying:
         """A fresh tenacity controller retrying only transient :class:`GatewayError`."""
+        extra: dict[str, Any] = {"sleep": self.sleep} if self.sleep is not None else {}
         return tenacity.AsyncRetrying(
+            **extra,
             stop=tenacity.stop_after_attempt(self.max_attempts),
             wait=tenacity.wait_exponential_jitter(
                 initial=self.initial_backoff, max=self.max_backoff, jitter=self.jitter
@@ -129,19 +134,26 @@ class GatewayClient:
         sampling_params: dict[str, Any] | None = None,
         max_turns: int = protocol.UNLIMITED_TURNS,
         max_seq_len: int | None = None,
+        api_key: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> protocol.RegisterResponse:
         """Register a rollout. Returns the gateway's answer (with ``api_key`` if it issues one).
 
-        A 409 on a *retried* attempt means an earlier attempt landed (the id is ours and
-        unguessable), so it counts as success; the answer is then reconstructed from the
-        request and carries no ``api_key``.
+        ``api_key`` proposes the rollout's data-plane key (see
+        :func:`protocol.new_rollout_api_key`): a gateway that honours it uses it, so the
+        key is known even when the answer is lost. A 409 on a *retried* attempt means an
+        earlier attempt landed (the id is ours and unguessable), so it counts as success;
+        the answer is then rebuilt from the request, with the proposed key.
+        ``extra`` adds optional protocol fields to the body (e.g. verifiers v1's limits).
         """
-        body: protocol.RegisterRequest = {
-            "model": model,
-            "sampling_params": dict(sampling_params or {}),
-            "max_turns": max_turns,
-            "max_seq_len": max_seq_len,
-        }
+        body = protocol.register_request(
+            model=model,
+            sampling_params=sampling_params,
+            max_turns=max_turns,
+            max_seq_len=max_seq_len,
+            api_key=api_key,
+            extra=extra,
+        )
         path = protocol.register_path(_checked_id(rollout_id))
         async for try_ in self.retry.retrying():
             with try_:
@@ -151,16 +163,10 @@ class GatewayClient:
                     if try_.retry_state.attempt_number == 1:
                         raise
                     logger.info("rollout=%s register retried: already registered", rollout_id)
-                    return {
-                        "rollout_id": rollout_id,
-                        "status": "active",
-                        "model": model,
-                        "max_turns": max_turns,
-                        "max_seq_len": max_seq_len,
-                    }
+                    return protocol.register_response(rollout_id, body)
         response = cast(protocol.RegisterResponse, _require_dict(data, "register", rollout_id))
-        api_key = response.get("api_key")
-        if api_key is not None and not isinstance(api_key, str):
+        answered_key = response.get("api_key")
+        if answered_key is not None and not isinstance(answered_key, str):
             raise GatewayProtocolError(
                 "register answered a non-string api_key", rollout_id=rollout_id
             )

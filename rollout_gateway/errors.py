@@ -1,21 +1,35 @@
-"""Typed errors of rollout-gateway.
+"""Typed errors of rollout-gateway, independent of any verifiers version.
 
-Every infrastructure failure is a ``vf.InfraError`` (or one of verifiers' subclasses:
-``vf.TunnelError``, ``vf.SandboxError``) so a trainer reschedules the rollout instead of
-giving it a zero reward. Only :class:`GatewayConfigError` signals a mistake of the env
-author, and it is raised before any resource is created.
+Every failure of a rollout ends as exactly one error on the rollout's record. The
+classes here say *what* failed; each stack adapter maps them onto its own error model
+(verifiers 0.3: the ``vf.InfraError`` family, see :mod:`rollout_gateway.classic.errors`;
+verifiers v1: its own error types), so a trainer can tell infrastructure failures, which
+it reschedules, from the model's own failures, which it trains on.
+
+- :class:`GatewayConfigError`: a mistake of the env author, raised before any resource
+  exists (never put on a rollout).
+- :class:`RolloutInfraError` and subclasses: infrastructure failed; retrying the rollout
+  elsewhere may succeed.
+- :class:`AgentCrashError`: the agent exited non-zero; that is the policy's doing, not
+  infrastructure's.
 """
 
 from __future__ import annotations
 
-import verifiers as vf
+
+class RolloutGatewayError(Exception):
+    """Base class of every error this package raises."""
 
 
-class GatewayConfigError(vf.Error, ValueError):
+class GatewayConfigError(RolloutGatewayError, ValueError):
     """The env is misconfigured for gateway mode (e.g. no usable gateway URL)."""
 
 
-class GatewayError(vf.InfraError):
+class RolloutInfraError(RolloutGatewayError):
+    """Infrastructure failed during a rollout: the trainer should reschedule it."""
+
+
+class GatewayError(RolloutInfraError):
     """A call to the rollout gateway's control plane failed.
 
     ``status_code`` is the HTTP status the gateway answered with, or ``None`` when no
@@ -57,32 +71,48 @@ class GatewayProtocolError(GatewayError):
     """The gateway answered with a body that does not follow the protocol."""
 
 
-class GatewayTunnelError(vf.TunnelError):
-    """A tunnel to the gateway could not be started or died."""
+class GatewayTunnelError(RolloutInfraError):
+    """A tunnel to the gateway could not be started, or died while a rollout used it."""
 
 
-class AgentStartError(vf.SandboxError):
-    """The agent's background job could not be started in the sandbox."""
+class SandboxError(RolloutInfraError):
+    """The sandbox could not be created, set up, or deleted."""
 
 
-class AgentPollError(vf.SandboxError):
-    """Polling the agent's background job kept failing."""
+class AgentStartError(SandboxError):
+    """The agent's process could not be started in the sandbox."""
 
 
-class PostRolloutError(vf.InfraError):
-    """The env's ``post_rollout`` hook failed (e.g. the sandbox check could not run)."""
+class AgentPollError(SandboxError):
+    """Asking the sandbox whether the agent has exited kept failing."""
 
 
-class EmptyTrajectoryError(vf.InfraError):
+class PostRolloutError(RolloutInfraError):
+    """The env's sandbox-side scoring hook (``post_rollout``) failed."""
+
+
+class EmptyTrajectoryError(RolloutInfraError):
     """The agent exited without a single model call: nothing to train on.
 
     Treated as infrastructure (the agent could not reach the model, crashed at start...)
     so its zero reward does not skew its group's advantages. Set
-    ``allow_empty_trajectory = True`` on the env to keep such rollouts as zero-turn ones.
+    ``allow_empty_trajectory`` to keep such rollouts as zero-turn ones.
     """
 
 
+class RolloutInputError(RolloutInfraError):
+    """The rollout's input row is malformed (unknown message role, ``info`` not JSON...).
+
+    Infrastructure from the trainer's point of view: the data, not the policy, failed.
+    """
+
+
+class AgentCrashError(RolloutGatewayError):
+    """The agent exited with a non-zero code: the policy's failure, scored as such."""
+
+
 __all__ = [
+    "AgentCrashError",
     "AgentPollError",
     "AgentStartError",
     "EmptyTrajectoryError",
@@ -94,5 +124,9 @@ __all__ = [
     "GatewayUnavailableError",
     "PostRolloutError",
     "RolloutConflictError",
+    "RolloutGatewayError",
+    "RolloutInfraError",
+    "RolloutInputError",
     "RolloutNotFoundError",
+    "SandboxError",
 ]

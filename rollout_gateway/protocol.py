@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Any, Literal, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict, cast
 from urllib.parse import urlsplit, urlunsplit
 
 RolloutStatus = Literal["active", "completed", "cancelled"]
@@ -24,6 +25,20 @@ UNLIMITED_TURNS = -1
 def new_rollout_id() -> str:
     """Return a fresh, unguessable rollout id (128 random bits, URL-safe)."""
     return f"rollout_{secrets.token_hex(16)}"
+
+
+def new_rollout_api_key() -> str:
+    """Return a fresh per-rollout data-plane key (256 random bits, URL-safe).
+
+    The env proposes it in the register body; a gateway that honours the proposal uses
+    it as the rollout's bearer key, so a register retried after a lost answer still
+    leaves the env knowing the key.
+    """
+    return f"rk_{secrets.token_urlsafe(32)}"
+
+
+#: A proposed per-rollout key: URL-safe, long enough to be unguessable.
+API_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{32,256}$")
 
 
 def is_valid_rollout_id(rollout_id: str) -> bool:
@@ -41,6 +56,14 @@ def gateway_root(base_url: str) -> str:
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     return url
+
+
+def gateway_host(url: str) -> str:
+    """The host name of a gateway URL (what a tunnel's ``local_addr`` names)."""
+    host = urlsplit(url).hostname
+    if not host:
+        raise ValueError(f"gateway URL {url!r} has no host")
+    return host
 
 
 def replace_port(url: str, port: int) -> str:
@@ -87,12 +110,16 @@ def rollout_base_url(public_root: str, rollout_id: str) -> str:
 
 
 class RegisterRequest(TypedDict):
-    """Body of ``POST /v1/rollouts/{id}/register``."""
+    """Body of ``POST /v1/rollouts/{id}/register``.
+
+    ``api_key`` is our optional addition: the env's proposed per-rollout key.
+    """
 
     model: str
     sampling_params: dict[str, Any]
     max_turns: int
     max_seq_len: int | None
+    api_key: NotRequired[str]
 
 
 class RegisterResponse(TypedDict):
@@ -104,6 +131,68 @@ class RegisterResponse(TypedDict):
     max_turns: int
     max_seq_len: int | None
     api_key: NotRequired[str]
+
+
+def register_request(
+    *,
+    model: str,
+    sampling_params: dict[str, Any] | None = None,
+    max_turns: int = UNLIMITED_TURNS,
+    max_seq_len: int | None = None,
+    api_key: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> RegisterRequest:
+    """The register body; ``api_key`` and ``extra`` fields only when given."""
+    body: dict[str, Any] = dict(extra or {})
+    body.update(
+        model=model,
+        sampling_params=dict(sampling_params or {}),
+        max_turns=max_turns,
+        max_seq_len=max_seq_len,
+    )
+    if api_key is not None:
+        body["api_key"] = api_key
+    return cast(RegisterRequest, body)
+
+
+def register_response(
+    rollout_id: str, request: RegisterRequest, *, api_key: str | None = None
+) -> RegisterResponse:
+    """The register answer for ``request`` (server, fakes, and a client's retried 409).
+
+    ``api_key`` defaults to the key the request proposed.
+    """
+    answer: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "status": "active",
+        "model": request["model"],
+        "max_turns": request["max_turns"],
+        "max_seq_len": request["max_seq_len"],
+    }
+    key = api_key if api_key is not None else request.get("api_key")
+    if key is not None:
+        answer["api_key"] = key
+    return cast(RegisterResponse, answer)
+
+
+def flatten_sampling_args(*sources: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Sampling params from OpenAI-style sampling args, later sources winning.
+
+    Within one source, ``extra_body`` entries (vLLM extensions such as ``top_k``) are
+    flattened in and a top-level field wins over the same name in ``extra_body`` (as the
+    OpenAI SDK merges them). ``n`` is dropped (one completion per turn) and ``None``
+    values are skipped. The one place this is done, for the client and the server.
+    """
+    params: dict[str, Any] = {}
+    for source in sources:
+        if not source:
+            continue
+        extra = source.get("extra_body")
+        if isinstance(extra, Mapping):
+            params.update({k: v for k, v in extra.items() if v is not None})
+        params.update({k: v for k, v in source.items() if k != "extra_body" and v is not None})
+    params.pop("n", None)
+    return params
 
 
 class StepTokens(TypedDict):
@@ -154,6 +243,7 @@ class StatusResponse(TypedDict):
 
 
 __all__ = [
+    "API_KEY_RE",
     "ROLLOUT_ID_RE",
     "UNLIMITED_TURNS",
     "RegisterRequest",
@@ -165,10 +255,15 @@ __all__ = [
     "TrajectoryStepBody",
     "cancel_path",
     "chat_completions_path",
+    "flatten_sampling_args",
+    "gateway_host",
     "gateway_root",
     "is_valid_rollout_id",
+    "new_rollout_api_key",
     "new_rollout_id",
     "register_path",
+    "register_request",
+    "register_response",
     "replace_port",
     "rollout_base_url",
     "trajectory_path",

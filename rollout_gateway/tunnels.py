@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -148,14 +149,49 @@ def gateway_host_port(gateway_url: str, default_port: int) -> tuple[str, int]:
     return parts.hostname, parts.port or default_port
 
 
+class TunnelLease:
+    """A rollout's use of one shared tunnel: its URL, and a signal when it dies.
+
+    The pool's monitor calls :meth:`_mark_dead` on every lease of a tunnel it finds
+    dead, so a rollout whose agent is still running learns it at once instead of after
+    its whole timeout.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._dead = asyncio.Event()
+        self.reason = ""
+
+    @property
+    def is_dead(self) -> bool:
+        """Whether the tunnel died while this lease held it."""
+        return self._dead.is_set()
+
+    async def wait_dead(self) -> str:
+        """Return (with the reason) once the tunnel of this lease died."""
+        await self._dead.wait()
+        return self.reason
+
+    def _mark_dead(self, reason: str) -> None:
+        self.reason = reason
+        self._dead.set()
+
+
 class TunnelPool:
     """One shared tunnel per gateway (host, port), started once and kept healthy.
+
+    A background monitor (started with the first tunnel) checks every tunnel's process
+    each ``liveness_interval`` seconds and its server-side registration each
+    ``health_check_interval`` seconds. A dead tunnel's leases are told at once, and a
+    replacement is opened in the background, before the next rollout asks for it.
 
     Args:
         provider: opens the tunnels.
         default_port: port used when a gateway URL names none.
         health_check_interval: seconds between thorough checks of a tunnel.
+        liveness_interval: seconds between the monitor's cheap process checks.
         clock: monotonic clock (seconds), injectable for tests.
+        sleep: the monitor's sleep, injectable for tests.
     """
 
     def __init__(
@@ -163,17 +199,25 @@ class TunnelPool:
         provider: TunnelProvider,
         *,
         default_port: int = 8000,
-        health_check_interval: float = 60.0,
+        health_check_interval: float = 30.0,
+        liveness_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.provider = provider
         self.default_port = default_port
         self.health_check_interval = health_check_interval
+        self.liveness_interval = liveness_interval
         self._clock = clock
+        self._sleep = sleep
         self._handles: dict[tuple[str, int], TunnelHandle] = {}
+        self._urls: dict[tuple[str, int], str] = {}  # gateway URL a tunnel was opened for
+        self._leases: dict[tuple[str, int], weakref.WeakSet[TunnelLease]] = {}
         self._last_checked: dict[tuple[str, int], float] = {}
         # One lock per host: rollouts to one host share one start; other hosts never wait.
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._monitor: asyncio.Task[None] | None = None
+        self._replacing: set[asyncio.Task[None]] = set()
         self._closed = False
         #: How many tunnels were opened (benchmarks and tests read it).
         self.starts = 0
@@ -181,41 +225,69 @@ class TunnelPool:
     def __len__(self) -> int:
         return len(self._handles)
 
+    async def lease(self, gateway_url: str) -> TunnelLease:
+        """A lease on the tunnel of ``gateway_url``, opening or replacing it as needed."""
+        key = gateway_host_port(gateway_url, self.default_port)
+        handle = await self._healthy_handle(gateway_url, key)
+        lease = TunnelLease(handle.url)
+        self._leases.setdefault(key, weakref.WeakSet()).add(lease)
+        return lease
+
     async def get_url(self, gateway_url: str) -> str:
         """Public root URL for ``gateway_url``, opening or replacing the tunnel as needed."""
+        return (await self.lease(gateway_url)).url
+
+    async def _healthy_handle(self, gateway_url: str, key: tuple[str, int]) -> TunnelHandle:
         if self._closed:
             raise GatewayTunnelError("tunnel pool is closed (env torn down)")
-        key = gateway_host_port(gateway_url, self.default_port)
         handle = self._handles.get(key)
         if handle is not None and handle.is_running() and not self._check_due(key):
-            return handle.url  # fast path: no lock for the common case
+            return handle  # fast path: no lock for the common case
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             handle = self._handles.get(key)
             if handle is not None and not await self._is_healthy(key, handle):
-                logger.warning("tunnel to %s:%s is dead, replacing it", *key)
-                self._handles.pop(key, None)
-                await _stop_quietly(handle)
+                await self._retire(key, handle, "tunnel found dead")
                 handle = None
             if handle is None:
                 if self._closed:
                     raise GatewayTunnelError("tunnel pool is closed (env torn down)")
                 handle = await self._open(gateway_url, key)
-            return handle.url
+            return handle
 
     async def invalidate(self, gateway_url: str) -> None:
         """Drop and stop the tunnel of ``gateway_url`` (e.g. found dead by a rollout)."""
         key = gateway_host_port(gateway_url, self.default_port)
-        handle = self._handles.pop(key, None)
+        handle = self._handles.get(key)
         if handle is not None:
-            await _stop_quietly(handle)
+            await self._retire(key, handle, "tunnel invalidated")
+
+    async def check_now(self) -> None:
+        """One monitor pass: retire dead tunnels and start their replacements."""
+        for key, handle in list(self._handles.items()):
+            if self._closed:
+                return
+            if await self._is_healthy(key, handle):
+                continue
+            await self._retire(key, handle, "tunnel died")
+            if not self._closed:
+                task = asyncio.ensure_future(self._replace(key))
+                self._replacing.add(task)
+                task.add_done_callback(self._replacing.discard)
 
     async def stop_all(self) -> None:
-        """Stop every tunnel, once. Idempotent; later :meth:`get_url` calls fail."""
+        """Stop every tunnel and the monitor, once. Idempotent; later leases fail."""
         self._closed = True
-        handles = list(self._handles.values())
+        tasks = [t for t in (self._monitor, *self._replacing) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._monitor = None
+        handles = list(self._handles.items())
         self._handles.clear()
-        await asyncio.gather(*(_stop_quietly(h) for h in handles))
+        for key, _ in handles:
+            self._tell_leases(key, "tunnel pool stopped")
+        await asyncio.gather(*(_stop_quietly(h) for _, h in handles))
 
     def _check_due(self, key: tuple[str, int]) -> bool:
         return self._clock() - self._last_checked.get(key, 0.0) >= self.health_check_interval
@@ -232,6 +304,31 @@ class TunnelPool:
             logger.warning("tunnel health check for %s:%s failed: %s", *key, e)
             return True
 
+    async def _retire(self, key: tuple[str, int], handle: TunnelHandle, reason: str) -> None:
+        if self._handles.get(key) is handle:
+            del self._handles[key]
+        logger.warning("%s: %s:%s (%s)", reason, *key, handle.url)
+        self._tell_leases(key, f"{reason}: {handle.url}")
+        await _stop_quietly(handle)
+
+    def _tell_leases(self, key: tuple[str, int], reason: str) -> None:
+        for lease in list(self._leases.pop(key, ())):
+            lease._mark_dead(reason)
+
+    async def _replace(self, key: tuple[str, int]) -> None:
+        try:
+            await self._healthy_handle(self._urls[key], key)
+        except Exception as e:  # the next lease tries again
+            logger.warning("replacing the tunnel to %s:%s failed: %s", *key, e)
+
+    async def _monitor_loop(self) -> None:
+        while not self._closed:
+            await self._sleep(self.liveness_interval)
+            try:
+                await self.check_now()
+            except Exception as e:  # the monitor must outlive any one bad check
+                logger.warning("tunnel monitor pass failed: %s", e)
+
     async def _open(self, gateway_url: str, key: tuple[str, int]) -> TunnelHandle:
         host, port = key
         try:
@@ -245,7 +342,10 @@ class TunnelPool:
             await _stop_quietly(handle)
             raise GatewayTunnelError("tunnel pool is closed (env torn down)")
         self._handles[key] = handle
+        self._urls[key] = gateway_url
         self._last_checked[key] = self._clock()
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.ensure_future(self._monitor_loop())
         logger.info("tunnel to %s:%s open at %s", host, port, handle.url)
         return handle
 
@@ -263,6 +363,7 @@ __all__ = [
     "PrimeTunnelHandle",
     "PrimeTunnelProvider",
     "TunnelHandle",
+    "TunnelLease",
     "TunnelPool",
     "TunnelProvider",
     "gateway_host_port",

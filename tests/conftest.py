@@ -16,6 +16,7 @@ from helpers import (
 )
 from openai import AsyncOpenAI
 
+from rollout_gateway.settings import GatewaySettings
 from rollout_gateway.testing import FakeGateway, FakeSandboxClient, FakeTunnelProvider
 
 
@@ -47,12 +48,16 @@ async def make_env(
     envs: list[GatewayTestEnv] = []
 
     def build(**overrides: Any) -> GatewayTestEnv:
+        settings = GatewaySettings(
+            tunnel_provider=tunnels,
+            transport=gateway.transport(),
+            retry=FAST_RETRY,
+            poll=FAST_POLL,
+        )
+        changes = overrides.pop("gateway", {})
         options: dict[str, Any] = {
             "sandbox_client": sandboxes,
-            "tunnel_provider": tunnels,
-            "gateway_transport": gateway.transport(),
-            "gateway_retry": FAST_RETRY,
-            "poll_policy": FAST_POLL,
+            "gateway": settings.replace(**changes),
             "sandbox_creations_per_minute": None,
             "max_retries": 0,
         }

@@ -22,11 +22,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from rollout_gateway.protocol import (
+    API_KEY_RE,
     UNLIMITED_TURNS,
-    RegisterResponse,
     StatusResponse,
     TrajectoryResponse,
     is_valid_rollout_id,
+    register_response,
 )
 from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget, turn_token_counts
@@ -156,6 +157,13 @@ class Gateway:
             raise ApiError(
                 400, "'max_seq_len' must be a positive integer or null", "invalid_request_error"
             )
+        proposed_key = body.get("api_key")
+        if proposed_key is not None and (
+            not isinstance(proposed_key, str) or not API_KEY_RE.fullmatch(proposed_key)
+        ):
+            raise ApiError(
+                400, "'api_key' must be 32-256 URL-safe characters", "invalid_request_error"
+            )
         try:
             token_budget = TokenBudget.from_register(body)
         except LimitsError as exc:
@@ -172,7 +180,10 @@ class Gateway:
             max_seq_len=max_seq_len,
             upstream=upstream.base_url,
             last_activity=self.registry.clock(),
-            api_key=secrets.token_urlsafe(32) if self.config.require_rollout_keys else None,
+            # The env's proposed key, so it knows the key even if this answer is lost.
+            api_key=(proposed_key or secrets.token_urlsafe(32))
+            if self.config.require_rollout_keys
+            else None,
             token_budget=token_budget,
         )
         try:
@@ -185,15 +196,16 @@ class Gateway:
             raise ApiError(503, str(exc), "registry_full") from None
         self.metrics.registrations.inc()
         logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.base_url)
-        answer: RegisterResponse = {
-            "rollout_id": rollout_id,
-            "status": "active",
-            "model": model,
-            "max_turns": max_turns,
-            "max_seq_len": max_seq_len,
-        }
-        if record.api_key is not None:
-            answer["api_key"] = record.api_key
+        answer = register_response(
+            rollout_id,
+            {
+                "model": model,
+                "sampling_params": sampling,
+                "max_turns": max_turns,
+                "max_seq_len": max_seq_len,
+            },
+            api_key=record.api_key,
+        )
         return JSONResponse(answer)
 
     async def trajectory(self, request: Request) -> Response:

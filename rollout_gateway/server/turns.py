@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_gateway import protocol
+
 #: Request fields that are sampling parameters: the registered values win over the agent's.
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
 #: Fields the gateway controls itself.
@@ -16,13 +18,10 @@ def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Registered sampling params as top-level request fields.
 
     verifiers passes engine-specific parameters (``top_k``, ``min_p``...) under
-    ``extra_body``; the OpenAI SDK would merge that into the body, so do the same.
+    ``extra_body``; the OpenAI SDK would merge that into the body, so do the same, with
+    the precedence every side uses (:func:`protocol.flatten_sampling_args`).
     """
-    flat = {k: v for k, v in params.items() if k != "extra_body"}
-    extra = params.get("extra_body")
-    if isinstance(extra, Mapping):
-        flat.update({k: v for k, v in extra.items() if k not in flat})
-    return flat
+    return protocol.flatten_sampling_args(params)
 
 
 def build_upstream_request(

@@ -30,9 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -41,22 +40,34 @@ from verifiers.v1.session import RolloutSession
 from verifiers.v1.trace import Trace
 
 from rollout_gateway import protocol
-from rollout_gateway.client import GatewayClient, RetryPolicy
-from rollout_gateway.errors import GatewayConfigError
-from rollout_gateway.tunnels import (
-    DirectTunnelProvider,
-    PrimeTunnelProvider,
-    TunnelPool,
-    TunnelProvider,
-)
+from rollout_gateway.client import RetryPolicy
+from rollout_gateway.errors import GatewayConfigError, RolloutGatewayError
+from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
+from rollout_gateway.resources import GatewayResources
+from rollout_gateway.settings import GatewaySettings
+from rollout_gateway.tunnels import TunnelProvider
 from rollout_gateway.v1.config import GatewayInterceptionConfig
-from rollout_gateway.v1.errors import GatewayFeatureError
+from rollout_gateway.v1.errors import (
+    GatewayFeatureError,
+    GatewayInterceptionError,
+    to_v1_error,
+)
 from rollout_gateway.v1.features import session_features
 from rollout_gateway.v1.harness_sync import forget
-from rollout_gateway.v1.link import RegisterSpec, RolloutLink
 from rollout_gateway.v1.trace_sync import TraceSync
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegisterSpec:
+    """What a rollout registers: model, sampling, v1's limits and the context bound."""
+
+    model: str
+    sampling_params: dict[str, Any]
+    max_turns: int = protocol.UNLIMITED_TURNS
+    max_seq_len: int | None = None
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -64,9 +75,14 @@ class _Active:
     """A rollout holding a gateway slot."""
 
     session: RolloutSession
-    link: RolloutLink
+    rollout: GatewayRollout
     sync: TraceSync
     lock: asyncio.Lock
+
+
+class _V1Hooks(RolloutHooks):
+    """The core's finalize steps for a v1 rollout: v1's runtime owns the agent, so the
+    sandbox steps stay no-ops and only cancel/unregister reach the gateway."""
 
 
 class GatewayInterception(Interception):
@@ -97,18 +113,22 @@ class GatewayInterception(Interception):
     ) -> None:
         super().__init__()
         self.config = config or GatewayInterceptionConfig()
-        if tunnel_provider is None:
-            kind = self.config.tunnel
-            if kind == "auto":
-                kind = "prime" if requires_tunnel else "direct"
-            tunnel_provider = PrimeTunnelProvider() if kind == "prime" else DirectTunnelProvider()
-        self.tunnel_provider = tunnel_provider
+        kind = self.config.tunnel
+        if kind == "auto":
+            kind = "prime" if requires_tunnel else "direct"
+        #: The core's settings: v1 bounds the agent's time itself (no agent timeout here).
+        self.settings = GatewaySettings(
+            gateway_url=self.config.url,
+            gateway_port=self.config.port,
+            agent_timeout=None,
+            tunnel_provider=tunnel_provider or kind,
+            admin_token=admin_token,
+            admin_token_env=self.config.admin_token_var,
+            retry=retry or RetryPolicy(),
+            transport=transport,
+        )
         self.fallback = fallback if self.config.fallback else None
-        self._transport = transport
-        self._retry = retry
-        self._admin_token = admin_token or os.environ.get(self.config.admin_token_var) or None
-        self._clients: dict[str, GatewayClient] = {}
-        self._tunnels: TunnelPool | None = None
+        self._resources: GatewayResources | None = None
         self._active: dict[str, _Active] = {}
         #: Send every rollout to ``fallback`` (the env sets it when the taskset's tool
         #: servers need the ``/state`` channel and ``fallback`` is on).
@@ -118,25 +138,24 @@ class GatewayInterception(Interception):
         self.finalizations = 0
 
     async def start(self) -> None:
-        """Create the tunnel pool (tunnels open lazily, one per gateway host)."""
-        self._tunnels = TunnelPool(self.tunnel_provider, default_port=self.config.port)
+        """Create the core's resources (clients and tunnels open lazily, one per gateway)."""
+        self._resources = GatewayResources(
+            self.settings, self.settings.resolved_tunnel_provider(local=False)
+        )
         self.stack.push_async_callback(self._close)
         if self.fallback is not None:
             await self.stack.enter_async_context(self.fallback)
 
     async def _close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            with contextlib.suppress(Exception):
-                await client.aclose()
-        if self._tunnels is not None:
-            await self._tunnels.stop_all()
+        # Rollouts still holding a slot are cancelled: each finalizes (cancel, unregister).
+        if self._resources is not None:
+            await self._resources.aclose()
         forget(self)
 
     def gateway_url(self, session: RolloutSession) -> str:
         """The gateway root: ``config.url``, else the run's client base URL minus ``/v1``."""
-        if self.config.url:
-            return protocol.gateway_root(self.config.url)
+        if self.settings.gateway_url:
+            return self.settings.gateway_url
         base_url = getattr(session.ctx.client, "base_url", None)
         if not base_url:
             raise GatewayConfigError(
@@ -147,15 +166,6 @@ class GatewayInterception(Interception):
         if not url.startswith(("http://", "https://")):
             raise GatewayConfigError(f"model client base URL {base_url!r} is not http(s)")
         return url
-
-    def _client(self, url: str) -> GatewayClient:
-        client = self._clients.get(url)
-        if client is None or client.is_closed:
-            client = GatewayClient(
-                url, admin_token=self._admin_token, retry=self._retry, transport=self._transport
-            )
-            self._clients[url] = client
-        return client
 
     def register_spec(self, session: RolloutSession) -> RegisterSpec:
         """Model, sampling, v1's limits and ``max_seq_len`` of ``session``'s rollout."""
@@ -189,40 +199,83 @@ class GatewayInterception(Interception):
             async with self.fallback.acquire(session) as slot:
                 yield slot
             return
-        if self._tunnels is None:
+        if self._resources is None:
             raise RuntimeError("GatewayInterception is not started (use `async with`)")
-        link = RolloutLink(self._client(self.gateway_url(session)), self._tunnels)
         spec = self.register_spec(session)
+        rollout = GatewayRollout(self._resources)
+        rollout.record.gateway_url = self.gateway_url(session)
         active = _Active(
             session=session,
-            link=link,
+            rollout=rollout,
             sync=TraceSync(
                 session.trace,
                 model=spec.model,
                 sampling=session.ctx.sampling,
-                rollout_id=link.rollout_id,
+                rollout_id=rollout.rollout_id,
             ),
             lock=asyncio.Lock(),
         )
         trace_id = session.trace.id
-        cancelled = False
+        task = asyncio.current_task()
+        if task is not None:
+            self._resources.track(task)
         try:
-            await link.register(spec)
-            self.registrations += 1
+            try:
+                await rollout.register(
+                    model=spec.model,
+                    sampling_params=spec.sampling_params,
+                    max_turns=spec.max_turns,
+                    max_seq_len=spec.max_seq_len,
+                    extra=dict(spec.limits) or None,
+                )
+                self.registrations += 1
+                await rollout.lease_tunnel()
+            except RolloutGatewayError as e:
+                raise to_v1_error(e, "gateway setup") from e
+            record = rollout.record
+            assert record.tunnel_url is not None
+            if not record.api_key:
+                # v1 harnesses reach the model at {base_url}/v1 and are told apart by
+                # their bearer key alone: without one, rollouts could not be routed.
+                raise GatewayInterceptionError(
+                    "the gateway issued no per-rollout api_key; verifiers v1 agents are "
+                    "routed by bearer key (start the gateway with per-rollout keys)"
+                )
             self._active[trace_id] = active
-            root = await link.public_root()
-            yield (root, link.api_key, "")
+            yield (record.tunnel_url, record.api_key, "")
+            # The harness returned: the agent is done, nothing to cancel.
+            record.agent_exit = AgentExit(exit_code=None)
             await self._sync(active, exit_code=None)
         except asyncio.CancelledError:
-            cancelled = True
+            rollout.record.cancelled = True
+            raise
+        except BaseException as e:
+            rollout.fail(e)
             raise
         finally:
             self._active.pop(trace_id, None)
-            if link.registered:
-                self.finalizations += 1
-            error = await link.finalize(cancelled=cancelled)
-            if error is not None and not cancelled:
-                raise error
+            await self._finalize(rollout)
+
+    async def _finalize(self, rollout: GatewayRollout) -> None:
+        """The core's one finalize path (cancel if needed, unregister once), shielded."""
+        error_before = rollout.record.error
+        finalize = asyncio.ensure_future(rollout.finalize(_V1Hooks(rollout)))
+        interrupted = False
+        while not finalize.done():
+            try:
+                await asyncio.shield(finalize)
+            except asyncio.CancelledError:
+                interrupted = True
+        if rollout.record.register_sent:
+            self.finalizations += 1
+        if interrupted:
+            raise asyncio.CancelledError
+        error = rollout.record.error
+        if error is not None and error is not error_before and not rollout.record.cancelled:
+            # Teardown itself failed (e.g. unregister): the rollout records it, typed.
+            if isinstance(error, RolloutGatewayError):
+                raise to_v1_error(error, "gateway teardown") from error
+            raise error
 
     async def sync(self, trace: Trace, *, exit_code: int | None = None) -> None:
         """Commit the turns the gateway recorded for ``trace``'s rollout so far.
@@ -240,7 +293,10 @@ class GatewayInterception(Interception):
         async with active.lock:
             if active.session.released:
                 return  # v1 sealed the trace: what it concluded is what scores
-            answer = await active.link.trajectory()
+            try:
+                answer = await active.rollout.fetch_trajectory()
+            except RolloutGatewayError as e:
+                raise to_v1_error(e, "gateway trajectory") from e
             active.sync.apply(answer.get("trajectory") or [])
             trace = active.session.trace
             reported: Any = answer.get("stop_condition")

@@ -9,7 +9,7 @@ from verifiers.types import RolloutTiming
 from verifiers.utils.save_utils import state_to_output
 
 from rollout_gateway import GatewayProtocolError
-from rollout_gateway.trajectory import apply_trajectory
+from rollout_gateway.classic.trajectory import apply_trajectory
 
 USER = {"role": "user", "content": "hi"}
 ANSWER = {"role": "assistant", "content": "hello"}
@@ -127,7 +127,7 @@ def test_state_serializes_with_verifiers_output_format():
 
 
 def test_shared_history_is_converted_once_and_still_exact():
-    from rollout_gateway.trajectory import MessageCache
+    from rollout_gateway.classic.trajectory import MessageCache
 
     cache = MessageCache()
     first = cache.convert([USER, ANSWER], "p")

@@ -22,7 +22,8 @@ from rollout_gateway import (
     GatewayUnavailableError,
     PostRolloutError,
 )
-from rollout_gateway.mixin import PLACEHOLDER_API_KEY
+from rollout_gateway.lifecycle import PLACEHOLDER_API_KEY
+from rollout_gateway.settings import GatewaySettings
 from rollout_gateway.testing import (
     FakeGateway,
     FakeSandbox,
@@ -98,9 +99,15 @@ async def test_register_payload_carries_model_sampling_params_and_limits(
             captured.append(json.loads(request.content))
         return await original(request)
 
-    env = make_env(max_turns=12, max_seq_len=4096, gateway_transport=httpx.MockTransport(recording))
+    env = make_env(
+        max_turns=12,
+        max_seq_len=4096,
+        gateway={"transport": httpx.MockTransport(recording)},
+    )
     env.sampling_args = {"n": 1, "extra_body": {"top_k": 20}, "temperature": 0.1}
     await env.rollout(task_row(0), model_client, "policy-model", {"temperature": 0.7})
+    proposed_key = captured[0].pop("api_key")
+    assert proposed_key.startswith("rk_") and len(proposed_key) >= 43
     assert captured == [
         {
             "model": "policy-model",
@@ -165,10 +172,12 @@ async def test_per_rollout_api_key_reaches_the_agent(sandboxes, tunnels, model_c
 
     env = GatewayTestEnv(
         sandbox_client=sandboxes,
-        tunnel_provider=tunnels,
-        gateway_transport=gateway.transport(),
-        gateway_retry=FAST_RETRY,
-        poll_policy=FAST_POLL,
+        gateway=GatewaySettings(
+            tunnel_provider=tunnels,
+            transport=gateway.transport(),
+            retry=FAST_RETRY,
+            poll=FAST_POLL,
+        ),
     )
     try:
         state = await run(env, model_client)
@@ -234,14 +243,15 @@ async def test_teardown_stops_every_tunnel_once_and_is_idempotent(
     env = make_env()
     for base in ("http://gw-a.test:8000/v1", "http://gw-b.test:8000/v1"):
         await run(env, client_for(base))
+    resources = env.gateway_resources
     await env._teardown()
     await env._teardown()
     assert [h.stops for h in tunnels.handles] == [1, 1]
-    assert env._gateway_clients == {}
+    assert resources.closed
 
 
 async def test_gateway_port_applies_when_the_url_names_none(make_env, gateway, sandboxes, tunnels):
-    env = make_env(gateway_port=8123)
+    env = make_env(gateway={"gateway_port": 8123})
     await run(env, client_for("http://gw.test/v1"))
     assert tunnels.opened == [("gw.test", 8123)]
 
@@ -257,19 +267,21 @@ async def test_teardown_without_gateway_init_is_safe(sandboxes, tunnels):
     await env._teardown()
 
 
-async def test_uninitialised_gateway_is_initialised_lazily(
+async def test_gateway_switched_on_after_construction_runs(
     gateway, sandboxes, tunnels, model_client
 ):
-    """An env that never called init_gateway still runs (defaults), no AttributeError."""
-    from helpers import GatewayTestEnv
+    """Nothing needs initialising: settings exist from construction, resources start lazily."""
+    from helpers import FAST_POLL, GatewayTestEnv
 
-    env = GatewayTestEnv(use_gateway=False, sandbox_client=sandboxes)
-    env.use_gateway = True  # switched on after construction: nothing was initialised
-    env.gateway_transport = None
-    del env._gateway_initialized
+    env = GatewayTestEnv(
+        use_gateway=False,
+        sandbox_client=sandboxes,
+        gateway={"tunnel_provider": tunnels, "transport": gateway.transport(), "poll": FAST_POLL},
+    )
+    env.use_gateway = True
     state = await run(env, model_client)
-    # Default provider is prime tunnels, unreachable here: a typed tunnel error, no crash.
-    assert isinstance(state["error"], (GatewayUnavailableError, GatewayTunnelError))
+    assert state["error"] is None
+    assert gateway.unregistered == [state["rollout_id"]]
     assert sandboxes.alive == []
     await env._teardown()
 
@@ -287,15 +299,15 @@ def test_bad_settings_fail_at_construction(sandboxes):
     from helpers import GatewayTestEnv
 
     with pytest.raises(GatewayConfigError):
-        GatewayTestEnv(sandbox_client=sandboxes, tunnel_provider="ssh")
+        GatewayTestEnv(sandbox_client=sandboxes, gateway={"tunnel_provider": "ssh"})
     with pytest.raises(GatewayConfigError):
         GatewayTestEnv(sandbox_client=sandboxes, sandbox_backend="docker")
     with pytest.raises(GatewayConfigError):
-        GatewayTestEnv(sandbox_client=sandboxes, gateway_timeout_seconds=-1)
+        GatewayTestEnv(sandbox_client=sandboxes, gateway={"agent_timeout": -1})
 
 
 async def test_explicit_gateway_url_overrides_the_client(make_env, gateway, sandboxes, tunnels):
-    env = make_env(gateway_url="http://other.test:7000/v1/")
+    env = make_env(gateway={"gateway_url": "http://other.test:7000/v1/"})
     state = await run(env, client_for(GATEWAY_BASE_URL))
     assert state["gateway_url"] == "http://other.test:7000"
     assert tunnels.opened == [("other.test", 7000)]
@@ -323,7 +335,7 @@ async def test_empty_trajectory_allowed_by_setting(make_env, gateway, sandboxes,
         return 0
 
     sandboxes.agent = silent
-    state = await run(make_env(allow_empty_trajectory=True), model_client)
+    state = await run(make_env(gateway={"allow_empty_trajectory": True}), model_client)
     assert state["error"] is None
     assert state["trajectory"] == []
     assert state["stop_condition"] == "agent_completed"
@@ -357,7 +369,7 @@ async def test_agent_timeout_stops_cancels_and_keeps_partial_trajectory(
         return 0
 
     sandboxes.agent = slow
-    state = await run(make_env(gateway_timeout_seconds=0.2), model_client)
+    state = await run(make_env(gateway={"agent_timeout": 0.2}), model_client)
     assert state["agent_timed_out"] is True
     assert state["stop_condition"] == "agent_timeout"
     assert state["error"] is None
@@ -377,7 +389,7 @@ async def test_completion_is_detected_quickly_without_busy_polling(
         return 0
 
     sandboxes.agent = agent
-    env = make_env(poll_policy=PollPolicy())  # the defaults users get
+    env = make_env(gateway={"poll": PollPolicy()})  # the defaults users get
     state = await run(env, model_client)
     sandbox = next(iter(sandboxes.sandboxes.values()))
     assert state["error"] is None
@@ -437,9 +449,8 @@ async def test_failure_at_each_stage_is_typed_cleans_up_and_env_stays_usable(
 
     assert isinstance(state["error"], error_type), state["error"]
     assert isinstance(state["error"], vf.InfraError)
-    # A teardown failure does not rewrite why the rollout stopped.
-    after_the_agent = stage in ("unregister", "delete")
-    assert state["stop_condition"] == ("agent_completed" if after_the_agent else "has_error")
+    # Any error, a teardown failure too, means the rollout must not train as clean.
+    assert state["stop_condition"] == "has_error"
     assert state["is_completed"] is True
     if stage == "unregister":
         # The gateway's idle TTL reclaims it; the env still tried once, then moved on.
@@ -500,7 +511,7 @@ async def test_retried_register_that_had_landed_counts_as_success(
             raise httpx.ReadError("connection reset by peer")
         return response
 
-    env = make_env(gateway_transport=httpx.MockTransport(lossy))
+    env = make_env(gateway={"transport": httpx.MockTransport(lossy)})
     state = await run(env, model_client)
     assert state["error"] is None
     assert gateway.op_counts["register"] == 2
@@ -547,7 +558,7 @@ async def test_cancellation_at_each_stage_cancels_and_cleans_up(
 
         sandboxes.agent = forever
 
-    env = make_env(gateway_transport=httpx.MockTransport(gated), tunnel_provider=tunnels)
+    env = make_env(gateway={"transport": httpx.MockTransport(gated), "tunnel_provider": tunnels})
     task = asyncio.ensure_future(run(env, model_client))
     await asyncio.wait_for(reached.wait(), 5)
     task.cancel()

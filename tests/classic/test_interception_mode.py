@@ -46,7 +46,7 @@ def upstream_model() -> vf.Client:
     )
 
 
-async def test_interception_mode_runs_cli_agent_env_unchanged():
+async def test_interception_mode_runs_cli_agent_env_unchanged(tunnels):
     gateway = FakeGateway()
     replies: list[str] = []
 
@@ -67,7 +67,7 @@ async def test_interception_mode_runs_cli_agent_env_unchanged():
     env = GatewayTestEnv(
         use_gateway=False,
         sandbox_client=FakeSandboxClient(agent),
-        gateway_transport=gateway.transport(),
+        gateway={"transport": gateway.transport(), "tunnel_provider": tunnels},
         interception_port=port,
         interception_url=f"http://127.0.0.1:{port}",
         poll_interval=0.05,
@@ -85,4 +85,4 @@ async def test_interception_mode_runs_cli_agent_env_unchanged():
     assert "/rollout/" in state["interception_base_url"]  # CliAgentEnv's own routing
     assert state["reward"] == 1.0  # post_rollout ran through CliAgentEnv.destroy_sandbox
     assert gateway.calls == []
-    assert env._gateway_clients == {} and env._tunnel_pool is None
+    assert tunnels.opened == []

@@ -1,0 +1,139 @@
+"""The lifecycle core's steps routed through a verifiers 0.3 env's overridable methods.
+
+:class:`ClassicHooks` is the bridge between :class:`rollout_gateway.lifecycle.GatewayRollout`
+and :class:`rollout_gateway.classic.mixin.RolloutGatewayMixin`: each core step calls the
+env's method of the earlier experimental mixin's name and signature (so an override
+written for it runs, once), then mirrors what it learned between the verifiers state and
+the core's record.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from rollout_gateway import protocol
+from rollout_gateway.errors import AgentStartError, EmptyTrajectoryError
+from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
+
+if TYPE_CHECKING:
+    from verifiers.types import State
+
+    from rollout_gateway.classic.mixin import RolloutGatewayMixin
+
+
+#: The gateway rollout the current task runs (for steps whose signature carries no state).
+current_rollout: ContextVar[GatewayRollout | None] = ContextVar(
+    "rollout_gateway_current_rollout", default=None
+)
+
+
+def exit_from_state(state: State) -> AgentExit | None:
+    """The agent's exit as the state records it, if it exited."""
+    if "agent_exit_code" not in state:
+        return None
+    return AgentExit(
+        state.get("agent_exit_code"),
+        state.get("agent_stdout") or "",
+        state.get("agent_stderr") or "",
+    )
+
+
+class ClassicHooks(RolloutHooks):
+    """Core steps -> ``RolloutGatewayMixin`` methods, for one rollout's ``state``."""
+
+    def __init__(self, rollout: GatewayRollout, env: RolloutGatewayMixin, state: State) -> None:
+        super().__init__(rollout)
+        self.env = env
+        self.state = state
+
+    @property
+    def record(self) -> Any:
+        return self.rollout.record
+
+    async def register(self) -> None:
+        # Counted as possibly registered before any request, so it is unregistered
+        # even when an override registers by other means or is cancelled mid-flight.
+        self.record.register_sent = True
+        await self.env.register_rollout(self.state)
+
+    async def open_tunnel(self) -> None:
+        state = self.state
+        host = protocol.gateway_host(state["gateway_url"])
+        state["tunnel_local_addr"] = host
+        url = await self.env.get_gateway_tunnel_url(local_addr=host)
+        state["tunnel_url"] = url
+        state["rollout_base_url"] = protocol.rollout_base_url(url, state["rollout_id"])
+        self.record.tunnel_url = url
+        self.record.agent_base_url = state["rollout_base_url"]
+
+    async def launch(self) -> None:
+        env, state = self.env, self.state
+        env_vars = await env.build_env_vars(state)
+        request = await env.build_sandbox_request(state, env_vars)
+        await env.create_sandbox(state, request)
+        self.record.sandbox_id = state.get("sandbox_id")
+        state["agent_completed"] = False
+        self.record.agent_started = True
+        try:
+            await env.start_agent(state)
+        except AgentStartError:
+            raise
+        except Exception as e:
+            if self.rollout._is_typed(e):
+                raise
+            raise AgentStartError(f"failed to start agent: {type(e).__name__}: {e}") from e
+        if state.get("background_job") is None:  # the override ran the agent to its end
+            self.record.agent_exit = exit_from_state(state) or AgentExit(None)
+
+    async def wait(self) -> None:
+        await self.env.wait_for_agent_completion(self.state)
+        self.record.agent_timed_out = bool(self.state.get("agent_timed_out"))
+        if not self.record.agent_timed_out:
+            self.record.agent_exit = self.record.agent_exit or exit_from_state(self.state)
+
+    async def fetch(self) -> None:
+        await self.env.fetch_trajectory(self.state)
+
+    async def check(self) -> None:
+        env, state = self.env, self.state
+        num_turns = len(state.get("trajectory") or [])
+        exit_code = state.get("agent_exit_code")
+        if exit_code not in (None, 0) and not state.get("agent_timed_out"):
+            from verifiers.envs.experimental.cli_agent_env import make_agent_error
+
+            where = "before any model call" if num_turns == 0 else f"after {num_turns} turn(s)"
+            stderr_tail = (state.get("agent_stderr") or "")[-2000:]
+            raise make_agent_error(
+                state, f"Agent crashed {where} (exit_code={exit_code}): {stderr_tail}"
+            )
+        if num_turns == 0 and not env.gateway_settings.allow_empty_trajectory:
+            raise EmptyTrajectoryError(
+                f"agent exited (exit_code={exit_code}) without a model call "
+                f"(rollout_id={state['rollout_id']})"
+            )
+
+    async def score(self) -> None:
+        env, state = self.env, self.state
+        if not state.get("is_completed"):
+            await env.is_completed(state)  # renders stop fields post_rollout may read
+        if state.get("sandbox_id"):
+            await env.post_rollout(state)
+
+    async def release(self) -> None:
+        await self.env.cleanup(self.state)  # the env's own @vf.cleanup handlers
+
+    async def stop_agent(self) -> None:
+        await self.env.stop_agent(self.state)
+
+    async def cancel(self) -> None:
+        await self.env.cancel_rollout(self.state)
+
+    async def unregister(self) -> None:
+        await self.env.unregister_rollout(self.state)
+
+    async def delete_sandbox(self) -> None:
+        await self.env.delete_rollout_sandbox(self.state)
+
+
+__all__ = ["ClassicHooks", "current_rollout", "exit_from_state"]

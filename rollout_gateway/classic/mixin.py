@@ -1,0 +1,515 @@
+"""``RolloutGatewayMixin``: gateway-mode rollouts for verifiers 0.3's ``vf.CliAgentEnv``.
+
+A thin adapter: the lifecycle is :class:`rollout_gateway.lifecycle.GatewayRollout`;
+this class maps it onto ``CliAgentEnv``'s hooks and state keys, and keeps the earlier
+experimental mixin's (verifiers 0.1.11) overridable steps with their signatures, so an
+env written for it runs unchanged. With ``use_gateway = False`` every method falls
+through to ``CliAgentEnv``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import verifiers as vf
+from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CreateSandboxRequest
+from verifiers.envs.experimental.sandbox_mixin import is_retryable_sandbox_read_error
+from verifiers.types import RolloutInput, SamplingArgs, State
+from verifiers.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
+
+from rollout_gateway import protocol
+from rollout_gateway.classic.errors import to_vf_error
+from rollout_gateway.classic.hooks import ClassicHooks, current_rollout
+from rollout_gateway.classic.trajectory import apply_trajectory
+from rollout_gateway.errors import (
+    GatewayConfigError,
+    RolloutGatewayError,
+    RolloutInfraError,
+    RolloutInputError,
+    SandboxError,
+)
+from rollout_gateway.lifecycle import (
+    STOP_AGENT_TIMEOUT,
+    STOP_CANCELLED,
+    STOP_COMPLETED,
+    AgentExit,
+    GatewayRollout,
+    agent_environment,
+)
+from rollout_gateway.resources import GatewayResources
+from rollout_gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    _Base = vf.CliAgentEnv
+else:
+    _Base = object
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable selecting the sandbox backend ("prime" or "local").
+SANDBOX_BACKEND_ENV = "ROLLOUT_GATEWAY_SANDBOX_BACKEND"
+SANDBOX_BACKENDS = ("prime", "local")
+#: Where the launch wrapper records the agent's pid inside the sandbox.
+AGENT_PID_FILE = "/tmp/.rollout-gateway-agent.pid"
+#: Stops the agent's process tree (frozen first, so nothing respawns), POSIX sh only.
+STOP_AGENT_SCRIPT = (
+    "kt() { cs=$(cat /proc/$1/task/*/children 2>/dev/null); kill -STOP $1 2>/dev/null; "
+    "for c in $cs; do kt $c; done; kill -KILL $1 2>/dev/null; }; "
+    f'p=$(cat {AGENT_PID_FILE} 2>/dev/null) && [ -n "$p" ] && kt $p; true'
+)
+_UNSET: Any = object()
+#: 0.1.0's constructor keywords -> GatewaySettings fields (deprecated, still accepted).
+DEPRECATED_KWARGS = {
+    "gateway_port": "gateway_port",
+    "gateway_url": "gateway_url",
+    "gateway_timeout_seconds": "agent_timeout",
+    "tunnel_provider": "tunnel_provider",
+    "gateway_transport": "transport",
+    "gateway_admin_token": "admin_token",
+    "gateway_retry": "retry",
+    "poll_policy": "poll",
+    "allow_empty_trajectory": "allow_empty_trajectory",
+}
+
+
+def agent_launch_command(run_command: str) -> str:
+    """``run_command`` behind a wrapper that records its pid, so it can be stopped."""
+    inner = f"echo $$ > {AGENT_PID_FILE}; exec sh -c {shlex.quote(run_command)}"
+    return f"sh -c {shlex.quote(inner)}"
+
+
+def _is_vf_typed(error: BaseException) -> bool:
+    return isinstance(error, vf.Error | RolloutGatewayError)
+
+
+def _is_vf_infra(error: BaseException) -> bool:
+    return isinstance(error, vf.InfraError | RolloutInfraError)
+
+
+class RolloutGatewayMixin(_Base):
+    """Gateway mode for ``vf.CliAgentEnv`` (put it before ``CliAgentEnv`` in the bases).
+
+    Class attributes, each overridable per instance through the constructor:
+    ``use_gateway`` (default ``True``, as in the earlier mixin) and ``sandbox_backend``
+    (``"prime"`` or ``"local"``; ``$ROLLOUT_GATEWAY_SANDBOX_BACKEND`` overrides the class
+    default). Constructor keywords besides ``CliAgentEnv``'s: ``use_gateway``,
+    ``sandbox_backend``, ``local_sandbox_root``, ``sandbox_client`` (a seam: any object
+    with prime-sandboxes' async client methods) and ``gateway`` (a
+    :class:`GatewaySettings` or a mapping of its field names).
+    """
+
+    use_gateway: bool = True
+    sandbox_backend: str = "prime"
+
+    def __init__(
+        self,
+        *args: Any,
+        use_gateway: bool | None = None,
+        sandbox_backend: str | None = None,
+        local_sandbox_root: str | None = None,
+        sandbox_client: Any | None = None,
+        gateway: GatewaySettings | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._gateway_resources: GatewayResources | None = None
+        self._gateway_rollouts: dict[str, GatewayRollout] = {}
+        settings = GatewaySettings.coerce(gateway)
+        legacy = {k: kwargs.pop(k) for k in list(kwargs) if k in DEPRECATED_KWARGS}
+        if legacy:
+            warnings.warn(
+                f"{sorted(legacy)} are deprecated: pass gateway=GatewaySettings(...) "
+                f"(fields {sorted(DEPRECATED_KWARGS[k] for k in legacy)})",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            settings = settings.replace(
+                **{DEPRECATED_KWARGS[k]: v for k, v in legacy.items() if v is not None}
+            )
+        self.gateway_settings = settings
+        super().__init__(*args, **kwargs)
+        if use_gateway is not None:
+            self.use_gateway = use_gateway
+        backend = sandbox_backend or os.environ.get(SANDBOX_BACKEND_ENV) or self.sandbox_backend
+        if backend not in SANDBOX_BACKENDS:
+            raise GatewayConfigError(
+                f"sandbox_backend must be one of {SANDBOX_BACKENDS}, got {backend!r}"
+            )
+        self.sandbox_backend = backend
+        if sandbox_client is not None:
+            self._replace_sandbox_client(sandbox_client)
+        elif backend == "local":
+            from rollout_gateway.local_sandbox import LocalSandboxClient
+
+            self._replace_sandbox_client(LocalSandboxClient(root=local_sandbox_root))
+
+    # ------------------------------------------------------------------ configuration
+
+    def init_gateway(
+        self,
+        gateway_port: int = _UNSET,
+        timeout_seconds: float | None = _UNSET,
+        **settings: Any,
+    ) -> None:
+        """Configure gateway mode (the earlier mixin's call; may be called again).
+
+        Only what is passed changes: ``gateway_port`` (default 8000),
+        ``timeout_seconds`` (the agent timeout, default 21600 s; ``None`` = no limit)
+        and any :class:`GatewaySettings` field by name. Settings and seams given to the
+        constructor are kept. Resources (clients, tunnels) start lazily.
+        """
+        changes = dict(settings)
+        if gateway_port is not _UNSET:
+            changes["gateway_port"] = gateway_port
+        if timeout_seconds is not _UNSET:
+            changes["agent_timeout"] = timeout_seconds
+        if self._gateway_resources is not None and changes:
+            raise GatewayConfigError("init_gateway cannot change settings once rollouts started")
+        self.gateway_settings = self.gateway_settings.replace(**changes)
+
+    @property
+    def gateway_resources(self) -> GatewayResources:
+        """The env's clients and tunnels (created with the first gateway rollout)."""
+        if self._gateway_resources is None:
+            provider = self.gateway_settings.resolved_tunnel_provider(
+                local=self.sandbox_backend == "local"
+            )
+            self._gateway_resources = GatewayResources(self.gateway_settings, provider)
+        return self._gateway_resources
+
+    def _replace_sandbox_client(self, client: Any) -> None:
+        threaded = getattr(self, "sandbox_client", None)
+        if threaded is not None and hasattr(threaded, "teardown"):
+            threaded.teardown(wait=False)  # its worker threads are not needed
+        self.sandbox_client = client
+
+    def _core(self, state: State) -> GatewayRollout:
+        return self._gateway_rollouts[state["rollout_id"]]
+
+    def resolve_gateway_url(self, state: State) -> str:
+        """Gateway root: the ``gateway_url`` setting, else the client's base URL minus ``/v1``."""
+        if self.gateway_settings.gateway_url:
+            return self.gateway_settings.gateway_url
+        client = state.get("client")
+        native = getattr(client, "client", None)
+        base_url = getattr(native, "base_url", None)
+        if base_url is None:
+            base_url = getattr(getattr(client, "config", None), "api_base_url", None)
+        if not base_url:
+            raise GatewayConfigError(
+                "cannot derive the gateway URL: the model client has no base_url; "
+                "set gateway={'gateway_url': ...} on the env"
+            )
+        url = protocol.gateway_root(str(base_url))
+        if not url.startswith(("http://", "https://")):
+            raise GatewayConfigError(f"model client base URL {base_url!r} is not http(s)")
+        return url
+
+    # ------------------------------------------- overridable steps (earlier signatures)
+
+    async def register_rollout(self, state: State) -> None:
+        """Register the rollout with the gateway (model, sampling params, limits)."""
+        await self._core(state).register(
+            model=state["model"],
+            sampling_params=self.gateway_sampling_params(state),
+            max_turns=self.max_turns if self.max_turns > 0 else protocol.UNLIMITED_TURNS,
+            max_seq_len=self.max_seq_len,
+        )
+
+    def gateway_sampling_params(self, state: State) -> dict[str, Any]:
+        """Sampling params registered for the rollout: the env's, then the rollout's."""
+        return protocol.flatten_sampling_args(
+            getattr(self, "sampling_args", None), state.get("sampling_args")
+        )
+
+    async def unregister_rollout(self, state: State) -> None:
+        """Unregister the rollout (runs once per rollout, from the core's finalize)."""
+        await self._core(state).unregister()
+
+    async def cancel_rollout(self, state: State) -> None:
+        """Cancel the rollout at the gateway (best effort): its later turns are refused."""
+        await self._core(state).cancel()
+
+    async def get_gateway_tunnel_url(self, local_addr: str | None = None) -> str:
+        """Public root URL of the gateway at ``local_addr`` (shared tunnel per host).
+
+        Called with the rollout's gateway host; another ``local_addr`` names another
+        gateway host on the same port and scheme.
+        """
+        rollout = self._current_rollout()
+        gateway_url = rollout.record.gateway_url or ""
+        if local_addr not in (None, protocol.gateway_host(gateway_url)):
+            port = self.gateway_settings.gateway_port
+            scheme = gateway_url.split("://", 1)[0] or "http"
+            return await self.gateway_resources.tunnels.get_url(f"{scheme}://{local_addr}:{port}")
+        await rollout.lease_tunnel()
+        assert rollout.record.tunnel_url is not None
+        return rollout.record.tunnel_url
+
+    def _current_rollout(self) -> GatewayRollout:
+        # The earlier signature carries no state: the rollout is the current task's.
+        rollout = current_rollout.get()
+        if rollout is None:
+            raise GatewayConfigError("get_gateway_tunnel_url called outside a gateway rollout")
+        return rollout
+
+    async def fetch_trajectory(self, state: State) -> None:
+        """Fetch the trajectory and write it into the state (see :mod:`.trajectory`)."""
+        answer = await self._core(state).fetch_trajectory()
+        for step in apply_trajectory(state, answer):
+            self.increment_state_usage_from_response(state, step["response"])
+
+    async def build_env_vars(self, state: State) -> dict[str, str]:
+        """Sandbox environment: the env's ``environment_vars`` plus the OpenAI settings.
+
+        Nothing from the host's environment is passed; the OpenAI variables always win
+        over ``environment_vars`` so the agent cannot be pointed elsewhere by accident.
+        """
+        if not self.use_gateway:
+            return await super().build_env_vars(state)
+        env_vars = dict(self.environment_vars) if self.environment_vars else {}
+        rollout = self._gateway_rollouts.get(state.get("rollout_id", ""))
+        agent_env = agent_environment(
+            state["rollout_base_url"],
+            rollout.record.api_key if rollout is not None else None,
+            state["model"],
+            self.gateway_settings.agent_timeout,
+        )
+        env_vars.update({k: v for k, v in agent_env.items() if k.startswith("OPENAI_")})
+        env_vars.setdefault("HTTPX_TIMEOUT", agent_env["HTTPX_TIMEOUT"])
+        return env_vars
+
+    async def build_sandbox_request(
+        self, state: State, env_vars: dict[str, str]
+    ) -> CreateSandboxRequest:
+        """The sandbox request, from ``CliAgentEnv``'s own settings and hooks."""
+        resources = self.get_sandbox_resources(state)
+        return CreateSandboxRequest(
+            name=state["rollout_id"],
+            docker_image=await self.get_docker_image(state),
+            start_command=self.start_command,
+            cpu_cores=resources["cpu_cores"],
+            memory_gb=resources["memory_gb"],
+            disk_size_gb=resources["disk_size_gb"],
+            gpu_count=resources["gpu_count"],
+            gpu_type=resources.get("gpu_type"),
+            vm=resources.get("vm", resources["gpu_count"] > 0),
+            timeout_minutes=resources["timeout_minutes"],
+            environment_vars=env_vars,
+            team_id=self.team_id,
+            advanced_configs=self.advanced_configs,
+            labels=self.labels if self.labels else [],
+        )
+
+    async def start_agent(self, state: State) -> None:
+        """Start ``run_command`` as a background job in the rollout's sandbox."""
+        if not self.use_gateway:
+            return await super().start_agent(state)
+        job = await self.sandbox_client.start_background_job(
+            state["sandbox_id"], agent_launch_command(self.run_command)
+        )
+        state["background_job"] = job
+        state["agent_start_time"] = time.time()
+
+    async def poll_job_completion(
+        self, state: State, sandbox_id: str, background_job: BackgroundJob
+    ) -> None:
+        """Poll the agent's job until it exits (adaptive, see :class:`PollPolicy`)."""
+        if not self.use_gateway:
+            return await super().poll_job_completion(state, sandbox_id, background_job)
+
+        async def probe() -> AgentExit | None:
+            status: BackgroundJobStatus = await self.sandbox_client.get_background_job(
+                sandbox_id, background_job, timeout=self.timeouts.poll
+            )
+            if not status.completed:
+                return None
+            return AgentExit(status.exit_code, status.stdout or "", status.stderr or "")
+
+        rollout = self._core(state)
+        agent_exit = await rollout.poll_until_exit(
+            probe, is_transient=is_retryable_sandbox_read_error
+        )
+        state["agent_polls"] = rollout.record.agent_polls
+        state["agent_exit_code"] = agent_exit.exit_code
+        state["agent_stdout"] = agent_exit.stdout
+        state["agent_stderr"] = agent_exit.stderr
+        state["agent_end_time"] = time.time()
+
+    async def wait_for_agent_completion(self, state: State) -> None:
+        """Wait for the agent to exit, bounded by the agent timeout.
+
+        An agent started without a background job (an override that ran it to its end)
+        is complete at once. On timeout: ``agent_timed_out`` (stop condition
+        ``agent_timeout``); the core then cancels the rollout at the gateway and stops
+        the agent before anything is scored.
+        """
+        sandbox_id, job = state.get("sandbox_id"), state.get("background_job")
+        if sandbox_id and job:
+            rollout = self._core(state)
+            await rollout.wait_for_agent(self.poll_job_completion(state, sandbox_id, job))
+            state["agent_timed_out"] = rollout.record.agent_timed_out
+        else:
+            state.setdefault("agent_timed_out", False)
+        if state["agent_timed_out"]:
+            state["timed_out"] = True  # CliAgentMonitorRubric's agent_timeout metric
+        state["agent_completed"] = True
+
+    async def stop_agent(self, state: State) -> None:
+        """Stop a still-running agent (after a timeout), before scoring touches its files."""
+        sandbox_id, job = state.get("sandbox_id"), state.get("background_job")
+        if not sandbox_id:
+            return
+        await self.sandbox_client.execute_command(sandbox_id, STOP_AGENT_SCRIPT, timeout=30)
+        if job is None:
+            return
+        rollout = self._core(state)
+        grace = rollout.settings.agent_stop_grace
+        deadline = rollout.settings.clock() + grace
+        while True:  # let the job report its exit, so its output is kept
+            status = await self.sandbox_client.get_background_job(sandbox_id, job, timeout=30)
+            if status.completed:
+                state["agent_exit_code"] = status.exit_code
+                state["agent_stdout"], state["agent_stderr"] = status.stdout, status.stderr
+                return
+            if rollout.settings.clock() >= deadline:
+                return
+            await rollout.settings.sleep(min(0.2, grace))
+
+    async def delete_rollout_sandbox(self, state: State) -> None:
+        """Delete the rollout's sandbox (or keep it for scoring when so configured)."""
+        sandbox_id = state.get("sandbox_id")
+        if not sandbox_id:
+            return
+        if self.keep_sandbox_for_scoring and state.get("is_completed"):
+            self.deregister_sandbox(sandbox_id)  # the rubric deletes it
+            return
+        await self.delete_sandbox(sandbox_id)  # SandboxMixin: retries, logs instead of raising
+        if sandbox_id in self.active_sandboxes:
+            raise SandboxError(f"sandbox {sandbox_id} could not be deleted; teardown retries it")
+
+    # ------------------------------------------------------------------ the rollout
+
+    # verifiers marks MultiTurnEnv.rollout @final and offers no hook that replaces its
+    # model loop, so gateway mode overrides it; interception mode calls it unchanged.
+    async def rollout(  # type: ignore[misc]
+        self,
+        input: RolloutInput,
+        client: Any,
+        model: str,
+        sampling_args: SamplingArgs | None = None,
+    ) -> State:
+        """Run one rollout; in gateway mode nothing but cancellation escapes."""
+        if not self.use_gateway:
+            return await super().rollout(input, client, model, sampling_args)
+        state = await self._init_state_or_error(input, client, model, sampling_args)
+        rollout = GatewayRollout(
+            self.gateway_resources, is_typed=_is_vf_typed, is_infra=_is_vf_infra
+        )
+        state["rollout_id"] = rollout.rollout_id
+        if state.get("error") is not None:
+            rollout.fail(state["error"])
+        self._gateway_rollouts[rollout.rollout_id] = rollout
+        token = current_rollout.set(rollout)
+        try:
+            state["timing"].generation.start = state["timing"].setup.start = time.time()
+            try:
+                rollout.record.gateway_url = state["gateway_url"] = self.resolve_gateway_url(state)
+            except GatewayConfigError as e:
+                rollout.fail(e)
+            hooks = ClassicHooks(rollout, self, state)
+            if rollout.record.error is not None:
+                await rollout.finalize(hooks)
+            else:
+                await rollout.execute(hooks, timeout=self.timeout_seconds)
+        finally:
+            current_rollout.reset(token)
+            self._gateway_rollouts.pop(rollout.rollout_id, None)
+            self._render_outcome(state, rollout)
+        return state
+
+    async def _init_state_or_error(
+        self, input: RolloutInput, client: Any, model: str, sampling_args: SamplingArgs | None
+    ) -> State:
+        """``init_state``; a malformed row becomes a typed error on an empty state."""
+        try:
+            return await self.init_state(input, client, model, sampling_args)
+        except Exception as e:
+            blank = {**input, "prompt": [], "info": {}}
+            state = await self.init_state(blank, client, model, sampling_args)  # type: ignore[arg-type]
+            state["error"] = RolloutInputError(f"malformed input row: {type(e).__name__}: {e}")
+            return state
+
+    def _render_outcome(self, state: State, rollout: GatewayRollout) -> None:
+        record = rollout.record
+        state.setdefault("agent_timed_out", record.agent_timed_out)
+        if "agent_exit_code" not in state and record.agent_exit is not None:
+            state["agent_exit_code"] = record.agent_exit.exit_code
+        if record.error is not None:
+            state["error"] = to_vf_error(record.error)
+        if record.stop_condition == STOP_CANCELLED:
+            return
+        if record.timed_out:
+            self.mark_timed_out(state)
+        if state.get("completion") is None:
+            state["completion"] = []
+        state["is_completed"] = True
+        # verifiers' own stop condition (rendered before scoring) names a clean ending
+        # more precisely (e.g. max_turns_reached); an error or timeout always wins.
+        if record.stop_condition not in (STOP_COMPLETED, STOP_AGENT_TIMEOUT) or not state.get(
+            "stop_condition"
+        ):
+            state["stop_condition"] = record.stop_condition
+        timing = state["timing"]
+        timing.setup.end = record.times.get("agent_start", timing.setup.start)
+        timing.generation.end = time.time()
+
+    # ------------------------------------------------------------------ verifiers hooks
+
+    async def render_completion(self, state: State) -> None:
+        """Use the gateway's ``completion`` when it sent one."""
+        if self.use_gateway and state.get("gateway_completion") is not None:
+            state["completion"] = state["gateway_completion"]
+            return
+        await super().render_completion(state)
+
+    @vf.stop(priority=50)
+    async def agent_timeout(self, state: State) -> bool:
+        """Stop condition: the agent ran past the agent timeout."""
+        return bool(state.get("agent_timed_out"))
+
+    @vf.cleanup
+    async def destroy_sandbox(self, state: State) -> None:
+        """Interception mode: ``CliAgentEnv``'s. Gateway mode: the core's finalize deletes."""
+        if not self.use_gateway:
+            await super().destroy_sandbox(state)
+
+    def teardown_sandboxes(self) -> None:
+        """Delete every sandbox still tracked (local backend: kill and remove them)."""
+        client = self.sandbox_client
+        # The threaded prime client proxies every attribute name, so ask by type.
+        if not isinstance(client, ThreadedAsyncSandboxClient) and hasattr(client, "delete_all"):
+            client.delete_all()  # local / injected clients: no prime API involved
+            self.active_sandboxes.clear()
+            return
+        super().teardown_sandboxes()
+
+    @vf.teardown(priority=10)
+    async def teardown_gateway(self) -> None:
+        """End rollouts in flight, close the control-plane clients, stop every tunnel."""
+        resources, self._gateway_resources = self._gateway_resources, None
+        if resources is not None:
+            await resources.aclose()
+
+
+__all__ = [
+    "AGENT_PID_FILE",
+    "SANDBOX_BACKEND_ENV",
+    "STOP_AGENT_SCRIPT",
+    "RolloutGatewayMixin",
+    "agent_launch_command",
+]

@@ -1,0 +1,98 @@
+"""The env-wide resources of gateway mode: control-plane clients, tunnels, rollouts in flight.
+
+One :class:`GatewayResources` per env, shared by all its rollouts. Closing it ends the
+rollouts still in flight (each finalizes: cancel, unregister, delete), then closes the
+HTTP clients and stops every tunnel, and refuses to open anything afterwards, so a
+rollout finalizing late cannot re-create a client nobody closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from rollout_gateway.client import GatewayClient
+from rollout_gateway.errors import GatewayUnavailableError
+from rollout_gateway.settings import GatewaySettings
+from rollout_gateway.tunnels import TunnelPool, TunnelProvider
+
+logger = logging.getLogger(__name__)
+
+
+class GatewayResources:
+    """Pooled clients (one per gateway), the shared tunnel pool and the rollouts in flight.
+
+    Args:
+        settings: the env's gateway settings.
+        tunnel_provider: the provider of the pool's tunnels.
+    """
+
+    def __init__(self, settings: GatewaySettings, tunnel_provider: TunnelProvider) -> None:
+        self.settings = settings
+        self.tunnels = TunnelPool(
+            tunnel_provider,
+            default_port=settings.gateway_port,
+            health_check_interval=settings.tunnel_health_check_interval,
+            liveness_interval=settings.tunnel_liveness_interval,
+            clock=settings.clock,
+            sleep=settings.sleep,
+        )
+        self._clients: dict[str, GatewayClient] = {}
+        self._in_flight: set[asyncio.Task[object]] = set()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        """How many rollouts are running now."""
+        return len(self._in_flight)
+
+    def client(self, gateway_url: str) -> GatewayClient:
+        """The pooled control-plane client of ``gateway_url`` (one per gateway)."""
+        if self._closed:
+            raise GatewayUnavailableError("gateway resources are closed (env torn down)")
+        client = self._clients.get(gateway_url)
+        if client is None:
+            client = GatewayClient(
+                gateway_url,
+                admin_token=self.settings.resolved_admin_token(),
+                retry=self.settings.retry,
+                transport=self.settings.transport,
+            )
+            self._clients[gateway_url] = client
+        return client
+
+    def track(self, task: asyncio.Task[object]) -> None:
+        """Count ``task`` (a running rollout) in flight until it finishes."""
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def aclose(self, *, grace: float = 60.0) -> None:
+        """End rollouts in flight (bounded by ``grace`` s), close clients, stop tunnels.
+
+        Idempotent. Rollouts are cancelled and awaited first so their own finalize
+        path unregisters and deletes what they hold while the clients still work.
+        """
+        current = asyncio.current_task()
+        tasks = [t for t in self._in_flight if t is not current and not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=grace)
+            if pending:
+                logger.warning("%d rollout(s) did not finish within %.0fs", len(pending), grace)
+        self._closed = True
+        clients = list(self._clients.values())
+        self._clients.clear()
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        await self.tunnels.stop_all()
+
+
+__all__ = ["GatewayResources"]

@@ -1,0 +1,161 @@
+"""Gateway-mode settings: one object, one name per option.
+
+Every stack adapter (the verifiers 0.3 mixin, the verifiers v1 interception) reads its
+options from a :class:`GatewaySettings`. It is plain data plus a few seams (an httpx
+transport, a tunnel provider, a clock and a sleep) that tests and benchmarks replace.
+A mapping of the same names (e.g. from ``vf-eval -a '{"gateway": {...}}'``) is accepted
+wherever settings are, through :meth:`GatewaySettings.coerce`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from rollout_gateway import protocol
+from rollout_gateway.client import RetryPolicy
+from rollout_gateway.errors import GatewayConfigError
+from rollout_gateway.polling import PollPolicy
+from rollout_gateway.tunnels import (
+    DirectTunnelProvider,
+    PrimeTunnelProvider,
+    TunnelProvider,
+)
+
+#: Environment variable holding the gateway's control-plane token, by default.
+ADMIN_TOKEN_ENV = "ROLLOUT_GATEWAY_ADMIN_TOKEN"
+#: How long an agent may run by default (the earlier experimental mixin's default: 6 h).
+DEFAULT_AGENT_TIMEOUT = 21600.0
+TUNNEL_PROVIDERS = ("prime", "direct")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """How an env talks to the rollout gateway and watches its agents.
+
+    Attributes:
+        gateway_url: gateway root to use instead of the one derived from the model
+            client's base URL (``/v1`` stripped).
+        gateway_port: port of the gateway when its URL names none.
+        agent_timeout: seconds an agent may run before it is stopped and the rollout
+            ends with stop condition ``agent_timeout``; ``None`` means no limit (the
+            env's own rollout timeout still applies).
+        tunnel_provider: ``"prime"``, ``"direct"``, a :class:`TunnelProvider`, or
+            ``None`` for the adapter's default (direct for local sandboxes, else prime).
+        admin_token: control-plane bearer token; ``None`` reads ``admin_token_env``.
+        admin_token_env: name of the environment variable holding the admin token.
+        retry: retry policy of control-plane calls.
+        poll: how often to ask the sandbox whether the agent exited.
+        tunnel_health_check_interval: seconds between server-side checks of a tunnel.
+        tunnel_liveness_interval: seconds between the tunnel monitor's process checks.
+        agent_stop_grace: seconds to wait for a stopped agent's job to report its exit.
+        allow_empty_trajectory: keep a rollout whose agent made no model call as a
+            zero-turn rollout instead of failing it with ``EmptyTrajectoryError``.
+        transport: httpx transport of the control-plane client (a seam for tests).
+        clock: monotonic clock in seconds (a seam for tests).
+        sleep: the waits of polling and the tunnel monitor (a seam for tests).
+    """
+
+    gateway_url: str | None = None
+    gateway_port: int = 8000
+    agent_timeout: float | None = DEFAULT_AGENT_TIMEOUT
+    tunnel_provider: TunnelProvider | str | None = None
+    admin_token: str | None = field(default=None, repr=False)
+    admin_token_env: str = ADMIN_TOKEN_ENV
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    poll: PollPolicy = field(default_factory=PollPolicy)
+    tunnel_health_check_interval: float = 30.0
+    tunnel_liveness_interval: float = 1.0
+    agent_stop_grace: float = 5.0
+    allow_empty_trajectory: bool = False
+    transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
+    sleep: Callable[[float], Awaitable[None]] = field(
+        default=asyncio.sleep, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gateway_port, bool) or not isinstance(self.gateway_port, int):
+            raise GatewayConfigError(f"gateway_port must be an integer, got {self.gateway_port!r}")
+        if not 0 < self.gateway_port < 65536:
+            raise GatewayConfigError(f"gateway_port out of range: {self.gateway_port}")
+        if self.gateway_url is not None:
+            if not self.gateway_url.startswith(("http://", "https://")):
+                raise GatewayConfigError(
+                    f"gateway_url must be an http(s) URL, got {self.gateway_url!r}"
+                )
+            object.__setattr__(self, "gateway_url", protocol.gateway_root(self.gateway_url))
+        if self.agent_timeout is not None and not (
+            isinstance(self.agent_timeout, int | float)
+            and math.isfinite(self.agent_timeout)
+            and self.agent_timeout > 0
+        ):
+            raise GatewayConfigError(
+                f"agent_timeout must be a positive number of seconds or None, "
+                f"got {self.agent_timeout!r}"
+            )
+        if isinstance(self.tunnel_provider, str) and self.tunnel_provider not in TUNNEL_PROVIDERS:
+            raise GatewayConfigError(
+                f"tunnel_provider must be one of {TUNNEL_PROVIDERS} or a TunnelProvider, "
+                f"got {self.tunnel_provider!r}"
+            )
+        for name in ("tunnel_health_check_interval", "tunnel_liveness_interval"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0):
+                raise GatewayConfigError(f"{name} must be a positive number, got {value!r}")
+        if not (isinstance(self.agent_stop_grace, int | float) and self.agent_stop_grace >= 0):
+            raise GatewayConfigError("agent_stop_grace must be a non-negative number")
+
+    @classmethod
+    def coerce(cls, value: GatewaySettings | Mapping[str, Any] | None) -> GatewaySettings:
+        """``value`` as settings: settings as they are, a mapping by field name."""
+        if value is None:
+            return cls()
+        if isinstance(value, GatewaySettings):
+            return value
+        if isinstance(value, Mapping):
+            return cls().replace(**value)
+        raise GatewayConfigError(
+            f"gateway settings must be GatewaySettings or a mapping, got {type(value).__name__}"
+        )
+
+    def replace(self, **changes: Any) -> GatewaySettings:
+        """A copy with ``changes`` applied (unknown names are a :class:`GatewayConfigError`)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise GatewayConfigError(
+                f"unknown gateway setting(s) {unknown}; known: {sorted(names)}"
+            )
+        if isinstance(changes.get("retry"), Mapping):
+            changes["retry"] = RetryPolicy(**changes["retry"])
+        if isinstance(changes.get("poll"), Mapping):
+            changes["poll"] = PollPolicy(**changes["poll"])
+        return dataclasses.replace(self, **changes)
+
+    def resolved_admin_token(self) -> str | None:
+        """The admin token: ``admin_token``, else the ``admin_token_env`` variable."""
+        return self.admin_token or os.environ.get(self.admin_token_env) or None
+
+    def resolved_tunnel_provider(self, *, local: bool) -> TunnelProvider:
+        """The tunnel provider; ``local`` picks the default (direct when sandboxes are local)."""
+        provider = self.tunnel_provider
+        if provider is None:
+            provider = "direct" if local else "prime"
+        if provider == "direct":
+            return DirectTunnelProvider()
+        if provider == "prime":
+            return PrimeTunnelProvider()
+        assert not isinstance(provider, str)
+        return provider
+
+
+__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_AGENT_TIMEOUT", "GatewaySettings", "TUNNEL_PROVIDERS"]
