@@ -22,6 +22,50 @@ ROLLOUT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNLIMITED_TURNS = -1
 
 
+#: Status of a refused chat turn (rollout cancelled, completed, or at one of its limits).
+#: Not 409 as in the original table: the OpenAI SDK (and litellm) retry 408, 409, 429 and
+#: 5xx, so an agent would re-send a refused turn for minutes. The error's ``code`` says
+#: why (one of :data:`TURN_REFUSAL_CODES`); refusals also carry ``x-should-retry: false``.
+TURN_REFUSED_STATUS = 403
+
+#: ``error.code`` values of a refused turn.
+TurnRefusalCode = Literal[
+    "rollout_cancelled",
+    "rollout_completed",
+    "max_turns_reached",
+    "max_completion_tokens_reached",
+    "max_context_reached",
+    "max_rollout_bytes_reached",
+    "max_input_tokens_reached",
+    "max_output_tokens_reached",
+    "max_total_tokens_reached",
+]
+TURN_REFUSAL_CODES: tuple[str, ...] = TurnRefusalCode.__args__  # type: ignore[attr-defined]
+
+#: Why a trajectory is truncated (``truncation_reason`` of the trajectory answer): the
+#: limit that refused a turn the agent asked for.
+#: ``max_input_tokens`` / ``max_output_tokens`` / ``max_total_tokens``: verifiers v1's token
+#: budgets (:data:`TOKEN_LIMIT_FIELDS`), which a rollout may register.
+TruncationReason = Literal[
+    "max_turns",
+    "max_completion_tokens",
+    "max_context",
+    "max_rollout_bytes",
+    "max_input_tokens",
+    "max_output_tokens",
+    "max_total_tokens",
+]
+
+#: Bearer-key routed data plane (the rollout is found by its per-rollout key, for agents
+#: that cannot carry the rollout id in their base URL, e.g. verifiers v1 harnesses).
+BEARER_CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+BEARER_MODELS_PATH = "/v1/models"
+
+#: Headers by which a client marks a retry (the OpenAI SDK's and the generic one).
+SDK_RETRY_COUNT_HEADER = "x-stainless-retry-count"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
+
 def new_rollout_id() -> str:
     """Return a fresh, unguessable rollout id (128 random bits, URL-safe)."""
     return f"rollout_{secrets.token_hex(16)}"
@@ -120,6 +164,8 @@ class RegisterRequest(TypedDict):
     max_turns: int
     max_seq_len: int | None
     api_key: NotRequired[str]
+    #: Our addition: completion tokens of the whole rollout (gateway default when absent).
+    max_total_completion_tokens: NotRequired[int | None]
 
 
 class RegisterResponse(TypedDict):
@@ -231,8 +277,9 @@ class TrajectoryResponse(TypedDict):
     completion: list[dict[str, Any]]
     is_truncated: bool
     trajectory: list[TrajectoryStepBody]
-    #: Our optional addition: the limit that refused a turn (v1's stop-condition name).
-    stop_condition: NotRequired[str]
+    #: Our additions: the limit that refused a turn, turns whose answer reached nobody.
+    truncation_reason: NotRequired[TruncationReason | None]
+    abandoned_turns: NotRequired[int]
 
 
 class StatusResponse(TypedDict):
@@ -244,8 +291,16 @@ class StatusResponse(TypedDict):
 
 __all__ = [
     "API_KEY_RE",
+    "BEARER_CHAT_COMPLETIONS_PATH",
+    "BEARER_MODELS_PATH",
+    "IDEMPOTENCY_KEY_HEADER",
     "ROLLOUT_ID_RE",
+    "SDK_RETRY_COUNT_HEADER",
+    "TURN_REFUSAL_CODES",
+    "TURN_REFUSED_STATUS",
     "UNLIMITED_TURNS",
+    "TruncationReason",
+    "TurnRefusalCode",
     "RegisterRequest",
     "RegisterResponse",
     "RolloutStatus",
@@ -279,8 +334,8 @@ __all__ = [
 #: output = completion tokens, total = both; soft by one turn (checked between turns).
 TOKEN_LIMIT_FIELDS = ("max_input_tokens", "max_output_tokens", "max_total_tokens")
 
-#: Names a gateway reports in a trajectory's optional ``"stop_condition"`` when it refused
-#: a turn because a limit was reached (v1's own stop-condition names).
+#: The ``truncation_reason`` values that are verifiers v1 limits (v1's own stop-condition
+#: names): a v1 adapter makes the reported one the trace's stop condition.
 LIMIT_STOP_CONDITIONS = ("max_turns", *TOKEN_LIMIT_FIELDS)
 
 

@@ -1,36 +1,45 @@
-"""The gateway's Starlette app: protocol v1 routes, health and metrics.
+"""The gateway's Starlette app: protocol v1 routes, bearer-key routes, health and metrics.
 
-See ``/work/shared/DESIGN.md`` (the gateway protocol table) for the contract; every route
-answers errors as ``{"error": {"message", "type", "code"}}``.
+See ``/work/shared/DESIGN.md`` (the gateway protocol table) for the contract and the
+README ("Reference gateway: limits and security") for our deviations and additions;
+every route answers errors as ``{"error": {"message", "type", "code"}}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from rollout_gateway.protocol import (
     API_KEY_RE,
+    BEARER_CHAT_COMPLETIONS_PATH,
+    BEARER_MODELS_PATH,
     UNLIMITED_TURNS,
     StatusResponse,
     TrajectoryResponse,
     is_valid_rollout_id,
     register_response,
 )
+from rollout_gateway.server.auth import bearer_token, token_matches
+from rollout_gateway.server.chat import ChatTurns
 from rollout_gateway.server.config import GatewayConfig
-from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget, turn_token_counts
+from rollout_gateway.server.dedupe import TurnTracker
+from rollout_gateway.server.guard import GuardMiddleware
+from rollout_gateway.server.jsonio import JSONBytesResponse
+from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget
 from rollout_gateway.server.metrics import GatewayMetrics
 from rollout_gateway.server.registry import (
     AlreadyRegisteredError,
@@ -39,32 +48,19 @@ from rollout_gateway.server.registry import (
     RolloutRecord,
     RolloutRegistry,
 )
-from rollout_gateway.server.responses import (
-    ApiError,
-    error_response,
-    read_json_object,
-    validate_messages,
-)
-from rollout_gateway.server.sse import iter_completion_sse
-from rollout_gateway.server.turns import agent_view, build_upstream_request, read_turn
-from rollout_gateway.server.upstream import UpstreamError, UpstreamPool
+from rollout_gateway.server.responses import ApiError, error_response, read_json_object
+from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
 
 _CONTROL_BODY_LIMIT = 1024 * 1024  # register bodies are small
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token.strip()
-
-
-def _token_matches(given: str | None, expected: str) -> bool:
-    # Constant-time compare: no timing oracle on the secret's prefix.
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ApiError(400, f"'{key}' must be a positive integer or null", "invalid_request_error")
+    return value
 
 
 class Gateway:
@@ -72,7 +68,7 @@ class Gateway:
 
     Args:
         config: the settings.
-        clock: monotonic clock of idle expiry (inject a fake one in tests).
+        clock: monotonic clock of idle expiry and retry windows (tests inject a fake one).
         upstream_transport: httpx transport(s) to reach the upstreams (tests).
     """
 
@@ -102,6 +98,8 @@ class Gateway:
             on_remove=lambda r: self.pool.release(r.upstream),
             on_expire=self._on_expire,
         )
+        self.chat = ChatTurns(self)
+        self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
     def _on_expire(self, record: RolloutRecord) -> None:
         self.metrics.expired_rollouts.inc()
@@ -114,19 +112,43 @@ class Gateway:
         rollout_id = request.path_params["rollout_id"]
         if not is_valid_rollout_id(rollout_id):
             raise ApiError(
-                400, "invalid rollout id (expected [A-Za-z0-9_-]{1,128})", "invalid_rollout_id"
+                400,
+                "invalid rollout id (expected [A-Za-z0-9_-]{1,128})",
+                "invalid_request_error",
+                code="invalid_rollout_id",
             )
         return rollout_id
 
-    def _check_admin(self, request: Request) -> None:
+    def _is_admin(self, request: Request) -> bool:
         token = self.config.admin_token
-        if token and not _token_matches(_bearer(request), token):
+        return token is None or token_matches(bearer_token(request), token)
+
+    def _check_admin(self, request: Request) -> None:
+        if not self._is_admin(request):
             raise ApiError(401, "missing or invalid admin token", "unauthorized")
 
     def _record(self, rollout_id: str) -> RolloutRecord:
         record = self.registry.get(rollout_id)
         if record is None:
-            raise ApiError(404, f"rollout {rollout_id} is not registered", "rollout_not_found")
+            raise ApiError(
+                404, f"rollout {rollout_id} is not registered", "not_found",
+                code="rollout_not_found",
+            )  # fmt: skip
+        return record
+
+    def _agent_record(self, request: Request) -> RolloutRecord:
+        """The rollout of a path-routed data-plane call, its key checked."""
+        record = self._record(self._rollout_id(request))
+        if record.api_key is not None and not token_matches(bearer_token(request), record.api_key):
+            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
+        return record
+
+    def _keyed_record(self, request: Request) -> RolloutRecord:
+        """The rollout of a bearer-key routed call (``/v1/chat/completions``)."""
+        token = bearer_token(request)
+        record = self.registry.by_key(token) if token else None
+        if record is None:
+            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
         return record
 
     # -- control plane -------------------------------------------------------------------
@@ -150,13 +172,8 @@ class Gateway:
             max_turns = UNLIMITED_TURNS
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < -1:
             raise ApiError(400, "'max_turns' must be an integer >= -1", "invalid_request_error")
-        max_seq_len = body.get("max_seq_len")
-        if max_seq_len is not None and (
-            isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
-        ):
-            raise ApiError(
-                400, "'max_seq_len' must be a positive integer or null", "invalid_request_error"
-            )
+        max_seq_len = _optional_positive_int(body, "max_seq_len")
+        max_completion = _optional_positive_int(body, "max_total_completion_tokens")
         proposed_key = body.get("api_key")
         if proposed_key is not None and (
             not isinstance(proposed_key, str) or not API_KEY_RE.fullmatch(proposed_key)
@@ -171,19 +188,28 @@ class Gateway:
         if self.registry.get(rollout_id) is not None:
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
 
+        config = self.config
         upstream = self.pool.pin()
         record = RolloutRecord(
             rollout_id=rollout_id,
             model=model,
             sampling_params=sampling,
-            max_turns=max_turns,
+            # The gateway's default turn budget stands in for "no limit".
+            max_turns=config.default_max_turns if max_turns == UNLIMITED_TURNS else max_turns,
             max_seq_len=max_seq_len,
             upstream=upstream.base_url,
             last_activity=self.registry.clock(),
             # The env's proposed key, so it knows the key even if this answer is lost.
             api_key=(proposed_key or secrets.token_urlsafe(32))
-            if self.config.require_rollout_keys
+            if config.require_rollout_keys
             else None,
+            max_total_completion_tokens=min(
+                max_completion or config.max_total_completion_tokens,
+                config.max_total_completion_tokens,
+            ),
+            max_context_tokens=max_seq_len or config.default_max_context_tokens,
+            max_message_bytes=config.max_rollout_message_bytes,
+            turns=TurnTracker(config.retry_dedupe_window_s, self.registry.clock),
             token_budget=token_budget,
         )
         try:
@@ -195,7 +221,7 @@ class Gateway:
             self.pool.release(upstream.base_url)
             raise ApiError(503, str(exc), "registry_full") from None
         self.metrics.registrations.inc()
-        logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.base_url)
+        logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.label)
         answer = register_response(
             rollout_id,
             {
@@ -206,7 +232,7 @@ class Gateway:
             },
             api_key=record.api_key,
         )
-        return JSONResponse(answer)
+        return JSONBytesResponse(answer)
 
     async def trajectory(self, request: Request) -> Response:
         """``GET /v1/rollouts/{id}/trajectory``."""
@@ -223,15 +249,15 @@ class Gateway:
             "model": record.model,
             "prompt": prompt,
             "completion": completion,
-            "is_truncated": truncated,
+            "is_truncated": truncated or record.truncation_reason is not None,
             "trajectory": steps,
+            "truncation_reason": record.truncation_reason,
+            "abandoned_turns": record.recorder.num_abandoned,
         }
-        if record.stop_condition is not None:
-            answer["stop_condition"] = record.stop_condition
-        return JSONResponse(answer)
+        return JSONBytesResponse(answer)
 
     async def cancel(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/cancel``: later chat calls get 409."""
+        """``POST /v1/rollouts/{id}/cancel``: later chat calls are refused."""
         rollout_id = self._rollout_id(request)
         self._check_admin(request)
         record = self._record(rollout_id)
@@ -239,7 +265,7 @@ class Gateway:
         self.registry.touch(record)
         logger.info("rollout=%s cancelled", rollout_id)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": "cancelled"}
-        return JSONResponse(answer)
+        return JSONBytesResponse(answer)
 
     async def unregister(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/unregister``: forget the rollout and its trajectory."""
@@ -247,126 +273,76 @@ class Gateway:
         self._check_admin(request)
         record = self.registry.remove(rollout_id)
         if record is None:
-            raise ApiError(404, f"rollout {rollout_id} is not registered", "rollout_not_found")
+            raise ApiError(
+                404, f"rollout {rollout_id} is not registered", "not_found",
+                code="rollout_not_found",
+            )  # fmt: skip
         logger.info("rollout=%s unregistered turns=%d", rollout_id, record.num_turns)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": record.status}
-        return JSONResponse(answer)
+        return JSONBytesResponse(answer)
 
     # -- data plane ----------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/chat/completions``: forward, record, answer."""
-        start = time.perf_counter()
-        rollout_id = self._rollout_id(request)
-        record = self._record(rollout_id)
-        if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
-            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
-        body = await read_json_object(request, self.config.max_body_bytes)
-        messages = validate_messages(body)
+        return await self.chat.handle(request, self._agent_record(request))
 
-        async with record.lock:  # turns of one rollout run one at a time, in order
-            if not record.live:
-                raise ApiError(404, f"rollout {rollout_id} is not registered", "rollout_not_found")
-            if record.status == "cancelled":
-                raise ApiError(409, f"rollout {rollout_id} is cancelled", "conflict")
-            if record.status == "completed" or record.at_max_turns:
-                if record.at_max_turns:
-                    record.stop_condition = record.stop_condition or "max_turns"
-                raise ApiError(
-                    409,
-                    f"rollout {rollout_id} is completed (max_turns={record.max_turns})",
-                    "conflict",
-                )
-            if record.token_budget is not None and (limit := record.token_budget.reached()):
-                record.stop_condition = record.stop_condition or limit
-                raise ApiError(409, f"rollout {rollout_id} stopped: {limit}", "conflict")
-            self.registry.touch(record)
-            upstream_body = build_upstream_request(
-                body, model=record.model, sampling_params=record.sampling_params
-            )
-            try:
-                completion, upstream_s = await self.pool.chat(record.upstream, upstream_body)
-            except UpstreamError as exc:
-                self.metrics.upstream_errors.inc(record.upstream, exc.kind)
-                self.registry.touch(record)
-                logger.warning(
-                    "rollout=%s turn=%d upstream=%s error=%s: %s",
-                    rollout_id,
-                    record.num_turns + 1,
-                    record.upstream,
-                    exc.kind,
-                    exc.message,
-                )
-                raise ApiError(exc.status_code, exc.message, "upstream_error") from None
-            turn = read_turn(completion)
-            record.recorder.record(
-                messages,
-                turn.completion,
-                prompt_ids=turn.prompt_ids,
-                completion_ids=turn.completion_ids,
-                completion_logprobs=turn.completion_logprobs,
-                finish_reason=turn.finish_reason,
-                total_tokens=turn.total_tokens,
-            )
-            record.num_turns += 1
-            if record.token_budget is not None:
-                record.token_budget.add_turn(
-                    *turn_token_counts(completion, turn.prompt_ids, turn.completion_ids)
-                )
-            turn_number = record.num_turns
-            if record.at_max_turns and record.status == "active":
-                record.status = "completed"
-            self.registry.touch(record)
-
-        self.metrics.turns.inc(record.upstream)
-        self.metrics.upstream_latency.observe(upstream_s, record.upstream)
-        logger.info(
-            "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
-            rollout_id,
-            turn_number,
-            (time.perf_counter() - start) * 1000,
-            upstream_s * 1000,
-            turn.finish_reason,
-        )
-        answer = agent_view(completion, body)
-        if body.get("stream"):
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return StreamingResponse(
-                iter_completion_sse(answer, include_usage=include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        return JSONResponse(answer)
+    async def chat_completions_by_key(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``: the rollout is the one whose key is the bearer."""
+        return await self.chat.handle(request, self._keyed_record(request))
 
     async def models(self, request: Request) -> Response:
-        """``GET /v1/rollouts/{id}/models``: the registered model, for agents that list models.
+        """``GET /v1/rollouts/{id}/models``: the upstream's model list (see :meth:`_models`)."""
+        return await self._models(self._agent_record(request))
 
-        Not part of protocol v1; agents whose SDK probes ``{base_url}/models`` at start
-        would otherwise get a 404.
-        """
-        rollout_id = self._rollout_id(request)
-        record = self._record(rollout_id)
-        if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
-            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
-        card = {"id": record.model, "object": "model", "created": 0, "owned_by": "rollout-gateway"}
-        return JSONResponse({"object": "list", "data": [card]})
+    async def models_by_key(self, request: Request) -> Response:
+        """``GET /v1/models`` keyed by the per-rollout bearer key."""
+        return await self._models(self._keyed_record(request))
+
+    async def _models(self, record: RolloutRecord) -> Response:
+        """The upstream's model cards (with its ``max_model_len``), the registered model
+        among them; a bare card of the registered model when the upstream cannot say."""
+        cards = await self._upstream_cards(record.upstream)
+        if not any(card.get("id") == record.model for card in cards):
+            card: dict[str, Any] = {
+                "id": record.model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "rollout-gateway",
+            }
+            lengths = [c["max_model_len"] for c in cards if "max_model_len" in c]
+            if lengths:
+                card["max_model_len"] = lengths[0]
+            cards = [card, *cards]
+        return JSONBytesResponse({"object": "list", "data": cards})
+
+    async def _upstream_cards(self, url: str) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        cached = self._model_cards.get(url)
+        if cached is not None and now - cached[0] < 60.0:
+            return cached[1]
+        cards: list[dict[str, Any]] = []
+        with contextlib.suppress(Exception):
+            cards = await self.pool.models(url)
+        self._model_cards[url] = (now, cards)
+        return cards
 
     # -- operations ----------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        """``GET /health``: liveness plus upstream states."""
-        return JSONResponse(
-            {
-                "status": "ok",
-                "enabled": self.config.enabled,
-                "active_rollouts": len(self.registry),
-                "upstreams": self.pool.describe(),
-            }
-        )
+        """``GET /health``: liveness; upstream states only for the admin."""
+        answer: dict[str, Any] = {
+            "status": "ok",
+            "enabled": self.config.enabled,
+            "active_rollouts": len(self.registry),
+        }
+        if self._is_admin(request):
+            answer["upstreams"] = self.pool.describe()
+        return JSONBytesResponse(answer)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        """``GET /metrics``: Prometheus text."""
+        """``GET /metrics``: Prometheus text (admin token required when configured)."""
+        self._check_admin(request)
         return PlainTextResponse(
             self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
@@ -407,16 +383,15 @@ class Gateway:
     async def _on_api_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
         self.metrics.rejected_requests.inc(str(exc.status_code))
-        return error_response(exc.status_code, exc.message, exc.error_type)
+        return error_response(
+            exc.status_code, exc.message, exc.error_type, code=exc.code, headers=exc.headers
+        )
 
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        self.metrics.rejected_requests.inc(str(exc.status_code))
         error_type = "not_found" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), error_type)
-
-    async def _on_unexpected(self, request: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        return error_response(500, f"internal gateway error: {exc!r}", "internal_error")
 
 
 def create_app(
@@ -445,13 +420,17 @@ def create_app(
             Route(f"{prefix}/cancel", gateway.cancel, methods=["POST"]),
             Route(f"{prefix}/unregister", gateway.unregister, methods=["POST"]),
             Route(f"{prefix}/models", gateway.models, methods=["GET"]),
+            Route(BEARER_CHAT_COMPLETIONS_PATH, gateway.chat_completions_by_key, methods=["POST"]),
+            Route(BEARER_MODELS_PATH, gateway.models_by_key, methods=["GET"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
+        ],
+        middleware=[
+            Middleware(GuardMiddleware, on_internal_error=gateway.metrics.internal_errors.inc)
         ],
         exception_handlers={
             ApiError: gateway._on_api_error,
             HTTPException: gateway._on_http_error,
-            Exception: gateway._on_unexpected,
         },
         lifespan=gateway.lifespan,
     )

@@ -12,6 +12,7 @@ the trajectory is fetched.
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,24 @@ def _canonical_arguments(arguments: Any) -> str:
     return json.dumps(arguments, sort_keys=True)
 
 
+#: Message fields the trajectory keeps; everything else an agent sends (vendor extras,
+#: cache hints, ids...) is dropped when the message is stored, so it costs no memory.
+RECORDED_MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+    "reasoning",
+)
+
+
+def recorded_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a chat message the trajectory keeps (see :data:`RECORDED_MESSAGE_FIELDS`)."""
+    return {k: message[k] for k in RECORDED_MESSAGE_FIELDS if k in message}
+
+
 def _common_prefix_len(a: array, b: array) -> int:
     """Length of the longest common prefix of two id arrays (slice compares run in C)."""
     n = min(len(a), len(b))
@@ -100,6 +119,7 @@ class _Step:
     tokens: _Tokens | None
     is_truncated: bool
     extras: dict[str, Any]
+    abandoned: bool = False  # nobody received the answer: not a turn the agent saw
 
 
 @dataclass
@@ -116,11 +136,46 @@ class TrajectoryRecorder:
     _steps: list[_Step] = field(default_factory=list)
     _last_messages: list[dict[str, Any]] = field(default_factory=list)
     _last_ids: array = field(default_factory=lambda: array("i"))
+    #: ``(_last_messages, _last_ids)`` before the last step (to undo an abandoned turn).
+    _before_last: tuple[list[dict[str, Any]], array] | None = None
 
     @property
     def num_steps(self) -> int:
         """Number of recorded turns."""
         return len(self._steps)
+
+    @property
+    def last_context_tokens(self) -> int:
+        """Prompt + completion ids of the last turn (0 when it had no ids)."""
+        return len(self._last_ids)
+
+    def shared_messages(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """How many leading ``messages`` the last turn's prompt + completion holds already.
+
+        ``None`` when ``messages`` does not extend that history (it was rewritten).
+        """
+        shared = len(self._last_messages)
+        if not self._steps:
+            return 0
+        if len(messages) >= shared and all(
+            m == p or message_key(m) == message_key(p)  # == first: C speed
+            for m, p in zip(messages, self._last_messages, strict=False)
+        ):
+            return shared
+        return None
+
+    def abandon_last(self) -> None:
+        """Mark the last step abandoned (its answer reached nobody) and forget it as the
+        history the next turn extends."""
+        if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
+            self._steps[-1].abandoned = True
+            self._last_messages, self._last_ids = self._before_last
+            self._before_last = None
+
+    @property
+    def num_abandoned(self) -> int:
+        """Steps recorded as abandoned."""
+        return sum(1 for s in self._steps if s.abandoned)
 
     def record(
         self,
@@ -132,6 +187,8 @@ class TrajectoryRecorder:
         completion_logprobs: Sequence[float] | None = None,
         finish_reason: str | None = None,
         total_tokens: int | None = None,
+        shared: int | None = -1,
+        extras: Mapping[str, Any] | None = None,
     ) -> None:
         """Record one turn: the request's ``messages`` and the returned ``completion``.
 
@@ -140,21 +197,16 @@ class TrajectoryRecorder:
         ``tokens: null`` (still recorded). ``total_tokens`` (usage) is the fallback
         length for ``is_truncated`` when there are no ids.
         """
-        extras: dict[str, Any] = {}
-        shared = len(self._last_messages)
-        if self._steps and not (
-            len(messages) >= shared
-            and all(
-                m == p or message_key(m) == message_key(p)  # == first: C speed
-                for m, p in zip(messages, self._last_messages, strict=False)
-            )
-        ):
-            extras["history_rewritten"] = True
+        step_extras: dict[str, Any] = dict(extras or {})
+        if shared == -1:  # not computed by the caller
+            shared = self.shared_messages(messages)
+        if shared is None:
+            step_extras["history_rewritten"] = True
             shared = 0
-        if not self._steps:
-            shared = 0
-        new_messages = list(messages[shared:])
+        new_messages = [recorded_message(m) for m in messages[shared:]]
         truncated = finish_reason == "length"
+        extras = step_extras
+        before = (self._last_messages, self._last_ids)
 
         tokens: _Tokens | None = None
         have_ids = prompt_ids is not None and completion_ids is not None
@@ -168,6 +220,11 @@ class TrajectoryRecorder:
                     extras["tokens_error"] = "token ids are not 32-bit integers"
                 else:
                     truncated = truncated or tokens.is_truncated
+                    if not math.isfinite(sum(tokens.completion_logprobs)):
+                        # Served as null (JSON has no NaN/inf); the turn says so.
+                        extras["nonfinite_logprobs"] = sum(
+                            1 for x in tokens.completion_logprobs if not math.isfinite(x)
+                        )
         if tokens is None:
             self._last_ids = array("i")
             if self.max_seq_len is not None and total_tokens is not None:
@@ -178,6 +235,7 @@ class TrajectoryRecorder:
         completion_list = [dict(m) for m in completion]
         self._steps.append(_Step(shared, new_messages, completion_list, tokens, truncated, extras))
         self._last_messages = [*self._last_messages[:shared], *new_messages, *completion_list]
+        self._before_last = before
 
     def _make_tokens(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], logprobs: Sequence[float]
@@ -212,9 +270,13 @@ class TrajectoryRecorder:
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
-                prev_ids = prompt_ids + t.completion_ids
+                next_ids = prompt_ids + t.completion_ids
             else:
-                prev_ids = array("i")
+                next_ids = array("i")
+            if step.abandoned:
+                continue  # the next step extends the history before this one
+            prev_ids = next_ids
+            prev_messages = [*prompt, *step.completion]
             out.append(
                 {
                     "prompt": prompt,
@@ -227,7 +289,6 @@ class TrajectoryRecorder:
                     "extras": dict(step.extras),
                 }
             )
-            prev_messages = [*prompt, *step.completion]
         return out
 
     def summary(

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus
+from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus, TruncationReason
+from rollout_gateway.server.dedupe import TurnTracker
 from rollout_gateway.server.limits_v1 import TokenBudget
 from rollout_gateway.server.recorder import TrajectoryRecorder
 
@@ -31,6 +32,16 @@ class RolloutRecord:
     api_key: str | None = None
     status: RolloutStatus = "active"
     num_turns: int = 0
+    #: Budgets (see :mod:`rollout_gateway.server.limits`); ``None``: no bound.
+    max_total_completion_tokens: int | None = None
+    max_context_tokens: int | None = None
+    max_message_bytes: int | None = None
+    completion_tokens: int = 0
+    message_bytes: int = 0
+    #: The limit that refused a turn (the trajectory reports it).
+    truncation_reason: TruncationReason | None = None
+    #: Turns queued, running and the last answered one (retry deduplication).
+    turns: TurnTracker = field(default_factory=lambda: TurnTracker(120.0, time.monotonic))
     recorder: TrajectoryRecorder = field(init=False)
     #: Serialises the turns of this rollout; other rollouts never wait on it.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -38,8 +49,6 @@ class RolloutRecord:
     live: bool = True
     #: verifiers v1 token caps of the rollout (``server/limits_v1.py``), if it set any.
     token_budget: TokenBudget | None = None
-    #: The limit that refused a turn (v1's name: ``max_turns``, ``max_input_tokens``...).
-    stop_condition: str | None = None
 
     def __post_init__(self) -> None:
         self.recorder = TrajectoryRecorder(str(uuid.uuid4()), self.max_seq_len)
@@ -79,6 +88,7 @@ class RolloutRegistry:
         self._on_remove = on_remove  # e.g. release the upstream pin
         self._on_expire = on_expire  # e.g. count expiries
         self._records: dict[str, RolloutRecord] = {}
+        self._by_key: dict[str, RolloutRecord] = {}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -102,6 +112,15 @@ class RolloutRegistry:
                     "unregister finished rollouts or raise --max-rollouts"
                 )
         self._records[record.rollout_id] = record
+        if record.api_key is not None:
+            self._by_key[record.api_key] = record
+
+    def by_key(self, api_key: str) -> RolloutRecord | None:
+        """The live record whose per-rollout key is ``api_key`` (bearer-key routing)."""
+        record = self._by_key.get(api_key)
+        if record is None:
+            return None
+        return self.get(record.rollout_id)
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
         """The live record of ``rollout_id`` (``None`` when unknown or expired)."""
@@ -120,6 +139,8 @@ class RolloutRegistry:
         record = self._records.pop(rollout_id, None)
         if record is not None:
             record.live = False
+            if record.api_key is not None:
+                self._by_key.pop(record.api_key, None)
             if self._on_remove is not None:
                 self._on_remove(record)
         return record
@@ -138,7 +159,8 @@ class RolloutRegistry:
 
     def _expired(self, record: RolloutRecord) -> bool:
         # A turn in progress is activity even if it runs longer than the TTL.
-        return not record.lock.locked() and self.clock() - record.last_activity > self.ttl_s
+        busy = record.lock.locked() or bool(record.turns.pending)
+        return not busy and self.clock() - record.last_activity > self.ttl_s
 
 
 __all__ = [

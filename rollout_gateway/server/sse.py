@@ -8,13 +8,17 @@ client accumulates back into the same message (content and tool-call deltas).
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from rollout_gateway.server.jsonio import dumps
+
+logger = logging.getLogger("rollout_gateway.server")
+
 
 def _event(payload: Mapping[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps(payload) + b"\n\n"
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -68,4 +72,23 @@ def iter_completion_sse(
     yield DONE_EVENT
 
 
-__all__ = ["DONE_EVENT", "completion_to_sse", "iter_completion_sse"]
+def error_event(message: str, code: str = "stream_error") -> bytes:
+    """An SSE event carrying an OpenAI-shaped error (the OpenAI SDK raises on it)."""
+    return _event({"error": {"message": message, "type": "upstream_error", "code": code}})
+
+
+def guard_sse(events: Iterator[bytes]) -> Iterator[bytes]:
+    """``events``, ended by an error event and ``[DONE]`` if producing them fails midway.
+
+    A malformed answer must end the agent's stream with an error it can read, not break
+    its connection mid-stream.
+    """
+    try:
+        yield from events
+    except Exception:
+        logger.exception("stream aborted: malformed completion")
+        yield error_event("the model's answer could not be streamed")
+        yield DONE_EVENT
+
+
+__all__ = ["DONE_EVENT", "completion_to_sse", "error_event", "guard_sse", "iter_completion_sse"]

@@ -8,10 +8,39 @@ from typing import Any
 
 from rollout_gateway import protocol
 
-#: Request fields that are sampling parameters: the registered values win over the agent's.
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
-#: Fields the gateway controls itself.
-_GATEWAY_FIELDS = ("stream", "stream_options", "return_token_ids", "model")
+
+#: Request fields an agent may set that are forwarded to the engine. They shape the
+#: conversation, not the sampling distribution. Registered sampling params still win.
+AGENT_FORWARDED_FIELDS = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "stop",
+)
+#: Request fields an agent may set that the gateway reads but does not forward as sent:
+#: ``max_tokens`` / ``max_completion_tokens`` apply only when registration sets none;
+#: ``stream``, ``stream_options``, ``logprobs``, ``top_logprobs``, ``return_token_ids``
+#: only shape the agent's answer (upstream is always asked for ids and logprobs);
+#: ``model`` is replaced by the registered model.
+AGENT_READ_FIELDS = (
+    *_MAX_TOKEN_KEYS,
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "return_token_ids",
+    "model",
+)
+_AGENT_FIELDS = frozenset((*AGENT_FORWARDED_FIELDS, *AGENT_READ_FIELDS))
+
+
+def dropped_agent_fields(body: Mapping[str, Any]) -> list[str]:
+    """Fields of an agent's request the gateway drops (every sampling field, ``n``,
+    ``seed``, ``logit_bias``, engine extras...): sorted names, for the turn's record."""
+    return sorted(k for k in body if k not in _AGENT_FIELDS)
 
 
 def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -25,24 +54,33 @@ def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_upstream_request(
-    body: Mapping[str, Any], *, model: str, sampling_params: Mapping[str, Any]
+    body: Mapping[str, Any],
+    *,
+    model: str,
+    sampling_params: Mapping[str, Any],
+    max_tokens_bound: int | None = None,
 ) -> dict[str, Any]:
     """The upstream request for an agent's chat ``body``.
 
-    The registered ``model`` and ``sampling_params`` override the agent's fields;
-    ``max_tokens`` / ``max_completion_tokens`` are one setting (the registered one wins,
-    then the agent's) sent once as ``max_tokens``. ``tools`` / ``tool_choice`` and
-    other fields pass through. The call is never streamed and always asks for token ids
-    and logprobs (vLLM's ``return_token_ids`` / ``logprobs``).
+    An allowlist: only :data:`AGENT_FORWARDED_FIELDS` of the agent's body are forwarded;
+    every other field (sampling, ``n``, ``seed``, ``logit_bias``, ``echo``, engine
+    extras...) is dropped (see :func:`dropped_agent_fields`). The registered ``model``
+    and ``sampling_params`` are sent as registered. ``max_tokens`` is the registered value,
+    else the agent's ``max_tokens`` / ``max_completion_tokens``, capped by
+    ``max_tokens_bound`` (the rollout's remaining budget). The call is never streamed and
+    always asks for token ids and logprobs (vLLM's ``return_token_ids`` / ``logprobs``).
     """
     registered = flatten_sampling_params(sampling_params)
-    request = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
+    request = {k: body[k] for k in AGENT_FORWARDED_FIELDS if k in body}
     max_tokens = _first_set(registered, _MAX_TOKEN_KEYS)
     if max_tokens is None:
         max_tokens = _first_set(body, _MAX_TOKEN_KEYS)
+    if max_tokens_bound is not None:
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+            max_tokens = min(max_tokens, max_tokens_bound)
+        else:
+            max_tokens = max_tokens_bound
     request.update({k: v for k, v in registered.items() if k not in _MAX_TOKEN_KEYS})
-    for key in _MAX_TOKEN_KEYS:
-        request.pop(key, None)
     if max_tokens is not None:
         request["max_tokens"] = max_tokens
     request["model"] = model
@@ -147,10 +185,13 @@ def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str,
 
 
 __all__ = [
+    "AGENT_FORWARDED_FIELDS",
+    "AGENT_READ_FIELDS",
     "TurnResult",
     "agent_view",
     "assistant_message",
     "build_upstream_request",
+    "dropped_agent_fields",
     "flatten_sampling_params",
     "read_turn",
 ]

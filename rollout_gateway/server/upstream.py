@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from rollout_gateway.server import jsonio
 
 logger = logging.getLogger("rollout_gateway.server")
 
@@ -16,13 +20,28 @@ ErrorKind = Literal["connect", "timeout", "transport", "http_4xx", "http_5xx", "
 
 
 class UpstreamError(Exception):
-    """An upstream call failed; ``status_code`` is what the gateway answers the agent."""
+    """An upstream call failed; ``status_code`` is what the gateway answers the agent.
 
-    def __init__(self, kind: ErrorKind, status_code: int, message: str) -> None:
+    ``message`` is what the agent sees: short, with no upstream URL, credential or
+    exception repr. ``detail`` is for the operator's log only.
+    """
+
+    def __init__(self, kind: ErrorKind, status_code: int, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         self.status_code = status_code
         self.message = message
+        self.detail = detail or message
+
+
+def redact_url(url: str) -> str:
+    """``url`` without credentials, query or fragment (safe for logs, metrics, health)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 @dataclass(eq=False)
@@ -36,10 +55,14 @@ class Upstream:
 
     base_url: str
     clients: list[httpx.AsyncClient]
+    label: str = field(default="")  # base_url without credentials (metrics, logs, health)
     healthy: bool = True
     pinned: int = 0  # registered rollouts pinned here
     in_flight: int = 0  # chat requests under way
     _next_shard: int = 0
+
+    def __post_init__(self) -> None:
+        self.label = self.label or redact_url(self.base_url)
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -56,8 +79,8 @@ class Upstream:
 def _upstream_message(response: httpx.Response) -> str:
     """The error message an OpenAI-compatible server put in its answer."""
     try:
-        body = response.json()
-    except ValueError:
+        body = jsonio.loads_lenient(response.content)
+    except (ValueError, RecursionError):
         return response.text[:2000] or response.reason_phrase
     if isinstance(body, dict):
         error = body.get("error")
@@ -83,7 +106,8 @@ class UpstreamPool:
 
     Args:
         urls: OpenAI base URLs (``http://host:port/v1``).
-        timeout_s: read/write/pool timeout of a chat completion.
+        timeout_s: total deadline of one chat completion (connect, send, wait, read:
+            a drip-feeding upstream cannot hold a turn longer than this).
         connect_timeout_s: connect timeout (small: a dead upstream must fail fast).
         transport: an httpx transport for every upstream, or one per URL (tests).
         api_key: bearer token sent upstream.
@@ -110,6 +134,7 @@ class UpstreamPool:
             max_keepalive_connections=per_shard,
             keepalive_expiry=30.0,
         )
+        self.timeout_s = timeout_s
         self.upstreams: list[Upstream] = []
         for url in urls:
             t = transport.get(url) if isinstance(transport, Mapping) else transport
@@ -146,44 +171,73 @@ class UpstreamPool:
     async def chat(self, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """POST ``body`` to ``{url}/chat/completions``; returns (completion, seconds).
 
-        Raises :class:`UpstreamError`: upstream 4xx -> 400 with its message (429 kept as
-        429 so clients back off), 5xx, unreachable, timeout or a non-JSON answer -> 502.
+        The whole call (connect to last byte) is bounded by ``timeout_s``. Raises
+        :class:`UpstreamError`: upstream 4xx -> 400 with the engine's own message (429
+        kept as 429 so clients back off); 5xx, unreachable, timeout or a non-JSON answer
+        -> 502 with a short message (the URL and the exception go to ``detail``).
         """
         upstream = self._by_url[url]
+        label = upstream.label
         upstream.in_flight += 1
         start = time.perf_counter()
         try:
-            response = await upstream.client.post("/chat/completions", json=body)
+            async with asyncio.timeout(self.timeout_s):
+                response = await upstream.client.post(
+                    "/chat/completions",
+                    content=jsonio.dumps(body),
+                    headers={"Content-Type": "application/json"},
+                )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             if upstream.healthy:
-                logger.warning("upstream=%s marked unhealthy: %r", url, exc)
+                logger.warning("upstream=%s marked unhealthy: %r", label, exc)
             upstream.healthy = False
-            raise UpstreamError("connect", 502, f"upstream {url} unreachable: {exc!r}") from exc
-        except httpx.TimeoutException as exc:
-            raise UpstreamError("timeout", 502, f"upstream {url} timed out: {exc!r}") from exc
+            raise UpstreamError(
+                "connect", 502, "upstream unreachable", f"{label} unreachable: {exc!r}"
+            ) from exc
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise UpstreamError(
+                "timeout", 502, "upstream timed out", f"{label} timed out: {exc!r}"
+            ) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError("transport", 502, f"upstream {url} failed: {exc!r}") from exc
+            raise UpstreamError(
+                "transport", 502, "upstream connection failed", f"{label} failed: {exc!r}"
+            ) from exc
         finally:
             upstream.in_flight -= 1
         elapsed = time.perf_counter() - start
         if not upstream.healthy:
-            logger.info("upstream=%s healthy again", url)
+            logger.info("upstream=%s healthy again", label)
         upstream.healthy = True  # it answered: reachable
         status = response.status_code
         if status >= 500:
             raise UpstreamError(
-                "http_5xx", 502, f"upstream error {status}: {_upstream_message(response)}"
+                "http_5xx",
+                502,
+                f"upstream error {status}",
+                f"{label} answered {status}: {_upstream_message(response)}",
             )
         if status >= 400:
             code = 429 if status == 429 else 400
-            raise UpstreamError("http_4xx", code, _upstream_message(response))
+            message = _upstream_message(response)[:2000]
+            raise UpstreamError("http_4xx", code, message, f"{label} answered {status}: {message}")
         try:
-            completion = response.json()
-        except ValueError as exc:
-            raise UpstreamError("protocol", 502, "upstream answered non-JSON") from exc
+            completion = jsonio.loads_lenient(response.content)
+        except (ValueError, RecursionError) as exc:
+            raise UpstreamError(
+                "protocol", 502, "upstream answered non-JSON", f"{label}: {exc!r}"
+            ) from exc
         if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
             raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
         return completion, elapsed
+
+    async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """The model cards of ``GET {url}/models`` (vLLM's carry ``max_model_len``)."""
+        upstream = self._by_url[url]
+        response = await upstream.client.get("/models", timeout=timeout_s)
+        response.raise_for_status()
+        listing = jsonio.loads_lenient(response.content)
+        data = listing.get("data") if isinstance(listing, dict) else None
+        return [card for card in data or () if isinstance(card, dict)]
 
     async def probe_unhealthy(self, timeout_s: float = 2.0) -> None:
         """Re-probe unhealthy upstreams with ``GET {base}/models``; mark answering ones healthy."""
@@ -195,13 +249,13 @@ class UpstreamPool:
             except httpx.HTTPError:
                 continue
             if response.status_code < 500:
-                logger.info("upstream=%s healthy again (probe)", upstream.base_url)
+                logger.info("upstream=%s healthy again (probe)", upstream.label)
                 upstream.healthy = True
 
     def describe(self) -> list[dict[str, Any]]:
         """State of every upstream (for ``/health``)."""
         return [
-            {"url": u.base_url, "healthy": u.healthy, "pinned": u.pinned, "in_flight": u.in_flight}
+            {"url": u.label, "healthy": u.healthy, "pinned": u.pinned, "in_flight": u.in_flight}
             for u in self.upstreams
         ]
 
@@ -212,4 +266,4 @@ class UpstreamPool:
                 await client.aclose()
 
 
-__all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool"]
+__all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool", "redact_url"]

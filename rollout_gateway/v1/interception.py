@@ -299,9 +299,11 @@ class GatewayInterception(Interception):
                 raise to_v1_error(e, "gateway trajectory") from e
             active.sync.apply(answer.get("trajectory") or [])
             trace = active.session.trace
-            reported: Any = answer.get("stop_condition")
-            if reported in protocol.LIMIT_STOP_CONDITIONS:
-                trace.stop(str(reported))
+            # The limit that refused a turn the agent asked for (v1's names for v1's
+            # limits; the gateway's own budgets by their names): the rollout's stop.
+            reported: Any = answer.get("truncation_reason")
+            if isinstance(reported, str) and reported:
+                trace.stop(reported)
             elif exit_code not in (None, 0):
                 limit = active.session.limits.reached(trace)
                 if limit is not None:
