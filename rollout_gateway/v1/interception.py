@@ -78,6 +78,8 @@ class _Active:
     rollout: GatewayRollout
     sync: TraceSync
     lock: asyncio.Lock
+    #: v1 judged the harness's exit (the sync hook ran with its exit code).
+    harness_exited: bool = False
 
 
 class _V1Hooks(RolloutHooks):
@@ -243,8 +245,14 @@ class GatewayInterception(Interception):
                 )
             self._active[trace_id] = active
             yield (record.tunnel_url, record.api_key, "")
-            # The harness returned: the agent is done, nothing to cancel.
-            record.agent_exit = AgentExit(exit_code=None)
+            if active.harness_exited:
+                # The harness program exited: nothing left to cancel.
+                record.agent_exit = AgentExit(exit_code=None)
+            else:
+                # Released without v1 judging an exit: the rollout was aborted (cancelled,
+                # failed in setup) while the agent may still run. Refuse its next turns
+                # first; finalize then unregisters (the core sends each call once).
+                await rollout.cancel()
             await self._sync(active, exit_code=None)
         except asyncio.CancelledError:
             rollout.record.cancelled = True
@@ -287,6 +295,8 @@ class GatewayInterception(Interception):
         """
         active = self._active.get(trace.id)
         if active is not None:
+            if exit_code is not None:
+                active.harness_exited = True
             await self._sync(active, exit_code=exit_code)
 
     async def _sync(self, active: _Active, *, exit_code: int | None) -> None:
@@ -301,7 +311,7 @@ class GatewayInterception(Interception):
             trace = active.session.trace
             # The limit that refused a turn the agent asked for (v1's names for v1's
             # limits; the gateway's own budgets by their names): the rollout's stop.
-            reported: Any = answer.get("truncation_reason")
+            reported: Any = answer.get("truncation_reason") or answer.get("truncated_reason")
             if isinstance(reported, str) and reported:
                 trace.stop(reported)
             elif exit_code not in (None, 0):

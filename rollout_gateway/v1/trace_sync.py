@@ -66,7 +66,9 @@ def _usage(step: Mapping[str, Any], tokens: Mapping[str, Any] | None) -> Usage |
         usage = (step.get("extras") or {}).get("usage")
     if isinstance(usage, Mapping) and isinstance(usage.get("prompt_tokens"), int):
         details = usage.get("prompt_tokens_details") or {}
-        cached = usage.get("cached_tokens", details.get("cached_tokens"))
+        cached = (step.get("extras") or {}).get("cached_tokens")
+        if cached is None:
+            cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         cached = cached if isinstance(cached, int) else None
         return Usage(
             prompt_tokens=int(usage["prompt_tokens"]) - (cached or 0),
@@ -86,16 +88,31 @@ def _span(step: Mapping[str, Any]) -> TimeSpan:
     if timing is None:
         timing = (step.get("extras") or {}).get("timing")
     if isinstance(timing, Mapping):
-        start, end = timing.get("start"), timing.get("end")
-        if isinstance(start, (int, float)) and isinstance(end, (int, float)):
-            return TimeSpan(start=float(start), end=float(end))
+        # The reference gateway: when the turn went upstream, and how long it took.
+        start, took = timing.get("started_at"), timing.get("upstream_s")
+        if isinstance(start, int | float) and isinstance(took, int | float):
+            return TimeSpan(start=float(start), end=float(start) + float(took))
     return TimeSpan()
 
 
+def _sampling(step: Mapping[str, Any], registered: Sampling | None) -> Sampling | None:
+    """The sampling actually sent upstream for this turn, else the registered one."""
+    sent = (step.get("extras") or {}).get("sampling")
+    if isinstance(sent, Mapping):
+        try:
+            return _CHAT.parse_sampling(dict(sent))
+        except ValueError:
+            return registered
+    return registered
+
+
 def _step_error(step: Mapping[str, Any]) -> Error | None:
+    extras = step.get("extras") or {}
     error = step.get("error")
     if error is None:
-        error = (step.get("extras") or {}).get("error")
+        error = extras.get("error")
+    if error is None and extras.get("status") == "error":
+        error = {"type": "GatewayTurnError", "message": "the gateway recorded a failed turn"}
     if not error:
         return None
     if isinstance(error, Mapping):
@@ -172,6 +189,7 @@ class TraceSync:
             raise TraceSyncError(f"turn {index + 1}: unparseable request: {e}") from e
         span = _span(step)
         error = _step_error(step)
+        sampling = _sampling(step, self.sampling)
         completion = step.get("completion") or ()
         if error is not None or not completion:
             # A failed exchange commits no node; v1 records the call with its error.
@@ -179,7 +197,7 @@ class TraceSync:
                 ModelCall(
                     node=None,
                     model=self.model,
-                    sampling=self.sampling,
+                    sampling=sampling,
                     endpoint=_CHAT.upstream_path,
                     time=span,
                     error=error or Error(type="GatewayTurnError", message="empty completion"),
@@ -205,7 +223,7 @@ class TraceSync:
             ModelCall(
                 node=node,
                 model=self.model,
-                sampling=self.sampling,
+                sampling=sampling,
                 endpoint=_CHAT.upstream_path,
                 finish_reason=finish,  # type: ignore[arg-type]
                 usage=usage,
