@@ -154,6 +154,17 @@ def agent_environment(
     }
 
 
+def _reraise_if_cancelled() -> None:
+    """Inside ``except CancelledError``: re-raise if *this* task is being cancelled.
+
+    A finalize step runs in its own task; a ``CancelledError`` out of it while the
+    finalize task itself is not cancelled is that step's failure, not ours to obey.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _is_typed(error: BaseException) -> bool:
     return isinstance(error, RolloutGatewayError)
 
@@ -450,19 +461,34 @@ class GatewayRollout:
     async def _guarded(
         self, name: str, hook: Callable[[], Awaitable[None]], error_type: type[Exception]
     ) -> None:
-        """A finalize step: its failure is recorded, never raised."""
+        """A finalize step: bounded; its failure is recorded, never raised."""
         try:
-            await self._step(name, hook, error_type)
+            await self._bounded(name, hook, error_type)
+        except asyncio.CancelledError:
+            _reraise_if_cancelled()
+            self.fail(error_type(f"{name} was cancelled"))
         except Exception as e:
             logger.warning("rollout=%s %s failed: %s", self.rollout_id, name, e)
             self.fail(e)
 
     async def _quiet(self, name: str, hook: Callable[[], Awaitable[None]]) -> None:
-        """A best-effort finalize step: its failure is only logged."""
+        """A best-effort finalize step: bounded; its failure is only logged."""
         try:
-            await self._step(name, hook, RolloutInfraError)
+            await self._bounded(name, hook, RolloutInfraError)
+        except asyncio.CancelledError:
+            _reraise_if_cancelled()
+            logger.warning("rollout=%s %s was cancelled", self.rollout_id, name)
         except Exception as e:
             logger.warning("rollout=%s %s failed: %s", self.rollout_id, name, e)
+
+    async def _bounded(
+        self, name: str, hook: Callable[[], Awaitable[None]], error_type: type[Exception]
+    ) -> None:
+        timeout = self.settings.finalize_step_timeout
+        try:
+            await asyncio.wait_for(self._step(name, hook, error_type), timeout)
+        except TimeoutError:
+            raise error_type(f"{name} did not finish within {timeout:g}s") from None
 
     def _typed(self, error: Exception, error_type: type[Exception], stage: str) -> Exception:
         if self._is_typed(error):

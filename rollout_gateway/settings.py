@@ -57,6 +57,8 @@ class GatewaySettings:
         tunnel_health_check_interval: seconds between server-side checks of a tunnel.
         tunnel_liveness_interval: seconds between the tunnel monitor's process checks.
         agent_stop_grace: seconds to wait for a stopped agent's job to report its exit.
+        finalize_step_timeout: bound of each teardown step (scoring, cancel, unregister,
+            sandbox delete...), so one hung step cannot keep a rollout forever.
         allow_empty_trajectory: keep a rollout whose agent made no model call as a
             zero-turn rollout instead of failing it with ``EmptyTrajectoryError``.
         transport: httpx transport of the control-plane client (a seam for tests).
@@ -75,6 +77,7 @@ class GatewaySettings:
     tunnel_health_check_interval: float = 30.0
     tunnel_liveness_interval: float = 1.0
     agent_stop_grace: float = 5.0
+    finalize_step_timeout: float = 600.0
     allow_empty_trajectory: bool = False
     transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False)
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
@@ -107,7 +110,11 @@ class GatewaySettings:
                 f"tunnel_provider must be one of {TUNNEL_PROVIDERS} or a TunnelProvider, "
                 f"got {self.tunnel_provider!r}"
             )
-        for name in ("tunnel_health_check_interval", "tunnel_liveness_interval"):
+        for name in (
+            "tunnel_health_check_interval",
+            "tunnel_liveness_interval",
+            "finalize_step_timeout",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0):
                 raise GatewayConfigError(f"{name} must be a positive number, got {value!r}")

@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CommandResponse
 
+from rollout_gateway import protocol
+
 Failure = int | BaseException
 """An injected failure: an HTTP status to answer, or an exception to raise."""
 
@@ -129,18 +131,12 @@ class FakeGateway:
                 return _error(409, "already registered")
             body = json.loads(request.content or b"{}")
             rollout = FakeRollout(rollout_id, body)
-            if self.issue_api_keys:
-                rollout.api_key = f"key-{uuid.uuid4().hex}"
+            if self.issue_api_keys:  # like the reference server: a proposed key is honoured
+                rollout.api_key = body.get("api_key") or f"key-{uuid.uuid4().hex}"
             self.rollouts[rollout_id] = rollout
-            answer = {
-                "rollout_id": rollout_id,
-                "status": "active",
-                "model": body.get("model"),
-                "max_turns": body.get("max_turns"),
-                "max_seq_len": body.get("max_seq_len"),
-            }
-            if rollout.api_key:
-                answer["api_key"] = rollout.api_key
+            answer = protocol.register_response(rollout_id, body, api_key=rollout.api_key)
+            if rollout.api_key is None:
+                answer.pop("api_key", None)
             return httpx.Response(200, json=answer)
         if rollout is None:
             return _error(404, f"unknown rollout {rollout_id}")
@@ -223,6 +219,9 @@ class FakeSandboxClient:
         self.create_latency = create_latency
         self.ready_latency = ready_latency
         self.sandboxes: dict[str, FakeSandbox] = {}
+        #: Answers ``execute_command`` before the default behaviour when it returns one.
+        self.on_command: Callable[[FakeSandbox, str], CommandResponse | None] | None = None
+        self.commands: list[str] = []
         self.calls: Counter[str] = Counter()
         self._failures: dict[str, list[BaseException]] = {}
         self._ids = itertools.count()
@@ -309,6 +308,11 @@ class FakeSandboxClient:
         """Answer ``cat FILE`` from the sandbox's files, anything else with exit 0."""
         self._enter("execute_command")
         sandbox = self._live(sandbox_id)
+        self.commands.append(command)
+        if self.on_command is not None:
+            answer = self.on_command(sandbox, command)
+            if answer is not None:
+                return answer
         if command.startswith("cat "):
             path = command[4:].strip()
             if path in sandbox.files:

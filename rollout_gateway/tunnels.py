@@ -132,7 +132,7 @@ class PrimeTunnelProvider:
         """Start a tunnel to ``host:port`` and return it once it has a public URL."""
         from prime_tunnel import Tunnel
 
-        tunnel = Tunnel(local_port=port, local_addr=host, **self.tunnel_kwargs)  # type: ignore[arg-type]
+        tunnel = Tunnel(local_port=port, local_addr=host, **self.tunnel_kwargs)
         try:
             url = await tunnel.start()
         except BaseException:

@@ -15,6 +15,7 @@ collect_ignore = ignored_paths()
 
 if STACK == "classic":  # the fixtures below serve the classic (verifiers 0.3) tests
     import verifiers as vf
+    from core_world import no_wait
     from helpers import (
         FAST_POLL,
         FAST_RETRY,
@@ -60,6 +61,7 @@ async def make_env(
             transport=gateway.transport(),
             retry=FAST_RETRY,
             poll=FAST_POLL,
+            sleep=no_wait,
         )
         changes = overrides.pop("gateway", {})
         options: dict[str, Any] = {

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import verifiers as vf
+from core_world import no_wait
 from datasets import Dataset
 from prime_sandboxes import CreateSandboxRequest
 
@@ -15,7 +16,9 @@ from rollout_gateway.polling import PollPolicy
 from rollout_gateway.testing import FakeGateway, FakeSandbox, rollout_id_of, task_row
 
 GATEWAY_BASE_URL = "http://gateway.test:8000/v1"
-FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0, jitter=0.0)
+FAST_RETRY = RetryPolicy(
+    max_attempts=3, initial_backoff=0.0, max_backoff=0.0, jitter=0.0, sleep=no_wait
+)
 FAST_POLL = PollPolicy(min_interval=0.005, max_interval=0.02)
 
 

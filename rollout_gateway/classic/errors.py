@@ -9,8 +9,6 @@ matches) and the matching verifiers class: ``vf.TunnelError`` for tunnel failure
 
 from __future__ import annotations
 
-import functools
-
 import verifiers as vf
 
 from rollout_gateway import errors as core
@@ -26,11 +24,16 @@ def _vf_base(cls: type[BaseException]) -> type[vf.Error]:
     return vf.Error
 
 
-@functools.cache
+_VF_CLASSES: dict[type[BaseException], type[BaseException]] = {}
+
+
 def vf_error_class(cls: type[BaseException]) -> type[BaseException]:
     """The class subclassing both ``cls`` (a core error class) and its verifiers match."""
-    base = _vf_base(cls)
-    return type(cls.__name__, (cls, base), {"__module__": cls.__module__, "__doc__": cls.__doc__})
+    vf_cls = _VF_CLASSES.get(cls)
+    if vf_cls is None:
+        namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__}
+        vf_cls = _VF_CLASSES[cls] = type(cls.__name__, (cls, _vf_base(cls)), namespace)
+    return vf_cls
 
 
 def to_vf_error(error: BaseException) -> BaseException:

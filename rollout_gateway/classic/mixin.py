@@ -45,7 +45,7 @@ from rollout_gateway.resources import GatewayResources
 from rollout_gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
-    _Base = vf.CliAgentEnv
+    from verifiers.legacy.envs.experimental.cli_agent_env import CliAgentEnv as _Base
 else:
     _Base = object
 
@@ -77,10 +77,20 @@ DEPRECATED_KWARGS = {
 }
 
 
-def agent_launch_command(run_command: str) -> str:
+def agent_launch_command(run_command: str, pid_file: str = AGENT_PID_FILE) -> str:
     """``run_command`` behind a wrapper that records its pid, so it can be stopped."""
-    inner = f"echo $$ > {AGENT_PID_FILE}; exec sh -c {shlex.quote(run_command)}"
+    inner = f"echo $$ > {shlex.quote(pid_file)}; exec sh -c {shlex.quote(run_command)}"
     return f"sh -c {shlex.quote(inner)}"
+
+
+def stop_agent_script(pid_file: str = AGENT_PID_FILE) -> str:
+    """POSIX sh that kills the agent's process tree, each process frozen before its children
+    are listed, so nothing respawns meanwhile (``/proc/PID/task/*/children``)."""
+    return (
+        "kt() { cs=$(cat /proc/$1/task/*/children 2>/dev/null); kill -STOP $1 2>/dev/null; "
+        "for c in $cs; do kt $c; done; kill -KILL $1 2>/dev/null; }; "
+        f'p=$(cat {shlex.quote(pid_file)} 2>/dev/null) && [ -n "$p" ] && kt "$p"; true'
+    )
 
 
 def _is_vf_typed(error: BaseException) -> bool:
@@ -171,9 +181,12 @@ class RolloutGatewayMixin(_Base):
             raise GatewayConfigError("init_gateway cannot change settings once rollouts started")
         self.gateway_settings = self.gateway_settings.replace(**changes)
 
-    @property
     def gateway_resources(self) -> GatewayResources:
-        """The env's clients and tunnels (created with the first gateway rollout)."""
+        """The env's clients and tunnels (created with the first gateway rollout).
+
+        A method, not a property: verifiers discovers decorated hooks with ``getattr``
+        on every attribute, which would create the resources at construction.
+        """
         if self._gateway_resources is None:
             provider = self.gateway_settings.resolved_tunnel_provider(
                 local=self.sandbox_backend == "local"
@@ -245,7 +258,7 @@ class RolloutGatewayMixin(_Base):
         if local_addr not in (None, protocol.gateway_host(gateway_url)):
             port = self.gateway_settings.gateway_port
             scheme = gateway_url.split("://", 1)[0] or "http"
-            return await self.gateway_resources.tunnels.get_url(f"{scheme}://{local_addr}:{port}")
+            return await self.gateway_resources().tunnels.get_url(f"{scheme}://{local_addr}:{port}")
         await rollout.lease_tunnel()
         assert rollout.record.tunnel_url is not None
         return rollout.record.tunnel_url
@@ -364,7 +377,7 @@ class RolloutGatewayMixin(_Base):
         sandbox_id, job = state.get("sandbox_id"), state.get("background_job")
         if not sandbox_id:
             return
-        await self.sandbox_client.execute_command(sandbox_id, STOP_AGENT_SCRIPT, timeout=30)
+        await self.sandbox_client.execute_command(sandbox_id, stop_agent_script(), timeout=30)
         if job is None:
             return
         rollout = self._core(state)
@@ -396,7 +409,7 @@ class RolloutGatewayMixin(_Base):
 
     # verifiers marks MultiTurnEnv.rollout @final and offers no hook that replaces its
     # model loop, so gateway mode overrides it; interception mode calls it unchanged.
-    async def rollout(  # type: ignore[misc]
+    async def rollout(
         self,
         input: RolloutInput,
         client: Any,
@@ -408,7 +421,7 @@ class RolloutGatewayMixin(_Base):
             return await super().rollout(input, client, model, sampling_args)
         state = await self._init_state_or_error(input, client, model, sampling_args)
         rollout = GatewayRollout(
-            self.gateway_resources, is_typed=_is_vf_typed, is_infra=_is_vf_infra
+            self.gateway_resources(), is_typed=_is_vf_typed, is_infra=_is_vf_infra
         )
         state["rollout_id"] = rollout.rollout_id
         if state.get("error") is not None:
@@ -440,7 +453,7 @@ class RolloutGatewayMixin(_Base):
             return await self.init_state(input, client, model, sampling_args)
         except Exception as e:
             blank = {**input, "prompt": [], "info": {}}
-            state = await self.init_state(blank, client, model, sampling_args)  # type: ignore[arg-type]
+            state = await self.init_state(blank, client, model, sampling_args)
             state["error"] = RolloutInputError(f"malformed input row: {type(e).__name__}: {e}")
             return state
 
@@ -509,7 +522,7 @@ class RolloutGatewayMixin(_Base):
 __all__ = [
     "AGENT_PID_FILE",
     "SANDBOX_BACKEND_ENV",
-    "STOP_AGENT_SCRIPT",
     "RolloutGatewayMixin",
     "agent_launch_command",
+    "stop_agent_script",
 ]

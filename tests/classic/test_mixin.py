@@ -243,7 +243,7 @@ async def test_teardown_stops_every_tunnel_once_and_is_idempotent(
     env = make_env()
     for base in ("http://gw-a.test:8000/v1", "http://gw-b.test:8000/v1"):
         await run(env, client_for(base))
-    resources = env.gateway_resources
+    resources = env.gateway_resources()
     await env._teardown()
     await env._teardown()
     assert [h.stops for h in tunnels.handles] == [1, 1]
@@ -381,22 +381,44 @@ async def test_agent_timeout_stops_cancels_and_keeps_partial_trajectory(
 async def test_completion_is_detected_quickly_without_busy_polling(
     make_env, gateway, sandboxes, model_client
 ):
+    """The default PollPolicy on a fake clock: few polls, exit noticed within the 50 ms floor."""
     from rollout_gateway.polling import PollPolicy
+
+    class FakeTime:
+        now = 0.0
+
+        def clock(self) -> float:
+            return self.now
+
+        async def sleep(self, seconds: float) -> None:
+            if seconds >= 7.0:  # the tunnel monitor's interval: it must not move the clock
+                await asyncio.Event().wait()
+            self.now += seconds
+            await asyncio.sleep(0)
+
+    fake = FakeTime()
+    exited_at: list[float] = []
 
     async def agent(sandbox: FakeSandbox) -> int:
         gateway.add_turn(rollout_id_of(sandbox), [{"role": "user", "content": "x"}], [])
-        await asyncio.sleep(0.5)
+        while fake.now < 0.5:  # 0.5 s of (fake) work
+            await asyncio.sleep(0)
+        exited_at.append(fake.now)
         return 0
 
     sandboxes.agent = agent
-    env = make_env(gateway={"poll": PollPolicy()})  # the defaults users get
+    env = make_env(
+        gateway={
+            "poll": PollPolicy(),
+            "clock": fake.clock,
+            "sleep": fake.sleep,
+            "tunnel_liveness_interval": 7.0,
+        }
+    )
     state = await run(env, model_client)
-    sandbox = next(iter(sandboxes.sandboxes.values()))
     assert state["error"] is None
     assert state["agent_polls"] <= 15  # 50 ms floor over 0.5 s, not a busy loop
-    # Noticed within the 50 ms floor plus scheduling slack, far under verifiers' 5 s.
-    assert state["agent_end_time"] - state["agent_start_time"] < 0.5 + 0.25
-    assert sandbox.agent_exit_time is not None
+    assert fake.now - exited_at[0] <= 0.05 + 1e-9  # noticed within one floor interval
 
 
 async def test_transient_poll_errors_are_retried(make_env, gateway, sandboxes, model_client):
@@ -574,3 +596,53 @@ async def test_cancellation_at_each_stage_cancels_and_cleans_up(
     sandboxes.agent = two_turn_agent(gateway)
     ok = await asyncio.wait_for(run(make_env(), model_client, 1), 10)
     assert ok["error"] is None
+
+
+# ---------------------------------------------------------------- malformed input, teardown
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {**task_row(0), "prompt": [{"role": "wizard", "content": "hi"}]},
+        {**task_row(0), "info": "{not json"},
+    ],
+    ids=["unknown-role", "info-not-json"],
+)
+async def test_a_malformed_row_ends_as_a_typed_error(
+    row, make_env, gateway, sandboxes, model_client
+):
+    from rollout_gateway import RolloutInputError
+
+    env = make_env()
+    state = await env.rollout(row, model_client, "policy-model", {})
+    assert isinstance(state["error"], RolloutInputError)
+    assert isinstance(state["error"], vf.InfraError)
+    assert state["stop_condition"] == "has_error" and state["is_completed"] is True
+    assert gateway.calls == [] and sandboxes.alive == []
+    ok = await run(env, model_client, 1)  # the env is still usable
+    assert ok["error"] is None
+
+
+async def test_teardown_with_rollouts_in_flight_ends_them_and_leaves_nothing_open(
+    make_env, gateway, sandboxes, tunnels, model_client
+):
+    started = asyncio.Event()
+
+    async def forever(sandbox: FakeSandbox) -> int:
+        started.set()
+        await asyncio.Event().wait()
+        return 0
+
+    sandboxes.agent = forever
+    env = make_env()
+    tasks = [asyncio.ensure_future(run(env, model_client, i)) for i in range(3)]
+    await started.wait()
+    while len(sandboxes.sandboxes) < 3 or gateway.op_counts["register"] < 3:
+        await asyncio.sleep(0.001)
+    await env._teardown()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results)
+    assert gateway.active == [] and sandboxes.alive == []
+    assert all(not h.alive for h in tunnels.handles)
+    assert sorted(gateway.cancelled) == sorted(gateway.unregistered)
