@@ -31,7 +31,7 @@ class Turn:
 
     fingerprint: bytes
     idempotency_key: str | None
-    task: asyncio.Task[Any] = field(default=None)  # type: ignore[assignment]  # set at start
+    task: asyncio.Task[Any] = field(default=None)  # type: ignore[arg-type]  # set at start
     #: Requests (the original and its retries) waiting for the answer, still connected.
     waiters: int = 0
     finished_at: float | None = None

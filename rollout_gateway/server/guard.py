@@ -74,12 +74,12 @@ class GuardMiddleware:
             logger.exception("internal error %s on %s", error_id, scope.get("path"))
             if started:
                 raise  # mid-answer: the server can only drop the connection
-            error = {
+            internal: dict[str, str | int] = {
                 "message": f"internal gateway error (id {error_id})",
                 "type": "internal_error",
                 "code": 500,
             }
-            await _send_json(send, 500, {"error": error}, close=True)
+            await _send_json(send, 500, {"error": internal}, close=True)
 
 
 __all__ = ["GuardMiddleware"]

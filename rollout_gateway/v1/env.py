@@ -39,7 +39,7 @@ from rollout_gateway.v1.harness_sync import gateway_synced
 from rollout_gateway.v1.interception import GatewayInterception
 
 if TYPE_CHECKING:
-    _Base = Env[Any]
+    from verifiers.v1.env import Env as _Base
 else:
     _Base = object
 
@@ -54,6 +54,7 @@ class GatewayEnvMixin(_Base):
 
     gateway_transport: Any = None
     gateway_tunnel_provider: Any = None
+    _interception: Interception | None
 
     @property
     def gateway_interception(self) -> GatewayInterception | None:

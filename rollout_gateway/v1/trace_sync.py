@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from verifiers.v1 import graph
 from verifiers.v1.dialects.chat import ChatDialect, parse_message
 from verifiers.v1.trace import Error, ModelCall, TimeSpan, Trace
 from verifiers.v1.types import (
     AssistantMessage,
+    FinishReason,
     Response,
     Sampling,
     TurnTokens,
@@ -41,12 +42,12 @@ class TraceSyncError(ValueError):
     """A recorded turn cannot be placed into the trace (malformed messages)."""
 
 
-def _finish_reason(step: Mapping[str, Any], message: AssistantMessage) -> str | None:
+def _finish_reason(step: Mapping[str, Any], message: AssistantMessage) -> FinishReason:
     reason = step.get("finish_reason")
     if reason is None:
         reason = (step.get("extras") or {}).get("finish_reason")
     if reason in FINISH_REASONS:
-        return str(reason)
+        return cast(FinishReason, reason)
     if reason is not None:
         return None
     # Gateways that do not report it: derive it the way the upstream would have.
@@ -213,7 +214,7 @@ class TraceSync:
             created=int(span.end or time.time()),
             model=self.model,
             message=message,
-            finish_reason=finish,  # type: ignore[arg-type]
+            finish_reason=finish,
             usage=usage,
             tokens=_turn_tokens(tokens),
         )
@@ -225,7 +226,7 @@ class TraceSync:
                 model=self.model,
                 sampling=sampling,
                 endpoint=_CHAT.upstream_path,
-                finish_reason=finish,  # type: ignore[arg-type]
+                finish_reason=finish,
                 usage=usage,
                 time=span,
             )
