@@ -95,3 +95,18 @@ async def test_vf_eval_runs_the_example_in_gateway_mode(stack: Stack, tmp_path: 
     # Every rollout went through the gateway, and none is left registered there.
     assert stack.gateway.metrics.registrations.value() == 2
     assert len(stack.gateway.registry) == 0
+
+
+def test_env_id_selects_the_ready_gateway_env_for_any_taskset() -> None:
+    from rollout_gateway.v1 import GatewayEnv
+
+    assert environment_class("fix-bug-v1", "rollout-gateway-env") is GatewayEnv
+    config = resolve_env_config(
+        {
+            "id": "rollout-gateway-env",
+            "taskset": {"id": "fix-bug-v1"},
+            "interception": {"type": "gateway"},
+        }
+    )
+    assert isinstance(config, GatewayEnvConfig)
+    assert isinstance(config.interception, GatewayInterceptionConfig)
