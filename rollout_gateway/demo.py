@@ -126,7 +126,22 @@ async def _serve(stack: contextlib.AsyncExitStack, app: Any, what: str) -> str:
         raise DemoError(f"could not start the {what}: {e}") from e
 
 
+def _verifiers_is_v1() -> bool:
+    """Whether the installed verifiers is 0.4+ (``verifiers.v1`` only, no ``CliAgentEnv``)."""
+    from importlib import metadata
+
+    try:
+        major, minor = (int(p) for p in metadata.version("verifiers").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (0, 4)
+
+
 async def _demo(options: DemoOptions, out: TextIO) -> int:
+    if _verifiers_is_v1():  # rollout-gateway[v1]: the v1 example through GatewayInterception
+        from rollout_gateway.v1.demo import run_v1_demo
+
+        return await run_v1_demo(options, out)
     import verifiers as vf
     from openai import AsyncOpenAI
 
