@@ -15,6 +15,10 @@ programs and reward checks, ``getrusage(CHILDREN)``), gateway and model process 
 (``/proc``), and their total. Both modes run the same tasks, rollouts and concurrency.
 
     python benchmarks/v1_interception_cpu.py [--rollouts 24] [--concurrency 8] [--repeat 2]
+        [--turns 0]
+
+``--turns N`` replaces the example's 4-turn tasks by one task of N turns (N-1 cheap shell
+calls, then an answer), so per-turn costs dominate the per-rollout ones.
 
 Needs ``rollout-gateway[v1]`` and ``examples/fix_bug_v1`` installed.
 """
@@ -31,7 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import verifiers.v1 as vf
-from fix_bug_v1 import FixBugHarnessConfig, FixBugTaskset
+from fix_bug_v1 import FixBugHarnessConfig, FixBugTask, FixBugTaskset
+from fix_bug_v1.tasks import FixBugData, task_prompt
 from gateway_overhead import _cpu_s, _free_port, _process
 from verifiers.v1.interception import InterceptionServer
 
@@ -70,16 +75,29 @@ def _rusage() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
+def _tasks(turns: int) -> list[Any]:
+    if turns <= 0:
+        return list(FixBugTaskset(vf.TasksetConfig(id="fix-bug-v1")))
+    steps: list[Any] = [
+        {"tool": "run_shell", "arguments": {"command": f"echo step {i}"}} for i in range(turns - 1)
+    ]
+    steps.append({"say": "done"})
+    data = FixBugData(
+        id="long", prompt=task_prompt("Benchmark task.", steps), files={}, test_command="true"
+    )
+    return [FixBugTask(data)]
+
+
 async def _rollouts(
-    interception: Any, base_url: str, *, sync: bool, rollouts: int, concurrency: int
+    interception: Any, base_url: str, *, sync: bool, rollouts: int, concurrency: int, turns: int
 ) -> int:
     config = vf.AgentConfig(
         model="scripted",
         client=vf.EvalClientConfig(base_url=base_url),
-        harness=FixBugHarnessConfig(),
+        harness=FixBugHarnessConfig(max_agent_turns=max(10, turns)),
         runtime=vf.SubprocessConfig(),
     )
-    tasks = list(FixBugTaskset(vf.TasksetConfig(id="fix-bug-v1")))
+    tasks = _tasks(turns)
     gate = asyncio.Semaphore(concurrency)
     agent = vf.Agent(config, interception=interception)
     if sync:
@@ -108,12 +126,19 @@ async def _measure(mode: str, args: argparse.Namespace, procs: dict[str, Any]) -
             )
             base_url, sync = f"{gateway_url}/v1", True
         await stack.enter_async_context(interception)
-        await _rollouts(interception, base_url, sync=sync, rollouts=2, concurrency=2)  # warm
+        await _rollouts(  # warm-up
+            interception, base_url, sync=sync, rollouts=2, concurrency=2, turns=args.turns
+        )
         env0, kids0 = _rusage()
         gw0, model0 = _cpu_s(procs["gateway"].pid), _cpu_s(procs["model"].pid)
         start = time.perf_counter()
         turns = await _rollouts(
-            interception, base_url, sync=sync, rollouts=args.rollouts, concurrency=args.concurrency
+            interception,
+            base_url,
+            sync=sync,
+            rollouts=args.rollouts,
+            concurrency=args.concurrency,
+            turns=args.turns,
         )
         wall = time.perf_counter() - start
         env1, kids1 = _rusage()
@@ -150,6 +175,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2, help="alternating runs per mode")
+    parser.add_argument("--turns", type=int, default=0, help="turns of a synthetic task")
     args = parser.parse_args()
     os.environ["ROLLOUT_GATEWAY_ADMIN_TOKEN"] = ADMIN_TOKEN  # the gateway process reads it
     model_port, gateway_port = _free_port(), _free_port()
