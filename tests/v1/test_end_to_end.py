@@ -225,3 +225,35 @@ async def test_fallback_runs_such_a_task_through_v1s_own_interception(
     assert trace.ok, trace.errors
     assert trace.stop_condition == "stop_early"  # v1's own server ran the hook per turn
     assert spy.count("/register") == 0
+
+
+# An agent whose SDK re-sends a turn (same Idempotency-Key, as after a lost answer).
+_RETRYING_AGENT = """
+import os, openai
+client = openai.OpenAI()
+body = dict(model=os.environ["OPENAI_MODEL"], messages=[{"role": "user", "content": "hello"}])
+first = client.chat.completions.create(**body, extra_headers={"Idempotency-Key": "turn-1"})
+again = client.chat.completions.create(**body, extra_headers={"Idempotency-Key": "turn-1"})
+assert again.id == first.id, (first.id, again.id)
+"""
+
+
+class RetryingHarness(FixBugHarness):
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw):  # type: ignore[override]
+        await runtime.write("retrying.py", _RETRYING_AGENT.encode())
+        env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
+        return await runtime.run_program([sys.executable, "retrying.py"], env)
+
+
+async def test_sdk_retry_of_a_turn_is_not_an_extra_turn_or_branch(
+    stack: Stack, make_interception: Any
+) -> None:
+    interception, spy = await make_interception()
+    agent = vf.Agent(stack.agent_config(FixBugHarnessConfig()), interception=interception)
+    agent.harness = RetryingHarness(agent.harness.config)
+    gateway_synced_agent(agent, interception)
+    async with agent:
+        trace = await agent.run(first_task())
+    assert trace.ok, trace.errors
+    assert trace.num_turns == 1 and trace.num_branches == 1 and len(trace.calls) == 1
+    assert spy.trajectories[-1]["num_turns"] == 1
