@@ -5,8 +5,8 @@
 - :class:`GatewayEnvMixin`, :class:`GatewayEnv`, :class:`GatewayEnvConfig`: the
   ``gateway`` interception type of an env's config (``--env.interception.type gateway``).
 - :class:`GatewayInterceptionConfig`, :data:`InterceptionChoice`: the config block.
-- Errors: :class:`GatewayInterceptionError`, :class:`GatewayTunnelV1Error`,
-  :class:`GatewayFeatureError` (v1's ``InterceptionError``, ``TunnelError``, ``TaskError``).
+- Errors: gateway failures are v1's own ``InterceptionError`` / ``TunnelError``;
+  :class:`GatewayFeatureError` (a ``TaskError``) refuses tasks with per-turn env hooks.
 """
 
 from rollout_gateway.v1.config import (
@@ -15,11 +15,7 @@ from rollout_gateway.v1.config import (
     InterceptionChoice,
 )
 from rollout_gateway.v1.env import GatewayEnv, GatewayEnvConfig, GatewayEnvMixin
-from rollout_gateway.v1.errors import (
-    GatewayFeatureError,
-    GatewayInterceptionError,
-    GatewayTunnelV1Error,
-)
+from rollout_gateway.v1.errors import GatewayFeatureError, interception_error
 from rollout_gateway.v1.harness_sync import gateway_synced, gateway_synced_agent
 from rollout_gateway.v1.interception import GatewayInterception
 from rollout_gateway.v1.trace_sync import TraceSync
@@ -32,10 +28,9 @@ __all__ = [
     "GatewayFeatureError",
     "GatewayInterception",
     "GatewayInterceptionConfig",
-    "GatewayInterceptionError",
-    "GatewayTunnelV1Error",
     "InterceptionChoice",
     "TraceSync",
     "gateway_synced",
     "gateway_synced_agent",
+    "interception_error",
 ]

@@ -2,8 +2,9 @@
 
 v1 attributes every rollout failure to the boundary it crossed (``verifiers.v1.errors``).
 Gateway mode replaces v1's interception server, so a failing gateway is an
-*interception* failure: :class:`GatewayInterceptionError` (an ``InterceptionError``) for
-the control plane, v1's ``TunnelError`` for the shared tunnel. A task whose hooks need
+*interception* failure: v1's ``InterceptionError`` (:func:`interception_error`) for
+the control plane, v1's ``TunnelError`` for the shared tunnel (v1's own classes, so the
+trace's stop condition is v1's ``interception_error`` / ``tunnel_error``). A task whose hooks need
 the env on every turn is the task's incompatibility with gateway mode:
 :class:`GatewayFeatureError` (a ``TaskError``), raised before the harness starts.
 """
@@ -15,23 +16,16 @@ from verifiers.v1.errors import InterceptionError, TaskError, TunnelError
 from rollout_gateway.errors import GatewayError, GatewayTunnelError
 
 
-class GatewayInterceptionError(InterceptionError):
-    """The rollout gateway's control plane failed (register, trajectory, cancel...).
-
-    ``status_code`` is the gateway's HTTP status (``None`` when no answer came);
-    ``retryable`` whether the failure was transient.
-    """
-
-    def __init__(
-        self, message: str, *, status_code: int | None = None, retryable: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.retryable = retryable
-
-
-class GatewayTunnelV1Error(TunnelError):
-    """The shared tunnel to the gateway could not be opened or died."""
+def interception_error(
+    message: str, *, status_code: int | None = None, retryable: bool = False
+) -> InterceptionError:
+    """v1's own ``InterceptionError`` (so the trace's stop is ``interception_error``, the
+    name v1 and its consumers know), carrying the gateway's ``status_code`` (``None``
+    when no answer came) and whether the failure was ``retryable``."""
+    error = InterceptionError(message)
+    error.status_code = status_code
+    error.retryable = retryable
+    return error
 
 
 class GatewayFeatureError(TaskError):
@@ -52,19 +46,15 @@ class GatewayFeatureError(TaskError):
 
 
 def to_v1_error(error: Exception, what: str) -> Exception:
-    """``error`` from the core as the v1 error a rollout records (``what`` names the step)."""
+    """``error`` from the core as the v1 error a rollout records (``what`` names the step):
+    v1's ``TunnelError`` for the tunnel, v1's ``InterceptionError`` for the rest."""
     if isinstance(error, GatewayTunnelError):
-        return GatewayTunnelV1Error(f"{what}: {error}")
+        return TunnelError(f"{what}: {error}")
     if isinstance(error, GatewayError):
-        return GatewayInterceptionError(
+        return interception_error(
             f"{what}: {error}", status_code=error.status_code, retryable=error.retryable
         )
-    return GatewayInterceptionError(f"{what}: {type(error).__name__}: {error}")
+    return interception_error(f"{what}: {type(error).__name__}: {error}")
 
 
-__all__ = [
-    "GatewayFeatureError",
-    "GatewayInterceptionError",
-    "GatewayTunnelV1Error",
-    "to_v1_error",
-]
+__all__ = ["GatewayFeatureError", "interception_error", "to_v1_error"]

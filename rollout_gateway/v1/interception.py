@@ -49,7 +49,7 @@ from rollout_gateway.tunnels import TunnelProvider
 from rollout_gateway.v1.config import GatewayInterceptionConfig
 from rollout_gateway.v1.errors import (
     GatewayFeatureError,
-    GatewayInterceptionError,
+    interception_error,
     to_v1_error,
 )
 from rollout_gateway.v1.features import session_features
@@ -239,7 +239,7 @@ class GatewayInterception(Interception):
             if not record.api_key:
                 # v1 harnesses reach the model at {base_url}/v1 and are told apart by
                 # their bearer key alone: without one, rollouts could not be routed.
-                raise GatewayInterceptionError(
+                raise interception_error(
                     "the gateway issued no per-rollout api_key; verifiers v1 agents are "
                     "routed by bearer key (start the gateway with per-rollout keys)"
                 )

@@ -257,3 +257,14 @@ async def test_sdk_retry_of_a_turn_is_not_an_extra_turn_or_branch(
     assert trace.ok, trace.errors
     assert trace.num_turns == 1 and trace.num_branches == 1 and len(trace.calls) == 1
     assert spy.trajectories[-1]["num_turns"] == 1
+
+
+async def test_unreachable_gateway_fails_the_rollout_with_v1s_interception_error(
+    stack: Stack, make_interception: Any
+) -> None:
+    interception, spy = await make_interception(url="http://127.0.0.1:9")  # nothing listens
+    trace = await run(stack, interception)
+    assert not trace.ok
+    assert trace.errors[-1].type == "InterceptionError"
+    assert trace.stop_condition == "interception_error"  # v1's name for its boundary
+    assert trace.num_turns == 0 and trace.rewards == {}
