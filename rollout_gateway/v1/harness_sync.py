@@ -20,7 +20,10 @@ awaits :meth:`GatewayInterception.sync`. Why this one:
 - no verifiers code is patched: the harness object of each agent is replaced.
 
 Harnesses that replace the session entirely (ACP) never call ``_check_result``; for them
-the final sync at slot release still rebuilds the trace before scoring.
+the final sync at slot release still rebuilds the trace before scoring. That release sync
+is skipped only when the last segment's exit was synced and no segment started since
+(``launch``/``resume`` mark a segment's start), so a trajectory is fetched once per
+segment in the common case.
 """
 
 from __future__ import annotations
@@ -48,6 +51,20 @@ class GatewaySyncedHarness(Harness):
         await self.gateway_interception.sync(trace, exit_code=result.exit_code)
         await super()._check_result(trace, runtime, result)
 
+    # Each segment starts with launch (v1's default resume relaunches through it): the
+    # trace is then behind the gateway until the segment's exit is synced (a segment cut
+    # by a timeout never is). A class with its own resume gets the same mark there.
+    async def launch(self, ctx: Any, trace: Trace, *args: Any, **kwargs: Any) -> ProgramResult:
+        self.gateway_interception.segment_started(trace)
+        return await super().launch(ctx, trace, *args, **kwargs)
+
+
+async def _marked_resume(
+    self: GatewaySyncedHarness, ctx: Any, trace: Trace, *args: Any, **kwargs: Any
+) -> ProgramResult:
+    self.gateway_interception.segment_started(trace)
+    return await super(GatewaySyncedHarness, self).resume(ctx, trace, *args, **kwargs)
+
 
 def gateway_synced(harness: Harness, interception: GatewayInterception) -> Harness:
     """``harness`` as an instance of its class with the gateway sync hook (idempotent)."""
@@ -62,6 +79,9 @@ def gateway_synced(harness: Harness, interception: GatewayInterception) -> Harne
             "__module__": cls.__module__,
             "__doc__": cls.__doc__,
         }
+        if cls.resume is not Harness.resume:
+            # Only then: v1 reads "overrides resume" as native resume support.
+            namespace["resume"] = _marked_resume
         synced = type(f"GatewaySynced{cls.__name__}", (GatewaySyncedHarness, cls), namespace)
         _CLASSES[key] = synced
     return synced(harness.config)

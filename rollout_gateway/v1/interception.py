@@ -80,6 +80,9 @@ class _Active:
     lock: asyncio.Lock
     #: v1 judged the harness's exit (the sync hook ran with its exit code).
     harness_exited: bool = False
+    #: The trace holds every turn: synced after the last harness segment exited (and no
+    #: segment started since), so the release need not fetch the trajectory again.
+    exit_synced: bool = False
 
 
 class _V1Hooks(RolloutHooks):
@@ -253,7 +256,8 @@ class GatewayInterception(Interception):
                 # failed in setup) while the agent may still run. Refuse its next turns
                 # first; finalize then unregisters (the core sends each call once).
                 await rollout.cancel()
-            await self._sync(active, exit_code=None)
+            if not active.exit_synced:
+                await self._sync(active, exit_code=None)
         except asyncio.CancelledError:
             rollout.record.cancelled = True
             raise
@@ -298,6 +302,13 @@ class GatewayInterception(Interception):
             if exit_code is not None:
                 active.harness_exited = True
             await self._sync(active, exit_code=exit_code)
+            active.exit_synced = exit_code is not None
+
+    def segment_started(self, trace: Trace) -> None:
+        """A harness segment of ``trace`` starts: turns may come that no sync has seen."""
+        active = self._active.get(trace.id)
+        if active is not None:
+            active.exit_synced = False
 
     async def _sync(self, active: _Active, *, exit_code: int | None) -> None:
         async with active.lock:

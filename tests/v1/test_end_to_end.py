@@ -64,8 +64,10 @@ async def test_multi_turn_tool_rollout_is_one_branch_equal_to_the_gateway_record
     assert sampled == logprobs
     assert [c.finish_reason for c in trace.calls] == ["tool_calls"] * 3 + ["stop"]
     assert all(c.model == "scripted" and c.usage is not None for c in trace.calls)
-    # Registered once, unregistered once, nothing cancelled, nothing left at the gateway.
+    # Registered once, unregistered once, nothing cancelled, nothing left at the gateway;
+    # the trajectory fetched once (at the harness's exit; the release needs no refetch).
     assert (spy.count("/register"), spy.count("/unregister"), spy.count("/cancel")) == (1, 1, 0)
+    assert spy.count("/trajectory") == 1
     assert len(stack.gateway.registry) == 0
 
 
@@ -268,3 +270,15 @@ async def test_unreachable_gateway_fails_the_rollout_with_v1s_interception_error
     assert trace.errors[-1].type == "InterceptionError"
     assert trace.stop_condition == "interception_error"  # v1's name for its boundary
     assert trace.num_turns == 0 and trace.rewards == {}
+
+
+def test_the_sync_hook_keeps_v1s_resume_support_check() -> None:
+    # v1 reads "the class overrides resume" as native resume support: the synced class
+    # must override it only where the harness class itself does.
+    from verifiers.v1.harness import Harness
+
+    from rollout_gateway.v1 import gateway_synced
+
+    synced = gateway_synced(FixBugHarness(FixBugHarnessConfig()), object())  # type: ignore[arg-type]
+    assert type(synced).resume is Harness.resume
+    assert isinstance(synced, FixBugHarness)
