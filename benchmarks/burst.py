@@ -225,11 +225,11 @@ async def bench(rollouts: int, hosts: int, seed: int) -> bool:
     work: dict[str, Work] = {}
     gateway = FakeGateway(latency=lambda: rng.uniform(*GATEWAY_LATENCY))
     sandboxes = BenchSandboxClient(make_agent(gateway, rng, work), rng, work)
+    sandboxes.on_agent_exit = gateway.agent_exited  # the launch wrapper's exit report
     tunnels = FakeTunnelProvider(start_latency=TUNNEL_START_LATENCY)
     env = BurstEnv(
         sandbox_client=sandboxes,
-        tunnel_provider=tunnels,
-        gateway_transport=gateway.transport(),
+        gateway={"tunnel_provider": tunnels, "transport": gateway.transport()},
         sandbox_creations_per_minute=None,
     )  # default PollPolicy and RetryPolicy
     clients = [
