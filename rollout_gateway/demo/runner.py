@@ -42,6 +42,10 @@ def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     _configure_logging(options.verbose)
     try:
+        if _verifiers_is_v1():  # rollout-gateway[v1]: the v1 example through the gateway
+            from rollout_gateway.v1.demo import run_v1_demo
+
+            return asyncio.run(run_v1_demo(options, out))
         return asyncio.run(_Demo(options, out).run())
     except DemoError as e:
         print(f"demo: {e}", file=out, flush=True)
@@ -49,6 +53,17 @@ def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:  # a signal before the demo's own handlers were in place
         print("demo: interrupted while starting; nothing was run", file=out, flush=True)
         return 128 + signal.SIGINT
+
+
+def _verifiers_is_v1() -> bool:
+    """Whether the installed verifiers is 0.4+ (``verifiers.v1`` only, no ``CliAgentEnv``)."""
+    from importlib import metadata
+
+    try:
+        major, minor = (int(p) for p in metadata.version("verifiers").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (0, 4)
 
 
 def _configure_logging(verbose: bool) -> None:
