@@ -30,6 +30,7 @@ CLASSIC_ONLY = [
     "classic",
     "examples",
     "test_demo.py",
+    "test_demo_wheel.py",
     "test_integration_gateway.py",
     "test_client.py",
     "local_sandbox/test_local_sandbox.py",
