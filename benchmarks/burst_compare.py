@@ -24,7 +24,8 @@ per held rollout, which is given for both (the fresh one is what N rollouts cost
   ``fetch_trajectory`` returned -> ``run_rollout`` returned (scoring, unregister, delete);
 - RSS per held rollout: peak RSS (sampled every 10 ms) minus RSS before the burst, / N;
 - retained: after the burst and the fake world's own records are dropped, a full
-  ``gc.collect()`` and a census of live gc-tracked objects, minus the census before.
+  ``gc.collect()`` and a census of live gc-tracked objects by type; the growth of the
+  types that grew since the census before the burst, / N.
 
 The earlier side has no seams; in its child process only (never in the library) its
 ``_http_client`` is replaced by an ``httpx.AsyncClient`` on the fake gateway's
@@ -60,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,8 @@ class Side:
     env: Any
     gateway: Any
     sandboxes: Any
-    tunnel_starts: Any  # () -> int
+    tunnel_starts: Callable[[], int]
+    tunnels_alive: Callable[[], int]
 
 
 def _rubric(vf: Any) -> Any:
@@ -133,7 +136,13 @@ async def build_ours(world: bw.World) -> Side:
         gateway=GatewaySettings(tunnel_provider=tunnels, transport=gateway.transport()),
         sandbox_creations_per_minute=None,
     )
-    return Side(env, gateway, sandboxes, lambda: len(tunnels.opened))
+    return Side(
+        env,
+        gateway,
+        sandboxes,
+        tunnel_starts=lambda: len(tunnels.opened),
+        tunnels_alive=lambda: sum(h.alive for h in tunnels.handles),
+    )
 
 
 async def build_earlier(world: bw.World) -> Side:
@@ -161,7 +170,13 @@ async def build_earlier(world: bw.World) -> Side:
     env._http_client = httpx.AsyncClient(
         transport=gateway.transport(), timeout=httpx.Timeout(env._gateway_timeout_seconds)
     )
-    return Side(env, gateway, sandboxes, lambda: len(bw.FakePrimeTunnel.started))
+    return Side(
+        env,
+        gateway,
+        sandboxes,
+        tunnel_starts=lambda: len(bw.FakePrimeTunnel.started),
+        tunnels_alive=lambda: sum(t.is_running for t in bw.FakePrimeTunnel.started),
+    )
 
 
 BUILDERS = {"ours": build_ours, "earlier": build_earlier}
@@ -246,9 +261,8 @@ async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: in
     side.sandboxes.commands.clear()
     census_after = bw.object_census()
     growth = census_after - census_before
-    figures["retained_objects_per_rollout"] = (
-        sum(census_after.values()) - sum(census_before.values())
-    ) / n
+    # Types that grew (a type that shrank does not hide one that grew).
+    figures["retained_objects_per_rollout"] = sum(growth.values()) / n
     figures["retained_top_types"] = growth.most_common(6)
     figures["tasks_left"] = len(asyncio.all_tasks() - tasks_before)
     return figures
@@ -281,6 +295,7 @@ async def run_side(name: str, n: int, seed: int) -> dict:
         "fresh": fresh,
         "steady": steady,
         "tunnel_starts": side.tunnel_starts(),
+        "tunnels_alive_after_teardown": side.tunnels_alive(),
     }
 
 
@@ -433,11 +448,12 @@ def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
         )
         < 1
         and get(ours, "steady", "tasks_left") == 0,
-        "no errors, nothing left at the gateway or the sandbox provider": all(
+        "no errors; no rollout, sandbox or tunnel left": all(
             r[p]["errors"] == 0 and not r[p]["gateway_rollouts_left"] and not r[p]["sandboxes_left"]
             for r in ours
             for p in PHASES
-        ),
+        )
+        and all(r["tunnels_alive_after_teardown"] == 0 for r in ours),
     }
     if earlier:
         for label, key in (
