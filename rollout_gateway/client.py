@@ -199,6 +199,19 @@ class GatewayClient:
         )
         return cast(protocol.StatusResponse, _require_dict(data, "unregister", rollout_id))
 
+    async def wait_exits(self, after: int, timeout: float) -> protocol.ExitsResponse:
+        """Agent exit reports numbered above ``after``, waiting up to ``timeout`` s for one.
+
+        A gateway without the exit-report extension answers 404 or 405
+        (:class:`GatewayRequestError`).
+        """
+        params = {"after": str(after), "timeout": f"{timeout:g}"}
+        data = await self._request_once("GET", protocol.EXITS_PATH, "", params=params)
+        body = _require_dict(data, "exits", "")
+        if not isinstance(body.get("exits"), list) or not isinstance(body.get("cursor"), int):
+            raise GatewayProtocolError("exits answer lacks 'exits' or 'cursor'")
+        return cast(protocol.ExitsResponse, body)
+
     async def _request(self, method: str, path: str, rollout_id: str, **kwargs: Any) -> Any:
         """One control-plane call with the retry policy applied."""
         async for try_ in self.retry.retrying():

@@ -210,6 +210,10 @@ class GatewayRollout:
 
     # ---------------------------------------------------------------- operations
 
+    def is_typed(self, error: BaseException) -> bool:
+        """Whether ``error`` is already typed for this rollout's adapter (kept as raised)."""
+        return self._is_typed(error)
+
     def fail(self, error: BaseException) -> None:
         """Record ``error`` unless an earlier one already explains the rollout."""
         if self.record.error is None:
@@ -271,33 +275,65 @@ class GatewayRollout:
         *,
         is_transient: Callable[[BaseException], bool] = lambda e: False,
     ) -> AgentExit:
-        """Call ``probe`` (``None`` while the agent runs) on the poll policy until it exits.
+        """Call ``probe`` (``None`` while the agent runs) until the agent exited.
 
+        With exit reports on and a gateway that has them, ``probe`` runs when the agent's
+        report arrives (to confirm it: the agent could lie) and otherwise only every
+        ``safety_interval`` s; without them, on the poll policy's adaptive interval.
         Transient probe errors are tolerated up to the policy's limit in a row.
         """
         policy = self.settings.poll
-        clock, sleep = self.settings.clock, self.settings.sleep
+        clock = self.settings.clock
         started = clock()
         read_errors = 0
-        while True:
-            self.record.agent_polls += 1
-            try:
-                result = await probe()
-            except Exception as e:
-                if not is_transient(e):
-                    raise AgentPollError(f"polling the agent failed: {e}") from e
-                read_errors += 1
-                if read_errors >= policy.max_consecutive_read_errors:
-                    raise AgentPollError(
-                        f"polling the agent failed {read_errors} times in a row: {e}"
-                    ) from e
-                logger.warning("rollout=%s transient poll error: %s", self.rollout_id, e)
-            else:
-                read_errors = 0
-                if result is not None:
-                    self.record.agent_exit = result
-                    return result
-            await sleep(policy.interval(clock() - started))
+        watcher = hint = None
+        if self.settings.exit_reports and self.record.gateway_url is not None:
+            watcher = self.resources.exit_watcher(self.record.gateway_url)
+            hint = watcher.subscribe(self.rollout_id)
+        try:
+            if hint is not None:  # the agent just started: wait for its report first
+                await self._sleep_or_hint(policy.min_interval, hint)
+                if not hint.done() and watcher is not None and watcher.supported:
+                    await self._sleep_or_hint(policy.safety_interval, hint)
+            while True:
+                self.record.agent_polls += 1
+                try:
+                    result = await probe()
+                except Exception as e:
+                    if not is_transient(e):
+                        raise AgentPollError(f"polling the agent failed: {e}") from e
+                    read_errors += 1
+                    if read_errors >= policy.max_consecutive_read_errors:
+                        raise AgentPollError(
+                            f"polling the agent failed {read_errors} times in a row: {e}"
+                        ) from e
+                    logger.warning("rollout=%s transient poll error: %s", self.rollout_id, e)
+                else:
+                    read_errors = 0
+                    if result is not None:
+                        self.record.agent_exit = result
+                        return result
+                if hint is not None and hint.done():
+                    hint = None  # a report the sandbox did not confirm: poll from now on
+                interval = policy.interval(clock() - started)
+                if hint is not None and watcher is not None and watcher.supported:
+                    interval = policy.safety_interval
+                await self._sleep_or_hint(interval, hint)
+        finally:
+            if watcher is not None:
+                watcher.unsubscribe(self.rollout_id)
+
+    async def _sleep_or_hint(self, seconds: float, hint: asyncio.Future[int | None] | None) -> None:
+        """Sleep ``seconds`` (the settings' sleep), or less if ``hint`` resolves first."""
+        sleeper = asyncio.ensure_future(self.settings.sleep(seconds))
+        if hint is None or hint.done():
+            await sleeper
+            return
+        futures: set[asyncio.Future[Any]] = {sleeper, hint}
+        try:
+            await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
 
     async def wait_for_agent(self, until_exit: Awaitable[Any]) -> None:
         """Wait for ``until_exit``, racing the agent timeout and the tunnel's death.
@@ -491,7 +527,7 @@ class GatewayRollout:
             raise error_type(f"{name} did not finish within {timeout:g}s") from None
 
     def _typed(self, error: Exception, error_type: type[Exception], stage: str) -> Exception:
-        if self._is_typed(error):
+        if self.is_typed(error):
             return error
         return error_type(f"{stage} failed: {type(error).__name__}: {error}")
 

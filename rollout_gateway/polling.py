@@ -19,18 +19,25 @@ class PollPolicy:
 
     ``max_consecutive_read_errors`` transient read errors in a row (timeouts, 502/503 of
     the sandbox API) are tolerated before polling fails the rollout.
+
+    When the gateway reports agent exits (see :mod:`rollout_gateway.exits`), the sandbox
+    is asked only every ``safety_interval`` seconds, as a safety net for an agent that
+    died without reporting, plus once to confirm a report.
     """
 
     min_interval: float = 0.05
     max_interval: float = 1.0
     elapsed_fraction: float = 0.05
     max_consecutive_read_errors: int = 5
+    safety_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 < self.min_interval <= self.max_interval:
             raise ValueError("PollPolicy needs 0 < min_interval <= max_interval")
         if self.elapsed_fraction < 0:
             raise ValueError("PollPolicy.elapsed_fraction must be non-negative")
+        if self.safety_interval <= 0:
+            raise ValueError("PollPolicy.safety_interval must be positive")
         if self.max_consecutive_read_errors < 1:
             raise ValueError("PollPolicy.max_consecutive_read_errors must be at least 1")
 

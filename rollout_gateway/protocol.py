@@ -104,6 +104,17 @@ def unregister_path(rollout_id: str) -> str:
     return f"/v1/rollouts/{rollout_id}/unregister"
 
 
+def exit_path(rollout_id: str) -> str:
+    """Path of the agent's exit report (data plane: the agent's launch wrapper calls it)."""
+    return f"/v1/rollouts/{rollout_id}/exit"
+
+
+#: Path of the exit-report long-poll (control plane): ``GET ?after=<seq>&timeout=<s>``.
+EXITS_PATH = "/v1/rollouts/exits"
+#: The longest a long-poll of :data:`EXITS_PATH` may wait, in seconds.
+EXITS_MAX_WAIT = 30.0
+
+
 def rollout_base_url(public_root: str, rollout_id: str) -> str:
     """The agent's OpenAI base URL: the SDK appends ``/chat/completions`` to it."""
     return f"{public_root.rstrip('/')}/v1/rollouts/{rollout_id}"
@@ -195,6 +206,25 @@ def flatten_sampling_args(*sources: Mapping[str, Any] | None) -> dict[str, Any]:
     return params
 
 
+class ExitReport(TypedDict):
+    """One agent exit as its launch wrapper reported it: a hint, to be confirmed.
+
+    The agent holds the key the report is made with, so the env must confirm a report
+    with the sandbox before it trusts it.
+    """
+
+    rollout_id: str
+    exit_code: int | None
+    seq: int
+
+
+class ExitsResponse(TypedDict):
+    """Answer of the exits long-poll: reports with ``seq`` above ``after``, and the cursor."""
+
+    exits: list[ExitReport]
+    cursor: int
+
+
 class StepTokens(TypedDict):
     """Token-level record of one turn, as the trainer consumes it."""
 
@@ -242,6 +272,10 @@ class StatusResponse(TypedDict):
 
 __all__ = [
     "API_KEY_RE",
+    "EXITS_MAX_WAIT",
+    "EXITS_PATH",
+    "ExitReport",
+    "ExitsResponse",
     "ROLLOUT_ID_RE",
     "UNLIMITED_TURNS",
     "RegisterRequest",
@@ -253,6 +287,7 @@ __all__ = [
     "TrajectoryStepBody",
     "cancel_path",
     "chat_completions_path",
+    "exit_path",
     "flatten_sampling_args",
     "gateway_host",
     "gateway_root",

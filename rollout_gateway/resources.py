@@ -14,6 +14,7 @@ import logging
 
 from rollout_gateway.client import GatewayClient
 from rollout_gateway.errors import GatewayUnavailableError
+from rollout_gateway.exits import ExitWatcher
 from rollout_gateway.settings import GatewaySettings
 from rollout_gateway.tunnels import TunnelPool, TunnelProvider
 
@@ -39,6 +40,7 @@ class GatewayResources:
             sleep=settings.sleep,
         )
         self._clients: dict[str, GatewayClient] = {}
+        self._watchers: dict[str, ExitWatcher] = {}
         self._in_flight: set[asyncio.Task[object]] = set()
         self._closed = False
 
@@ -67,6 +69,14 @@ class GatewayResources:
             self._clients[gateway_url] = client
         return client
 
+    def exit_watcher(self, gateway_url: str) -> ExitWatcher:
+        """The exit-report watcher of ``gateway_url`` (one long-poll per gateway)."""
+        watcher = self._watchers.get(gateway_url)
+        if watcher is None:
+            watcher = ExitWatcher(self.client(gateway_url), sleep=self.settings.sleep)
+            self._watchers[gateway_url] = watcher
+        return watcher
+
     def track(self, task: asyncio.Task[object]) -> None:
         """Count ``task`` (a running rollout) in flight until it finishes."""
         self._in_flight.add(task)
@@ -87,6 +97,10 @@ class GatewayResources:
             if pending:
                 logger.warning("%d rollout(s) did not finish within %.0fs", len(pending), grace)
         self._closed = True
+        watchers = list(self._watchers.values())
+        self._watchers.clear()
+        for watcher in watchers:
+            await watcher.aclose()
         clients = list(self._clients.values())
         self._clients.clear()
         for client in clients:

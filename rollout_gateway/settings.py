@@ -59,6 +59,9 @@ class GatewaySettings:
         agent_stop_grace: seconds to wait for a stopped agent's job to report its exit.
         finalize_step_timeout: bound of each teardown step (scoring, cancel, unregister,
             sandbox delete...), so one hung step cannot keep a rollout forever.
+        exit_reports: let the agent's launch wrapper report its exit to the gateway and
+            wait on the gateway's exit long-poll, polling sandboxes only as a safety net
+            (falls back to polling by itself when the gateway lacks the extension).
         allow_empty_trajectory: keep a rollout whose agent made no model call as a
             zero-turn rollout instead of failing it with ``EmptyTrajectoryError``.
         transport: httpx transport of the control-plane client (a seam for tests).
@@ -78,6 +81,7 @@ class GatewaySettings:
     tunnel_liveness_interval: float = 1.0
     agent_stop_grace: float = 5.0
     finalize_step_timeout: float = 600.0
+    exit_reports: bool = True
     allow_empty_trajectory: bool = False
     transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False)
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)

@@ -28,6 +28,8 @@ import httpx
 from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CommandResponse
 
 from rollout_gateway import protocol
+from rollout_gateway.exits import ExitBoard
+from rollout_gateway.launch import AGENT_PID_NAME
 
 Failure = int | BaseException
 """An injected failure: an HTTP status to answer, or an exception to raise."""
@@ -59,8 +61,12 @@ class FakeGateway:
         *,
         issue_api_keys: bool = False,
         latency: float | Callable[[], float] = 0.0,
+        exit_reports: bool = True,
     ) -> None:
         self.rollouts: dict[str, FakeRollout] = {}
+        #: Whether the exit-report extension is served (else its routes answer 404).
+        self.exit_reports = exit_reports
+        self.exit_board = ExitBoard()
         self.issue_api_keys = issue_api_keys
         self.latency = latency
         self.calls: list[tuple[str, str]] = []
@@ -108,6 +114,15 @@ class FakeGateway:
             }
         )
 
+    def report_exit(self, rollout_id: str, exit_code: int | None) -> None:
+        """Record an agent's exit report, as its launch wrapper would send it."""
+        if self.exit_reports and rollout_id in self.rollouts:
+            self.exit_board.report(rollout_id, exit_code)
+
+    def agent_exited(self, sandbox: FakeSandbox, exit_code: int) -> None:
+        """A :class:`FakeSandboxClient` ``on_agent_exit`` hook: the wrapper's report."""
+        self.report_exit(rollout_id_of(sandbox), exit_code)
+
     async def handle(self, request: httpx.Request) -> httpx.Response:
         """The transport's handler."""
         latency = self.latency() if callable(self.latency) else self.latency
@@ -115,6 +130,15 @@ class FakeGateway:
             await asyncio.sleep(latency)
         parts = request.url.path.strip("/").split("/")
         self.calls.append((request.method, request.url.path))
+        if request.url.path == protocol.EXITS_PATH and request.method == "GET":
+            self.op_counts["exits"] += 1
+            if not self.exit_reports:
+                return _error(404, "no such route")
+            params = request.url.params
+            answer = await self.exit_board.wait(
+                int(params.get("after", "0")), float(params.get("timeout", "0"))
+            )
+            return httpx.Response(200, json=answer)
         if len(parts) < 4 or parts[:2] != ["v1", "rollouts"]:
             return _error(404, "no such route")
         rollout_id, op = parts[2], "/".join(parts[3:])
@@ -134,12 +158,16 @@ class FakeGateway:
             if self.issue_api_keys:  # like the reference server: a proposed key is honoured
                 rollout.api_key = body.get("api_key") or f"key-{uuid.uuid4().hex}"
             self.rollouts[rollout_id] = rollout
-            answer = protocol.register_response(rollout_id, body, api_key=rollout.api_key)
+            registered = protocol.register_response(rollout_id, body, api_key=rollout.api_key)
             if rollout.api_key is None:
-                answer.pop("api_key", None)
-            return httpx.Response(200, json=answer)
+                registered.pop("api_key", None)
+            return httpx.Response(200, json=registered)
         if rollout is None:
             return _error(404, f"unknown rollout {rollout_id}")
+        if op == "exit" and request.method == "POST" and self.exit_reports:
+            body = json.loads(request.content or b"{}")
+            self.exit_board.report(rollout_id, body.get("exit_code"))
+            return httpx.Response(200, json={"rollout_id": rollout_id, "status": "exit_reported"})
         if op == "trajectory" and request.method == "GET":
             steps = rollout.steps
             prompt = steps[0]["prompt"] if steps else []
@@ -166,6 +194,7 @@ class FakeGateway:
             return httpx.Response(200, json={"rollout_id": rollout_id, "status": "cancelled"})
         if op == "unregister" and request.method == "POST":
             del self.rollouts[rollout_id]
+            self.exit_board.forget(rollout_id)
             self.unregistered.append(rollout_id)
             return httpx.Response(200, json={"rollout_id": rollout_id, "status": rollout.status})
         return _error(404, "no such route")
@@ -216,6 +245,8 @@ class FakeSandboxClient:
         ready_latency: float | Callable[[], float] = 0.0,
     ) -> None:
         self.agent = agent or _exit_zero
+        #: Called with the exit code when an agent returns (a launch wrapper's report).
+        self.on_agent_exit: Callable[[FakeSandbox, int], None] | None = None
         self.create_latency = create_latency
         self.ready_latency = ready_latency
         self.sandboxes: dict[str, FakeSandbox] = {}
@@ -277,10 +308,18 @@ class FakeSandboxClient:
         return sandbox.job
 
     async def _run_agent(self, sandbox: FakeSandbox) -> int:
+        code = 1
         try:
-            return await self.agent(sandbox)
-        finally:
+            code = await self.agent(sandbox)
+            return code
+        except asyncio.CancelledError:  # killed: its wrapper reports nothing
             sandbox.agent_exit_time = time.monotonic()
+            raise
+        finally:
+            if sandbox.agent_exit_time is None:
+                sandbox.agent_exit_time = time.monotonic()
+                if self.on_agent_exit is not None:
+                    self.on_agent_exit(sandbox, code)
 
     async def get_background_job(
         self, sandbox_id: str, job: BackgroundJob, timeout: int | None = None
@@ -313,6 +352,10 @@ class FakeSandboxClient:
             answer = self.on_command(sandbox, command)
             if answer is not None:
                 return answer
+        if AGENT_PID_NAME in command and "kill" in command:  # stop_agent_script
+            if sandbox.agent_task is not None and not sandbox.agent_task.done():
+                sandbox.agent_task.cancel()
+            return CommandResponse(stdout="", stderr="", exit_code=0)
         if command.startswith("cat "):
             path = command[4:].strip()
             if path in sandbox.files:

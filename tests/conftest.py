@@ -33,7 +33,9 @@ def tunnels() -> FakeTunnelProvider:
 
 @pytest.fixture
 def sandboxes(gateway: FakeGateway) -> FakeSandboxClient:
-    return FakeSandboxClient(two_turn_agent(gateway))
+    client = FakeSandboxClient(two_turn_agent(gateway))
+    client.on_agent_exit = gateway.agent_exited  # the launch wrapper's exit report
+    return client
 
 
 @pytest.fixture

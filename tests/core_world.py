@@ -77,6 +77,7 @@ class World:
         self.resources = GatewayResources(self.settings, self.tunnels)
         if self.sandboxes.agent.__name__ == "_exit_zero":
             self.sandboxes.agent = one_turn_agent(self.gateway)
+        self.sandboxes.on_agent_exit = self.gateway.agent_exited
 
     def rollout(self) -> tuple[GatewayRollout, SandboxHooks]:
         rollout = GatewayRollout(self.resources)

@@ -75,9 +75,14 @@ async def test_mixin_against_the_reference_gateway_records_what_agents_exchanged
         async with running_server(create_app(config)) as gateway_root:
             env = GatewayTestEnv(
                 sandbox_client=FakeSandboxClient(make_agent(exchanges)),
-                tunnel_provider="direct",
-                gateway_admin_token="adm",
-                poll_policy=FAST_POLL,
+                gateway={
+                    "tunnel_provider": "direct",
+                    "admin_token": "adm",
+                    "poll": FAST_POLL,
+                    # In-process fake agents have no launch wrapper to report their exit;
+                    # tests/test_exits.py covers the wrapper against this server.
+                    "exit_reports": False,
+                },
                 sandbox_creations_per_minute=None,
             )
             client = vf.OpenAIChatCompletionsClient(

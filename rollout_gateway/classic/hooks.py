@@ -77,10 +77,8 @@ class ClassicHooks(RolloutHooks):
         self.record.agent_started = True
         try:
             await env.start_agent(state)
-        except AgentStartError:
-            raise
         except Exception as e:
-            if self.rollout._is_typed(e):
+            if self.rollout.is_typed(e):
                 raise
             raise AgentStartError(f"failed to start agent: {type(e).__name__}: {e}") from e
         if state.get("background_job") is None:  # the override ran the agent to its end

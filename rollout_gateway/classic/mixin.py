@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from rollout_gateway.errors import (
     RolloutInputError,
     SandboxError,
 )
+from rollout_gateway.launch import agent_launch_command, stop_agent_script
 from rollout_gateway.lifecycle import (
     STOP_AGENT_TIMEOUT,
     STOP_CANCELLED,
@@ -54,14 +54,6 @@ logger = logging.getLogger(__name__)
 #: Environment variable selecting the sandbox backend ("prime" or "local").
 SANDBOX_BACKEND_ENV = "ROLLOUT_GATEWAY_SANDBOX_BACKEND"
 SANDBOX_BACKENDS = ("prime", "local")
-#: Where the launch wrapper records the agent's pid inside the sandbox.
-AGENT_PID_FILE = "/tmp/.rollout-gateway-agent.pid"
-#: Stops the agent's process tree (frozen first, so nothing respawns), POSIX sh only.
-STOP_AGENT_SCRIPT = (
-    "kt() { cs=$(cat /proc/$1/task/*/children 2>/dev/null); kill -STOP $1 2>/dev/null; "
-    "for c in $cs; do kt $c; done; kill -KILL $1 2>/dev/null; }; "
-    f'p=$(cat {AGENT_PID_FILE} 2>/dev/null) && [ -n "$p" ] && kt $p; true'
-)
 _UNSET: Any = object()
 #: 0.1.0's constructor keywords -> GatewaySettings fields (deprecated, still accepted).
 DEPRECATED_KWARGS = {
@@ -75,22 +67,6 @@ DEPRECATED_KWARGS = {
     "poll_policy": "poll",
     "allow_empty_trajectory": "allow_empty_trajectory",
 }
-
-
-def agent_launch_command(run_command: str, pid_file: str = AGENT_PID_FILE) -> str:
-    """``run_command`` behind a wrapper that records its pid, so it can be stopped."""
-    inner = f"echo $$ > {shlex.quote(pid_file)}; exec sh -c {shlex.quote(run_command)}"
-    return f"sh -c {shlex.quote(inner)}"
-
-
-def stop_agent_script(pid_file: str = AGENT_PID_FILE) -> str:
-    """POSIX sh that kills the agent's process tree, each process frozen before its children
-    are listed, so nothing respawns meanwhile (``/proc/PID/task/*/children``)."""
-    return (
-        "kt() { cs=$(cat /proc/$1/task/*/children 2>/dev/null); kill -STOP $1 2>/dev/null; "
-        "for c in $cs; do kt $c; done; kill -KILL $1 2>/dev/null; }; "
-        f'p=$(cat {shlex.quote(pid_file)} 2>/dev/null) && [ -n "$p" ] && kt "$p"; true'
-    )
 
 
 def _is_vf_typed(error: BaseException) -> bool:
@@ -322,9 +298,10 @@ class RolloutGatewayMixin(_Base):
         """Start ``run_command`` as a background job in the rollout's sandbox."""
         if not self.use_gateway:
             return await super().start_agent(state)
-        job = await self.sandbox_client.start_background_job(
-            state["sandbox_id"], agent_launch_command(self.run_command)
+        command = agent_launch_command(
+            self.run_command, report_exit=self.gateway_settings.exit_reports
         )
+        job = await self.sandbox_client.start_background_job(state["sandbox_id"], command)
         state["background_job"] = job
         state["agent_start_time"] = time.time()
 
@@ -519,10 +496,4 @@ class RolloutGatewayMixin(_Base):
             await resources.aclose()
 
 
-__all__ = [
-    "AGENT_PID_FILE",
-    "SANDBOX_BACKEND_ENV",
-    "RolloutGatewayMixin",
-    "agent_launch_command",
-    "stop_agent_script",
-]
+__all__ = ["SANDBOX_BACKEND_ENV", "RolloutGatewayMixin"]

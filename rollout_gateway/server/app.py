@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -21,8 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rollout_gateway.exits import ExitBoard
 from rollout_gateway.protocol import (
     API_KEY_RE,
+    EXITS_MAX_WAIT,
+    EXITS_PATH,
     UNLIMITED_TURNS,
     StatusResponse,
     TrajectoryResponse,
@@ -94,13 +98,18 @@ class Gateway:
             max_connections=config.max_connections_per_upstream,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
+        self.exit_board = ExitBoard()
         self.registry = RolloutRegistry(
             max_rollouts=config.max_rollouts,
             ttl_s=config.rollout_ttl_s,
             clock=clock,
-            on_remove=lambda r: self.pool.release(r.upstream),
+            on_remove=self._on_remove,
             on_expire=self._on_expire,
         )
+
+    def _on_remove(self, record: RolloutRecord) -> None:
+        self.pool.release(record.upstream)
+        self.exit_board.forget(record.rollout_id)
 
     def _on_expire(self, record: RolloutRecord) -> None:
         self.metrics.expired_rollouts.inc()
@@ -244,7 +253,37 @@ class Gateway:
         answer: StatusResponse = {"rollout_id": rollout_id, "status": record.status}
         return JSONResponse(answer)
 
+    async def exits(self, request: Request) -> Response:
+        """``GET /v1/rollouts/exits?after=<seq>&timeout=<s>``: agent exit reports, long-polled."""
+        self._check_admin(request)
+        try:
+            after = int(request.query_params.get("after", "0"))
+            timeout = float(request.query_params.get("timeout", "0"))
+        except ValueError:
+            raise ApiError(
+                400, "'after' and 'timeout' must be numbers", "invalid_request_error"
+            ) from None
+        if not math.isfinite(timeout) or timeout < 0:
+            raise ApiError(400, "'timeout' must be a non-negative number", "invalid_request_error")
+        answer = await self.exit_board.wait(after, min(timeout, EXITS_MAX_WAIT))
+        return JSONResponse(answer)
+
     # -- data plane ----------------------------------------------------------------------
+
+    async def report_exit(self, request: Request) -> Response:
+        """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit."""
+        rollout_id = self._rollout_id(request)
+        record = self._record(rollout_id)
+        if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
+            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
+        body = await read_json_object(request, _CONTROL_BODY_LIMIT)
+        exit_code = body.get("exit_code")
+        if exit_code is not None and (
+            isinstance(exit_code, bool) or not isinstance(exit_code, int)
+        ):
+            raise ApiError(400, "'exit_code' must be an integer or null", "invalid_request_error")
+        self.exit_board.report(rollout_id, exit_code)
+        return JSONResponse({"rollout_id": rollout_id, "status": "exit_reported"})
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/chat/completions``: forward, record, answer."""
@@ -422,7 +461,9 @@ def create_app(
     prefix = "/v1/rollouts/{rollout_id}"
     app = Starlette(
         routes=[
+            Route(EXITS_PATH, gateway.exits, methods=["GET"]),
             Route(f"{prefix}/register", gateway.register, methods=["POST"]),
+            Route(f"{prefix}/exit", gateway.report_exit, methods=["POST"]),
             Route(f"{prefix}/chat/completions", gateway.chat_completions, methods=["POST"]),
             Route(f"{prefix}/trajectory", gateway.trajectory, methods=["GET"]),
             Route(f"{prefix}/cancel", gateway.cancel, methods=["POST"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -60,7 +61,7 @@ async def test_happy_path_registers_runs_fetches_scores_and_cleans_up(
     )
 
     rollout_id = gateway.unregistered[0]
-    assert gateway.op_counts == {"register": 1, "trajectory": 1, "unregister": 1}
+    assert gateway.op_counts - Counter(exits=99) == Counter(register=1, trajectory=1, unregister=1)
     assert gateway.calls[0] == ("POST", f"/v1/rollouts/{rollout_id}/register")
 
     sandbox = next(iter(sandboxes.sandboxes.values()))
@@ -168,6 +169,7 @@ async def test_per_rollout_api_key_reaches_the_agent(sandboxes, tunnels, model_c
         return 0
 
     sandboxes.agent = agent
+    sandboxes.on_agent_exit = gateway.agent_exited
     from helpers import FAST_POLL, FAST_RETRY, GatewayTestEnv
 
     env = GatewayTestEnv(
@@ -381,7 +383,8 @@ async def test_agent_timeout_stops_cancels_and_keeps_partial_trajectory(
 async def test_completion_is_detected_quickly_without_busy_polling(
     make_env, gateway, sandboxes, model_client
 ):
-    """The default PollPolicy on a fake clock: few polls, exit noticed within the 50 ms floor."""
+    """Without exit reports: the default PollPolicy on a fake clock polls a few times and
+    notices the exit within the 50 ms floor."""
     from rollout_gateway.polling import PollPolicy
 
     class FakeTime:
@@ -413,12 +416,81 @@ async def test_completion_is_detected_quickly_without_busy_polling(
             "clock": fake.clock,
             "sleep": fake.sleep,
             "tunnel_liveness_interval": 7.0,
+            "exit_reports": False,
         }
     )
     state = await run(env, model_client)
     assert state["error"] is None
     assert state["agent_polls"] <= 15  # 50 ms floor over 0.5 s, not a busy loop
     assert fake.now - exited_at[0] <= 0.05 + 1e-9  # noticed within one floor interval
+
+
+async def test_an_exit_report_is_confirmed_with_one_status_call(
+    make_env, gateway, sandboxes, model_client
+):
+    """With exit reports the sandbox is asked once, to confirm the agent's report."""
+    agent_may_exit = asyncio.Event()
+
+    async def agent(sandbox: FakeSandbox) -> int:
+        gateway.add_turn(rollout_id_of(sandbox), [{"role": "user", "content": "x"}], [])
+        await agent_may_exit.wait()
+        return 0
+
+    sandboxes.agent = agent
+    env = make_env(gateway={"sleep": asyncio.sleep})  # real waits: 10 s safety interval
+    task = asyncio.ensure_future(run(env, model_client))
+    while sandboxes.calls["start_background_job"] == 0:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.2)  # running: only the first check at 50 ms, then nothing
+    agent_may_exit.set()
+    state = await asyncio.wait_for(task, 5)
+    assert state["error"] is None
+    assert sandboxes.calls["get_background_job"] == 1
+    assert state["agent_polls"] == 1
+
+
+async def test_an_unconfirmed_exit_report_does_not_end_the_rollout(
+    make_env, gateway, sandboxes, model_client
+):
+    """The agent holds the key: a false report costs one status call, nothing more."""
+    agent_may_exit = asyncio.Event()
+
+    async def lying_agent(sandbox: FakeSandbox) -> int:
+        gateway.add_turn(rollout_id_of(sandbox), [{"role": "user", "content": "x"}], [])
+        gateway.report_exit(rollout_id_of(sandbox), 0)  # "I exited" while still running
+        await agent_may_exit.wait()
+        sandbox.files["result.txt"] = "PASS"
+        return 0
+
+    sandboxes.agent = lying_agent
+    sandboxes.on_agent_exit = None
+    env = make_env()
+    task = asyncio.ensure_future(run(env, model_client))
+    while sandboxes.calls["get_background_job"] < 3:  # back on the poll policy
+        await asyncio.sleep(0.001)
+    assert not task.done()
+    agent_may_exit.set()
+    state = await asyncio.wait_for(task, 5)
+    assert state["error"] is None and state["tests_passed"] is True
+
+
+async def test_a_gateway_without_exit_reports_falls_back_to_polling(
+    sandboxes, tunnels, model_client
+):
+    gateway = FakeGateway(exit_reports=False)
+    from helpers import FAST_POLL, GatewayTestEnv
+
+    sandboxes.agent = two_turn_agent(gateway)
+    env = GatewayTestEnv(
+        sandbox_client=sandboxes,
+        gateway={"transport": gateway.transport(), "tunnel_provider": tunnels, "poll": FAST_POLL},
+    )
+    try:
+        state = await run(env, model_client)
+    finally:
+        await env._teardown()
+    assert state["error"] is None and state["tests_passed"] is True
+    assert gateway.op_counts["exits"] == 1  # asked once, then never again
 
 
 async def test_transient_poll_errors_are_retried(make_env, gateway, sandboxes, model_client):
