@@ -124,8 +124,7 @@ async def build_ours(world: bw.World) -> Side:
     gateway = world.make_gateway()
     sandboxes = world.make_sandboxes(gateway)
     tunnels = FakeTunnelProvider(start_latency=bw.TUNNEL_START_LATENCY)
-    if hasattr(sandboxes, "on_agent_exit"):  # our launch wrapper reports the agent's exit
-        sandboxes.on_agent_exit = gateway.agent_exited
+    sandboxes.on_agent_exit = gateway.agent_exited  # our launch wrapper reports the exit
 
     class OursEnv(bw.Instrumented, RolloutGatewayMixin, vf.CliAgentEnv):
         """A gateway env as an author writes it (default settings but the seams)."""
@@ -300,6 +299,7 @@ async def run_side(name: str, n: int, seed: int) -> dict:
         "warmup": first,
         "fresh": fresh,
         "steady": steady,
+        "load_average": os.getloadavg(),
         "tunnel_starts": side.tunnel_starts(),
         "tunnels_alive_after_teardown": side.tunnels_alive(),
     }
@@ -432,6 +432,7 @@ def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
         for r in runs[name]:
             print(
                 f"  {name:<7} verifiers {r['verifiers']}: child {r['child_wall_s']:.0f} s, "
+                f"load average at its end {r['load_average'][0]:.1f}, "
                 f"tunnel starts {r['tunnel_starts']}, steady GC collections "
                 f"{r['steady']['gc_collections']}, retained top types "
                 f"{r['steady']['retained_top_types'][:3]}"
