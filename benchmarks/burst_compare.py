@@ -204,11 +204,12 @@ async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: in
 
     gc_timer = bw.GcTimer()  # made before the census, like the list below
     rss_samples: list[float] = []
+    lags_ms: list[float] = []
     census_before = bw.object_census()
     tasks_before = asyncio.all_tasks()
     status_calls_before = side.sandboxes.calls["get_background_job"]
     rss_before = bw.current_rss_kib()
-    sampler = asyncio.ensure_future(bw.sample_rss(rss_samples))
+    sampler = asyncio.ensure_future(bw.sample_rss(rss_samples, lags_ms))
     with gc_timer:
         cpu0, t0 = time.process_time(), time.time()
         results = await asyncio.gather(*(one(offset + i) for i in range(n)))
@@ -250,6 +251,8 @@ async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: in
         "register_p99_ms": bw.pct(probe.register_ms, 0.99),
         "fetched_to_returned_p50_ms": bw.pct(fetched_ms, 0.5),
         "fetched_to_returned_p99_ms": bw.pct(fetched_ms, 0.99),
+        "loop_lag_p50_ms": bw.pct(lags_ms, 0.5),
+        "loop_lag_p99_ms": bw.pct(lags_ms, 0.99),
         "rss_growth_kib_per_rollout": (max(rss_samples) - rss_before) / n,
         "gateway_rollouts_left": len(side.gateway.active),
         "sandboxes_left": len(side.sandboxes.alive),
@@ -393,6 +396,8 @@ ROWS: list[tuple[str, str, str, str]] = [
     ("objects retained per rollout, fresh", "fresh", "retained_objects_per_rollout", ".2f"),
     ("objects retained per rollout, steady", "steady", "retained_objects_per_rollout", ".2f"),
     ("tasks left after the burst", "steady", "tasks_left", ".0f"),
+    ("event-loop lag p50 (ms, 10 ms tick)", "steady", "loop_lag_p50_ms", ".1f"),
+    ("event-loop lag p99 (ms, 10 ms tick)", "steady", "loop_lag_p99_ms", ".1f"),
     ("wall / slowest rollout's own work", "steady", "wall_over_slowest", ".3f"),
     ("errors (all bursts)", "all", "errors", ".0f"),
 ]

@@ -392,11 +392,17 @@ def current_rss_kib() -> float:
 _PAGE_SIZE = __import__("os").sysconf("SC_PAGE_SIZE")
 
 
-async def sample_rss(samples: list[float], period: float = 0.01) -> None:
-    """Append the RSS every ``period`` seconds (until cancelled)."""
+async def sample_rss(
+    samples: list[float], lags_ms: list[float] | None = None, period: float = 0.01
+) -> None:
+    """Append the RSS every ``period`` seconds (until cancelled), and to ``lags_ms`` how
+    late the event loop woke this ``period`` sleep (how saturated the loop is)."""
     while True:
         samples.append(current_rss_kib())
+        t0 = time.monotonic()
         await asyncio.sleep(period)
+        if lags_ms is not None:
+            lags_ms.append((time.monotonic() - t0 - period) * 1000)
 
 
 def object_census() -> Counter[str]:
