@@ -1,15 +1,25 @@
-"""Added latency and throughput cost of the rollout gateway, plus token storage density.
+"""What a turn costs through the gateway, side by side with a plain pass-through proxy.
 
-Starts the scripted model (zero latency) and the gateway in two separate processes on
-loopback (through the ``rollout-gateway`` CLI), then runs the same multi-turn load from this
-process with httpx: (a) straight to the model, (b) through the gateway (register, turns,
-trajectory, unregister). Every request asks for token ids and logprobs in both runs, so the
-model does the same work and the difference is the gateway's (proxy hop + recording).
+Starts, each in its own process on loopback: the scripted model (zero latency), the
+gateway (``rollout-gateway serve``) and a plain pass-through proxy (aiohttp, forwards the
+request and answer bytes, nothing else). Then, in one run, for each context size and
+concurrency it replays the same multi-turn tool-calling conversations (a) straight to the
+model, (b) through the proxy, (c) through the gateway, and prints side by side:
 
-    python benchmarks/gateway_overhead.py [--rollouts 64] [--turns 20] [--tool-output-chars 400]
+* CPU per turn of the proxy process and of the gateway process (and of the model behind
+  each: it must not work harder behind the gateway);
+* latency added to a turn (p50 / p99 over the direct run's);
+* for the gateway at the largest context: trajectory fetch time and size (the table's
+  answer and ``?format=delta``);
+* bytes the recorder holds per stored token;
+* gateway RSS: at start, after a burst of ``--burst`` rollouts, after they are unregistered.
 
-Finally it records a 128k-token trajectory in-process and reports the bytes the recorder
-holds per token.
+Every request asks for token ids and logprobs in every run, so the model does the same
+work and the differences are the hop's. Example (the figures in the issue's closing note)::
+
+    python benchmarks/gateway_overhead.py --turns 40 --contexts 1000,32000 --concurrency 1,64
+
+CPU is read from ``/proc`` (Linux); the machine is shared, so compare ratios of one run.
 """
 
 from __future__ import annotations
@@ -24,22 +34,62 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import httpx
 
 from rollout_gateway.server.recorder import TrajectoryRecorder
 
+ADMIN_TOKEN = "benchmark-admin-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
-def _cpu_s(pid: int) -> float:
-    """User+system CPU seconds of a process (Linux ``/proc``; 0 elsewhere)."""
+
+# -- the pass-through proxy (baseline) -------------------------------------------------------
+
+
+def run_proxy(port: int, upstream_root: str) -> None:
+    """A plain aiohttp reverse proxy: request bytes in, answer bytes out (no parsing)."""
+    import aiohttp
+    from aiohttp import web
+
+    hop = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
+
+    async def on_startup(app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=0)
+        app["session"] = aiohttp.ClientSession(upstream_root, connector=connector)
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app["session"].close()
+
+    async def forward(request: web.Request) -> web.Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+        async with request.app["session"].request(
+            request.method, request.rel_url, data=await request.read(), headers=headers
+        ) as upstream:
+            body = await upstream.read()
+            ctype = upstream.headers.get("content-type", "application/json")
+            return web.Response(body=body, status=upstream.status, headers={"content-type": ctype})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[float, int]:
+    """(user+system CPU seconds, RSS bytes) of a process (Linux ``/proc``)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return 0.0, 0
 
 
 def _free_port() -> int:
@@ -49,23 +99,22 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _process(args: list[str], health_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "rollout_gateway.cli", *args, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+def _process(cmd: list[str], health_url: str, env: dict[str, str] | None = None) -> Iterator[int]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{args[0]} exited with {proc.returncode}")
+                raise RuntimeError(f"{cmd[3:5]} exited with {proc.returncode}")
             try:
-                if httpx.get(health_url, timeout=1).status_code == 200:
+                if httpx.get(health_url, timeout=1, headers=ADMIN).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{args[0]} did not start")
+                raise TimeoutError(f"{cmd} did not start")
             time.sleep(0.05)
-        yield proc
+        yield proc.pid
     finally:
         proc.terminate()
         try:
@@ -74,34 +123,48 @@ def _process(args: list[str], health_url: str) -> Iterator[subprocess.Popen[byte
             proc.kill()
 
 
+# -- load ----------------------------------------------------------------------------------------
+
+
+def _first_messages(turns: int, context_tokens: int) -> list[dict]:
+    steps = [{"tool": "run", "arguments": {"cmd": f"step {i}"}} for i in range(turns - 1)]
+    steps.append({"say": "finished"})
+    task = f"Benchmark task. <script>{json.dumps(steps)}</script>"
+    # The scripted model's tokens are bytes: pad the system prompt to the context size.
+    padding = max(0, context_tokens - len(task) - 64)
+    system = "You are a CLI agent. " + ("context " * (padding // 8 + 1))[:padding]
+    return [{"role": "system", "content": system}, {"role": "user", "content": task}]
+
+
+@dataclass
+class Target:
+    name: str
+    root: str
+    pid: int | None
+    gateway: bool = False
+
+
 @dataclass
 class RunResult:
     latencies_s: list[float]
     wall_s: float
-    cpu_after_turns: float = 0.0
-
-    @property
-    def turns_per_s(self) -> float:
-        return len(self.latencies_s) / self.wall_s
+    cpu_s: dict[str, float] = field(default_factory=dict)  # process name -> CPU seconds
+    trajectory: tuple[float, int, float, int] | None = None
 
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-def _script(turns: int) -> str:
-    steps = [{"tool": "run", "arguments": {"cmd": f"step {i}"}} for i in range(turns - 1)]
-    steps.append({"say": "finished"})
-    return f"Benchmark task. <script>{json.dumps(steps)}</script>"
-
-
 async def _rollout(
-    client: httpx.AsyncClient, url: str, turns: int, tool_chars: int, lat: list[float]
+    client: httpx.AsyncClient,
+    url: str,
+    turns: int,
+    context_tokens: int,
+    latencies: list[float],
+    tool_chars: int,
 ) -> None:
-    messages: list[dict] = [
-        {"role": "system", "content": "You are a CLI agent."},
-        {"role": "user", "content": _script(turns)},
-    ]
+    messages = _first_messages(turns, context_tokens)
     for turn in range(turns):
         body = {
             "model": "scripted",
@@ -111,62 +174,128 @@ async def _rollout(
         }
         start = time.perf_counter()
         r = await client.post(url, json=body)
-        lat.append(time.perf_counter() - start)
+        latencies.append(time.perf_counter() - start)
         r.raise_for_status()
         message = r.json()["choices"][0]["message"]
-        messages.append(message)
+        messages.append({k: v for k, v in message.items() if v is not None})
         for call in message.get("tool_calls") or ():
             output = (f"output of turn {turn} " * (tool_chars // 16 + 1))[:tool_chars]
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
 
 
 async def _run(
-    base: str,
+    target: Target,
+    pids: dict[str, int],
     *,
-    gateway: bool,
     rollouts: int,
     turns: int,
+    context_tokens: int,
     tool_chars: int,
-    cpu_probe: Callable[[], float] = lambda: 0.0,
+    fetch_trajectory: bool = False,
+    min_turns: int = 0,
 ) -> RunResult:
-    ids = [f"bench_{os.getpid()}_{gateway}_{i}" for i in range(rollouts)]
+    """``rollouts`` concurrent conversations of ``turns`` turns, in as many back-to-back
+    rounds as it takes to measure at least ``min_turns`` turns (CPU clock ticks are 10 ms)."""
+    rounds = max(1, -(-min_turns // (rollouts * turns)))
+    total = RunResult([], 0.0, {})
+    for _ in range(rounds):
+        res = await _one_round(
+            target, pids, rollouts=rollouts, turns=turns, context_tokens=context_tokens,
+            tool_chars=tool_chars, fetch_trajectory=fetch_trajectory,
+        )  # fmt: skip
+        total.latencies_s += res.latencies_s
+        total.wall_s += res.wall_s
+        for name, cpu in res.cpu_s.items():
+            total.cpu_s[name] = total.cpu_s.get(name, 0.0) + cpu
+        total.trajectory = total.trajectory or res.trajectory
+        fetch_trajectory = False
+    return total
+
+
+async def _one_round(
+    target: Target,
+    pids: dict[str, int],
+    *,
+    rollouts: int,
+    turns: int,
+    context_tokens: int,
+    tool_chars: int,
+    fetch_trajectory: bool,
+) -> RunResult:
+    ids = [f"bench_{target.name}_{os.getpid()}_{time.monotonic_ns()}_{i}" for i in range(rollouts)]
     async with contextlib.AsyncExitStack() as stack:
-        control = await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=60))
-        # One client per rollout, like one agent process each (and httpcore's pool gets
-        # slow with many connections in a single client, which would skew the baseline).
-        agents = [
-            await stack.enter_async_context(httpx.AsyncClient(base_url=base, timeout=60))
-            for _ in ids
-        ]
-        if gateway:
-            for rid in ids:
+        control = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=target.root, timeout=120, headers=ADMIN)
+        )
+        keys: list[str] = ["unused"] * rollouts
+        if target.gateway:
+            for i, rid in enumerate(ids):
                 reg = {"model": "scripted", "sampling_params": {"temperature": 0}, "max_turns": -1}
-                (await control.post(f"/v1/rollouts/{rid}/register", json=reg)).raise_for_status()
-        latencies: list[float] = []
+                r = await control.post(f"/v1/rollouts/{rid}/register", json=reg)
+                r.raise_for_status()
+                keys[i] = r.json()["api_key"]
+        # One client per rollout, like one agent process each.
+        agents = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=target.root, timeout=120, headers={"Authorization": f"Bearer {k}"}
+                )
+            )
+            for k in keys
+        ]
         urls = [
-            f"/v1/rollouts/{rid}/chat/completions" if gateway else "/v1/chat/completions"
+            f"/v1/rollouts/{rid}/chat/completions" if target.gateway else "/v1/chat/completions"
             for rid in ids
         ]
+        latencies: list[float] = []
+        before = {name: _proc_stat(pid)[0] for name, pid in pids.items()}
         start = time.perf_counter()
         await asyncio.gather(
             *(
-                _rollout(c, u, turns, tool_chars, latencies)
+                _rollout(c, u, turns, context_tokens, latencies, tool_chars)
                 for c, u in zip(agents, urls, strict=True)
             )
         )
         wall = time.perf_counter() - start
-        cpu_after_turns = cpu_probe()
-        if gateway:
+        cpu = {name: _proc_stat(pid)[0] - before[name] for name, pid in pids.items()}
+        result = RunResult(latencies, wall, cpu)
+        if target.gateway:
+            if fetch_trajectory:
+                rid = ids[0]
+                t0 = time.perf_counter()
+                full = await control.get(f"/v1/rollouts/{rid}/trajectory")
+                t1 = time.perf_counter()
+                delta = await control.get(f"/v1/rollouts/{rid}/trajectory?format=delta")
+                t2 = time.perf_counter()
+                assert full.json()["num_turns"] == turns
+                result.trajectory = (t1 - t0, len(full.content), t2 - t1, len(delta.content))
             for rid in ids:
-                traj = (await control.get(f"/v1/rollouts/{rid}/trajectory")).json()
-                assert traj["num_turns"] == turns, traj["num_turns"]
-                assert all(s["tokens"] is not None for s in traj["trajectory"])
-                await control.post(f"/v1/rollouts/{rid}/unregister")
-        return RunResult(latencies, wall, cpu_after_turns)
+                (await control.post(f"/v1/rollouts/{rid}/unregister")).raise_for_status()
+        return result
 
 
-async def _warmup(base: str, gateway: bool) -> None:
-    await _run(base, gateway=gateway, rollouts=4, turns=3, tool_chars=50)
+async def _burst(root: str, rollouts: int, turns: int, concurrency: int) -> None:
+    """Register ``rollouts`` rollouts, run ``turns`` turns each (``concurrency`` at a time),
+    and unregister all of them."""
+    semaphore = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=root, timeout=120, headers=ADMIN) as control:
+
+        async def one(i: int) -> None:
+            rid = f"burst_{os.getpid()}_{i}"
+            r = await control.post(f"/v1/rollouts/{rid}/register", json={"model": "scripted"})
+            r.raise_for_status()
+            key = r.json()["api_key"]
+            async with semaphore:
+                async with httpx.AsyncClient(
+                    base_url=root, timeout=120, headers={"Authorization": f"Bearer {key}"}
+                ) as agent:
+                    await _rollout(
+                        agent, f"/v1/rollouts/{rid}/chat/completions", turns, 1000, [], 200
+                    )
+
+        await asyncio.gather(*(one(i) for i in range(rollouts)))
+        for i in range(rollouts):
+            await control.post(f"/v1/rollouts/burst_{os.getpid()}_{i}/unregister")
 
 
 def storage_per_token(target_tokens: int = 128 * 1024) -> tuple[int, int, int]:
@@ -194,71 +323,138 @@ def storage_per_token(target_tokens: int = 128 * 1024) -> tuple[int, int, int]:
     return rec.token_storage_bytes(), unique, rec.logical_token_count()
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=64, help="concurrent rollouts")
-    parser.add_argument("--turns", type=int, default=20, help="turns per rollout")
-    parser.add_argument("--tool-output-chars", type=int, default=400)
+    parser.add_argument("--turns", type=int, default=40, help="turns per conversation")
+    parser.add_argument("--contexts", type=_ints, default=[1000, 32000], help="context tokens")
+    parser.add_argument("--concurrency", type=_ints, default=[1, 64], help="concurrent rollouts")
+    parser.add_argument("--tool-output-chars", type=int, default=200)
+    parser.add_argument("--burst", type=int, default=500, help="rollouts of the RSS burst")
+    parser.add_argument("--burst-turns", type=int, default=5)
+    parser.add_argument(
+        "--min-turns", type=int, default=640, help="turns measured per cell at least (rounds)"
+    )
+    parser.add_argument(
+        "--serve-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
+    if args.serve_proxy:
+        run_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
+        return
 
-    model_port, gateway_port = _free_port(), _free_port()
+    model_port, gateway_port, proxy_port = _free_port(), _free_port(), _free_port()
     model_root = f"http://127.0.0.1:{model_port}"
     gateway_root = f"http://127.0.0.1:{gateway_port}"
+    proxy_root = f"http://127.0.0.1:{proxy_port}"
+    cli = [sys.executable, "-m", "rollout_gateway.cli"]
+    max_rollouts = str(max(10_000, args.burst * 2))
     with (
-        _process(["scripted-model", "--port", str(model_port)], f"{model_root}/v1/models") as mp,
+        _process(
+            [*cli, "scripted-model", "--port", str(model_port), "--log-level", "warning"],
+            f"{model_root}/v1/models",
+        ) as model_pid,
         _process(
             [
-                "serve",
-                "--upstream",
-                f"{model_root}/v1",
-                "--port",
-                str(gateway_port),
-                "--max-rollouts",
-                str(max(10_000, args.rollouts * 4)),
+                *cli, "serve", "--upstream", f"{model_root}/v1", "--port", str(gateway_port),
+                "--max-rollouts", max_rollouts, "--log-level", "warning",
             ],
             f"{gateway_root}/health",
-        ) as gp,
-    ):
-        kw = {"rollouts": args.rollouts, "turns": args.turns, "tool_chars": args.tool_output_chars}
-        asyncio.run(_warmup(model_root, False))
-        asyncio.run(_warmup(gateway_root, True))
-        cpu0 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
-        direct = asyncio.run(_run(model_root, gateway=False, **kw))
-        cpu1 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
-        via = asyncio.run(_run(gateway_root, gateway=True, cpu_probe=lambda: _cpu_s(gp.pid), **kw))
-        cpu2 = (_cpu_s(mp.pid), _cpu_s(gp.pid))
+            env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN},
+        ) as gateway_pid,
+        _process(
+            [sys.executable, __file__, "--serve-proxy", str(proxy_port), model_root],
+            f"{proxy_root}/v1/models",
+        ) as proxy_pid,
+    ):  # fmt: skip
+        pids = {"model": model_pid, "gateway": gateway_pid, "proxy": proxy_pid}
+        targets = [
+            Target("direct", model_root, None),
+            Target("proxy", proxy_root, proxy_pid),
+            Target("gateway", gateway_root, gateway_pid, gateway=True),
+        ]
+        for t in targets:  # warm up every path
+            asyncio.run(_run(t, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50))
+        rss_start = _proc_stat(gateway_pid)[1]
 
-    n = args.rollouts * args.turns
-    print(f"load: {args.rollouts} concurrent rollouts x {args.turns} turns = {n} turns per run")
-    print(f"{'':24}{'p50 ms':>10}{'p99 ms':>10}{'turns/s':>10}")
-    for name, res in (("direct to model", direct), ("through gateway", via)):
-        print(f"{name:24}{res.pct(0.5):10.2f}{res.pct(0.99):10.2f}{res.turns_per_s:10.1f}")
-    print(
-        f"{'added by gateway':24}{via.pct(0.5) - direct.pct(0.5):10.2f}"
-        f"{via.pct(0.99) - direct.pct(0.99):10.2f}"
-        f"{'':>4}ratio {via.turns_per_s / direct.turns_per_s:.2f}"
-    )
-    print(
-        f"mean latency ms: direct {statistics.mean(direct.latencies_s) * 1000:.2f}, "
-        f"gateway {statistics.mean(via.latencies_s) * 1000:.2f}"
-    )
+        results: dict[tuple[int, int, str], RunResult] = {}
+        for context in args.contexts:
+            for conc in args.concurrency:
+                for t in targets:
+                    results[(context, conc, t.name)] = asyncio.run(
+                        _run(
+                            t, pids, rollouts=conc, turns=args.turns, context_tokens=context,
+                            tool_chars=args.tool_output_chars,
+                            fetch_trajectory=conc == args.concurrency[0],
+                            min_turns=args.min_turns,
+                        )
+                    )  # fmt: skip
 
-    per_turn = 1000 / n
-    gw_turns = (via.cpu_after_turns - cpu1[1]) * per_turn
-    gw_total = (cpu2[1] - cpu1[1]) * per_turn
-    print(
-        f"CPU ms per turn: model {(cpu1[0] - cpu0[0]) * per_turn:.2f} (direct run), "
-        f"{(cpu2[0] - cpu1[0]) * per_turn:.2f} (gateway run); gateway {gw_turns:.2f} for the "
-        f"turns, {gw_total:.2f} with register + trajectory fetch + unregister"
-    )
-    print(f"host load average after the runs: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        rss_before_burst = _proc_stat(gateway_pid)[1]
+        asyncio.run(_burst(gateway_root, args.burst, args.burst_turns, 64))
+        time.sleep(1.0)
+        rss_after_burst = _proc_stat(gateway_pid)[1]
 
+    print(
+        f"turns per conversation: {args.turns}; tool output {args.tool_output_chars} chars; "
+        f"host load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
+    header = (
+        f"{'context':>8}{'conc':>6}  {'path':<8}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
+        f"{'hop CPU ms/turn':>17}{'model CPU ms/turn':>19}"
+    )
+    print(header)
+    cpu_per_turn: dict[tuple[int, int, str], float] = {}
+    for (context, conc, name), res in results.items():
+        n = len(res.latencies_s)
+        direct = results[(context, conc, "direct")]
+        hop = res.cpu_s.get(name, 0.0) * 1000 / n if name != "direct" else 0.0
+        cpu_per_turn[(context, conc, name)] = hop
+        print(
+            f"{context:>8}{conc:>6}  {name:<8}{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
+            f"{res.pct(0.5) - direct.pct(0.5):8.2f}{res.pct(0.99) - direct.pct(0.99):8.2f}"
+            f"{hop:17.3f}{res.cpu_s['model'] * 1000 / n:19.3f}"
+        )
+    print("\nratios (same run):")
+    for context in args.contexts:
+        for conc in args.concurrency:
+            g, p = cpu_per_turn[(context, conc, "gateway")], cpu_per_turn[(context, conc, "proxy")]
+            print(
+                f"  gateway/proxy CPU per turn at {context} tokens, {conc} rollouts: {g / p:.2f}x"
+            )
+    if len(args.contexts) > 1:
+        lo, hi = args.contexts[0], args.contexts[-1]
+        for conc in args.concurrency:
+            g_lo, g_hi = cpu_per_turn[(lo, conc, "gateway")], cpu_per_turn[(hi, conc, "gateway")]
+            print(
+                f"  gateway CPU per turn {hi} vs {lo} tokens, {conc} rollouts: {g_hi / g_lo:.2f}x"
+            )
+    for context in args.contexts:
+        res = results[(context, args.concurrency[0], "gateway")]
+        if res.trajectory is not None:
+            full_s, full_b, delta_s, delta_b = res.trajectory
+            print(
+                f"\ntrajectory {args.turns} turns x {context} tokens: table form "
+                f"{full_s * 1000:.1f} ms {full_b / 1e6:.2f} MB; delta form "
+                f"{delta_s * 1000:.1f} ms {delta_b / 1e6:.2f} MB"
+            )
     stored, unique, logical = storage_per_token()
     print(
         f"token storage, {unique}-token trajectory ({logical} tokens over its steps): "
-        f"{stored} bytes = {stored / unique:.2f} bytes/unique token, "
-        f"{stored / logical:.3f} bytes/reported token"
+        f"{stored / unique:.2f} bytes per stored (unique) token"
     )
+    print(
+        f"gateway RSS: {rss_start / 1e6:.1f} MB after warm-up, {rss_before_burst / 1e6:.1f} MB "
+        f"after the runs, {rss_after_burst / 1e6:.1f} MB after {args.burst} rollouts x "
+        f"{args.burst_turns} turns were registered, run and unregistered"
+    )
+    mean_direct = statistics.mean(
+        results[(args.contexts[0], args.concurrency[0], "direct")].latencies_s
+    )
+    print(f"(direct mean latency at {args.contexts[0]} tokens: {mean_direct * 1000:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rollout_gateway.server import GatewayConfig
 
 SubcommandSetup = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -23,64 +28,268 @@ def subcommand(setup: SubcommandSetup) -> SubcommandSetup:
     return setup
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a positive finite number of ``kind`` (argparse names the option)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _upstream_url(text: str) -> str:
+    """An argparse type: an http(s) base URL with a host and a valid port."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text.strip())
+    try:
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise argparse.ArgumentTypeError(f"not an http(s) base URL: {text!r}")
+    return text.strip()
+
+
+class _RefuseOnCommandLine(argparse.Action):
+    """Refuse a secret given as an argument (any user sees it in ``ps``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        parser.error(
+            f"{self.option_strings[0]}: secrets are not accepted on the command line "
+            f"(visible in ps); use {self.help_text}"
+        )
+
+    @property
+    def help_text(self) -> str:
+        return str(self.metavar)
+
+
+_SERVE_EPILOG = """\
+security model:
+  The control plane (register, trajectory, cancel, unregister, /metrics, upstream
+  details of /health) needs "Authorization: Bearer <admin token>". The token is read
+  from $ROLLOUT_GATEWAY_ADMIN_TOKEN or from a file (--admin-token-file or
+  $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE), never from the command line (it would show in ps),
+  and has at least 16 characters. Without a token, serve refuses to start unless
+  --open-control-plane is given, which only binds to a loopback address.
+  Register hands out a per-rollout api_key (on by default, --no-rollout-keys to turn
+  off): an agent presents it as its bearer token and reaches only its own rollout, on
+  /v1/rollouts/{id}/chat/completions or on /v1/chat/completions (routed by the key).
+  Agents get short error messages; upstream URLs and tracebacks go to the log only.
+
+what an agent may set:
+  forwarded: messages, tools, tool_choice, parallel_tool_calls, response_format, stop.
+  read: max_tokens / max_completion_tokens (used only if registration sets none),
+  stream, stream_options, logprobs, top_logprobs, return_token_ids (shape the answer).
+  Every other field (temperature, top_p, top_k, n, seed, logit_bias, ...) is dropped,
+  never rejected; the turn's extras list the dropped names. The registered
+  sampling_params are what the engine gets.
+
+refused turns:
+  a turn past a rollout's budget, or of a cancelled/completed rollout, is answered
+  403 (not retried by OpenAI SDKs, unlike 409) with error.code naming the reason
+  (max_turns_reached, max_completion_tokens_reached, max_context_reached,
+  max_rollout_bytes_reached, rollout_cancelled, rollout_completed); the trajectory
+  then has is_truncated=true and truncation_reason. A retry (same Idempotency-Key, or
+  the same body while the turn runs or within --retry-window of its answer) gets the
+  turn's answer and is not a new turn.
+"""
+
+
 @subcommand
 def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``rollout-gateway serve``: the reference rollout gateway."""
+    from rollout_gateway.server import config as defaults
+
+    positive_int, positive_float = _positive(int), _positive(float)
     p = subparsers.add_parser(
         "serve",
         help="run the rollout gateway in front of OpenAI-compatible upstreams",
         description="Run the rollout gateway (protocol v1) in front of one or more "
         "OpenAI-compatible upstreams (vLLM, the scripted model...).",
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=None,
     )
     p.add_argument(
         "--upstream",
         action="append",
         required=True,
+        type=_upstream_url,
         metavar="URL",
         help="OpenAI base URL of an upstream, e.g. http://127.0.0.1:8001/v1 (repeatable)",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
+    access = p.add_argument_group("access (see the security model below)")
+    access.add_argument(
+        "--admin-token-file",
+        metavar="PATH",
+        help="file holding the control-plane admin token "
+        "(default: $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE, else $ROLLOUT_GATEWAY_ADMIN_TOKEN)",
+    )
+    access.add_argument(
+        "--open-control-plane",
+        action="store_true",
+        help="run WITHOUT an admin token: anyone reaching the gateway drives every "
+        "rollout; loopback --host only",
+    )
+    access.add_argument(
+        "--admin-token",
+        action=_RefuseOnCommandLine,
+        metavar="$ROLLOUT_GATEWAY_ADMIN_TOKEN or --admin-token-file",
+        help=argparse.SUPPRESS,  # refused: a token on the command line shows in ps
+    )
+    access.add_argument(
         "--require-rollout-keys",
         action="store_true",
-        help="register returns a per-rollout api_key that chat requests must present",
+        help=argparse.SUPPRESS,  # the default now; accepted for old command lines
     )
-    p.add_argument(
-        "--admin-token",
-        default=os.environ.get("ROLLOUT_GATEWAY_ADMIN_TOKEN"),
-        help="bearer token required by register/cancel/unregister/trajectory "
-        "(default: $ROLLOUT_GATEWAY_ADMIN_TOKEN)",
+    access.add_argument(
+        "--no-rollout-keys",
+        dest="rollout_keys",
+        action="store_false",
+        help="do not issue per-rollout api keys (any agent can then drive any rollout)",
     )
     p.add_argument(
         "--upstream-api-key",
-        default=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY"),
-        help="bearer token sent to the upstreams (default: $ROLLOUT_GATEWAY_UPSTREAM_API_KEY)",
+        action=_RefuseOnCommandLine,
+        metavar="$ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
+        help=argparse.SUPPRESS,  # refused: a key on the command line shows in ps
     )
-    p.add_argument("--rollout-ttl", type=float, default=3600.0, metavar="SECONDS")
-    p.add_argument("--max-rollouts", type=int, default=10_000, metavar="N")
-    p.add_argument("--upstream-timeout", type=float, default=600.0, metavar="S")
-    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, metavar="N")
+    limits = p.add_argument_group("limits per request and per rollout")
+    limits.add_argument(
+        "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, metavar="N",
+        help="largest request body (413 beyond; default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-turns", type=positive_int, default=defaults.DEFAULT_MAX_TURNS, metavar="N",
+        help="turns of a rollout registered with max_turns=-1 (default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-completion-tokens", type=positive_int,
+        default=defaults.DEFAULT_MAX_TOTAL_COMPLETION_TOKENS, metavar="N",
+        help="completion tokens of a rollout, all turns together (default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-context-tokens", type=positive_int, default=None, metavar="N",
+        help="context bound of a rollout registered without max_seq_len "
+        "(default: none, the engine's own)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-rollout-bytes", type=positive_int,
+        default=defaults.DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES, metavar="N",
+        help="message bytes stored per rollout (default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--retry-window", type=positive_float, default=120.0, metavar="S",
+        help="an identical request this soon after a turn's answer is a retry "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    conns = p.add_argument_group("connections and time")
+    conns.add_argument(
+        "--header-timeout", type=positive_float, default=30.0, metavar="S",
+        help="time to send a request's headers (default: %(default)s)",
+    )  # fmt: skip
+    conns.add_argument(
+        "--body-timeout", type=positive_float, default=120.0, metavar="S",
+        help="time to send a request's body after its headers (default: %(default)s)",
+    )  # fmt: skip
+    conns.add_argument(
+        "--keep-alive", type=positive_float, default=float(defaults.DEFAULT_KEEP_ALIVE_S),
+        metavar="S", help="idle keep-alive connections close after this (default: %(default)s)",
+    )  # fmt: skip
+    conns.add_argument(
+        "--max-connections", type=positive_int, default=4096, metavar="N",
+        help="open connections at most; more are closed at once (default: %(default)s)",
+    )  # fmt: skip
+    conns.add_argument(
+        "--upstream-timeout", type=positive_float, default=600.0, metavar="S",
+        help="total deadline of one upstream completion (default: %(default)s)",
+    )  # fmt: skip
+    registry = p.add_argument_group("registry")
+    registry.add_argument(
+        "--rollout-ttl", type=positive_float, default=3600.0, metavar="SECONDS",
+        help="idle rollouts are dropped after this (default: %(default)s)",
+    )  # fmt: skip
+    registry.add_argument(
+        "--max-rollouts", type=positive_int, default=10_000, metavar="N",
+        help="registered rollouts at most (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run_serve)
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    """Run ``serve`` with parsed arguments."""
-    from rollout_gateway.server import GatewayConfig, create_app, serve
+def serve_config(args: argparse.Namespace) -> GatewayConfig:
+    """The :class:`GatewayConfig` of parsed ``serve`` arguments.
 
-    config = GatewayConfig(
+    Raises :class:`ServeOptionError` naming the option when the options do not hold
+    together (no admin token, open mode on a non-loopback host, unreadable token file).
+    """
+    from rollout_gateway.server import GatewayConfig
+    from rollout_gateway.server.auth import AdminTokenError, is_loopback_host, load_admin_token
+
+    try:
+        token = load_admin_token(args.admin_token_file)
+    except AdminTokenError as e:
+        raise ServeOptionError(f"--admin-token-file / $ROLLOUT_GATEWAY_ADMIN_TOKEN: {e}") from None
+    if args.open_control_plane:
+        if token is not None:
+            raise ServeOptionError("--open-control-plane: an admin token is configured too")
+        if not is_loopback_host(args.host):
+            raise ServeOptionError(
+                f"--open-control-plane: only on a loopback --host, not {args.host!r}"
+            )
+    elif token is None:
+        raise ServeOptionError(
+            "no admin token: set $ROLLOUT_GATEWAY_ADMIN_TOKEN or --admin-token-file "
+            "(or --open-control-plane on loopback, for local use)"
+        )
+    return GatewayConfig(
         upstreams=args.upstream,
         enabled=not args.disabled,
-        require_rollout_keys=args.require_rollout_keys,
-        admin_token=args.admin_token or None,
+        admin_token=token,
+        open_control_plane=args.open_control_plane,
+        require_rollout_keys=args.rollout_keys,
         rollout_ttl_s=args.rollout_ttl,
         max_rollouts=args.max_rollouts,
         upstream_timeout_s=args.upstream_timeout,
         max_body_bytes=args.max_body_bytes,
-        upstream_api_key=args.upstream_api_key or None,
+        upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
+        default_max_turns=args.max_turns,
+        max_total_completion_tokens=args.max_completion_tokens,
+        default_max_context_tokens=args.max_context_tokens,
+        max_rollout_message_bytes=args.max_rollout_bytes,
+        retry_dedupe_window_s=args.retry_window,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keep_alive_s=args.keep_alive,
+        max_connections=args.max_connections,
     )
+
+
+class ServeOptionError(ValueError):
+    """``serve`` options that cannot run (the message names the option)."""
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
+    from rollout_gateway.server import create_app, serve
+
+    try:
+        config = serve_config(args)
+    except ValueError as e:  # ServeOptionError, or GatewayConfig's own checks
+        print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
+        return 2
     _setup_logging(args.log_level)
     serve(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
     return 0

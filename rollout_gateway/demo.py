@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -147,7 +148,8 @@ async def _demo(options: DemoOptions, out: TextIO) -> int:
             model_root = await _serve(stack, create_scripted_model_app(), "scripted model")
             upstream, model = f"{model_root}/v1", options.model or "scripted"
             print(f"scripted model  {upstream}", file=out)
-        gateway_app = create_app(GatewayConfig(upstreams=[upstream]))
+        admin_token = secrets.token_urlsafe(32)  # the gateway's control plane is protected
+        gateway_app = create_app(GatewayConfig(upstreams=[upstream], admin_token=admin_token))
         gateway_root = await _serve(stack, gateway_app, "gateway")
         print(f"rollout gateway {gateway_root}  (upstream {upstream})", file=out)
         env = fix_bug_env.load_environment(
@@ -156,6 +158,7 @@ async def _demo(options: DemoOptions, out: TextIO) -> int:
             sandbox_backend="local",
             tunnel_provider="direct",
             timeout_seconds=min(options.timeout, 600.0),
+            gateway_admin_token=admin_token,
         )
         stack.push_async_callback(env._teardown)
         client = vf.OpenAIChatCompletionsClient(

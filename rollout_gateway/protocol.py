@@ -22,6 +22,44 @@ ROLLOUT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNLIMITED_TURNS = -1
 
 
+#: Status of a refused chat turn (rollout cancelled, completed, or at one of its limits).
+#: Not 409 as in the original table: the OpenAI SDK (and litellm) retry 408, 409, 429 and
+#: 5xx, so an agent would re-send a refused turn for minutes. The error's ``code`` says
+#: why (one of :data:`TURN_REFUSAL_CODES`); refusals also carry ``x-should-retry: false``.
+TURN_REFUSED_STATUS = 403
+
+#: ``error.code`` values of a refused turn.
+TurnRefusalCode = Literal[
+    "rollout_cancelled",
+    "rollout_completed",
+    "max_turns_reached",
+    "max_completion_tokens_reached",
+    "max_context_reached",
+    "max_rollout_bytes_reached",
+]
+TURN_REFUSAL_CODES: tuple[str, ...] = TurnRefusalCode.__args__  # type: ignore[attr-defined]
+
+#: Why a trajectory is truncated (``truncation_reason`` of the trajectory answer): the
+#: limit that refused a turn the agent asked for, or ``context_length_exceeded`` when the
+#: engine refused a prompt longer than its context (that turn is recorded, no sample).
+TruncationReason = Literal[
+    "max_turns",
+    "max_completion_tokens",
+    "max_context",
+    "max_rollout_bytes",
+    "context_length_exceeded",
+]
+
+#: Bearer-key routed data plane (the rollout is found by its per-rollout key, for agents
+#: that cannot carry the rollout id in their base URL, e.g. verifiers v1 harnesses).
+BEARER_CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+BEARER_MODELS_PATH = "/v1/models"
+
+#: Headers by which a client marks a retry (the OpenAI SDK's and the generic one).
+SDK_RETRY_COUNT_HEADER = "x-stainless-retry-count"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
+
 def new_rollout_id() -> str:
     """Return a fresh, unguessable rollout id (128 random bits, URL-safe)."""
     return f"rollout_{secrets.token_hex(16)}"
@@ -79,34 +117,58 @@ def replace_port(url: str, port: int) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+#: Route templates of the per-rollout calls (``{rollout_id}`` is one path segment). The
+#: server routes on them; the ``*_path`` functions below fill them in for clients.
+ROLLOUT_PREFIX = "/v1/rollouts/{rollout_id}"
+REGISTER_ROUTE = ROLLOUT_PREFIX + "/register"
+CHAT_COMPLETIONS_ROUTE = ROLLOUT_PREFIX + "/chat/completions"
+TRAJECTORY_ROUTE = ROLLOUT_PREFIX + "/trajectory"
+CANCEL_ROUTE = ROLLOUT_PREFIX + "/cancel"
+UNREGISTER_ROUTE = ROLLOUT_PREFIX + "/unregister"
+EXIT_ROUTE = ROLLOUT_PREFIX + "/exit"
+MODELS_ROUTE = ROLLOUT_PREFIX + "/models"
+
+_ROLLOUT_PATH_RE = re.compile(r"^/v1/rollouts/([^/]+)/(.+)$")
+
+
+def parse_rollout_path(path: str) -> tuple[str, str] | None:
+    """``(rollout_id, operation)`` of a per-rollout path; operation as ``"chat/completions"``."""
+    match = _ROLLOUT_PATH_RE.fullmatch(path)
+    return (match.group(1), match.group(2)) if match else None
+
+
 def register_path(rollout_id: str) -> str:
     """Path of the register call."""
-    return f"/v1/rollouts/{rollout_id}/register"
+    return REGISTER_ROUTE.format(rollout_id=rollout_id)
 
 
 def chat_completions_path(rollout_id: str) -> str:
     """Path of the data-plane chat completions call."""
-    return f"/v1/rollouts/{rollout_id}/chat/completions"
+    return CHAT_COMPLETIONS_ROUTE.format(rollout_id=rollout_id)
 
 
 def trajectory_path(rollout_id: str) -> str:
     """Path of the trajectory call."""
-    return f"/v1/rollouts/{rollout_id}/trajectory"
+    return TRAJECTORY_ROUTE.format(rollout_id=rollout_id)
 
 
 def cancel_path(rollout_id: str) -> str:
     """Path of the cancel call."""
-    return f"/v1/rollouts/{rollout_id}/cancel"
+    return CANCEL_ROUTE.format(rollout_id=rollout_id)
+
+
+#: Control-plane path where the trainer announces a new policy version (admin token).
+POLICY_VERSION_PATH = "/v1/policy/version"
 
 
 def unregister_path(rollout_id: str) -> str:
     """Path of the unregister call."""
-    return f"/v1/rollouts/{rollout_id}/unregister"
+    return UNREGISTER_ROUTE.format(rollout_id=rollout_id)
 
 
 def exit_path(rollout_id: str) -> str:
     """Path of the agent's exit report (data plane: the agent's launch wrapper calls it)."""
-    return f"/v1/rollouts/{rollout_id}/exit"
+    return EXIT_ROUTE.format(rollout_id=rollout_id)
 
 
 #: Path of the exit-report long-poll (control plane): ``GET ?after=<seq>&timeout=<s>``.
@@ -131,6 +193,8 @@ class RegisterRequest(TypedDict):
     max_turns: int
     max_seq_len: int | None
     api_key: NotRequired[str]
+    #: Our addition: completion tokens of the whole rollout (gateway default when absent).
+    max_total_completion_tokens: NotRequired[int | None]
 
 
 class RegisterResponse(TypedDict):
@@ -191,8 +255,8 @@ def flatten_sampling_args(*sources: Mapping[str, Any] | None) -> dict[str, Any]:
 
     Within one source, ``extra_body`` entries (vLLM extensions such as ``top_k``) are
     flattened in and a top-level field wins over the same name in ``extra_body`` (as the
-    OpenAI SDK merges them). ``n`` is dropped (one completion per turn) and ``None``
-    values are skipped. The one place this is done, for the client and the server.
+    OpenAI SDK merges them), and ``None`` values are skipped. The one place this is
+    done, for the client and the server.
     """
     params: dict[str, Any] = {}
     for source in sources:
@@ -250,6 +314,99 @@ class TrajectoryStepBody(TypedDict):
     extras: dict[str, Any]
 
 
+class TurnTiming(TypedDict):
+    """When a turn ran and how long its parts took (``StepExtras.timing``)."""
+
+    #: Unix time (seconds) the gateway sent the turn upstream.
+    started_at: float
+    #: Seconds until the upstream's first byte of answer (first chunk when streamed).
+    first_token_s: float | None
+    #: Seconds the upstream call took, answer complete.
+    upstream_s: float
+
+
+class TurnError(TypedDict):
+    """Why a recorded turn produced no sample (``StepExtras.error``)."""
+
+    #: ``context_length_exceeded`` (the prompt does not fit the engine's context), ...
+    type: str
+    message: str
+    #: HTTP status the gateway answered the agent.
+    status_code: int
+
+
+class FailedTurn(TypedDict):
+    """A turn whose engine call failed (5xx, unreachable, timeout, a 4xx other than a
+    context overflow): no sample, so no step; the agent got the error and may retry."""
+
+    #: Steps recorded before it (the failed call came between step ``after_steps - 1``
+    #: and step ``after_steps``).
+    after_steps: int
+    error: TurnError
+    timing: TurnTiming
+
+
+class StepExtras(TypedDict, total=False):
+    """Per-turn facts the reference gateway records in a step's ``extras``.
+
+    All keys are optional on the wire (another gateway may send none of them). A trainer
+    reads them to filter or weight turns: ``policy_version`` for staleness,
+    ``prefix_break`` for turns whose prompt does not extend the previous turn's ids,
+    ``status`` for turns that produced no sample.
+    """
+
+    #: ``"ok"``: a sample was taken; ``"error"``: the turn was refused by the engine and
+    #: recorded for the trainer's sake (e.g. context overflow), with ``error``.
+    status: Literal["ok", "error"]
+    error: TurnError
+    #: The engine's ``finish_reason`` (``stop``, ``length``, ``tool_calls``, ``abort``...).
+    finish_reason: str | None
+    #: vLLM's ``stop_reason`` / SGLang's ``matched_stop``: the stop string or token id hit.
+    stop_reason: int | str | None
+    #: The engine's ``usage`` of the turn.
+    usage: dict[str, Any] | None
+    #: Prompt tokens served from the engine's prefix cache (when it reports them).
+    cached_tokens: int | None
+    timing: TurnTiming
+    #: Sampling fields actually sent upstream (registered values, the per-turn seed...).
+    sampling: dict[str, Any]
+    #: Policy version in effect when the turn was sent upstream (``None``: never announced).
+    policy_version: int | None
+    #: Set when the policy version changed while the turn was being sampled: the
+    #: version in effect when the answer came back.
+    policy_version_end: int | None
+    #: The engine's own weight version in its answer (SGLang ``metadata.weight_version``).
+    engine_weight_version: str | None
+    #: The prompt ids do not start with the previous turn's prompt + completion ids
+    #: (re-tokenized history: a tool call re-rendered, a cut completion, ...).
+    prefix_break: bool
+    #: The previous turn's messages are not a prefix of this turn's request.
+    history_rewritten: bool
+    #: Why the step has ``tokens: null``.
+    tokens_missing: str
+    #: The engine sent token fields that could not be used (``tokens: null``).
+    tokens_error: str
+    #: Indexes of completion logprobs that are sentinels (e.g. ``-9999``) or not finite.
+    logprob_sentinels: list[int]
+    #: The other sampled choices of an ``n > 1`` request (same shape as the step's
+    #: ``completion`` and ``tokens``), so no sampled token is dropped.
+    other_choices: list[dict[str, Any]]
+
+
+class PolicyVersionRequest(TypedDict):
+    """Body of ``POST /v1/policy/version``: the trainer announces new weights."""
+
+    version: int
+
+
+class PolicyVersionResponse(TypedDict):
+    """Answer of ``GET`` / ``POST /v1/policy/version``."""
+
+    version: int | None
+    #: Unix time of the last announcement (``None``: never announced).
+    updated_at: float | None
+
+
 class TrajectoryResponse(TypedDict):
     """Success body of ``GET /v1/rollouts/{id}/trajectory``."""
 
@@ -261,6 +418,63 @@ class TrajectoryResponse(TypedDict):
     completion: list[dict[str, Any]]
     is_truncated: bool
     trajectory: list[TrajectoryStepBody]
+    #: Our additions: the limit that refused a turn, turns whose answer reached nobody.
+    truncation_reason: NotRequired[TruncationReason | None]
+    abandoned_turns: NotRequired[int]
+    #: Policy versions of the recorded turns, oldest first (reference gateway).
+    policy_versions: NotRequired[list[int | None]]
+    #: Engine calls that failed (the last 100), reference gateway.
+    failed_turns: NotRequired[list[FailedTurn]]
+
+
+#: ``GET /v1/rollouts/{id}/trajectory?format=delta``: the steps in the delta form (our
+#: addition; without the parameter the answer is the protocol table's). The answer then
+#: has ``"format": "delta"`` and each step, instead of ``prompt`` and ``tokens.prompt_ids``
+#: / masks, holds ``prompt_shared`` (how many leading messages of the previous step's
+#: prompt + completion it reuses), ``prompt_new`` (the messages after those), and in
+#: ``tokens`` ``prompt_shared`` / ``prompt_new_ids`` (the same for token ids). Masks are
+#: implied (prompt 0s, completion 1s). :func:`expand_delta_steps` rebuilds the full steps.
+TRAJECTORY_DELTA_QUERY = {"format": "delta"}
+
+
+def expand_delta_steps(steps: list[dict[str, Any]]) -> list[TrajectoryStepBody]:
+    """Full trajectory steps (the protocol table's shape) from delta-form ``steps``."""
+    out: list[TrajectoryStepBody] = []
+    history: list[dict[str, Any]] = []
+    history_ids: list[int] = []
+    for step in steps:
+        prompt = [*history[: step["prompt_shared"]], *step["prompt_new"]]
+        tokens: StepTokens | None = None
+        delta = step.get("tokens")
+        if delta is not None:
+            prompt_ids = [*history_ids[: delta["prompt_shared"]], *delta["prompt_new_ids"]]
+            completion_ids = delta["completion_ids"]
+            tokens = {
+                "prompt_ids": prompt_ids,
+                "prompt_mask": [0] * len(prompt_ids),
+                "completion_ids": completion_ids,
+                "completion_mask": [1] * len(completion_ids),
+                "completion_logprobs": delta["completion_logprobs"],
+                "overlong_prompt": delta["overlong_prompt"],
+                "is_truncated": delta["is_truncated"],
+            }
+            history_ids = [*prompt_ids, *completion_ids]
+        else:
+            history_ids = []
+        history = [*prompt, *step["completion"]]
+        out.append(
+            {
+                "prompt": prompt,
+                "completion": step["completion"],
+                "tokens": tokens,
+                "reward": step.get("reward"),
+                "advantage": step.get("advantage"),
+                "is_truncated": step["is_truncated"],
+                "trajectory_id": step["trajectory_id"],
+                "extras": step.get("extras") or {},
+            }
+        )
+    return out
 
 
 class StatusResponse(TypedDict):
@@ -276,24 +490,50 @@ __all__ = [
     "EXITS_PATH",
     "ExitReport",
     "ExitsResponse",
+    "BEARER_CHAT_COMPLETIONS_PATH",
+    "BEARER_MODELS_PATH",
+    "IDEMPOTENCY_KEY_HEADER",
+    "POLICY_VERSION_PATH",
+    "CANCEL_ROUTE",
+    "CHAT_COMPLETIONS_ROUTE",
+    "EXIT_ROUTE",
+    "MODELS_ROUTE",
+    "REGISTER_ROUTE",
     "ROLLOUT_ID_RE",
+    "ROLLOUT_PREFIX",
+    "TRAJECTORY_ROUTE",
+    "UNREGISTER_ROUTE",
+    "SDK_RETRY_COUNT_HEADER",
+    "TRAJECTORY_DELTA_QUERY",
+    "TURN_REFUSAL_CODES",
+    "TURN_REFUSED_STATUS",
     "UNLIMITED_TURNS",
+    "FailedTurn",
+    "PolicyVersionRequest",
+    "PolicyVersionResponse",
+    "TruncationReason",
+    "TurnRefusalCode",
     "RegisterRequest",
     "RegisterResponse",
     "RolloutStatus",
     "StatusResponse",
+    "StepExtras",
     "StepTokens",
     "TrajectoryResponse",
     "TrajectoryStepBody",
+    "TurnError",
+    "TurnTiming",
     "cancel_path",
     "chat_completions_path",
     "exit_path",
     "flatten_sampling_args",
     "gateway_host",
+    "expand_delta_steps",
     "gateway_root",
     "is_valid_rollout_id",
     "new_rollout_api_key",
     "new_rollout_id",
+    "parse_rollout_path",
     "register_path",
     "register_request",
     "register_response",

@@ -128,7 +128,6 @@ class FakeGateway:
         latency = self.latency() if callable(self.latency) else self.latency
         if latency:
             await asyncio.sleep(latency)
-        parts = request.url.path.strip("/").split("/")
         self.calls.append((request.method, request.url.path))
         if request.url.path == protocol.EXITS_PATH and request.method == "GET":
             self.op_counts["exits"] += 1
@@ -139,9 +138,10 @@ class FakeGateway:
                 int(params.get("after", "0")), float(params.get("timeout", "0"))
             )
             return httpx.Response(200, json=answer)
-        if len(parts) < 4 or parts[:2] != ["v1", "rollouts"]:
+        parsed = protocol.parse_rollout_path(request.url.path)
+        if parsed is None:
             return _error(404, "no such route")
-        rollout_id, op = parts[2], "/".join(parts[3:])
+        rollout_id, op = parsed
         self.op_counts[op] += 1
         queued = self._failures.get(op)
         if queued:

@@ -210,10 +210,15 @@ class RolloutGatewayMixin(_Base):
         )
 
     def gateway_sampling_params(self, state: State) -> dict[str, Any]:
-        """Sampling params registered for the rollout: the env's, then the rollout's."""
-        return protocol.flatten_sampling_args(
+        """Sampling params registered for the rollout: the env's, then the rollout's.
+
+        ``n`` is dropped: verifiers' ``n`` is the number of rollouts, each its own agent.
+        """
+        params = protocol.flatten_sampling_args(
             getattr(self, "sampling_args", None), state.get("sampling_args")
         )
+        params.pop("n", None)
+        return params
 
     async def unregister_rollout(self, state: State) -> None:
         """Unregister the rollout (runs once per rollout, from the core's finalize)."""

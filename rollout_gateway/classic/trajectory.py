@@ -104,6 +104,7 @@ def synthesize_response(
     response_id: str,
     model: str,
     is_truncated: bool,
+    extras: Mapping[str, Any] | None = None,
 ) -> Response:
     """A ``vf.Response`` for a gateway step: last assistant message, usage from tokens.
 
@@ -115,8 +116,11 @@ def synthesize_response(
     )
     content = getattr(assistant, "content", None) if assistant is not None else ""
     tool_calls = cast(list[ToolCall] | None, getattr(assistant, "tool_calls", None))
+    engine_finish = (extras or {}).get("finish_reason")
     if tool_calls:
         finish_reason = "tool_calls"
+    elif engine_finish in ("stop", "length", "tool_calls"):
+        finish_reason = engine_finish  # what the engine said, when verifiers knows the word
     elif is_truncated:
         finish_reason = "length"
     else:
@@ -171,6 +175,8 @@ def convert_step(
     where = f"trajectory[{index}]"
     if not isinstance(raw, Mapping):
         raise GatewayProtocolError(f"{where} is not an object")
+    extras = raw.get("extras")
+    extras = extras if isinstance(extras, Mapping) else {}
     cache = cache or MessageCache()
     prompt = cache.convert(raw.get("prompt", []), f"{where}.prompt")
     completion = convert_messages(raw.get("completion", []), f"{where}.completion")
@@ -179,7 +185,6 @@ def convert_step(
         tokens is not None and tokens["is_truncated"]
     )
     trajectory_id = str(raw.get("trajectory_id") or default_trajectory_id)
-    extras = raw.get("extras")
     return TrajectoryStep(
         prompt=prompt,
         completion=completion,
@@ -189,13 +194,14 @@ def convert_step(
             response_id=f"{trajectory_id}-{index}",
             model=model,
             is_truncated=is_truncated,
+            extras=extras,
         ),
         tokens=tokens,
         reward=raw.get("reward"),
         advantage=raw.get("advantage"),
         is_truncated=is_truncated,
         trajectory_id=trajectory_id,
-        extras=dict(extras) if isinstance(extras, Mapping) else {},
+        extras=dict(extras),
     )
 
 
@@ -235,6 +241,21 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
         state["gateway_status"] = answer["status"]
     if "num_turns" in answer:
         state["gateway_num_turns"] = answer["num_turns"]
+    # The reference gateway's optional additions, kept for the trainer when sent.
+    if answer.get("truncation_reason"):
+        state["gateway_truncation_reason"] = answer["truncation_reason"]
+    if steps:
+        versions = [s["extras"].get("policy_version") for s in steps]
+        if any(v is not None for v in versions):
+            state["policy_versions"] = versions
+            # A turn sampled across a weight update, or by an older policy than the last.
+            latest = max(v for v in versions if v is not None)
+            state["stale_turns"] = [
+                i
+                for i, s in enumerate(steps)
+                if s["extras"].get("policy_version_end") is not None
+                or (versions[i] is not None and versions[i] < latest)
+            ]
     return steps
 
 

@@ -1,40 +1,57 @@
-"""The gateway's Starlette app: protocol v1 routes, health and metrics.
+"""The gateway's Starlette app: protocol v1 routes, bearer-key routes, health and metrics.
 
-See ``/work/shared/DESIGN.md`` (the gateway protocol table) for the contract; every route
-answers errors as ``{"error": {"message", "type", "code"}}``.
+See ``/work/shared/DESIGN.md`` (the gateway protocol table) for the contract and the
+README ("Reference gateway: limits and security") for our deviations and additions;
+every route answers errors as ``{"error": {"message", "type", "code"}}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, cast
 
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from rollout_gateway import protocol
 from rollout_gateway.exits import ExitBoard
 from rollout_gateway.protocol import (
     API_KEY_RE,
+    BEARER_CHAT_COMPLETIONS_PATH,
+    BEARER_MODELS_PATH,
     EXITS_MAX_WAIT,
     EXITS_PATH,
+    POLICY_VERSION_PATH,
     UNLIMITED_TURNS,
+    FailedTurn,
+    PolicyVersionResponse,
+    RegisterRequest,
     StatusResponse,
     TrajectoryResponse,
     is_valid_rollout_id,
     register_response,
 )
+from rollout_gateway.server.auth import bearer_token, token_matches
+from rollout_gateway.server.chat import ChatTurns
 from rollout_gateway.server.config import GatewayConfig
+from rollout_gateway.server.dedupe import TurnTracker
+from rollout_gateway.server.engines import EngineInfo, probe_engine
+from rollout_gateway.server.guard import GuardMiddleware
+from rollout_gateway.server.jsonio import JSONBytesResponse
+from rollout_gateway.server.memory import MemoryTrimmer
 from rollout_gateway.server.metrics import GatewayMetrics
+from rollout_gateway.server.policy import PolicyClock, StaleVersionError
 from rollout_gateway.server.registry import (
     AlreadyRegisteredError,
     Clock,
@@ -42,32 +59,19 @@ from rollout_gateway.server.registry import (
     RolloutRecord,
     RolloutRegistry,
 )
-from rollout_gateway.server.responses import (
-    ApiError,
-    error_response,
-    read_json_object,
-    validate_messages,
-)
-from rollout_gateway.server.sse import iter_completion_sse
-from rollout_gateway.server.turns import agent_view, build_upstream_request, read_turn
-from rollout_gateway.server.upstream import UpstreamError, UpstreamPool
+from rollout_gateway.server.responses import ApiError, error_response, read_json_object
+from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
 
 _CONTROL_BODY_LIMIT = 1024 * 1024  # register bodies are small
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token.strip()
-
-
-def _token_matches(given: str | None, expected: str) -> bool:
-    # Constant-time compare: no timing oracle on the secret's prefix.
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ApiError(400, f"'{key}' must be a positive integer or null", "invalid_request_error")
+    return value
 
 
 class Gateway:
@@ -75,7 +79,7 @@ class Gateway:
 
     Args:
         config: the settings.
-        clock: monotonic clock of idle expiry (inject a fake one in tests).
+        clock: monotonic clock of idle expiry and retry windows (tests inject a fake one).
         upstream_transport: httpx transport(s) to reach the upstreams (tests).
     """
 
@@ -98,7 +102,6 @@ class Gateway:
             max_connections=config.max_connections_per_upstream,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
-        self.exit_board = ExitBoard()
         self.registry = RolloutRegistry(
             max_rollouts=config.max_rollouts,
             ttl_s=config.rollout_ttl_s,
@@ -106,10 +109,20 @@ class Gateway:
             on_remove=self._on_remove,
             on_expire=self._on_expire,
         )
+        #: The policy version in effect (announced by the trainer).
+        self.policy = PolicyClock()
+        #: What runs behind each upstream (probed at start-up, again on use until it answers).
+        self.engines = {url: EngineInfo() for url in config.upstreams}
+        self.chat = ChatTurns(self)
+        self.trimmer = MemoryTrimmer()
+        #: Agents' exit reports, long-polled by envs (see :mod:`rollout_gateway.exits`).
+        self.exit_board = ExitBoard()
+        self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
     def _on_remove(self, record: RolloutRecord) -> None:
         self.pool.release(record.upstream)
         self.exit_board.forget(record.rollout_id)
+        self.trimmer.removed()
 
     def _on_expire(self, record: RolloutRecord) -> None:
         self.metrics.expired_rollouts.inc()
@@ -122,19 +135,50 @@ class Gateway:
         rollout_id = request.path_params["rollout_id"]
         if not is_valid_rollout_id(rollout_id):
             raise ApiError(
-                400, "invalid rollout id (expected [A-Za-z0-9_-]{1,128})", "invalid_rollout_id"
+                400,
+                "invalid rollout id (expected [A-Za-z0-9_-]{1,128})",
+                "invalid_request_error",
+                code="invalid_rollout_id",
             )
         return rollout_id
 
-    def _check_admin(self, request: Request) -> None:
+    def _is_admin(self, request: Request) -> bool:
         token = self.config.admin_token
-        if token and not _token_matches(_bearer(request), token):
+        return token is None or token_matches(bearer_token(request), token)
+
+    def _check_admin(self, request: Request) -> None:
+        if not self._is_admin(request):
             raise ApiError(401, "missing or invalid admin token", "unauthorized")
+
+    async def engine(self, url: str) -> EngineInfo:
+        """The engine behind ``url``, probed now if the start-up probe found it down."""
+        info = self.engines[url]
+        if info.due(time.monotonic()):
+            await probe_engine(self.pool.get(url).client, info, self.pool.get(url).label)
+        return info
 
     def _record(self, rollout_id: str) -> RolloutRecord:
         record = self.registry.get(rollout_id)
         if record is None:
-            raise ApiError(404, f"rollout {rollout_id} is not registered", "rollout_not_found")
+            raise ApiError(
+                404, f"rollout {rollout_id} is not registered", "not_found",
+                code="rollout_not_found",
+            )  # fmt: skip
+        return record
+
+    def _agent_record(self, request: Request) -> RolloutRecord:
+        """The rollout of a path-routed data-plane call, its key checked."""
+        record = self._record(self._rollout_id(request))
+        if record.api_key is not None and not token_matches(bearer_token(request), record.api_key):
+            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
+        return record
+
+    def _keyed_record(self, request: Request) -> RolloutRecord:
+        """The rollout of a bearer-key routed call (``/v1/chat/completions``)."""
+        token = bearer_token(request)
+        record = self.registry.by_key(token) if token else None
+        if record is None:
+            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
         return record
 
     # -- control plane -------------------------------------------------------------------
@@ -158,13 +202,8 @@ class Gateway:
             max_turns = UNLIMITED_TURNS
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < -1:
             raise ApiError(400, "'max_turns' must be an integer >= -1", "invalid_request_error")
-        max_seq_len = body.get("max_seq_len")
-        if max_seq_len is not None and (
-            isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
-        ):
-            raise ApiError(
-                400, "'max_seq_len' must be a positive integer or null", "invalid_request_error"
-            )
+        max_seq_len = _optional_positive_int(body, "max_seq_len")
+        max_completion = _optional_positive_int(body, "max_total_completion_tokens")
         proposed_key = body.get("api_key")
         if proposed_key is not None and (
             not isinstance(proposed_key, str) or not API_KEY_RE.fullmatch(proposed_key)
@@ -175,19 +214,31 @@ class Gateway:
         if self.registry.get(rollout_id) is not None:
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
 
+        config = self.config
         upstream = self.pool.pin()
+        if max_seq_len is None and config.default_max_context_tokens is None:
+            # Default: the context length the engine serves (its /models max_model_len).
+            max_seq_len = (await self.engine(upstream.base_url)).max_model_len
         record = RolloutRecord(
             rollout_id=rollout_id,
             model=model,
             sampling_params=sampling,
-            max_turns=max_turns,
+            # The gateway's default turn budget stands in for "no limit".
+            max_turns=config.default_max_turns if max_turns == UNLIMITED_TURNS else max_turns,
             max_seq_len=max_seq_len,
             upstream=upstream.base_url,
             last_activity=self.registry.clock(),
             # The env's proposed key, so it knows the key even if this answer is lost.
             api_key=(proposed_key or secrets.token_urlsafe(32))
-            if self.config.require_rollout_keys
+            if config.require_rollout_keys
             else None,
+            max_total_completion_tokens=min(
+                max_completion or config.max_total_completion_tokens,
+                config.max_total_completion_tokens,
+            ),
+            max_context_tokens=max_seq_len or config.default_max_context_tokens,
+            max_message_bytes=config.max_rollout_message_bytes,
+            turns=TurnTracker(config.retry_dedupe_window_s, self.registry.clock),
         )
         try:
             self.registry.add(record)
@@ -198,18 +249,15 @@ class Gateway:
             self.pool.release(upstream.base_url)
             raise ApiError(503, str(exc), "registry_full") from None
         self.metrics.registrations.inc()
-        logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.base_url)
-        answer = register_response(
-            rollout_id,
-            {
-                "model": model,
-                "sampling_params": sampling,
-                "max_turns": max_turns,
-                "max_seq_len": max_seq_len,
-            },
-            api_key=record.api_key,
-        )
-        return JSONResponse(answer)
+        logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.label)
+        request_body: RegisterRequest = {
+            "model": model,
+            "sampling_params": sampling,
+            "max_turns": max_turns,
+            "max_seq_len": max_seq_len,
+        }
+        answer = register_response(rollout_id, request_body, api_key=record.api_key)
+        return JSONBytesResponse(answer)
 
     async def trajectory(self, request: Request) -> Response:
         """``GET /v1/rollouts/{id}/trajectory``."""
@@ -217,8 +265,9 @@ class Gateway:
         self._check_admin(request)
         record = self._record(rollout_id)
         self.registry.touch(record)
-        steps = record.recorder.steps()
-        prompt, completion, truncated = record.recorder.summary(steps)
+        prompt, completion, truncated = record.recorder.overview()
+        delta = request.query_params.get("format") == "delta"
+        steps: Any = record.recorder.delta_steps() if delta else record.recorder.steps()
         answer: TrajectoryResponse = {
             "rollout_id": rollout_id,
             "status": record.status,
@@ -226,13 +275,19 @@ class Gateway:
             "model": record.model,
             "prompt": prompt,
             "completion": completion,
-            "is_truncated": truncated,
+            "is_truncated": truncated or record.truncation_reason is not None,
             "trajectory": steps,
+            "truncation_reason": record.truncation_reason,
+            "abandoned_turns": record.recorder.num_abandoned,
+            "policy_versions": [s["extras"].get("policy_version") for s in steps],
+            "failed_turns": cast(list[FailedTurn], list(record.failed_turns)),
         }
-        return JSONResponse(answer)
+        if delta:
+            answer["format"] = "delta"  # type: ignore[typeddict-unknown-key]
+        return JSONBytesResponse(answer)
 
     async def cancel(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/cancel``: later chat calls get 409."""
+        """``POST /v1/rollouts/{id}/cancel``: later chat calls are refused."""
         rollout_id = self._rollout_id(request)
         self._check_admin(request)
         record = self._record(rollout_id)
@@ -240,7 +295,7 @@ class Gateway:
         self.registry.touch(record)
         logger.info("rollout=%s cancelled", rollout_id)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": "cancelled"}
-        return JSONResponse(answer)
+        return JSONBytesResponse(answer)
 
     async def unregister(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/unregister``: forget the rollout and its trajectory."""
@@ -248,10 +303,13 @@ class Gateway:
         self._check_admin(request)
         record = self.registry.remove(rollout_id)
         if record is None:
-            raise ApiError(404, f"rollout {rollout_id} is not registered", "rollout_not_found")
+            raise ApiError(
+                404, f"rollout {rollout_id} is not registered", "not_found",
+                code="rollout_not_found",
+            )  # fmt: skip
         logger.info("rollout=%s unregistered turns=%d", rollout_id, record.num_turns)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": record.status}
-        return JSONResponse(answer)
+        return JSONBytesResponse(answer)
 
     async def exits(self, request: Request) -> Response:
         """``GET /v1/rollouts/exits?after=<seq>&timeout=<s>``: agent exit reports, long-polled."""
@@ -266,129 +324,125 @@ class Gateway:
         if not math.isfinite(timeout) or timeout < 0:
             raise ApiError(400, "'timeout' must be a non-negative number", "invalid_request_error")
         answer = await self.exit_board.wait(after, min(timeout, EXITS_MAX_WAIT))
-        return JSONResponse(answer)
+        return JSONBytesResponse(answer)
 
     # -- data plane ----------------------------------------------------------------------
 
     async def report_exit(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit."""
-        rollout_id = self._rollout_id(request)
-        record = self._record(rollout_id)
-        if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
-            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
+        record = self._agent_record(request)
         body = await read_json_object(request, _CONTROL_BODY_LIMIT)
         exit_code = body.get("exit_code")
         if exit_code is not None and (
             isinstance(exit_code, bool) or not isinstance(exit_code, int)
         ):
             raise ApiError(400, "'exit_code' must be an integer or null", "invalid_request_error")
-        self.exit_board.report(rollout_id, exit_code)
-        return JSONResponse({"rollout_id": rollout_id, "status": "exit_reported"})
+        self.exit_board.report(record.rollout_id, exit_code)
+        return JSONBytesResponse({"rollout_id": record.rollout_id, "status": "exit_reported"})
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/chat/completions``: forward, record, answer."""
-        start = time.perf_counter()
-        rollout_id = self._rollout_id(request)
-        record = self._record(rollout_id)
-        if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
-            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
-        body = await read_json_object(request, self.config.max_body_bytes)
-        messages = validate_messages(body)
+        return await self.chat.handle(request, self._agent_record(request))
 
-        async with record.lock:  # turns of one rollout run one at a time, in order
-            if not record.live:
-                raise ApiError(404, f"rollout {rollout_id} is not registered", "rollout_not_found")
-            if record.status == "cancelled":
-                raise ApiError(409, f"rollout {rollout_id} is cancelled", "conflict")
-            if record.status == "completed" or record.at_max_turns:
-                raise ApiError(
-                    409,
-                    f"rollout {rollout_id} is completed (max_turns={record.max_turns})",
-                    "conflict",
-                )
-            self.registry.touch(record)
-            upstream_body = build_upstream_request(
-                body, model=record.model, sampling_params=record.sampling_params
-            )
-            try:
-                completion, upstream_s = await self.pool.chat(record.upstream, upstream_body)
-            except UpstreamError as exc:
-                self.metrics.upstream_errors.inc(record.upstream, exc.kind)
-                self.registry.touch(record)
-                logger.warning(
-                    "rollout=%s turn=%d upstream=%s error=%s: %s",
-                    rollout_id,
-                    record.num_turns + 1,
-                    record.upstream,
-                    exc.kind,
-                    exc.message,
-                )
-                raise ApiError(exc.status_code, exc.message, "upstream_error") from None
-            turn = read_turn(completion)
-            record.recorder.record(
-                messages,
-                turn.completion,
-                prompt_ids=turn.prompt_ids,
-                completion_ids=turn.completion_ids,
-                completion_logprobs=turn.completion_logprobs,
-                finish_reason=turn.finish_reason,
-                total_tokens=turn.total_tokens,
-            )
-            record.num_turns += 1
-            turn_number = record.num_turns
-            if record.at_max_turns and record.status == "active":
-                record.status = "completed"
-            self.registry.touch(record)
-
-        self.metrics.turns.inc(record.upstream)
-        self.metrics.upstream_latency.observe(upstream_s, record.upstream)
-        logger.info(
-            "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
-            rollout_id,
-            turn_number,
-            (time.perf_counter() - start) * 1000,
-            upstream_s * 1000,
-            turn.finish_reason,
-        )
-        answer = agent_view(completion, body)
-        if body.get("stream"):
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return StreamingResponse(
-                iter_completion_sse(answer, include_usage=include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        return JSONResponse(answer)
+    async def chat_completions_by_key(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``: the rollout is the one whose key is the bearer."""
+        return await self.chat.handle(request, self._keyed_record(request))
 
     async def models(self, request: Request) -> Response:
-        """``GET /v1/rollouts/{id}/models``: the registered model, for agents that list models.
+        """``GET /v1/rollouts/{id}/models``: the upstream's model list (see :meth:`_models`)."""
+        return await self._models(self._agent_record(request))
 
-        Not part of protocol v1; agents whose SDK probes ``{base_url}/models`` at start
-        would otherwise get a 404.
+    async def models_by_key(self, request: Request) -> Response:
+        """``GET /v1/models`` keyed by the per-rollout bearer key."""
+        return await self._models(self._keyed_record(request))
+
+    async def _models(self, record: RolloutRecord) -> Response:
+        """The upstream's model cards (with its ``max_model_len``), the registered model
+        among them; a bare card of the registered model when the upstream cannot say."""
+        cards = await self._upstream_cards(record.upstream)
+        if not any(card.get("id") == record.model for card in cards):
+            card: dict[str, Any] = {
+                "id": record.model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "rollout-gateway",
+            }
+            lengths = [c["max_model_len"] for c in cards if "max_model_len" in c]
+            if lengths:
+                card["max_model_len"] = lengths[0]
+            cards = [card, *cards]
+        return JSONBytesResponse({"object": "list", "data": cards})
+
+    async def _upstream_cards(self, url: str) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        cached = self._model_cards.get(url)
+        if cached is not None and now - cached[0] < 60.0:
+            return cached[1]
+        cards: list[dict[str, Any]] = []
+        with contextlib.suppress(Exception):
+            cards = await self.pool.models(url)
+        self._model_cards[url] = (now, cards)
+        return cards
+
+    # -- policy version ------------------------------------------------------------------
+
+    def _policy_answer(self) -> Response:
+        answer: PolicyVersionResponse = {
+            "version": self.policy.version,
+            "updated_at": self.policy.updated_at,
+        }
+        return JSONBytesResponse(answer)
+
+    async def get_policy_version(self, request: Request) -> Response:
+        """``GET /v1/policy/version``: the version new turns are stamped with."""
+        self._check_admin(request)
+        return self._policy_answer()
+
+    async def set_policy_version(self, request: Request) -> Response:
+        """``POST /v1/policy/version`` ``{"version": int}``: the trainer loaded new weights.
+
+        Turns sent upstream from now on are stamped with it; a turn under way keeps the
+        version it started with and gets ``policy_version_end`` when it ends.
         """
-        rollout_id = self._rollout_id(request)
-        record = self._record(rollout_id)
-        if record.api_key is not None and not _token_matches(_bearer(request), record.api_key):
-            raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
-        card = {"id": record.model, "object": "model", "created": 0, "owned_by": "rollout-gateway"}
-        return JSONResponse({"object": "list", "data": [card]})
+        self._check_admin(request)
+        body = await read_json_object(request, _CONTROL_BODY_LIMIT)
+        version = body.get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ApiError(400, "'version' must be a non-negative integer", "invalid_request_error")
+        try:
+            self.policy.announce(version)
+        except StaleVersionError as exc:
+            raise ApiError(409, str(exc), "conflict") from None
+        logger.info("policy version %d announced", version)
+        return self._policy_answer()
 
     # -- operations ----------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        """``GET /health``: liveness plus upstream states."""
-        return JSONResponse(
-            {
-                "status": "ok",
-                "enabled": self.config.enabled,
-                "active_rollouts": len(self.registry),
-                "upstreams": self.pool.describe(),
-            }
-        )
+        """``GET /health``: liveness; upstream states only for the admin."""
+        answer: dict[str, Any] = {
+            "status": "ok",
+            "enabled": self.config.enabled,
+            "active_rollouts": len(self.registry),
+        }
+        warnings = [
+            f"upstream {u.label}: {self.engines[u.base_url].describe()['warning']}"
+            for u in self.pool.upstreams
+            if self.engines[u.base_url].token_ids is False
+        ]
+        if warnings:
+            answer["warnings"] = warnings
+        if self._is_admin(request):
+            answer["upstreams"] = [
+                {**state, **self.engines[u.base_url].describe()}
+                for u, state in zip(self.pool.upstreams, self.pool.describe(), strict=True)
+            ]
+            answer["policy_version"] = self.policy.version
+        return JSONBytesResponse(answer)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        """``GET /metrics``: Prometheus text."""
+        """``GET /metrics``: Prometheus text (admin token required when configured)."""
+        self._check_admin(request)
         return PlainTextResponse(
             self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
@@ -409,7 +463,13 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Run the idle sweep and the upstream re-probe; close pools at shutdown."""
+        """Probe the engines; run the idle sweep and the upstream re-probe; close pools."""
+        await asyncio.gather(
+            *(
+                probe_engine(self.pool.get(url).client, info, self.pool.get(url).label)
+                for url, info in self.engines.items()
+            )
+        )
         tasks = [
             asyncio.create_task(self._periodic(self.config.sweep_interval_s, self.sweep)),
             asyncio.create_task(
@@ -429,16 +489,15 @@ class Gateway:
     async def _on_api_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
         self.metrics.rejected_requests.inc(str(exc.status_code))
-        return error_response(exc.status_code, exc.message, exc.error_type)
+        return error_response(
+            exc.status_code, exc.message, exc.error_type, code=exc.code, headers=exc.headers
+        )
 
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        self.metrics.rejected_requests.inc(str(exc.status_code))
         error_type = "not_found" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), error_type)
-
-    async def _on_unexpected(self, request: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        return error_response(500, f"internal gateway error: {exc!r}", "internal_error")
 
 
 def create_app(
@@ -458,24 +517,29 @@ def create_app(
             (tests route to in-process apps with ``httpx.ASGITransport``).
     """
     gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport)
-    prefix = "/v1/rollouts/{rollout_id}"
     app = Starlette(
         routes=[
             Route(EXITS_PATH, gateway.exits, methods=["GET"]),
-            Route(f"{prefix}/register", gateway.register, methods=["POST"]),
-            Route(f"{prefix}/exit", gateway.report_exit, methods=["POST"]),
-            Route(f"{prefix}/chat/completions", gateway.chat_completions, methods=["POST"]),
-            Route(f"{prefix}/trajectory", gateway.trajectory, methods=["GET"]),
-            Route(f"{prefix}/cancel", gateway.cancel, methods=["POST"]),
-            Route(f"{prefix}/unregister", gateway.unregister, methods=["POST"]),
-            Route(f"{prefix}/models", gateway.models, methods=["GET"]),
+            Route(protocol.REGISTER_ROUTE, gateway.register, methods=["POST"]),
+            Route(protocol.EXIT_ROUTE, gateway.report_exit, methods=["POST"]),
+            Route(protocol.CHAT_COMPLETIONS_ROUTE, gateway.chat_completions, methods=["POST"]),
+            Route(protocol.TRAJECTORY_ROUTE, gateway.trajectory, methods=["GET"]),
+            Route(protocol.CANCEL_ROUTE, gateway.cancel, methods=["POST"]),
+            Route(protocol.UNREGISTER_ROUTE, gateway.unregister, methods=["POST"]),
+            Route(protocol.MODELS_ROUTE, gateway.models, methods=["GET"]),
+            Route(BEARER_CHAT_COMPLETIONS_PATH, gateway.chat_completions_by_key, methods=["POST"]),
+            Route(BEARER_MODELS_PATH, gateway.models_by_key, methods=["GET"]),
+            Route(POLICY_VERSION_PATH, gateway.get_policy_version, methods=["GET"]),
+            Route(POLICY_VERSION_PATH, gateway.set_policy_version, methods=["POST"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
+        ],
+        middleware=[
+            Middleware(GuardMiddleware, on_internal_error=gateway.metrics.internal_errors.inc)
         ],
         exception_handlers={
             ApiError: gateway._on_api_error,
             HTTPException: gateway._on_http_error,
-            Exception: gateway._on_unexpected,
         },
         lifespan=gateway.lifespan,
     )

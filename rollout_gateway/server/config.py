@@ -1,8 +1,9 @@
-"""Configuration of the reference rollout gateway server."""
+"""Configuration of the reference rollout gateway server: settings, defaults, validation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
 
 #: Uvicorn keep-alive (seconds). Must exceed the idle timeout of client connection pools
 #: (httpx's default ``keepalive_expiry`` is 5 s, the OpenAI SDK's is the same): if the
@@ -10,51 +11,120 @@ from dataclasses import dataclass, field
 #: server is closing at that very moment and get a spurious connection reset.
 DEFAULT_KEEP_ALIVE_S = 75
 
+#: Turn budget of a rollout registered with ``max_turns: -1`` (no limit of its own).
+DEFAULT_MAX_TURNS = 1000
+#: Completion tokens a rollout may generate in total, over all its turns.
+DEFAULT_MAX_TOTAL_COMPLETION_TOKENS = 4_000_000
+#: Bytes of chat messages a rollout may make the gateway store (history is stored once;
+#: a rollout that rewrites its history every turn pays for every copy).
+DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES = 64 * 1024 * 1024
+
 
 @dataclass
 class GatewayConfig:
     """Settings of one gateway instance (see ``rollout-gateway serve --help``).
 
-    Attributes:
-        upstreams: OpenAI base URLs of the inference servers (``http://h:p/v1``).
-        enabled: when false, register answers 503 (the gateway is switched off).
+    Access:
+        admin_token: register / cancel / unregister / trajectory / ``/metrics`` require
+            ``Authorization: Bearer <admin_token>``. Required unless ``open_control_plane``.
+        open_control_plane: run without an admin token (anyone who reaches the gateway
+            drives every rollout). Only served on a loopback address.
         require_rollout_keys: register hands out a per-rollout ``api_key`` that chat
-            requests must present as ``Authorization: Bearer``.
-        admin_token: when set, register / cancel / unregister / trajectory require
-            ``Authorization: Bearer <admin_token>``.
-        rollout_ttl_s: rollouts idle (no call) for longer than this are dropped.
-        max_rollouts: registry bound; register answers 503 past it.
-        upstream_timeout_s: timeout of one upstream chat completion.
+            requests must present as ``Authorization: Bearer`` (default on).
+
+    Upstreams:
+        upstreams: OpenAI base URLs of the inference servers (``http://h:p/v1``).
+        upstream_timeout_s: total deadline of one upstream chat completion.
         upstream_connect_timeout_s: connect timeout to an upstream (fail fast when down).
-        max_body_bytes: largest accepted request body (413 beyond).
-        sweep_interval_s: period of the idle-rollout sweep.
-        probe_interval_s: period of the re-probe of unhealthy upstreams.
         upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
         max_connections_per_upstream: size of each upstream's HTTP connection pool.
+        probe_interval_s: period of the re-probe of unhealthy upstreams.
+        stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
+            many seconds without a chunk (tunnels and proxies drop silent connections).
+
+    Per request and per rollout:
+        max_body_bytes: largest accepted request body (413 beyond, checked from
+            ``Content-Length`` and while reading).
+        default_max_turns: turn budget of rollouts registered without one (``-1``).
+        max_total_completion_tokens: completion tokens per rollout, all turns together.
+        default_max_context_tokens: context bound of rollouts registered without a
+            ``max_seq_len`` (``None``: only the engine's own limit).
+        max_rollout_message_bytes: message bytes stored per rollout.
+        max_pending_turns: requests of one rollout queued or running at once (429 beyond).
+        retry_dedupe_window_s: a request identical to the rollout's last answered one,
+            arriving within this time, is answered from it instead of becoming a turn.
+
+    Registry:
+        enabled: when false, register answers 503 (the gateway is switched off).
+        rollout_ttl_s: rollouts idle (no call) for longer than this are dropped.
+        max_rollouts: registry bound; register answers 503 past it.
+        sweep_interval_s: period of the idle-rollout sweep.
+
+    Connections (enforced by the HTTP server, :mod:`rollout_gateway.server.http`):
+        header_timeout_s: a connection must send a request's headers within this time.
+        body_timeout_s: ... and its whole body within this time after the headers.
+        keep_alive_s: idle keep-alive connections are closed after this.
+        max_connections: open connections at most; new ones are closed at once beyond.
     """
 
     upstreams: list[str] = field(default_factory=list)
-    enabled: bool = True
-    require_rollout_keys: bool = False
     admin_token: str | None = None
+    open_control_plane: bool = False
+    require_rollout_keys: bool = True
+    enabled: bool = True
     rollout_ttl_s: float = 3600.0
     max_rollouts: int = 10_000
     upstream_timeout_s: float = 600.0
     upstream_connect_timeout_s: float = 5.0
-    max_body_bytes: int = 32 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
     sweep_interval_s: float = 30.0
     probe_interval_s: float = 5.0
     upstream_api_key: str | None = None
     max_connections_per_upstream: int = 1024
+    default_max_turns: int = DEFAULT_MAX_TURNS
+    max_total_completion_tokens: int = DEFAULT_MAX_TOTAL_COMPLETION_TOKENS
+    default_max_context_tokens: int | None = None
+    max_rollout_message_bytes: int = DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES
+    max_pending_turns: int = 4
+    retry_dedupe_window_s: float = 120.0
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 120.0
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    max_connections: int = 4096
+    stream_keepalive_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.upstreams:
-            raise ValueError("at least one upstream base URL is required")
-        self.upstreams = [u.rstrip("/") for u in self.upstreams]
-        if self.max_rollouts < 1:
-            raise ValueError("max_rollouts must be >= 1")
-        if self.rollout_ttl_s <= 0:
-            raise ValueError("rollout_ttl_s must be > 0")
+            raise ValueError("upstreams: at least one upstream base URL is required")
+        self.upstreams = [u.strip().rstrip("/") for u in self.upstreams]
+        for url in self.upstreams:
+            parts = urlsplit(url)
+            try:
+                port_ok = parts.port is None or 0 < parts.port < 65536
+            except ValueError:
+                port_ok = False
+            if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+                raise ValueError(f"upstreams: not an http(s) base URL: {url!r}")
+        if self.admin_token is not None and not self.admin_token.strip():
+            raise ValueError("admin_token: must not be empty")
+        if self.admin_token is None and not self.open_control_plane:
+            raise ValueError(
+                "admin_token: required (or set open_control_plane=True explicitly, loopback only)"
+            )
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "default_max_context_tokens" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if not value > 0 or value != value or value == float("inf"):
+                raise ValueError(f"{f.name}: must be a positive finite number, got {value!r}")
 
 
-__all__ = ["DEFAULT_KEEP_ALIVE_S", "GatewayConfig"]
+__all__ = [
+    "DEFAULT_KEEP_ALIVE_S",
+    "DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES",
+    "DEFAULT_MAX_TOTAL_COMPLETION_TOKENS",
+    "DEFAULT_MAX_TURNS",
+    "GatewayConfig",
+]

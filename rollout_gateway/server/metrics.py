@@ -127,6 +127,23 @@ class GatewayMetrics:
             "Requests answered with a 4xx/5xx by the gateway itself, by status.",
             ["status"],
         )
+        self.internal_errors = Counter(
+            "rollout_gateway_internal_errors_total",
+            "Unexpected errors of the gateway itself (answered 500; details in its log).",
+        )
+        self.refused_turns = Counter(
+            "rollout_gateway_refused_turns_total",
+            "Chat turns refused by a rollout's state or budgets, by error code.",
+            ["code"],
+        )
+        self.deduplicated_requests = Counter(
+            "rollout_gateway_deduplicated_requests_total",
+            "Retried requests answered from the turn they repeat (not new turns).",
+        )
+        self.abandoned_turns = Counter(
+            "rollout_gateway_abandoned_turns_total",
+            "Turns whose answer reached no client (recorded as abandoned).",
+        )
 
     def render(self) -> str:
         """The whole exposition text."""
@@ -139,6 +156,10 @@ class GatewayMetrics:
             self.upstream_errors,
             self.expired_rollouts,
             self.rejected_requests,
+            self.internal_errors,
+            self.refused_turns,
+            self.deduplicated_requests,
+            self.abandoned_turns,
         ):
             lines.extend(metric.render())
         return "\n".join(lines) + "\n"

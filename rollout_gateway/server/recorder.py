@@ -12,12 +12,17 @@ the trajectory is fetched.
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
+from rollout_gateway.server.answers import TRUNCATING_FINISH_REASONS
+from rollout_gateway.server.prompt_ids import prefix_hasher
 
 
 def _text(content: Any) -> str:
@@ -67,6 +72,24 @@ def _canonical_arguments(arguments: Any) -> str:
     return json.dumps(arguments, sort_keys=True)
 
 
+#: Message fields the trajectory keeps; everything else an agent sends (vendor extras,
+#: cache hints, ids...) is dropped when the message is stored, so it costs no memory.
+RECORDED_MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+    "reasoning",
+)
+
+
+def recorded_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a chat message the trajectory keeps (see :data:`RECORDED_MESSAGE_FIELDS`)."""
+    return {k: message[k] for k in RECORDED_MESSAGE_FIELDS if k in message}
+
+
 def _common_prefix_len(a: array, b: array) -> int:
     """Length of the longest common prefix of two id arrays (slice compares run in C)."""
     n = min(len(a), len(b))
@@ -84,12 +107,24 @@ def _common_prefix_len(a: array, b: array) -> int:
 
 @dataclass(slots=True)
 class _Tokens:
+    #: The ids of this step's branch: ``segment[:prompt_end]`` is the prompt,
+    #: ``segment[prompt_end:completion_end]`` the completion. Steps that extend their
+    #: predecessor share its segment (appended to in place), so each id is stored once.
+    segment: array
     prefix_len: int  # leading ids shared with the previous step's prompt+completion
-    prompt_tail: array
-    completion_ids: array
+    prompt_end: int
+    completion_end: int
     completion_logprobs: array
     overlong_prompt: bool
     is_truncated: bool
+
+    @property
+    def prompt_ids(self) -> array:
+        return self.segment[: self.prompt_end]
+
+    @property
+    def completion_ids(self) -> array:
+        return self.segment[self.prompt_end : self.completion_end]
 
 
 @dataclass(slots=True)
@@ -100,6 +135,7 @@ class _Step:
     tokens: _Tokens | None
     is_truncated: bool
     extras: dict[str, Any]
+    abandoned: bool = False  # nobody received the answer: not a turn the agent saw
 
 
 @dataclass
@@ -115,12 +151,67 @@ class TrajectoryRecorder:
     max_seq_len: int | None = None
     _steps: list[_Step] = field(default_factory=list)
     _last_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: ``_last_messages`` as the agent last sent them (trimmed): what its next request
+    #: repeats byte for byte, so that a plain ``==`` matches most of its history.
+    _match_base: list[dict[str, Any]] = field(default_factory=list)
     _last_ids: array = field(default_factory=lambda: array("i"))
+    #: The last prompt's id-array text, as (digest without "]", its length, id count).
+    _last_prompt_text: tuple[bytes, int, int] | None = None
+    #: History state before the last step (to undo an abandoned turn).
+    _before_last: tuple[Any, ...] | None = None
 
     @property
     def num_steps(self) -> int:
         """Number of recorded turns."""
         return len(self._steps)
+
+    @property
+    def last_context_tokens(self) -> int:
+        """Prompt + completion ids of the last turn (0 when it had no ids)."""
+        return len(self._last_ids)
+
+    def shared_messages(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """How many leading ``messages`` the last turn's prompt + completion holds already.
+
+        ``None`` when ``messages`` does not extend that history (it was rewritten).
+        """
+        shared = len(self._last_messages)
+        if not self._steps:
+            return 0
+        if len(messages) < shared:
+            return None
+        base, recorded = self._match_base, self._last_messages
+        for i in range(shared):
+            m, p = messages[i], base[i]
+            if m == p:  # C speed: the usual case
+                continue
+            trimmed = recorded_message(m)
+            if trimmed == p:
+                continue
+            if message_key(m) != message_key(recorded[i]):
+                return None
+            base[i] = trimmed  # an SDK's re-serialised echo: match it by == next time
+        return shared
+
+    def abandon_last(self) -> None:
+        """Mark the last step abandoned (its answer reached nobody) and forget it as the
+        history the next turn extends."""
+        if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
+            self._steps[-1].abandoned = True
+            (
+                self._last_messages,
+                self._match_base,
+                self._last_ids,
+                length,
+                self._last_prompt_text,
+            ) = self._before_last
+            del self._last_ids[length:]  # drop what the abandoned step appended
+            self._before_last = None
+
+    @property
+    def num_abandoned(self) -> int:
+        """Steps recorded as abandoned."""
+        return sum(1 for s in self._steps if s.abandoned)
 
     def record(
         self,
@@ -132,44 +223,66 @@ class TrajectoryRecorder:
         completion_logprobs: Sequence[float] | None = None,
         finish_reason: str | None = None,
         total_tokens: int | None = None,
+        shared: int | None = -1,
+        extras: Mapping[str, Any] | None = None,
+        prompt_ids_json: bytes | None = None,
+        truncated: bool = False,
     ) -> None:
         """Record one turn: the request's ``messages`` and the returned ``completion``.
 
         Token fields are kept only when ``prompt_ids``, ``completion_ids`` and
         ``completion_logprobs`` are all given and consistent; otherwise the step has
         ``tokens: null`` (still recorded). ``total_tokens`` (usage) is the fallback
-        length for ``is_truncated`` when there are no ids.
+        length for ``is_truncated`` when there are no ids. ``prompt_ids_json`` (the JSON
+        text of the prompt's id array, see :mod:`.prompt_ids`) may stand in for
+        ``prompt_ids``: only what the previous prompt's text does not hold is parsed.
+        ``extras`` (turn facts, see :class:`~rollout_gateway.protocol.StepExtras`) go into
+        the step's ``extras``; ``truncated`` marks the step truncated whatever its finish
+        reason. The step gets ``prefix_break`` when its prompt ids do not extend the
+        previous step's prompt + completion ids.
         """
-        extras: dict[str, Any] = {}
-        shared = len(self._last_messages)
-        if self._steps and not (
-            len(messages) >= shared
-            and all(
-                m == p or message_key(m) == message_key(p)  # == first: C speed
-                for m, p in zip(messages, self._last_messages, strict=False)
-            )
-        ):
-            extras["history_rewritten"] = True
+        step_extras: dict[str, Any] = dict(extras or {})
+        if shared == -1:  # not computed by the caller
+            shared = self.shared_messages(messages)
+        if shared is None:
+            step_extras["history_rewritten"] = True
             shared = 0
-        if not self._steps:
-            shared = 0
-        new_messages = list(messages[shared:])
-        truncated = finish_reason == "length"
+        new_messages = [recorded_message(m) for m in messages[shared:]]
+        truncated = truncated or finish_reason in TRUNCATING_FINISH_REASONS
+        extras = step_extras
+        previous_ids = len(self._last_ids)
+        before = (
+            self._last_messages,
+            list(self._match_base),
+            self._last_ids,
+            len(self._last_ids),  # the next step may extend this segment in place
+            self._last_prompt_text,
+        )
 
         tokens: _Tokens | None = None
-        have_ids = prompt_ids is not None and completion_ids is not None
+        have_prompt = prompt_ids is not None or prompt_ids_json is not None
+        have_ids = have_prompt and completion_ids is not None
         if have_ids and completion_logprobs is not None:
             if len(completion_logprobs) != len(completion_ids):  # type: ignore[arg-type]
                 extras["tokens_error"] = "logprobs and token ids differ in length"
             else:
                 try:
-                    tokens = self._make_tokens(prompt_ids, completion_ids, completion_logprobs)  # type: ignore[arg-type]
+                    prompt = self._prompt_array(prompt_ids, prompt_ids_json)
+                    tokens = self._make_tokens(prompt, completion_ids, completion_logprobs)  # type: ignore[arg-type]
                 except (TypeError, ValueError, OverflowError):
                     extras["tokens_error"] = "token ids are not 32-bit integers"
                 else:
                     truncated = truncated or tokens.is_truncated
+                    if previous_ids:
+                        extras["prefix_break"] = tokens.prefix_len < previous_ids
+                    if not math.isfinite(sum(tokens.completion_logprobs)):
+                        # Served as null (JSON has no NaN/inf); the turn says so.
+                        extras["nonfinite_logprobs"] = sum(
+                            1 for x in tokens.completion_logprobs if not math.isfinite(x)
+                        )
         if tokens is None:
             self._last_ids = array("i")
+            self._last_prompt_text = None
             if self.max_seq_len is not None and total_tokens is not None:
                 truncated = truncated or total_tokens > self.max_seq_len
         if tokens is not None:
@@ -178,43 +291,79 @@ class TrajectoryRecorder:
         completion_list = [dict(m) for m in completion]
         self._steps.append(_Step(shared, new_messages, completion_list, tokens, truncated, extras))
         self._last_messages = [*self._last_messages[:shared], *new_messages, *completion_list]
+        self._match_base = [*self._match_base[:shared], *new_messages, *completion_list]
+        self._before_last = before
+
+    def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:
+        """Record a turn the engine refused (no sample): its prompt, no completion, no
+        tokens, marked truncated. ``extras`` carries ``status`` and ``error``."""
+        self.record(messages, [], extras=extras, truncated=True)
+
+    def _prompt_array(self, ids: Sequence[int] | None, text: bytes | None) -> array:
+        """The prompt's ids, from ``text`` (JSON array) when given, else from ``ids``."""
+        if text is None:
+            self._last_prompt_text = None
+            return array("i", ids)  # type: ignore[arg-type]
+        body = memoryview(text)[:-1]  # without "]"
+        last = self._last_prompt_text
+        prompt: array | None = None
+        hasher = None
+        if last is not None:
+            digest, length, count = last
+            if len(body) >= length and text[length : length + 1] in (b",", b"]"):
+                hasher = prefix_hasher(body[:length])  # one pass: check, then extend
+                if hasher.digest() == digest:
+                    prompt = self._last_ids[:count]
+                    if text[length : length + 1] == b",":
+                        prompt.extend(orjson.loads(b"[" + text[length + 1 :]))
+                    hasher.update(body[length:])
+        if prompt is None:
+            prompt = array("i", orjson.loads(text))
+            hasher = prefix_hasher(body)
+        assert hasher is not None
+        self._last_prompt_text = (hasher.digest(), len(body), len(prompt))
+        return prompt
 
     def _make_tokens(
-        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], logprobs: Sequence[float]
+        self, prompt: array, completion_ids: Sequence[int], logprobs: Sequence[float]
     ) -> _Tokens:
-        prompt = array("i", prompt_ids)
         comp = array("i", completion_ids)
-        prefix = _common_prefix_len(self._last_ids, prompt)
+        lps = array("f", logprobs)
+        last = self._last_ids
+        prefix = _common_prefix_len(last, prompt)
         overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
         too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
-        tokens = _Tokens(prefix, prompt[prefix:], comp, array("f", logprobs), overlong, too_long)
-        prompt.extend(comp)
-        self._last_ids = prompt  # the next turn's prompt usually extends this
-        return tokens
+        if last and prefix == len(last):
+            segment = last  # the prompt extends the branch: append in place
+            segment.extend(prompt[prefix:])
+        else:
+            segment = prompt  # a new branch (first turn, or a rewritten history)
+        prompt_end = len(segment)
+        segment.extend(comp)
+        self._last_ids = segment  # the next turn's prompt usually extends this
+        return _Tokens(segment, prefix, prompt_end, len(segment), lps, overlong, too_long)
 
     def steps(self) -> list[TrajectoryStepBody]:
         """All steps, rebuilt in the protocol's shape."""
         out: list[TrajectoryStepBody] = []
         prev_messages: list[dict[str, Any]] = []
-        prev_ids = array("i")
         for step in self._steps:
+            if step.abandoned:
+                continue  # the next step extends the history before this one
             prompt = [*prev_messages[: step.shared_messages], *step.new_messages]
             body_tokens: StepTokens | None = None
             if step.tokens is not None:
                 t = step.tokens
-                prompt_ids = prev_ids[: t.prefix_len] + t.prompt_tail
                 body_tokens = {
-                    "prompt_ids": prompt_ids.tolist(),
-                    "prompt_mask": [0] * len(prompt_ids),
-                    "completion_ids": t.completion_ids.tolist(),
-                    "completion_mask": [1] * len(t.completion_ids),
+                    "prompt_ids": t.segment[: t.prompt_end].tolist(),
+                    "prompt_mask": [0] * t.prompt_end,
+                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
+                    "completion_mask": [1] * (t.completion_end - t.prompt_end),
                     "completion_logprobs": t.completion_logprobs.tolist(),
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
-                prev_ids = prompt_ids + t.completion_ids
-            else:
-                prev_ids = array("i")
+            prev_messages = [*prompt, *step.completion]
             out.append(
                 {
                     "prompt": prompt,
@@ -227,8 +376,53 @@ class TrajectoryRecorder:
                     "extras": dict(step.extras),
                 }
             )
-            prev_messages = [*prompt, *step.completion]
         return out
+
+    def delta_steps(self) -> list[dict[str, Any]]:
+        """All steps in the delta form (see :func:`rollout_gateway.protocol.expand_delta_steps`):
+        each step holds only what its predecessor's prompt + completion does not.
+
+        Abandoned steps are left out; the step after one is stored against the history
+        before it (see :meth:`abandon_last`), i.e. against the previous step kept here.
+        """
+        out: list[dict[str, Any]] = []
+        for step in self._steps:
+            if step.abandoned:
+                continue
+            body_tokens: dict[str, Any] | None = None
+            if step.tokens is not None:
+                t = step.tokens
+                body_tokens = {
+                    "prompt_shared": t.prefix_len,
+                    "prompt_new_ids": t.segment[t.prefix_len : t.prompt_end].tolist(),
+                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
+                    "completion_logprobs": t.completion_logprobs.tolist(),
+                    "overlong_prompt": t.overlong_prompt,
+                    "is_truncated": t.is_truncated,
+                }
+            out.append(
+                {
+                    "prompt_shared": step.shared_messages,
+                    "prompt_new": step.new_messages,
+                    "completion": step.completion,
+                    "tokens": body_tokens,
+                    "reward": None,
+                    "advantage": None,
+                    "is_truncated": step.is_truncated,
+                    "trajectory_id": self.trajectory_id,
+                    "extras": step.extras,
+                }
+            )
+        return out
+
+    def overview(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """Like :meth:`summary`, without rebuilding the steps (O(messages), not O(steps))."""
+        kept = [s for s in self._steps if not s.abandoned]
+        if not kept:
+            return [], [], False
+        first = kept[0].new_messages  # the first kept step extends nothing
+        completion = self._last_messages[len(first) :]
+        return list(first), list(completion), any(s.is_truncated for s in kept)
 
     def summary(
         self, steps: list[TrajectoryStepBody] | None = None
@@ -247,24 +441,20 @@ class TrajectoryRecorder:
         return list(first), completion, any(s["is_truncated"] for s in steps)
 
     def token_storage_bytes(self) -> int:
-        """Bytes held by the token arrays (ids, logprobs and the last-turn cache)."""
-        total = self._last_ids.buffer_info()[1] * self._last_ids.itemsize
+        """Bytes held by the token arrays (each branch's ids once, and the logprobs)."""
+        segments = {id(self._last_ids): self._last_ids}
+        total = 0
         for step in self._steps:
             if step.tokens is not None:
-                for arr in (
-                    step.tokens.prompt_tail,
-                    step.tokens.completion_ids,
-                    step.tokens.completion_logprobs,
-                ):
-                    total += arr.buffer_info()[1] * arr.itemsize
-        return total
+                segments[id(step.tokens.segment)] = step.tokens.segment
+                lps = step.tokens.completion_logprobs
+                total += lps.buffer_info()[1] * lps.itemsize
+        return total + sum(a.buffer_info()[1] * a.itemsize for a in segments.values())
 
     def logical_token_count(self) -> int:
         """Tokens the trajectory reports (sum over steps of prompt + completion ids)."""
         return sum(
-            s.tokens.prefix_len + len(s.tokens.prompt_tail) + len(s.tokens.completion_ids)
-            for s in self._steps
-            if s.tokens is not None
+            s.tokens.completion_end for s in self._steps if s.tokens is not None and not s.abandoned
         )
 
 

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus
+from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus, TruncationReason
+from rollout_gateway.server.dedupe import TurnTracker
 from rollout_gateway.server.recorder import TrajectoryRecorder
 
 #: A monotonic clock in seconds (injectable so tests can expire rollouts instantly).
@@ -30,11 +31,25 @@ class RolloutRecord:
     api_key: str | None = None
     status: RolloutStatus = "active"
     num_turns: int = 0
+    #: Budgets (see :mod:`rollout_gateway.server.limits`); ``None``: no bound.
+    max_total_completion_tokens: int | None = None
+    max_context_tokens: int | None = None
+    max_message_bytes: int | None = None
+    completion_tokens: int = 0
+    message_bytes: int = 0
+    #: The limit that refused a turn (the trajectory reports it).
+    truncation_reason: TruncationReason | None = None
+    #: Engine calls that failed, the most recent ones (``protocol.FailedTurn``).
+    failed_turns: list[dict[str, Any]] = field(default_factory=list)
+    #: Turns queued, running and the last answered one (retry deduplication).
+    turns: TurnTracker = field(default_factory=lambda: TurnTracker(120.0, time.monotonic))
     recorder: TrajectoryRecorder = field(init=False)
     #: Serialises the turns of this rollout; other rollouts never wait on it.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: False once unregistered or expired (a turn waiting on the lock must then stop).
     live: bool = True
+    #: Why the rollout ended short (``"context_length_exceeded"``), if it did.
+    truncated_reason: str | None = None
 
     def __post_init__(self) -> None:
         self.recorder = TrajectoryRecorder(str(uuid.uuid4()), self.max_seq_len)
@@ -74,6 +89,7 @@ class RolloutRegistry:
         self._on_remove = on_remove  # e.g. release the upstream pin
         self._on_expire = on_expire  # e.g. count expiries
         self._records: dict[str, RolloutRecord] = {}
+        self._by_key: dict[str, RolloutRecord] = {}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -97,6 +113,15 @@ class RolloutRegistry:
                     "unregister finished rollouts or raise --max-rollouts"
                 )
         self._records[record.rollout_id] = record
+        if record.api_key is not None:
+            self._by_key[record.api_key] = record
+
+    def by_key(self, api_key: str) -> RolloutRecord | None:
+        """The live record whose per-rollout key is ``api_key`` (bearer-key routing)."""
+        record = self._by_key.get(api_key)
+        if record is None:
+            return None
+        return self.get(record.rollout_id)
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
         """The live record of ``rollout_id`` (``None`` when unknown or expired)."""
@@ -115,6 +140,8 @@ class RolloutRegistry:
         record = self._records.pop(rollout_id, None)
         if record is not None:
             record.live = False
+            if record.api_key is not None:
+                self._by_key.pop(record.api_key, None)
             if self._on_remove is not None:
                 self._on_remove(record)
         return record
@@ -133,7 +160,8 @@ class RolloutRegistry:
 
     def _expired(self, record: RolloutRecord) -> bool:
         # A turn in progress is activity even if it runs longer than the TTL.
-        return not record.lock.locked() and self.clock() - record.last_activity > self.ttl_s
+        busy = record.lock.locked() or bool(record.turns.pending)
+        return not busy and self.clock() - record.last_activity > self.ttl_s
 
 
 __all__ = [

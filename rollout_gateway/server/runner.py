@@ -2,12 +2,15 @@
 
 In-process use (demos, integration tests, benchmarks)::
 
+    import secrets
+
     from rollout_gateway.server import GatewayConfig, create_app
     from rollout_gateway.server.runner import running_server
     from rollout_gateway.scripted import create_scripted_model_app
 
+    admin_token = secrets.token_urlsafe(32)
     async with running_server(create_scripted_model_app()) as model_root:
-        config = GatewayConfig(upstreams=[f"{model_root}/v1"])
+        config = GatewayConfig(upstreams=[f"{model_root}/v1"], admin_token=admin_token)
         async with running_server(create_app(config)) as gateway_root:
             ...  # gateway_root is "http://127.0.0.1:<port>"
 
@@ -24,7 +27,15 @@ from typing import Any
 
 import uvicorn
 
+from rollout_gateway.server.auth import is_loopback_host
 from rollout_gateway.server.config import DEFAULT_KEEP_ALIVE_S, GatewayConfig
+from rollout_gateway.server.http import uvicorn_options
+
+
+def _gateway_config(app: Any) -> GatewayConfig | None:
+    gateway = getattr(getattr(app, "state", None), "gateway", None)
+    config = getattr(gateway, "config", None)
+    return config if isinstance(config, GatewayConfig) else None
 
 
 def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
@@ -35,6 +46,14 @@ def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Co
         "timeout_keep_alive": DEFAULT_KEEP_ALIVE_S,
         "lifespan": "on",
     }
+    config = _gateway_config(app)
+    if config is not None:
+        if config.open_control_plane and not is_loopback_host(host):
+            raise ValueError(
+                f"open_control_plane: a gateway without admin token only serves on a "
+                f"loopback address, not {host!r}"
+            )
+        options.update(uvicorn_options(config))  # header/body timeouts, connection cap
     options.update(kwargs)
     return uvicorn.Config(app, host=host, port=port, **options)
 

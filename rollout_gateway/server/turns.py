@@ -1,17 +1,48 @@
-"""One chat turn: the request sent upstream and what is read back from the answer."""
+"""One chat turn: the request sent upstream, and the answer as the agent sees it.
+
+Reading the engine's answer (token ids, logprobs, finish facts) is :mod:`.answers`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from rollout_gateway import protocol
 
-#: Request fields that are sampling parameters: the registered values win over the agent's.
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
-#: Fields the gateway controls itself.
-_GATEWAY_FIELDS = ("stream", "stream_options", "return_token_ids", "model")
+
+#: Request fields an agent may set that are forwarded to the engine. They shape the
+#: conversation, not the sampling distribution. Registered sampling params still win.
+AGENT_FORWARDED_FIELDS = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "stop",
+)
+#: Request fields an agent may set that the gateway reads but does not forward as sent:
+#: ``max_tokens`` / ``max_completion_tokens`` apply only when registration sets none;
+#: ``stream``, ``stream_options``, ``logprobs``, ``top_logprobs``, ``return_token_ids``
+#: only shape the agent's answer (upstream is always asked for ids and logprobs);
+#: ``model`` is replaced by the registered model.
+AGENT_READ_FIELDS = (
+    *_MAX_TOKEN_KEYS,
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "return_token_ids",
+    "model",
+)
+_AGENT_FIELDS = frozenset((*AGENT_FORWARDED_FIELDS, *AGENT_READ_FIELDS))
+
+
+def dropped_agent_fields(body: Mapping[str, Any]) -> list[str]:
+    """Fields of an agent's request the gateway drops (every sampling field, ``n``,
+    ``seed``, ``logit_bias``, engine extras...): sorted names, for the turn's record."""
+    return sorted(k for k in body if k not in _AGENT_FIELDS)
 
 
 def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -25,24 +56,33 @@ def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_upstream_request(
-    body: Mapping[str, Any], *, model: str, sampling_params: Mapping[str, Any]
+    body: Mapping[str, Any],
+    *,
+    model: str,
+    sampling_params: Mapping[str, Any],
+    max_tokens_bound: int | None = None,
 ) -> dict[str, Any]:
     """The upstream request for an agent's chat ``body``.
 
-    The registered ``model`` and ``sampling_params`` override the agent's fields;
-    ``max_tokens`` / ``max_completion_tokens`` are one setting (the registered one wins,
-    then the agent's) sent once as ``max_tokens``. ``tools`` / ``tool_choice`` and
-    other fields pass through. The call is never streamed and always asks for token ids
-    and logprobs (vLLM's ``return_token_ids`` / ``logprobs``).
+    An allowlist: only :data:`AGENT_FORWARDED_FIELDS` of the agent's body are forwarded;
+    every other field (sampling, ``n``, ``seed``, ``logit_bias``, ``echo``, engine
+    extras...) is dropped (see :func:`dropped_agent_fields`). The registered ``model``
+    and ``sampling_params`` are sent as registered. ``max_tokens`` is the registered value,
+    else the agent's ``max_tokens`` / ``max_completion_tokens``, capped by
+    ``max_tokens_bound`` (the rollout's remaining budget). The call is never streamed and
+    always asks for token ids and logprobs (vLLM's ``return_token_ids`` / ``logprobs``).
     """
     registered = flatten_sampling_params(sampling_params)
-    request = {k: v for k, v in body.items() if k not in _GATEWAY_FIELDS}
+    request = {k: body[k] for k in AGENT_FORWARDED_FIELDS if k in body}
     max_tokens = _first_set(registered, _MAX_TOKEN_KEYS)
     if max_tokens is None:
         max_tokens = _first_set(body, _MAX_TOKEN_KEYS)
+    if max_tokens_bound is not None:
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+            max_tokens = min(max_tokens, max_tokens_bound)
+        else:
+            max_tokens = max_tokens_bound
     request.update({k: v for k, v in registered.items() if k not in _MAX_TOKEN_KEYS})
-    for key in _MAX_TOKEN_KEYS:
-        request.pop(key, None)
     if max_tokens is not None:
         request["max_tokens"] = max_tokens
     request["model"] = model
@@ -63,63 +103,20 @@ _MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content", "name")
 
 
 def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The assistant message as recorded: OpenAI fields only, empty extras dropped."""
+    """The assistant message as recorded: OpenAI fields only, empty extras dropped.
+
+    Reasoning text is recorded under both names engines use: ``reasoning`` (vLLM >= 0.10)
+    and ``reasoning_content`` (SGLang, older vLLM, most chat templates).
+    """
     out: dict[str, Any] = {"role": message.get("role") or "assistant"}
     out["content"] = message.get("content")
     for key in _MESSAGE_FIELDS[2:]:
         if message.get(key):
             out[key] = message[key]
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    if reasoning:
+        out["reasoning"] = out["reasoning_content"] = reasoning
     return out
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    """What the recorder needs from an upstream answer."""
-
-    completion: list[dict[str, Any]]
-    finish_reason: str | None
-    prompt_ids: list[int] | None
-    completion_ids: list[int] | None
-    completion_logprobs: list[float] | None
-    total_tokens: int | None
-
-
-def read_turn(completion: Mapping[str, Any]) -> TurnResult:
-    """Read the first choice of an upstream answer (vLLM shapes for ids and logprobs).
-
-    vLLM puts the prompt's ids at the top level (``prompt_token_ids``), the generated ids
-    on the choice (``token_ids``) and the per-token logprobs in
-    ``choices[0].logprobs.content[].logprob``. Missing or malformed fields give ``None``.
-    """
-    choices = completion.get("choices") or []
-    choice = choices[0] if choices and isinstance(choices[0], Mapping) else {}
-    message = choice.get("message") or {}
-    messages = [assistant_message(message)] if isinstance(message, Mapping) else []
-    prompt_ids = _int_list(completion.get("prompt_token_ids"))
-    completion_ids = _int_list(choice.get("token_ids"))
-    logprobs: list[float] | None = None
-    lp = choice.get("logprobs")
-    if isinstance(lp, Mapping) and isinstance(lp.get("content"), list):
-        try:
-            logprobs = [float(entry["logprob"]) for entry in lp["content"]]
-        except (KeyError, TypeError, ValueError):
-            logprobs = None
-    usage = completion.get("usage")
-    total = usage.get("total_tokens") if isinstance(usage, Mapping) else None
-    return TurnResult(
-        completion=messages,
-        finish_reason=choice.get("finish_reason"),
-        prompt_ids=prompt_ids,
-        completion_ids=completion_ids,
-        completion_logprobs=logprobs,
-        total_tokens=total if isinstance(total, int) else None,
-    )
-
-
-def _int_list(value: Any) -> list[int] | None:
-    # Element types are checked by the recorder's array('i') conversion (in C): a
-    # Python-level check of every id of a long prompt would dominate the turn's cost.
-    return value if isinstance(value, list) else None
 
 
 def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,10 +144,11 @@ def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str,
 
 
 __all__ = [
-    "TurnResult",
+    "AGENT_FORWARDED_FIELDS",
+    "AGENT_READ_FIELDS",
     "agent_view",
     "assistant_message",
     "build_upstream_request",
+    "dropped_agent_fields",
     "flatten_sampling_params",
-    "read_turn",
 ]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from rollout_gateway.server import jsonio
 
 logger = logging.getLogger("rollout_gateway.server")
 
@@ -16,13 +20,28 @@ ErrorKind = Literal["connect", "timeout", "transport", "http_4xx", "http_5xx", "
 
 
 class UpstreamError(Exception):
-    """An upstream call failed; ``status_code`` is what the gateway answers the agent."""
+    """An upstream call failed; ``status_code`` is what the gateway answers the agent.
 
-    def __init__(self, kind: ErrorKind, status_code: int, message: str) -> None:
+    ``message`` is what the agent sees: short, with no upstream URL, credential or
+    exception repr. ``detail`` is for the operator's log only.
+    """
+
+    def __init__(self, kind: ErrorKind, status_code: int, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         self.status_code = status_code
         self.message = message
+        self.detail = detail or message
+
+
+def redact_url(url: str) -> str:
+    """``url`` without credentials, query or fragment (safe for logs, metrics, health)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 @dataclass(eq=False)
@@ -36,10 +55,22 @@ class Upstream:
 
     base_url: str
     clients: list[httpx.AsyncClient]
+    label: str = field(default="")  # base_url without credentials (metrics, logs, health)
     healthy: bool = True
     pinned: int = 0  # registered rollouts pinned here
     in_flight: int = 0  # chat requests under way
     _next_shard: int = 0
+
+    def __post_init__(self) -> None:
+        self.label = self.label or redact_url(self.base_url)
+
+    def client_for(self, key: str | None) -> httpx.AsyncClient:
+        """The shard of ``key`` (a rollout id): one rollout's turns reuse one pool, so a
+        rollout that runs alone keeps one warm connection instead of spreading its turns
+        over every shard's connections (which the upstream then has to serve too)."""
+        if key is None:
+            return self.client
+        return self.clients[hash(key) % len(self.clients)]
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -56,8 +87,8 @@ class Upstream:
 def _upstream_message(response: httpx.Response) -> str:
     """The error message an OpenAI-compatible server put in its answer."""
     try:
-        body = response.json()
-    except ValueError:
+        body = jsonio.loads_lenient(response.content)
+    except (ValueError, RecursionError):
         return response.text[:2000] or response.reason_phrase
     if isinstance(body, dict):
         error = body.get("error")
@@ -69,6 +100,50 @@ def _upstream_message(response: httpx.Response) -> str:
             if body.get(key):
                 return str(body[key])
     return response.text[:2000]
+
+
+def raise_for_upstream_status(response: httpx.Response, label: str) -> None:
+    """Raise the :class:`UpstreamError` an error answer maps to (nothing below 400).
+
+    5xx -> 502 with a short message; 4xx -> the engine's own message with 400, except
+    404 (an unknown model name stays "not found") and 429 (kept so clients back off).
+    ``label`` (the redacted upstream URL) goes to the operator-only ``detail``.
+    """
+    status = response.status_code
+    if status >= 500:
+        raise UpstreamError(
+            "http_5xx",
+            502,
+            f"upstream error {status}",
+            f"{label} answered {status}: {_upstream_message(response)}",
+        )
+    if status >= 400:
+        code = status if status in (404, 429) else 400
+        message = _upstream_message(response)[:2000]
+        raise UpstreamError("http_4xx", code, message, f"{label} answered {status}: {message}")
+
+
+def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """An upstream's chat completion; ``(completion, strict)``.
+
+    ``strict`` is false when the answer needed the lenient parser (``NaN``/``Infinity``
+    literals): it must then not be passed to an agent as it is. Raises
+    :class:`UpstreamError` (502) when it is not JSON or not a chat completion.
+    """
+    strict = True
+    try:
+        completion = jsonio.loads(raw)
+    except jsonio.JSONDecodeError:
+        strict = False
+        try:
+            completion = jsonio.loads_lenient(raw)
+        except (ValueError, RecursionError) as exc:
+            raise UpstreamError(
+                "protocol", 502, "upstream answered non-JSON", f"unparsable answer: {exc!r}"
+            ) from exc
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+        raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
+    return completion, strict
 
 
 class UpstreamPool:
@@ -83,7 +158,8 @@ class UpstreamPool:
 
     Args:
         urls: OpenAI base URLs (``http://host:port/v1``).
-        timeout_s: read/write/pool timeout of a chat completion.
+        timeout_s: total deadline of one chat completion (connect, send, wait, read:
+            a drip-feeding upstream cannot hold a turn longer than this).
         connect_timeout_s: connect timeout (small: a dead upstream must fail fast).
         transport: an httpx transport for every upstream, or one per URL (tests).
         api_key: bearer token sent upstream.
@@ -110,6 +186,7 @@ class UpstreamPool:
             max_keepalive_connections=per_shard,
             keepalive_expiry=30.0,
         )
+        self.timeout_s = timeout_s
         self.upstreams: list[Upstream] = []
         for url in urls:
             t = transport.get(url) if isinstance(transport, Mapping) else transport
@@ -146,44 +223,65 @@ class UpstreamPool:
     async def chat(self, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """POST ``body`` to ``{url}/chat/completions``; returns (completion, seconds).
 
-        Raises :class:`UpstreamError`: upstream 4xx -> 400 with its message (429 kept as
-        429 so clients back off), 5xx, unreachable, timeout or a non-JSON answer -> 502.
+        See :meth:`chat_raw` for the errors.
+        """
+        raw, elapsed = await self.chat_raw(url, body)
+        return parse_completion(raw)[0], elapsed
+
+    async def chat_raw(
+        self, url: str, body: dict[str, Any], *, shard_key: str | None = None
+    ) -> tuple[bytes, float]:
+        """POST ``body`` to ``{url}/chat/completions``; returns (answer bytes, seconds).
+
+        The whole call (connect to last byte) is bounded by ``timeout_s``. Raises
+        :class:`UpstreamError`: upstream 4xx -> 400 with the engine's own message (404 and
+        429 kept: an unknown model stays not found, clients back off); 5xx, unreachable,
+        timeout or a non-JSON answer -> 502 with a short message (the URL and the exception
+        go to ``detail``).
         """
         upstream = self._by_url[url]
+        label = upstream.label
         upstream.in_flight += 1
         start = time.perf_counter()
         try:
-            response = await upstream.client.post("/chat/completions", json=body)
+            async with asyncio.timeout(self.timeout_s):
+                response = await upstream.client_for(shard_key).post(
+                    "/chat/completions",
+                    content=jsonio.dumps(body),
+                    headers={"Content-Type": "application/json"},
+                )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             if upstream.healthy:
-                logger.warning("upstream=%s marked unhealthy: %r", url, exc)
+                logger.warning("upstream=%s marked unhealthy: %r", label, exc)
             upstream.healthy = False
-            raise UpstreamError("connect", 502, f"upstream {url} unreachable: {exc!r}") from exc
-        except httpx.TimeoutException as exc:
-            raise UpstreamError("timeout", 502, f"upstream {url} timed out: {exc!r}") from exc
+            raise UpstreamError(
+                "connect", 502, "upstream unreachable", f"{label} unreachable: {exc!r}"
+            ) from exc
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise UpstreamError(
+                "timeout", 502, "upstream timed out", f"{label} timed out: {exc!r}"
+            ) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError("transport", 502, f"upstream {url} failed: {exc!r}") from exc
+            raise UpstreamError(
+                "transport", 502, "upstream connection failed", f"{label} failed: {exc!r}"
+            ) from exc
         finally:
             upstream.in_flight -= 1
         elapsed = time.perf_counter() - start
         if not upstream.healthy:
-            logger.info("upstream=%s healthy again", url)
+            logger.info("upstream=%s healthy again", label)
         upstream.healthy = True  # it answered: reachable
-        status = response.status_code
-        if status >= 500:
-            raise UpstreamError(
-                "http_5xx", 502, f"upstream error {status}: {_upstream_message(response)}"
-            )
-        if status >= 400:
-            code = 429 if status == 429 else 400
-            raise UpstreamError("http_4xx", code, _upstream_message(response))
-        try:
-            completion = response.json()
-        except ValueError as exc:
-            raise UpstreamError("protocol", 502, "upstream answered non-JSON") from exc
-        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
-        return completion, elapsed
+        raise_for_upstream_status(response, label)
+        return response.content, elapsed
+
+    async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """The model cards of ``GET {url}/models`` (vLLM's carry ``max_model_len``)."""
+        upstream = self._by_url[url]
+        response = await upstream.client.get("/models", timeout=timeout_s)
+        response.raise_for_status()
+        listing = jsonio.loads_lenient(response.content)
+        data = listing.get("data") if isinstance(listing, dict) else None
+        return [card for card in data or () if isinstance(card, dict)]
 
     async def probe_unhealthy(self, timeout_s: float = 2.0) -> None:
         """Re-probe unhealthy upstreams with ``GET {base}/models``; mark answering ones healthy."""
@@ -195,13 +293,13 @@ class UpstreamPool:
             except httpx.HTTPError:
                 continue
             if response.status_code < 500:
-                logger.info("upstream=%s healthy again (probe)", upstream.base_url)
+                logger.info("upstream=%s healthy again (probe)", upstream.label)
                 upstream.healthy = True
 
     def describe(self) -> list[dict[str, Any]]:
         """State of every upstream (for ``/health``)."""
         return [
-            {"url": u.base_url, "healthy": u.healthy, "pinned": u.pinned, "in_flight": u.in_flight}
+            {"url": u.label, "healthy": u.healthy, "pinned": u.pinned, "in_flight": u.in_flight}
             for u in self.upstreams
         ]
 
@@ -212,4 +310,12 @@ class UpstreamPool:
                 await client.aclose()
 
 
-__all__ = ["ErrorKind", "Upstream", "UpstreamError", "UpstreamPool"]
+__all__ = [
+    "ErrorKind",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamPool",
+    "raise_for_upstream_status",
+    "parse_completion",
+    "redact_url",
+]

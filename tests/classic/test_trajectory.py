@@ -139,3 +139,27 @@ def test_shared_history_is_converted_once_and_still_exact():
     assert cache.convert([USER, ANSWER, {"role": "user", "content": "more"}], "p")[2] is second[2]
     rewritten = cache.convert([{"role": "user", "content": "other"}], "p")
     assert rewritten[0].content == "other"  # history rewritten: nothing stale reused
+
+
+def test_the_gateways_turn_facts_reach_the_state():
+    state = fresh_state()
+    steps = [
+        step(extras={"finish_reason": "length", "policy_version": 3}),
+        step(extras={"finish_reason": "stop", "policy_version": 3, "policy_version_end": 4}),
+        step(extras={"finish_reason": "stop", "policy_version": 4}),
+    ]
+    converted = apply_trajectory(
+        state,
+        {"trajectory": steps, "truncation_reason": "max_turns", "model": "gm"},
+    )
+    # The engine's finish reason, not one guessed from the message.
+    assert converted[0]["response"].message.finish_reason == "length"
+    assert state["gateway_truncation_reason"] == "max_turns"
+    assert state["policy_versions"] == [3, 3, 4]
+    assert state["stale_turns"] == [0, 1]  # older than the latest, and one across an update
+
+
+def test_no_policy_fields_without_versions():
+    state = fresh_state()
+    apply_trajectory(state, {"trajectory": [step()], "model": "gm"})
+    assert "policy_versions" not in state and "gateway_truncation_reason" not in state

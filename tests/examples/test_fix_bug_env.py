@@ -284,9 +284,10 @@ async def test_gateway_rollouts_end_to_end_on_local_backend(tmp_path: Path) -> N
     from rollout_gateway.server import GatewayConfig, create_app, running_server
 
     async with running_server(create_scripted_model_app()) as model_root:
-        config = GatewayConfig(upstreams=[f"{model_root}/v1"])
+        config = GatewayConfig(upstreams=[f"{model_root}/v1"], admin_token="example-admin-token")
         async with running_server(create_app(config)) as gateway_root:
             env = load_environment(
+                gateway_admin_token="example-admin-token",
                 num_examples=2,
                 sandbox_backend="local",
                 local_sandbox_root=str(tmp_path / "sb"),

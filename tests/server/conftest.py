@@ -102,12 +102,21 @@ class SwitchableTransport(httpx.AsyncBaseTransport):
         return await self.inner.handle_async_request(request)
 
 
+#: Admin token of the default test gateway; the harness client sends it on every call.
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+
 @dataclass
 class GatewayHarness:
-    """A gateway app with its lifespan running and a client to it."""
+    """A gateway app with its lifespan running and a client to it.
+
+    The client carries the admin token; chat calls carry the rollout's key (from
+    :meth:`register`) unless the caller passes its own ``Authorization`` header.
+    """
 
     app: Starlette
     client: httpx.AsyncClient
+    keys: dict[str, str] = field(default_factory=dict)
 
     @property
     def gateway(self) -> Any:
@@ -116,11 +125,21 @@ class GatewayHarness:
     async def register(self, rollout_id: str, **body: Any) -> httpx.Response:
         payload = {"model": "policy", "sampling_params": {}, "max_turns": -1, "max_seq_len": None}
         payload.update(body)
-        return await self.client.post(f"/v1/rollouts/{rollout_id}/register", json=payload)
+        r = await self.client.post(f"/v1/rollouts/{rollout_id}/register", json=payload)
+        if r.status_code == 200 and "api_key" in r.json():
+            self.keys[rollout_id] = r.json()["api_key"]
+        return r
+
+    def agent_headers(self, rollout_id: str, headers: Any = None) -> dict[str, str]:
+        """Headers of an agent's call: its rollout key, replaced by ``headers``."""
+        out = {"Authorization": f"Bearer {self.keys.get(rollout_id, 'none')}"}
+        out.update(headers or {})
+        return out
 
     async def chat(self, rollout_id: str, body: Any, **kwargs: Any) -> httpx.Response:
         if isinstance(body, list):
             body = {"model": "agent-model", "messages": body}
+        kwargs["headers"] = self.agent_headers(rollout_id, kwargs.get("headers"))
         return await self.client.post(
             f"/v1/rollouts/{rollout_id}/chat/completions", json=body, **kwargs
         )
@@ -150,10 +169,17 @@ async def make_gateway() -> AsyncIterator[GatewayFactory]:
             else:
                 transport = httpx.ASGITransport(upstream or create_scripted_model_app())
                 fields.setdefault("upstreams", [UPSTREAM])
+            if not fields.get("open_control_plane"):
+                fields.setdefault("admin_token", ADMIN_TOKEN)
             app = create_app(GatewayConfig(**fields), clock=clock, upstream_transport=transport)
             await stack.enter_async_context(app.router.lifespan_context(app))
+            headers = {}
+            if fields.get("admin_token"):
+                headers["Authorization"] = f"Bearer {fields['admin_token']}"
             client = await stack.enter_async_context(
-                httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gateway")
+                httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app), base_url="http://gateway", headers=headers
+                )
             )
             return GatewayHarness(app, client)
 

@@ -102,7 +102,7 @@ async def test_cancel_does_not_wait_for_a_turn_in_flight(make_gateway) -> None:
     assert (await gw.client.post("/v1/rollouts/r1/cancel")).status_code == 200
     assert time.perf_counter() - start < 0.1
     assert (await turn).status_code == 200  # the turn under way completes
-    assert (await gw.chat("r1", MESSAGES)).status_code == 409
+    assert (await gw.chat("r1", MESSAGES)).status_code == 403
 
 
 async def test_turn_waiting_on_lock_after_unregister_is_404(make_gateway) -> None:
@@ -111,7 +111,8 @@ async def test_turn_waiting_on_lock_after_unregister_is_404(make_gateway) -> Non
     await gw.register("r1")
     first = asyncio.create_task(gw.chat("r1", MESSAGES))
     await asyncio.sleep(0.02)
-    second = asyncio.create_task(gw.chat("r1", MESSAGES))
+    other = [{"role": "user", "content": script({"say": "other"})}]
+    second = asyncio.create_task(gw.chat("r1", other))  # a new turn, not a retry
     await asyncio.sleep(0.02)
     assert (await gw.client.post("/v1/rollouts/r1/unregister")).status_code == 200
     assert (await first).status_code == 200
@@ -122,3 +123,15 @@ async def test_health_counts(gw: GatewayHarness) -> None:
     for i in range(3):
         await gw.register(f"r{i}")
     assert (await gw.client.get("/health")).json()["active_rollouts"] == 3
+
+
+async def test_memory_is_trimmed_after_many_rollouts_go_away(gw: GatewayHarness) -> None:
+    calls: list[int] = []
+    from rollout_gateway.server.memory import MemoryTrimmer
+
+    gw.gateway.trimmer = MemoryTrimmer(every=3, trim=lambda: calls.append(1))
+    for i in range(7):
+        await gw.register(f"m{i}")
+        await gw.client.post(f"/v1/rollouts/m{i}/unregister")
+        await asyncio.sleep(0.01)
+    assert len(calls) == 2

@@ -20,14 +20,17 @@ from rollout_gateway.server import GatewayConfig, create_app, running_server, se
 
 from .conftest import script
 
+ADMIN = "live-admin-token-0123456789"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+
 
 async def test_end_to_end_over_real_http() -> None:
     model_app = create_scripted_model_app(latency_ms=5)
     async with running_server(model_app) as model_root:
         assert model_root.startswith("http://127.0.0.1:") and not model_root.endswith(":0")
-        config = GatewayConfig(upstreams=[f"{model_root}/v1"], require_rollout_keys=True)
+        config = GatewayConfig(upstreams=[f"{model_root}/v1"], admin_token=ADMIN)
         async with running_server(create_app(config)) as root:
-            async with httpx.AsyncClient(base_url=root) as control:
+            async with httpx.AsyncClient(base_url=root, headers=ADMIN_HEADERS) as control:
                 r = await control.post("/v1/rollouts/live1/register", json={"model": "m"})
                 key = r.json()["api_key"]
                 agent = openai.AsyncOpenAI(
@@ -67,13 +70,13 @@ def test_cli_parses_serve_and_scripted_model() -> None:
     args = build_parser().parse_args(
         [
             "serve", "--upstream", "http://a:1/v1", "--upstream", "http://b:2/v1",
-            "--port", "9000", "--require-rollout-keys", "--admin-token", "t",
+            "--port", "9000", "--no-rollout-keys", "--admin-token-file", "/tok",
             "--rollout-ttl", "60", "--max-rollouts", "5", "--upstream-timeout", "30",
             "--max-body-bytes", "1000", "--disabled",
         ]
     )  # fmt: skip
     assert args.upstream == ["http://a:1/v1", "http://b:2/v1"]
-    assert (args.port, args.require_rollout_keys, args.admin_token) == (9000, True, "t")
+    assert (args.port, args.rollout_keys, args.admin_token_file) == (9000, False, "/tok")
     assert (args.rollout_ttl, args.max_rollouts, args.upstream_timeout) == (60.0, 5, 30.0)
     assert (args.max_body_bytes, args.disabled) == (1000, True)
     args = build_parser().parse_args(["scripted-model", "--latency-ms", "20"])
@@ -118,15 +121,16 @@ def test_cli_processes_end_to_end() -> None:
         _cli("scripted-model", "--port", str(model_port), ready_url=f"{model}/v1/models"),
         _cli(
             "serve", "--upstream", f"{model}/v1", "--port", str(gateway_port),
-            ready_url=f"{root}/health", env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": "adm"},
+            ready_url=f"{root}/health", env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN},
         ),
     ):  # fmt: skip
-        admin = {"Authorization": "Bearer adm"}
+        admin = ADMIN_HEADERS
         assert httpx.post(f"{root}/v1/rollouts/c1/register", json={"model": "m"}).status_code == 401
         r = httpx.post(f"{root}/v1/rollouts/c1/register", json={"model": "m"}, headers=admin)
         assert r.status_code == 200
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
         body = {"messages": [{"role": "user", "content": script({"say": "from the cli"})}]}
-        r = httpx.post(f"{root}/v1/rollouts/c1/chat/completions", json=body)
+        r = httpx.post(f"{root}/v1/rollouts/c1/chat/completions", json=body, headers=key)
         assert r.json()["choices"][0]["message"]["content"] == "from the cli"
         traj = httpx.get(f"{root}/v1/rollouts/c1/trajectory", headers=admin).json()
         assert traj["num_turns"] == 1

@@ -22,7 +22,9 @@ async def test_register_returns_protocol_body(gw: GatewayHarness) -> None:
     rid = new_rollout_id()
     r = await gw.register(rid, model="m", max_turns=4, max_seq_len=2048)
     assert r.status_code == 200
-    assert r.json() == {
+    answer = r.json()
+    assert len(answer.pop("api_key")) >= 40  # per-rollout keys are on by default
+    assert answer == {
         "rollout_id": rid,
         "status": "active",
         "model": "m",
@@ -113,7 +115,9 @@ async def test_chat_bad_request_is_400_and_server_keeps_serving(
     gw: GatewayHarness, content: bytes, fragment: str
 ) -> None:
     await gw.register("r1")
-    r = await gw.client.post("/v1/rollouts/r1/chat/completions", content=content)
+    r = await gw.client.post(
+        "/v1/rollouts/r1/chat/completions", content=content, headers=gw.agent_headers("r1")
+    )
     assert_error(r, 400, fragment)
     ok = await gw.chat("r1", MESSAGES)
     assert ok.status_code == 200
@@ -132,7 +136,9 @@ async def test_chat_oversized_body_is_413(make_gateway) -> None:
         yield b"y" * 2000
         yield b'"}]}'
 
-    r = await gw.client.post("/v1/rollouts/r1/chat/completions", content=chunked())
+    r = await gw.client.post(
+        "/v1/rollouts/r1/chat/completions", content=chunked(), headers=gw.agent_headers("r1")
+    )
     assert_error(r, 413)
     assert (await gw.chat("r1", MESSAGES)).status_code == 200
 
@@ -145,8 +151,10 @@ async def test_trajectory_and_404(gw: GatewayHarness) -> None:
     body = r.json()
     assert set(body) == {
         "rollout_id", "status", "num_turns", "model", "prompt", "completion",
-        "is_truncated", "trajectory",
+        "is_truncated", "trajectory", "truncation_reason", "abandoned_turns",
+        "policy_versions", "failed_turns",
     }  # fmt: skip
+    assert body["truncation_reason"] is None and body["policy_versions"] == [None]
     assert body["rollout_id"] == "r1" and body["status"] == "active"
     assert body["num_turns"] == 1 and body["model"] == "m"
     assert body["prompt"] == MESSAGES
@@ -155,13 +163,18 @@ async def test_trajectory_and_404(gw: GatewayHarness) -> None:
     assert_error(await gw.trajectory("other"), 404)
 
 
-async def test_cancel_then_chat_is_409(gw: GatewayHarness) -> None:
+async def test_cancel_then_chat_is_refused_with_a_status_sdks_do_not_retry(
+    gw: GatewayHarness,
+) -> None:
     await gw.register("r1")
     await gw.chat("r1", MESSAGES)
     r = await gw.client.post("/v1/rollouts/r1/cancel")
     assert r.status_code == 200
     assert r.json() == {"rollout_id": "r1", "status": "cancelled"}
-    assert_error(await gw.chat("r1", MESSAGES), 409, "cancelled")
+    refused = await gw.chat("r1", MESSAGES)
+    assert_error(refused, 403, "cancelled")
+    assert refused.json()["error"]["code"] == "rollout_cancelled"
+    assert refused.headers["x-should-retry"] == "false"
     traj = (await gw.trajectory("r1")).json()
     assert traj["status"] == "cancelled" and traj["num_turns"] == 1
     assert_error(await gw.client.post("/v1/rollouts/nope/cancel"), 404)
@@ -186,14 +199,19 @@ async def test_max_turns_completes_the_rollout(gw: GatewayHarness) -> None:
     assert (await gw.trajectory("r1")).json()["status"] == "active"
     assert (await gw.chat("r1", MESSAGES)).status_code == 200
     assert (await gw.trajectory("r1")).json()["status"] == "completed"
-    assert_error(await gw.chat("r1", MESSAGES), 409, "completed")
+    refused = await gw.chat("r1", MESSAGES)
+    assert_error(refused, 403, "turn limit")
+    assert refused.json()["error"]["code"] == "max_turns_reached"
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["is_truncated"] is True and traj["truncation_reason"] == "max_turns"
+    assert traj["num_turns"] == 2
     r = await gw.client.post("/v1/rollouts/r1/unregister")
     assert r.json() == {"rollout_id": "r1", "status": "completed"}
 
 
 async def test_max_turns_zero_refuses_first_turn(gw: GatewayHarness) -> None:
     await gw.register("r1", max_turns=0)
-    assert_error(await gw.chat("r1", MESSAGES), 409)
+    assert_error(await gw.chat("r1", MESSAGES), 403)
 
 
 async def test_unknown_route_is_json_404(gw: GatewayHarness) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .conftest import GatewayHarness, script
+from .conftest import script
 
 MESSAGES = [{"role": "user", "content": script({"say": "hi"})}]
 
@@ -11,19 +11,20 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def test_keys_are_off_by_default(gw: GatewayHarness) -> None:
+async def test_keys_can_be_turned_off(make_gateway) -> None:
+    gw = await make_gateway(require_rollout_keys=False)
     r = await gw.register("r1")
     assert "api_key" not in r.json()
     assert (await gw.chat("r1", MESSAGES)).status_code == 200
 
 
-async def test_rollout_keys(make_gateway) -> None:
-    gw = await make_gateway(require_rollout_keys=True)
+async def test_rollout_keys_are_on_by_default(make_gateway) -> None:
+    gw = await make_gateway()
     key1 = (await gw.register("r1")).json()["api_key"]
     key2 = (await gw.register("r2")).json()["api_key"]
     assert len(key1) >= 40 and key1 != key2
 
-    assert (await gw.chat("r1", MESSAGES)).status_code == 401
+    assert (await gw.chat("r1", MESSAGES, headers={"Authorization": ""})).status_code == 401
     assert (await gw.chat("r1", MESSAGES, headers=bearer("wrong"))).status_code == 401
     assert (await gw.chat("r1", MESSAGES, headers=bearer(key2))).status_code == 401
     r = await gw.chat("r1", MESSAGES, headers={"Authorization": key1})  # no scheme
@@ -37,6 +38,7 @@ async def test_rollout_keys(make_gateway) -> None:
 
 async def test_admin_token_guards_the_control_plane(make_gateway) -> None:
     gw = await make_gateway(admin_token="s3cret")
+    gw.client.headers.pop("Authorization")
     ok = bearer("s3cret")
     body = {"model": "m", "sampling_params": {}, "max_turns": -1, "max_seq_len": None}
     control = [
@@ -44,6 +46,7 @@ async def test_admin_token_guards_the_control_plane(make_gateway) -> None:
         ("GET", "/v1/rollouts/r1/trajectory", None),
         ("POST", "/v1/rollouts/r1/cancel", None),
         ("POST", "/v1/rollouts/r1/unregister", None),
+        ("GET", "/metrics", None),
     ]
     for method, path, payload in control:
         for headers in ({}, bearer("nope"), bearer("s3cret-but-longer")):
@@ -54,7 +57,9 @@ async def test_admin_token_guards_the_control_plane(make_gateway) -> None:
         assert r.status_code == 200, (method, path, r.text)
 
 
-async def test_admin_token_does_not_guard_chat(make_gateway) -> None:
+async def test_admin_token_does_not_open_chat(make_gateway) -> None:
     gw = await make_gateway(admin_token="s3cret")
-    await gw.client.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=bearer("s3cret"))
+    await gw.register("r1")
+    r = await gw.chat("r1", MESSAGES, headers=bearer("s3cret"))  # not the rollout's key
+    assert r.status_code == 401
     assert (await gw.chat("r1", MESSAGES)).status_code == 200

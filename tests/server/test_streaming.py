@@ -11,10 +11,10 @@ import pytest
 from .conftest import GatewayHarness, script
 
 
-def sdk(gw: GatewayHarness, rollout_id: str, api_key: str = "unused") -> openai.AsyncOpenAI:
+def sdk(gw: GatewayHarness, rollout_id: str, api_key: str | None = None) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=f"http://gateway/v1/rollouts/{rollout_id}",
-        api_key=api_key,
+        api_key=api_key or gw.keys.get(rollout_id, "unused"),
         http_client=httpx.AsyncClient(transport=httpx.ASGITransport(gw.app)),
         max_retries=0,
     )
@@ -81,7 +81,8 @@ async def test_sdk_streaming_tool_call_then_text(gw: GatewayHarness) -> None:
     traj = (await gw.trajectory("r1")).json()
     assert traj["num_turns"] == 2
     assert traj["trajectory"][0]["completion"][0]["tool_calls"][0]["function"]["name"] == "run"
-    assert traj["trajectory"][1]["extras"] == {}  # the SDK-built history extends turn 1
+    # The SDK-built history extends turn 1.
+    assert "history_rewritten" not in traj["trajectory"][1]["extras"]
 
 
 async def test_sdk_stream_accumulates_with_stream_helper(gw: GatewayHarness) -> None:
@@ -125,6 +126,7 @@ async def test_sdk_models_list_shows_the_registered_model(make_gateway) -> None:
     gw = await make_gateway(require_rollout_keys=True)
     key = (await gw.register("r1", model="policy-7b")).json()["api_key"]
     models = await sdk(gw, "r1", api_key=key).models.list()
-    assert [m.id for m in models.data] == ["policy-7b"]
+    # The registered model first, then the upstream's own cards.
+    assert [m.id for m in models.data] == ["policy-7b", "scripted"]
     with pytest.raises(openai.AuthenticationError):
         await sdk(gw, "r1", api_key="wrong").models.list()

@@ -60,7 +60,9 @@ async def test_multi_turn_token_fields_match_the_tokenizer(gw: GatewayHarness) -
         assert t["overlong_prompt"] is False and t["is_truncated"] is False
         assert step["is_truncated"] is False
         assert step["reward"] is None and step["advantage"] is None
-        assert step["extras"] == {}
+        assert step["extras"]["status"] == "ok" and "history_rewritten" not in step["extras"]
+    assert [s["extras"]["finish_reason"] for s in steps] == ["tool_calls", "stop"]
+    assert steps[1]["extras"]["prefix_break"] is False  # the scripted template extends
     # Both turns share the rollout's trajectory id, a uuid.
     assert steps[0]["trajectory_id"] == steps[1]["trajectory_id"]
     assert len(steps[0]["trajectory_id"]) == 36
@@ -82,11 +84,12 @@ async def test_rewritten_history_is_recorded_as_is(gw: GatewayHarness) -> None:
     other = [{"role": "user", "content": "a summary of the conversation so far"}]
     assert (await gw.chat("r1", other)).status_code == 200
     steps = (await gw.trajectory("r1")).json()["trajectory"]
-    assert steps[2]["extras"] == {"history_rewritten": True}
+    assert steps[2]["extras"]["history_rewritten"] is True
+    assert steps[2]["extras"]["prefix_break"] is True
     assert steps[2]["prompt"] == other
     assert steps[2]["tokens"]["prompt_ids"] == tok.encode_prompt(other)
     # Earlier steps are unaffected.
-    assert steps[1]["extras"] == {}
+    assert "history_rewritten" not in steps[1]["extras"]
     assert len(steps[1]["prompt"]) == 4
 
 
@@ -166,3 +169,87 @@ def test_malformed_token_fields_give_tokens_null() -> None:
     steps = rec.steps()
     assert [s["tokens"] for s in steps] == [None, None, None]
     assert all("tokens_error" in s["extras"] for s in steps)
+
+
+async def test_delta_trajectory_rebuilds_the_full_one(gw) -> None:
+    """``?format=delta`` holds each step's new messages and ids only; expanding it gives
+    exactly the table's answer (abandoned turns and rewritten histories included)."""
+    from rollout_gateway.protocol import expand_delta_steps
+
+    from .conftest import script
+
+    await gw.register("d1")
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": script({"tool": "run", "arguments": {"cmd": "ls"}},
+                                           {"tool": "run", "arguments": {"cmd": "pwd"}},
+                                           {"say": "done"})},
+    ]  # fmt: skip
+    for _ in range(3):
+        answer = (await gw.chat("d1", messages)).json()["choices"][0]["message"]
+        messages = [*messages, answer]
+        for call in answer.get("tool_calls") or ():
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "out"})
+    await gw.chat("d1", [{"role": "user", "content": script({"say": "rewritten"})}])
+    full = (await gw.trajectory("d1")).json()
+    delta = (await gw.client.get("/v1/rollouts/d1/trajectory", params={"format": "delta"})).json()
+    assert delta["format"] == "delta"
+    assert expand_delta_steps(delta["trajectory"]) == full["trajectory"]
+    assert {k: v for k, v in delta.items() if k not in ("trajectory", "format")} == {
+        k: v for k, v in full.items() if k != "trajectory"
+    }
+    assert len(str(delta["trajectory"])) < len(str(full["trajectory"]))
+    assert delta["trajectory"][1]["tokens"]["prompt_shared"] > 0
+
+
+def test_prompt_ids_from_json_text_equal_the_parsed_path() -> None:
+    """The recorder's fast path (only the bytes after the previous prompt are parsed)
+    records exactly what parsing the whole array records, including when the history is
+    rewritten or the previous prompt's last id is a prefix of a longer number."""
+    import json
+
+    from rollout_gateway.server.prompt_ids import split_prompt_ids
+    from rollout_gateway.server.recorder import TrajectoryRecorder
+
+    prompts = [
+        [1, 2, 3, 12],
+        [1, 2, 3, 12, 7, 8, 9],  # extends (the completion was 7, 8)
+        [1, 2, 3, 123, 5],  # "12" -> "123": same bytes up to a non-boundary
+        [1, 2, 3, 123, 5],  # identical prompt
+        [9, 9],  # rewritten
+        [9, 9, 4, 4, 4],
+    ]
+    by_list = TrajectoryRecorder("a")
+    by_text = TrajectoryRecorder("b")
+    for i, prompt in enumerate(prompts):
+        answer = json.dumps({"prompt_token_ids": prompt, "choices": []}).encode()
+        rest, text = split_prompt_ids(answer)
+        assert json.loads(rest)["prompt_token_ids"] is None and json.loads(text) == prompt
+        turn = {"completion_ids": [7, 8], "completion_logprobs": [-0.1, -0.2]}
+        messages = [{"role": "user", "content": str(i)}]
+        completion = [{"role": "assistant", "content": "x"}]
+        by_list.record(messages, completion, prompt_ids=prompt, **turn)
+        by_text.record(messages, completion, prompt_ids_json=text, **turn)
+    steps_a, steps_b = by_list.steps(), by_text.steps()
+    for a, b in zip(steps_a, steps_b, strict=True):
+        assert a["tokens"] == b["tokens"]
+    assert [s["tokens"]["prompt_ids"] for s in steps_b] == prompts
+
+
+def test_abandoned_step_that_extended_the_branch_is_undone() -> None:
+    from rollout_gateway.server.recorder import TrajectoryRecorder
+
+    rec = TrajectoryRecorder("t")
+    m1 = [{"role": "user", "content": "a"}]
+    a1 = [{"role": "assistant", "content": "x"}]
+    rec.record(m1, a1, prompt_ids=[1, 2], completion_ids=[3], completion_logprobs=[-0.1])
+    lost = [*m1, *a1, {"role": "user", "content": "lost"}]
+    rec.record(lost, a1, prompt_ids=[1, 2, 3, 9], completion_ids=[8], completion_logprobs=[-1.0])
+    rec.abandon_last()  # its answer reached nobody
+    again = [*m1, *a1, {"role": "user", "content": "b"}]
+    rec.record(again, a1, prompt_ids=[1, 2, 3, 4], completion_ids=[5], completion_logprobs=[-0.2])
+    steps = rec.steps()
+    assert [s["tokens"]["prompt_ids"] for s in steps] == [[1, 2], [1, 2, 3, 4]]
+    assert [s["tokens"]["completion_ids"] for s in steps] == [[3], [5]]
+    assert "history_rewritten" not in steps[1]["extras"] and rec.num_abandoned == 1
+    assert rec.token_storage_bytes() <= 8 * 5

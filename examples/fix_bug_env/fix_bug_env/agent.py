@@ -14,7 +14,8 @@ comes from the environment only:
 The model gets one tool, ``run_shell(command)``; commands run with ``/bin/sh`` in the
 agent's working directory. The agent stops when the model answers without a tool call,
 after ``AGENT_MAX_TURNS`` model calls, or when the server refuses further turns (HTTP
-409, how a rollout gateway reports an exhausted turn budget). Exit status: 0 on a
+403 from the reference rollout gateway, 409 from gateways following the original protocol
+table: a spent turn budget, a cancelled rollout). Exit status: 0 on a
 normal finish, 1 when the model API fails, 2 on bad configuration.
 
 Standard library + ``openai`` only, so it runs in any sandbox image with Python 3.9+.
@@ -155,7 +156,7 @@ def main() -> int:
             response = client.chat.completions.create(
                 model=model, messages=messages, tools=[RUN_SHELL_TOOL]
             )
-        except openai.ConflictError as e:
+        except (openai.ConflictError, openai.PermissionDeniedError) as e:
             # The server closed this rollout (turn budget spent, cancelled): a normal end.
             print(f"agent: server ended the conversation: {e}", file=sys.stderr)
             return 0

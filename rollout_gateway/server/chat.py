@@ -1,0 +1,347 @@
+"""The data plane: one chat turn of a rollout, from the agent's request to its answer.
+
+A request is matched against the rollout's turns first (:mod:`.dedupe`): a retry waits
+for the turn it repeats. A new request becomes a turn task; turns of one rollout run one
+at a time, in order, under the rollout's lock, and each checks the rollout's budgets
+(:mod:`.limits`) before it calls the upstream. The turn task is not the request's: when
+the agent disconnects the turn still finishes and is recorded, and a retry gets its
+answer; if nobody ever gets it, it is recorded as abandoned when the agent moves on.
+
+A streaming agent is answered from the turn's :class:`~.streaming.EventLog`: chunks as
+the engine sends them (vLLM is streamed from, :mod:`.engine_turn`), SSE keepalive
+comments while it is silent, then ``[DONE]``. The response starts at the first chunk, or
+after one keepalive interval: an error before that keeps its HTTP status; after it, it
+arrives as an SSE error event. The engine call and the step's facts are
+:mod:`.engine_turn`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from rollout_gateway.protocol import IDEMPOTENCY_KEY_HEADER, SDK_RETRY_COUNT_HEADER
+from rollout_gateway.server import jsonio
+from rollout_gateway.server.dedupe import Turn, body_fingerprint
+from rollout_gateway.server.engine_turn import (
+    EngineTurn,
+    agent_answer,
+    context_overflow_error,
+    is_context_overflow,
+    prepare_upstream_body,
+    wants_usage,
+)
+from rollout_gateway.server.jsonio import JSONBytesResponse
+from rollout_gateway.server.limits import check_turn_allowed, max_tokens_allowed
+from rollout_gateway.server.recorder import recorded_message
+from rollout_gateway.server.registry import RolloutRecord
+from rollout_gateway.server.responses import (
+    ApiError,
+    parse_json_object,
+    read_body,
+    validate_messages,
+)
+from rollout_gateway.server.sse import DONE_EVENT, error_event, guard_sse, iter_completion_sse
+from rollout_gateway.server.streaming import EventLog
+from rollout_gateway.server.turns import build_upstream_request, dropped_agent_fields
+from rollout_gateway.server.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from rollout_gateway.server.app import Gateway
+
+logger = logging.getLogger("rollout_gateway.server")
+
+
+class ClientGone(Exception):
+    """The agent closed its connection before its answer was ready."""
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _completion_tokens(completion: dict[str, Any], completion_ids: list[int] | None) -> int:
+    if completion_ids is not None:
+        return len(completion_ids)
+    usage = completion.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and tokens > 0 else 0
+
+
+def _is_retry(headers: Mapping[str, str]) -> bool:
+    count = headers.get(SDK_RETRY_COUNT_HEADER, "0").strip()
+    return count.isdigit() and int(count) > 0
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # Nobody may await a turn whose agent left: fetch its exception so asyncio does not
+    # log "Task exception was never retrieved".
+    if not task.cancelled():
+        task.exception()
+
+
+class ChatTurns:
+    """Chat turns of every rollout of one :class:`~rollout_gateway.server.app.Gateway`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def handle(self, request: Request, record: RolloutRecord) -> Response:
+        """Answer one chat request of ``record`` (authenticated already)."""
+        config = self.gateway.config
+        raw = await read_body(request, config.max_body_bytes)
+        body = await parse_json_object(raw)
+        messages = validate_messages(body)
+        fingerprint = body_fingerprint(raw)
+        idempotency_key = request.headers.get(IDEMPOTENCY_KEY_HEADER)
+        turn = None
+        if record.status != "cancelled":  # a cancelled rollout answers nothing more
+            turn = record.turns.match(
+                fingerprint, idempotency_key, is_retry=_is_retry(request.headers)
+            )
+        if turn is not None:
+            self.gateway.metrics.deduplicated_requests.inc()
+            logger.info("rollout=%s retried request joins its earlier turn", record.rollout_id)
+        else:
+            if len(record.turns.pending) >= config.max_pending_turns:
+                raise ApiError(
+                    429,
+                    "too many concurrent requests for this rollout",
+                    "rate_limit_error",
+                    code="too_many_pending_turns",
+                )
+            turn = Turn(fingerprint, idempotency_key)
+            if body.get("stream"):
+                turn.events = EventLog()
+            turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages))
+            turn.task.add_done_callback(_retrieve)
+            record.turns.start(turn)
+        turn.waiters += 1
+        if body.get("stream") and turn.events is not None and not turn.task.done():
+            return await self._stream(turn, body)
+        try:
+            completion = await self._await(turn, request)
+        except ClientGone:
+            turn.waiters -= 1
+            logger.info("rollout=%s agent disconnected before its answer", record.rollout_id)
+            return Response(status_code=499)
+        turn.delivered = True
+        answer = completion  # already the agent's view (see _locked_turn)
+        if isinstance(answer, bytes):
+            if not body.get("stream"):
+                return Response(answer, media_type="application/json")
+            answer = jsonio.loads_lenient(answer)  # an idempotency-key replay, streamed
+        if body.get("stream"):
+            events: Iterator[bytes] = iter_completion_sse(answer, include_usage=wants_usage(body))
+            return StreamingResponse(
+                _aiter(guard_sse(events)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return JSONBytesResponse(answer)
+
+    async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
+        """Answer a streaming request from the turn's event log (see the module doc)."""
+        keepalive_s = self.gateway.config.stream_keepalive_s
+        log: EventLog = turn.events
+        log.followers += 1  # from here until _left: the log keeps its events for us
+        if not log.events and not turn.task.done():
+            await log.wait(keepalive_s)  # the first chunk, the end, or one interval
+        if turn.task.done() and not log.events:
+            _left(turn)
+            if turn.task.cancelled():
+                raise ApiError(
+                    404, "rollout is not registered", "not_found", code="rollout_not_found"
+                )
+            turn.task.result()  # a failure keeps its status code
+        return _TurnStream(self._relay(turn, body, keepalive_s), on_close=lambda: _left(turn))
+
+    async def _relay(
+        self, turn: Turn, body: dict[str, Any], keepalive_s: float
+    ) -> AsyncIterator[bytes]:
+        log: EventLog = turn.events
+        async for event in log.follow(keepalive_s):
+            yield event
+        try:
+            answer = await turn.task
+        except ApiError as exc:
+            yield error_event(exc.message, exc.code or "upstream_error")
+            yield DONE_EVENT
+            return
+        except asyncio.CancelledError:
+            yield error_event("rollout is not registered", "rollout_not_found")
+            yield DONE_EVENT
+            return
+        except Exception:
+            logger.exception("turn failed")
+            yield error_event("internal gateway error", "internal_error")
+            yield DONE_EVENT
+            return
+        if log.relayed:  # the chunks went out as the engine sent them
+            yield DONE_EVENT
+        else:  # the answer (the agent's view) re-encoded as chunks
+            if isinstance(answer, bytes):
+                answer = jsonio.loads_lenient(answer)
+            events = iter_completion_sse(answer, include_usage=wants_usage(body))
+            for event in guard_sse(events):
+                yield event
+        turn.delivered = True
+
+    @staticmethod
+    async def _await(turn: Turn, request: Request) -> dict[str, Any] | bytes:
+        watch = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            done, _ = await asyncio.wait({turn.task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if turn.task not in done:
+            raise ClientGone
+        if turn.task.cancelled():
+            raise ApiError(404, "rollout is not registered", "not_found", code="rollout_not_found")
+        return turn.task.result()
+
+    async def _run_turn(
+        self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
+    ) -> dict[str, Any] | bytes:
+        gateway = self.gateway
+        try:
+            async with record.lock:  # turns of one rollout run one at a time, in order
+                return await self._locked_turn(record, turn, body, messages)
+        finally:
+            if turn.events is not None:
+                turn.events.close()
+            record.turns.finish(turn)
+            gateway.registry.touch(record)
+
+    async def _locked_turn(
+        self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
+    ) -> dict[str, Any] | bytes:
+        gateway = self.gateway
+        start = time.perf_counter()
+        if not record.live:
+            raise ApiError(
+                404, f"rollout {record.rollout_id} is not registered", "not_found",
+                code="rollout_not_found",
+            )  # fmt: skip
+        last = record.turns.last
+        if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
+            # The previous answer reached nobody and the agent moved on: not a turn it saw.
+            record.recorder.abandon_last()
+            record.num_turns -= 1
+            last.delivered = True  # handled
+            if record.status == "completed" and record.truncation_reason is None:
+                record.status = "active"
+            gateway.metrics.abandoned_turns.inc()
+        shared = record.recorder.shared_messages(messages)
+        # Counted as stored: only the fields the trajectory keeps.
+        new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
+        extends = bool(shared)
+        try:
+            check_turn_allowed(record, extends_history=extends, new_message_bytes=new_bytes)
+        except ApiError as exc:
+            gateway.metrics.refused_turns.inc(str(exc.code))
+            raise
+        gateway.registry.touch(record)
+        dropped = dropped_agent_fields(body)
+        upstream_body = build_upstream_request(
+            body,
+            model=record.model,
+            sampling_params=record.sampling_params,
+            max_tokens_bound=max_tokens_allowed(record, extends_history=extends),
+        )
+        upstream = gateway.pool.get(record.upstream)
+        engine = await gateway.engine(record.upstream)
+        call = EngineTurn(
+            gateway,
+            record,
+            body,
+            messages,
+            prepare_upstream_body(upstream_body, record, engine),
+            engine,
+            shared=shared,
+            extras={"dropped_fields": dropped} if dropped else {},
+        )
+        emit = turn.events.append if turn.events is not None else None
+        try:
+            result = await call.call(emit)
+        except UpstreamError as exc:
+            gateway.metrics.upstream_errors.inc(upstream.label, exc.kind)
+            logger.warning(
+                "rollout=%s turn=%d upstream=%s error=%s: %s",
+                record.rollout_id, record.num_turns + 1, upstream.label, exc.kind, exc.detail,
+            )  # fmt: skip
+            if is_context_overflow(exc):
+                raise context_overflow_error(exc) from None
+            raise ApiError(exc.status_code, exc.message, "upstream_error") from None
+        if result.relayed:
+            turn.events.relayed = True
+        completion, upstream_s = result.completion, call.upstream_seconds()
+        turn.recorded = True
+        record.message_bytes += new_bytes
+        record.completion_tokens += _completion_tokens(completion, call.completion_ids)
+        record.num_turns += 1
+        if record.at_max_turns and record.status == "active":
+            record.status = "completed"
+        gateway.metrics.turns.inc(upstream.label)
+        gateway.metrics.upstream_latency.observe(upstream_s, upstream.label)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
+                record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
+                upstream_s * 1000, call.finish_reason,
+            )  # fmt: skip
+        # The answer, also what a retry replays (kept until the next turn): the engine's
+        # bytes as they are when the agent asked for everything the gateway asked for,
+        # else the agent's view (without the prompt's ids unless it asked).
+        wants_ids = bool(body.get("return_token_ids"))
+        everything = (
+            wants_ids and body.get("logprobs") and body.get("include_reasoning") is not False
+        )
+        if everything and not body.get("stream") and result.raw is not None and result.strict:
+            return result.raw
+        if wants_ids and result.prompt_ids_json is not None:
+            completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
+        return agent_answer(completion, body)
+
+
+def _left(turn: Turn) -> None:
+    """A streaming waiter's response ended: it no longer waits (delivered or not), and
+    no longer needs the turn's event log."""
+    turn.waiters -= 1
+    turn.events.release()
+
+
+class _TurnStream(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends (Starlette stops
+    iterating the body when the client disconnects but does not close the generator)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _aiter(events: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+
+
+__all__ = ["ChatTurns", "ClientGone"]

@@ -1,0 +1,116 @@
+"""The gateway's HTTP server protocol: uvicorn's httptools protocol plus connection limits.
+
+uvicorn bounds idle keep-alive time but not how long a client may take to send a
+request: a connection that sends nothing, or drips its headers or body a byte at a time
+(slowloris), is held forever, and nothing caps the number of connections. With 500
+sandboxes of a training step each able to open hundreds of sockets, that is a way for one
+agent to take the gateway down for all. :func:`limited_protocol` returns a protocol class
+that
+
+* closes a connection whose request line and headers are not complete within
+  ``header_timeout_s`` of its first byte (or of the connection's opening);
+* closes a connection whose body is not complete within ``body_timeout_s`` of its headers;
+* closes new connections at once while ``max_connections`` are open.
+
+Time spent waiting for the model is not bounded here (the upstream deadline does that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+logger = logging.getLogger("rollout_gateway.server")
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Bounds of one server's connections (see the module docstring)."""
+
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 120.0
+    max_connections: int = 4096
+
+
+@dataclass
+class ConnectionStats:
+    """What the limits did (read by the gateway's metrics)."""
+
+    refused_connections: int = 0
+    header_timeouts: int = 0
+    body_timeouts: int = 0
+
+
+def limited_protocol(
+    limits: ConnectionLimits, stats: ConnectionStats | None = None
+) -> type[HttpToolsProtocol]:
+    """A uvicorn HTTP protocol class enforcing ``limits`` (pass it as ``http=``)."""
+    counters = stats if stats is not None else ConnectionStats()
+
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self, seconds: float, kind: str) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._expire, kind)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self, kind: str) -> None:
+            self._deadline = None
+            if kind == "header":
+                counters.header_timeouts += 1
+            else:
+                counters.body_timeouts += 1
+            logger.debug("closing a connection: %s timeout", kind)
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                counters.refused_connections += 1
+                transport.close()
+                return
+            self._arm(limits.header_timeout_s, "header")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm(limits.header_timeout_s, "header")
+
+        def on_headers_complete(self) -> None:
+            self._arm(limits.body_timeout_s, "body")
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+    return LimitedHttpToolsProtocol
+
+
+def uvicorn_options(config: Any) -> dict[str, Any]:
+    """uvicorn settings of a :class:`~rollout_gateway.server.config.GatewayConfig`."""
+    limits = ConnectionLimits(
+        header_timeout_s=config.header_timeout_s,
+        body_timeout_s=config.body_timeout_s,
+        max_connections=config.max_connections,
+    )
+    return {
+        "http": limited_protocol(limits),
+        "timeout_keep_alive": config.keep_alive_s,
+    }
+
+
+__all__ = ["ConnectionLimits", "ConnectionStats", "limited_protocol", "uvicorn_options"]

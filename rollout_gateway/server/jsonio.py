@@ -1,0 +1,75 @@
+"""JSON in and out of the gateway, with orjson.
+
+orjson (a dependency since issue 11) is several times faster than the standard library
+on the large chat bodies the gateway handles every turn, and it closes a class of bad
+input by construction: it rejects lone surrogates, ``NaN``/``Infinity`` literals, numbers
+that overflow a double (``1e400``) and nesting deeper than 1024 levels with a
+``JSONDecodeError`` (the standard library accepts the first three and raises
+``RecursionError`` on the last), and it writes non-finite floats as ``null``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+#: Bodies larger than this are parsed in a worker thread so that one big request does
+#: not stall every other rollout's turn on the event loop (orjson releases nothing, but a
+#: thread lets the loop keep serving while the GIL switches every few milliseconds).
+OFF_LOOP_PARSE_BYTES = 256 * 1024
+
+JSONDecodeError = orjson.JSONDecodeError
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse strict JSON (raises :class:`JSONDecodeError`, a ``ValueError``)."""
+    return orjson.loads(raw)
+
+
+async def loads_off_loop(raw: bytes) -> Any:
+    """Like :func:`loads`; bodies over :data:`OFF_LOOP_PARSE_BYTES` parse in a thread."""
+    if len(raw) > OFF_LOOP_PARSE_BYTES:
+        return await asyncio.to_thread(orjson.loads, raw)
+    return orjson.loads(raw)
+
+
+def loads_lenient(raw: bytes) -> Any:
+    """Parse an upstream's answer: strict first, then the standard library.
+
+    Engines written in Python serialise a ``-inf`` logprob as ``-Infinity`` (not JSON);
+    the answer is still the engine's and must be recorded, not refused.
+    """
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
+def dumps(value: Any) -> bytes:
+    """Serialise to compact JSON bytes (non-finite floats become ``null``)."""
+    return orjson.dumps(value)
+
+
+class JSONBytesResponse(Response):
+    """A JSON response serialised with orjson."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        """Serialise ``content``."""
+        return orjson.dumps(content)
+
+
+__all__ = [
+    "OFF_LOOP_PARSE_BYTES",
+    "JSONBytesResponse",
+    "JSONDecodeError",
+    "dumps",
+    "loads",
+    "loads_lenient",
+    "loads_off_loop",
+]

@@ -1,0 +1,169 @@
+"""Bad input is a 4xx and internals never reach an agent (issue 11: access findings)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rollout_gateway.scripted import build_completion
+
+from .conftest import UPSTREAM, GatewayHarness, script
+
+MESSAGES = [{"role": "user", "content": script({"say": "hi"})}]
+
+
+def hostile_bodies() -> list[bytes]:
+    deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    return [
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',  # lone surrogate
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1e400}',
+        b'{"messages": [{"role": "user", "content": "x"}], "top_p": -Infinity}',
+        deep,
+    ]
+
+
+@pytest.mark.parametrize("raw", hostile_bodies(), ids=["surrogate", "nan", "1e400", "inf", "deep"])
+async def test_hostile_json_is_400_on_chat_and_register(gw: GatewayHarness, raw: bytes) -> None:
+    await gw.register("r1")
+    headers = gw.agent_headers("r1", {"Content-Type": "application/json"})
+    r = await gw.client.post("/v1/rollouts/r1/chat/completions", content=raw, headers=headers)
+    assert r.status_code == 400, r.text
+    assert "Error" not in r.json()["error"]["message"]  # no Python exception names
+    r = await gw.client.post("/v1/rollouts/r2/register", content=raw)
+    assert r.status_code == 400, r.text
+    assert (await gw.chat("r1", MESSAGES)).status_code == 200  # still serving
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/rollouts/r1%2Fx/chat/completions",
+        "/v1/rollouts/r1%2fx/trajectory",
+        "/v1/rollouts/..%2F..%2Fhealth/cancel",
+        "/v1/rollouts/r1%2F/register",
+    ],
+)
+async def test_encoded_slash_in_rollout_id_is_400(gw: GatewayHarness, path: str) -> None:
+    await gw.register("r1")
+    method = "GET" if path.endswith("trajectory") else "POST"
+    r = await gw.client.request(method, path, json={"model": "m", "messages": MESSAGES})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_rollout_id"
+
+
+class ExplodingTransport(httpx.AsyncBaseTransport):
+    """A bug stand-in: raises something no handler expects."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("secret internal state at http://user:pw@10.0.0.1/v1")
+
+
+async def test_internal_error_is_short_closes_the_connection_and_is_counted(
+    make_gateway, caplog
+) -> None:
+    gw = await make_gateway({UPSTREAM: ExplodingTransport()})
+    await gw.register("r1")
+    r = await gw.chat("r1", MESSAGES)
+    assert r.status_code == 500
+    message = r.json()["error"]["message"]
+    assert message.startswith("internal gateway error (id ")
+    assert "secret" not in r.text and "RuntimeError" not in r.text
+    assert r.headers["connection"] == "close"
+    assert "secret internal state" in caplog.text  # the operator's log has it
+    metrics = (await gw.client.get("/metrics")).text
+    assert "rollout_gateway_internal_errors_total 1" in metrics
+
+
+async def test_upstream_credentials_never_leave_the_gateway(make_gateway) -> None:
+    secret_url = "http://user:hunter2@upstream-a/v1"
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    gw = await make_gateway({secret_url: httpx.MockTransport(refuse)})
+    await gw.register("r1")
+    r = await gw.chat("r1", MESSAGES)
+    assert r.status_code == 502 and "hunter2" not in r.text and "upstream-a" not in r.text
+    health = await gw.client.get("/health")
+    assert "hunter2" not in health.text and health.json()["upstreams"][0]["url"] == (
+        "http://upstream-a/v1"
+    )
+    assert "hunter2" not in (await gw.client.get("/metrics")).text
+    anonymous = await gw.client.get("/health", headers={"Authorization": ""})
+    assert "upstreams" not in anonymous.json()  # only the admin sees upstream details
+    assert (await gw.client.get("/metrics", headers={"Authorization": ""})).status_code == 401
+
+
+def logprob_upstream(values: list[str]) -> Starlette:
+    """An upstream whose logprobs are raw JSON number tokens (NaN, -Infinity, 1e39...)."""
+
+    async def chat(request: Request) -> Response:
+        body = json.loads(await request.body())
+        completion = build_completion(body, "m")
+        ids = completion["choices"][0]["token_ids"][: len(values)]
+        completion["choices"][0]["token_ids"] = ids
+        completion["choices"][0]["logprobs"] = {"content": ["@LP@"] * len(ids)}
+        text = json.dumps(completion)
+        entries = ", ".join(f'{{"token": "t", "logprob": {v}}}' for v in values[: len(ids)])
+        return Response(text.replace(", ".join(['"@LP@"'] * len(ids)), entries))
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+async def test_nonfinite_logprobs_are_served_as_null_and_flagged(make_gateway) -> None:
+    gw = await make_gateway(logprob_upstream(["-0.5", "NaN", "-Infinity", "-1e39"]))
+    await gw.register("r1")
+    long_answer = [{"role": "user", "content": script({"say": "a long enough answer here"})}]
+    assert (await gw.chat("r1", long_answer)).status_code == 200
+    for _ in range(2):  # fetchable, every time
+        r = await gw.trajectory("r1")
+        assert r.status_code == 200, r.text
+    step = r.json()["trajectory"][0]
+    assert step["tokens"]["completion_logprobs"] == [-0.5, None, None, None]
+    assert step["extras"]["nonfinite_logprobs"] == 3
+
+
+def malformed_upstream() -> Starlette:
+    async def chat(request: Request) -> Response:
+        return Response(json.dumps({"choices": [7], "id": "x"}), media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+async def test_malformed_answer_ends_the_stream_with_an_error_event(make_gateway) -> None:
+    gw = await make_gateway(malformed_upstream())
+    await gw.register("r1")
+    r = await gw.chat("r1", {"messages": MESSAGES, "stream": True})
+    events = [line for line in r.text.split("\n\n") if line]
+    assert r.status_code == 200
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["message"]
+    assert events[-1] == "data: [DONE]"
+
+
+class DripTransport(httpx.AsyncBaseTransport):
+    """An upstream that answers headers at once, then one byte every 50 ms for 10 s."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        async def drip():
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                yield b" "
+
+        return httpx.Response(200, content=drip())
+
+
+async def test_upstream_timeout_bounds_the_whole_request(make_gateway) -> None:
+    gw = await make_gateway({UPSTREAM: DripTransport()}, upstream_timeout_s=0.3)
+    await gw.register("r1")
+    start = asyncio.get_running_loop().time()
+    r = await gw.chat("r1", MESSAGES)
+    assert r.status_code == 502 and "timed out" in r.json()["error"]["message"]
+    assert asyncio.get_running_loop().time() - start < 5

@@ -1,0 +1,102 @@
+"""Per-rollout budgets and memory (issue 11: availability findings), small limits."""
+
+from __future__ import annotations
+
+from .conftest import GatewayHarness, RecordingUpstream, script
+
+
+def turn(text: str) -> list[dict]:
+    return [{"role": "user", "content": script({"say": text})}]
+
+
+async def refused(gw: GatewayHarness, rollout_id: str, messages: list[dict], code: str) -> None:
+    r = await gw.chat(rollout_id, messages)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["code"] == code
+    assert r.headers["x-should-retry"] == "false"
+
+
+async def truncation(gw: GatewayHarness, rollout_id: str) -> tuple[bool, str | None]:
+    traj = (await gw.trajectory(rollout_id)).json()
+    return traj["is_truncated"], traj["truncation_reason"]
+
+
+async def test_gateway_turn_budget_applies_when_register_sets_none(make_gateway) -> None:
+    gw = await make_gateway(default_max_turns=2)
+    await gw.register("r1", max_turns=-1)
+    for i in range(2):
+        assert (await gw.chat("r1", turn(f"t{i}"))).status_code == 200
+    await refused(gw, "r1", turn("t2"), "max_turns_reached")
+    assert await truncation(gw, "r1") == (True, "max_turns")
+
+
+async def test_completion_token_budget_caps_and_then_refuses(make_gateway) -> None:
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app(), max_total_completion_tokens=4)
+    await gw.register("r1", sampling_params={"max_tokens": 100})
+    r = await gw.chat("r1", turn("one two three four five six seven"))
+    assert r.status_code == 200
+    assert upstream.requests[-1]["max_tokens"] == 4  # the remaining budget caps the turn
+    await refused(gw, "r1", turn("again"), "max_completion_tokens_reached")
+    assert await truncation(gw, "r1") == (True, "max_completion_tokens")
+    assert len(upstream.requests) == 1  # the refused turn never reached the engine
+
+
+async def test_register_can_lower_the_completion_budget(make_gateway) -> None:
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app())
+    await gw.register("r1", max_total_completion_tokens=3)
+    await gw.chat("r1", turn("a b c d e"))
+    assert upstream.requests[-1]["max_tokens"] == 3
+
+
+async def test_context_limit_refuses_a_turn_extending_a_full_context(
+    gw: GatewayHarness,
+) -> None:
+    await gw.register("r1", max_seq_len=20)  # the scripted prompt alone is longer
+    first = turn("hello")
+    answer = (await gw.chat("r1", first)).json()["choices"][0]["message"]
+    history = [*first, answer, {"role": "user", "content": "more"}]
+    await refused(gw, "r1", history, "max_context_reached")
+    assert await truncation(gw, "r1") == (True, "max_context")
+
+
+async def test_stored_message_bytes_are_bounded(make_gateway) -> None:
+    gw = await make_gateway(max_rollout_message_bytes=3000)
+    await gw.register("r1")
+    # An agent that rewrites its whole (big) history every turn pays for every copy.
+    for i in range(2):
+        big = [{"role": "user", "content": script({"say": "ok"}) + f" {i} " + "x" * 1000}]
+        assert (await gw.chat("r1", big)).status_code == 200
+    big = [{"role": "user", "content": script({"say": "ok"}) + " 2 " + "x" * 1000}]
+    await refused(gw, "r1", big, "max_rollout_bytes_reached")
+    assert await truncation(gw, "r1") == (True, "max_rollout_bytes")
+
+
+async def test_message_fields_the_trajectory_does_not_need_are_not_kept(
+    gw: GatewayHarness,
+) -> None:
+    await gw.register("r1")
+    message = {
+        "role": "user",
+        "content": script({"say": "hi"}),
+        "cache_control": {"type": "ephemeral"},
+        "vendor_blob": "z" * 10_000,
+    }
+    assert (await gw.chat("r1", [message])).status_code == 200
+    prompt = (await gw.trajectory("r1")).json()["trajectory"][0]["prompt"]
+    assert prompt == [{"role": "user", "content": message["content"]}]
+    record = gw.gateway.registry.get("r1")
+    assert record.message_bytes < 1000
+
+
+async def test_too_many_concurrent_requests_of_one_rollout_are_429(make_gateway) -> None:
+    import asyncio
+
+    gw = await make_gateway(RecordingUpstream(latency_s=0.2).app(), max_pending_turns=2)
+    await gw.register("r1")
+    tasks = [asyncio.create_task(gw.chat("r1", turn(f"p{i}"))) for i in range(2)]
+    await asyncio.sleep(0.05)
+    r = await gw.chat("r1", turn("p3"))
+    assert r.status_code == 429
+    assert [t.status_code for t in await asyncio.gather(*tasks)] == [200, 200]

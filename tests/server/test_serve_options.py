@@ -1,0 +1,103 @@
+"""``serve`` and ``GatewayConfig`` refuse unusable settings at start-up, naming them."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_gateway.cli import build_parser, main, serve_config
+from rollout_gateway.server import GatewayConfig, create_app, running_server
+from rollout_gateway.server.auth import load_admin_token
+
+UP = "http://127.0.0.1:8001/v1"
+TOKEN = "serve-admin-token-0123456789"
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("--max-body-bytes", "0"),
+        ("--max-body-bytes", "-5"),
+        ("--rollout-ttl", "0"),
+        ("--rollout-ttl", "nan"),
+        ("--max-rollouts", "-1"),
+        ("--upstream-timeout", "inf"),
+        ("--header-timeout", "0"),
+        ("--max-connections", "0"),
+        ("--max-turns", "x"),
+        ("--upstream", "not a url"),
+        ("--upstream", "ftp://host/v1"),
+        ("--upstream", "http://host:99999/v1"),
+    ],
+)
+def test_invalid_option_is_refused_naming_it(option: str, value: str, capsys) -> None:
+    args = ["serve", "--upstream", UP, option, value]
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(args)
+    assert exc.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--admin-token", "--upstream-api-key"])
+def test_secrets_are_never_command_line_arguments(option: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--upstream", UP, option, "secret"])
+    assert "not accepted on the command line" in capsys.readouterr().err
+
+
+def test_serve_refuses_to_start_without_a_token(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    assert main(["serve", "--upstream", UP]) == 2
+    assert "no admin token" in capsys.readouterr().err
+
+
+def test_open_mode_is_explicit_and_loopback_only(monkeypatch) -> None:
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    args = build_parser().parse_args(["serve", "--upstream", UP, "--open-control-plane"])
+    assert serve_config(args).admin_token is None
+    public = build_parser().parse_args(
+        ["serve", "--upstream", UP, "--open-control-plane", "--host", "0.0.0.0"]
+    )
+    with pytest.raises(ValueError, match="--open-control-plane"):
+        serve_config(public)
+
+
+async def test_open_gateway_app_refuses_a_public_bind() -> None:
+    app = create_app(GatewayConfig(upstreams=[UP], open_control_plane=True))
+    with pytest.raises(ValueError, match="loopback"):
+        async with running_server(app, host="0.0.0.0"):
+            pass
+
+
+def test_token_from_env_or_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    args = build_parser().parse_args(["serve", "--upstream", UP])
+    config = serve_config(args)
+    assert config.admin_token == TOKEN and config.require_rollout_keys
+    path = tmp_path / "token"
+    path.write_text("file-token-0123456789abcdef\n")
+    assert load_admin_token(path, environ={}) == "file-token-0123456789abcdef"
+    with pytest.raises(ValueError, match="at least"):
+        load_admin_token(environ={"ROLLOUT_GATEWAY_ADMIN_TOKEN": "short"})
+    with pytest.raises(ValueError, match="cannot read"):
+        load_admin_token(tmp_path / "missing", environ={})
+
+
+@pytest.mark.parametrize(
+    "fields,name",
+    [
+        ({"upstreams": []}, "upstreams"),
+        ({"upstreams": ["localhost:8000"]}, "upstreams"),
+        ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"rollout_ttl_s": -1.0}, "rollout_ttl_s"),
+        ({"upstream_timeout_s": float("nan")}, "upstream_timeout_s"),
+        ({"max_rollouts": 0}, "max_rollouts"),
+        ({"admin_token": None}, "admin_token"),
+        ({"admin_token": "  "}, "admin_token"),
+    ],
+)
+def test_config_validation_names_the_field(fields: dict, name: str) -> None:
+    kwargs = {"upstreams": [UP], "admin_token": TOKEN, **fields}
+    with pytest.raises(ValueError, match=name):
+        GatewayConfig(**kwargs)
