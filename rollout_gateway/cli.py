@@ -127,8 +127,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="URL",
         help="OpenAI base URL of an upstream, e.g. http://127.0.0.1:8001/v1 (repeatable)",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     access = p.add_argument_group("access (see the security model below)")
     access.add_argument(
         "--admin-token-file",
@@ -225,7 +225,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="registered rollouts at most (default: %(default)s)",
     )  # fmt: skip
     p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(func=run_serve)
 
 
@@ -304,11 +304,11 @@ def add_scripted_model_parser(
         "scripted-model",
         help="run the scripted OpenAI-compatible model (base URL http://HOST:PORT/v1)",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8001, help="port to listen on")
     p.add_argument("--latency-ms", type=float, default=0.0, help="added latency per completion")
-    p.add_argument("--model-name", default="scripted")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--model-name", default="scripted", help="model name it answers to")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.set_defaults(func=run_scripted_model)
 
 
@@ -323,6 +323,39 @@ def run_scripted_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_help_formatter() -> type[argparse.HelpFormatter]:
+    from rollout_gateway.demo.options import DemoHelpFormatter
+
+    class DemoHelp(DemoHelpFormatter):
+        """Help of ``demo``: the epilog says which sandbox isolation this host offers (probed
+        only when help is shown)."""
+
+        def _format_text(self, text: str) -> str:
+            if text == _ISOLATION_EPILOG:
+                text = _isolation_help()
+            return super()._format_text(text)
+
+    return DemoHelp
+
+
+_ISOLATION_EPILOG = "{isolation}"
+
+
+def _isolation_help() -> str:
+    from rollout_gateway.local_sandbox import FALLBACK_ORDER, unavailable_reasons
+
+    reasons = unavailable_reasons()
+    lines = ["local sandbox isolation (strongest first; auto takes the first available):"]
+    for mode in FALLBACK_ORDER:
+        lines.append(f"  {mode:<14}{'available' if reasons[mode] is None else reasons[mode]}")
+    lines.append("  process-group no containment: only with --isolation process-group")
+    lines.append(
+        "results: DIR/results.jsonl (one rollout per line, written as each finishes) and "
+        "DIR/metadata.json"
+    )
+    return "\n".join(lines)
+
+
 @subcommand
 def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``rollout-gateway demo``: the whole system on one machine."""
@@ -332,10 +365,14 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "demo",
         help="run the example env end to end on this machine",
         description="Start the scripted model (or use --upstream) and the reference gateway "
-        "on loopback, run the example env (fix_bug_env) in gateway mode on local sandboxes, "
-        "print a summary and write the results as JSONL.",
+        "on loopback, run the example env (rollout_gateway.examples.fix_bug_env) in gateway "
+        "mode on contained local sandboxes, show progress, and write each rollout to "
+        "DIR/results.jsonl as it finishes. Ctrl-C or SIGTERM stops cleanly (finished results "
+        "kept, sandboxes removed); --resume DIR continues.",
+        epilog=_ISOLATION_EPILOG,
     )
     add_demo_arguments(p)
+    p.formatter_class = _demo_help_formatter()
     p.set_defaults(func=run_demo_command)
 
 
@@ -351,6 +388,15 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return run_demo(options)
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("rollout-gateway")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -362,6 +408,9 @@ def _setup_logging(level: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, one subparser per registered subcommand."""
     parser = argparse.ArgumentParser(prog="rollout-gateway", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {_version()}", help="show the version"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for setup in _SUBCOMMANDS:
         setup(subparsers)

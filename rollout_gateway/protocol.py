@@ -36,18 +36,26 @@ TurnRefusalCode = Literal[
     "max_completion_tokens_reached",
     "max_context_reached",
     "max_rollout_bytes_reached",
+    "max_input_tokens_reached",
+    "max_output_tokens_reached",
+    "max_total_tokens_reached",
 ]
 TURN_REFUSAL_CODES: tuple[str, ...] = TurnRefusalCode.__args__  # type: ignore[attr-defined]
 
 #: Why a trajectory is truncated (``truncation_reason`` of the trajectory answer): the
 #: limit that refused a turn the agent asked for, or ``context_length_exceeded`` when the
 #: engine refused a prompt longer than its context (that turn is recorded, no sample).
+#: ``max_input_tokens`` / ``max_output_tokens`` / ``max_total_tokens``: verifiers v1's token
+#: budgets (:data:`TOKEN_LIMIT_FIELDS`), which a rollout may register.
 TruncationReason = Literal[
     "max_turns",
     "max_completion_tokens",
     "max_context",
     "max_rollout_bytes",
     "context_length_exceeded",
+    "max_input_tokens",
+    "max_output_tokens",
+    "max_total_tokens",
 ]
 
 #: Bearer-key routed data plane (the rollout is found by its per-rollout key, for agents
@@ -486,33 +494,31 @@ class StatusResponse(TypedDict):
 
 __all__ = [
     "API_KEY_RE",
-    "EXITS_MAX_WAIT",
-    "EXITS_PATH",
-    "ExitReport",
-    "ExitsResponse",
     "BEARER_CHAT_COMPLETIONS_PATH",
     "BEARER_MODELS_PATH",
-    "IDEMPOTENCY_KEY_HEADER",
-    "POLICY_VERSION_PATH",
     "CANCEL_ROUTE",
     "CHAT_COMPLETIONS_ROUTE",
+    "EXITS_MAX_WAIT",
+    "EXITS_PATH",
     "EXIT_ROUTE",
+    "IDEMPOTENCY_KEY_HEADER",
     "MODELS_ROUTE",
+    "POLICY_VERSION_PATH",
     "REGISTER_ROUTE",
     "ROLLOUT_ID_RE",
     "ROLLOUT_PREFIX",
-    "TRAJECTORY_ROUTE",
-    "UNREGISTER_ROUTE",
     "SDK_RETRY_COUNT_HEADER",
     "TRAJECTORY_DELTA_QUERY",
+    "TRAJECTORY_ROUTE",
     "TURN_REFUSAL_CODES",
     "TURN_REFUSED_STATUS",
     "UNLIMITED_TURNS",
+    "UNREGISTER_ROUTE",
+    "ExitReport",
+    "ExitsResponse",
     "FailedTurn",
     "PolicyVersionRequest",
     "PolicyVersionResponse",
-    "TruncationReason",
-    "TurnRefusalCode",
     "RegisterRequest",
     "RegisterResponse",
     "RolloutStatus",
@@ -521,14 +527,16 @@ __all__ = [
     "StepTokens",
     "TrajectoryResponse",
     "TrajectoryStepBody",
+    "TruncationReason",
     "TurnError",
+    "TurnRefusalCode",
     "TurnTiming",
     "cancel_path",
     "chat_completions_path",
     "exit_path",
+    "expand_delta_steps",
     "flatten_sampling_args",
     "gateway_host",
-    "expand_delta_steps",
     "gateway_root",
     "is_valid_rollout_id",
     "new_rollout_api_key",
@@ -542,3 +550,27 @@ __all__ = [
     "trajectory_path",
     "unregister_path",
 ]
+
+
+# -- verifiers v1 limits (optional register fields; a gateway may ignore them) ----------------
+
+#: Token budgets of verifiers v1's ``RolloutLimits``, sent as extra register fields
+#: (``{"max_input_tokens": int, ...}``); ``max_turns`` is the protocol's own field.
+#: Counted as v1 counts them: input = new prompt tokens per turn (cache reads included),
+#: output = completion tokens, total = both; soft by one turn (checked between turns).
+TOKEN_LIMIT_FIELDS = ("max_input_tokens", "max_output_tokens", "max_total_tokens")
+
+#: The ``truncation_reason`` values that are verifiers v1 limits (v1's own stop-condition
+#: names): a v1 adapter makes the reported one the trace's stop condition.
+LIMIT_STOP_CONDITIONS = ("max_turns", *TOKEN_LIMIT_FIELDS)
+
+
+class TokenLimits(TypedDict, total=False):
+    """Optional register fields: verifiers v1's token budgets for the rollout."""
+
+    max_input_tokens: int
+    max_output_tokens: int
+    max_total_tokens: int
+
+
+__all__ += ["LIMIT_STOP_CONDITIONS", "TOKEN_LIMIT_FIELDS", "TokenLimits"]

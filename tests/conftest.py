@@ -6,19 +6,26 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import verifiers as vf
-from core_world import no_wait
-from helpers import (
-    FAST_POLL,
-    FAST_RETRY,
-    GATEWAY_BASE_URL,
-    GatewayTestEnv,
-    two_turn_agent,
-)
-from openai import AsyncOpenAI
+from stacks import STACK, ignored_paths
 
 from rollout_gateway.settings import GatewaySettings
-from rollout_gateway.testing import FakeGateway, FakeSandboxClient, FakeTunnelProvider
+
+#: Tests of the other verifiers stack are not collected (see tests/stacks.py).
+collect_ignore = ignored_paths()
+
+if STACK == "classic":  # the fixtures below serve the classic (verifiers 0.3) tests
+    import verifiers as vf
+    from core_world import no_wait
+    from helpers import (
+        FAST_POLL,
+        FAST_RETRY,
+        GATEWAY_BASE_URL,
+        GatewayTestEnv,
+        two_turn_agent,
+    )
+    from openai import AsyncOpenAI
+
+    from rollout_gateway.testing import FakeGateway, FakeSandboxClient, FakeTunnelProvider
 
 
 @pytest.fixture

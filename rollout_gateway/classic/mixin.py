@@ -129,9 +129,13 @@ class RolloutGatewayMixin(_Base):
         if sandbox_client is not None:
             self._replace_sandbox_client(sandbox_client)
         elif backend == "local":
-            from rollout_gateway.local_sandbox import LocalSandboxClient
+            from rollout_gateway.local_sandbox import IsolationUnavailableError, LocalSandboxClient
 
-            self._replace_sandbox_client(LocalSandboxClient(root=local_sandbox_root))
+            try:
+                local = LocalSandboxClient(root=local_sandbox_root)
+            except IsolationUnavailableError as e:  # an env author's choice to make, up front
+                raise GatewayConfigError(f"sandbox_backend='local': {e}") from e
+            self._replace_sandbox_client(local)
 
     # ------------------------------------------------------------------ configuration
 

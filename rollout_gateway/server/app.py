@@ -49,6 +49,7 @@ from rollout_gateway.server.dedupe import TurnTracker
 from rollout_gateway.server.engines import EngineInfo, probe_engine
 from rollout_gateway.server.guard import GuardMiddleware
 from rollout_gateway.server.jsonio import JSONBytesResponse
+from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget
 from rollout_gateway.server.memory import MemoryTrimmer
 from rollout_gateway.server.metrics import GatewayMetrics
 from rollout_gateway.server.policy import PolicyClock, StaleVersionError
@@ -211,6 +212,10 @@ class Gateway:
             raise ApiError(
                 400, "'api_key' must be 32-256 URL-safe characters", "invalid_request_error"
             )
+        try:
+            token_budget = TokenBudget.from_register(body)
+        except LimitsError as exc:
+            raise ApiError(400, str(exc), "invalid_request_error") from None
         if self.registry.get(rollout_id) is not None:
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
 
@@ -239,6 +244,7 @@ class Gateway:
             max_context_tokens=max_seq_len or config.default_max_context_tokens,
             max_message_bytes=config.max_rollout_message_bytes,
             turns=TurnTracker(config.retry_dedupe_window_s, self.registry.clock),
+            token_budget=token_budget,
         )
         try:
             self.registry.add(record)

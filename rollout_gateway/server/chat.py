@@ -39,6 +39,7 @@ from rollout_gateway.server.engine_turn import (
 )
 from rollout_gateway.server.jsonio import JSONBytesResponse
 from rollout_gateway.server.limits import check_turn_allowed, max_tokens_allowed
+from rollout_gateway.server.limits_v1 import turn_token_counts
 from rollout_gateway.server.recorder import recorded_message
 from rollout_gateway.server.registry import RolloutRecord
 from rollout_gateway.server.responses import (
@@ -67,6 +68,14 @@ async def _wait_disconnect(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _id_count(ids_json: bytes | None) -> int | None:
+    """How many ids a JSON id array holds, without parsing it (the prompt is kept as text)."""
+    if ids_json is None:
+        return None
+    body = ids_json.strip()[1:-1].strip()
+    return body.count(b",") + 1 if body else 0
 
 
 def _completion_tokens(completion: dict[str, Any], completion_ids: list[int] | None) -> int:
@@ -289,6 +298,12 @@ class ChatTurns:
         record.message_bytes += new_bytes
         record.completion_tokens += _completion_tokens(completion, call.completion_ids)
         record.num_turns += 1
+        if record.token_budget is not None:  # verifiers v1's token caps
+            record.token_budget.add_turn(
+                *turn_token_counts(
+                    completion, _id_count(result.prompt_ids_json), call.completion_ids
+                )
+            )
         if record.at_max_turns and record.status == "active":
             record.status = "completed"
         gateway.metrics.turns.inc(upstream.label)

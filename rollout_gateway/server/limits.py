@@ -10,6 +10,8 @@ reports ``is_truncated: true`` and ``truncation_reason``.
 
 from __future__ import annotations
 
+from typing import cast
+
 from rollout_gateway.protocol import (
     TURN_REFUSED_STATUS,
     UNLIMITED_TURNS,
@@ -57,6 +59,11 @@ def check_turn_allowed(
         )
     if record.status == "completed":
         raise refusal(record, "rollout_completed", "the rollout is completed")
+    if record.token_budget is not None and (limit := record.token_budget.reached()):
+        # verifiers v1's token caps (server/limits_v1.py): v1's names for reason and code.
+        _truncate(record, cast(TruncationReason, limit))
+        code = cast(TurnRefusalCode, f"{limit}_reached")
+        raise refusal(record, code, f"verifiers limit reached ({limit})")
     budget = record.max_total_completion_tokens
     if budget is not None and record.completion_tokens >= budget:
         _truncate(record, "max_completion_tokens")

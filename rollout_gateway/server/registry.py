@@ -11,6 +11,7 @@ from typing import Any
 
 from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus, TruncationReason
 from rollout_gateway.server.dedupe import TurnTracker
+from rollout_gateway.server.limits_v1 import TokenBudget
 from rollout_gateway.server.recorder import TrajectoryRecorder
 
 #: A monotonic clock in seconds (injectable so tests can expire rollouts instantly).
@@ -50,6 +51,8 @@ class RolloutRecord:
     live: bool = True
     #: Why the rollout ended short (``"context_length_exceeded"``), if it did.
     truncated_reason: str | None = None
+    #: verifiers v1 token caps of the rollout (``server/limits_v1.py``), if it set any.
+    token_budget: TokenBudget | None = None
 
     def __post_init__(self) -> None:
         self.recorder = TrajectoryRecorder(str(uuid.uuid4()), self.max_seq_len)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,20 +18,21 @@ from typing import Any
 import pytest
 from prime_sandboxes import CreateSandboxRequest
 
-EXAMPLE_ROOT = Path(__file__).resolve().parents[2] / "examples" / "fix_bug_env"
-if str(EXAMPLE_ROOT) not in sys.path:  # the example is its own package, not installed here
-    sys.path.insert(0, str(EXAMPLE_ROOT))
-
-from fix_bug_env import env as env_module  # noqa: E402
-from fix_bug_env.env import (  # noqa: E402
+from rollout_gateway.examples.fix_bug_env import env as env_module
+from rollout_gateway.examples.fix_bug_env.env import (
     agent_source,
     bundle_command,
     load_environment,
 )
-from fix_bug_env.tasks import TASKS, Task, build_dataset, script_for, task_prompt  # noqa: E402
-
-from rollout_gateway.local_sandbox import LocalSandboxClient  # noqa: E402
-from rollout_gateway.scripted import build_completion, find_script  # noqa: E402
+from rollout_gateway.examples.fix_bug_env.tasks import (
+    TASKS,
+    Task,
+    build_dataset,
+    script_for,
+    task_prompt,
+)
+from rollout_gateway.local_sandbox import LocalSandboxClient
+from rollout_gateway.scripted import build_completion, find_script
 
 TASK_DIR = "fix_bug_task"
 Responder = Callable[[dict[str, Any], int], tuple[int, dict[str, Any]]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -28,9 +27,10 @@ from prime_sandboxes import (
     SandboxTimeoutError,
 )
 
-from rollout_gateway.local_sandbox import ROOT_ENV_VAR, LocalSandboxClient
+from rollout_gateway.local_sandbox import ROOT_ENV_VAR, IsolationMode, LocalSandboxClient
 
-from .conftest import FakeClock
+from .conftest import FakeClock, make_client
+from .procs import assert_none_running, markers, wait_running
 
 
 def request(**overrides: object) -> CreateSandboxRequest:
@@ -56,49 +56,9 @@ async def wait_done(
     raise AssertionError("job did not complete")
 
 
-async def read_pid(client: LocalSandboxClient, sid: str, path: str) -> int:
-    for _ in range(500):
-        try:
-            content = (await client.read_file(sid, path)).content.strip()
-        except SandboxFileNotFoundError:
-            content = ""
-        if content:
-            return int(content)
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{path} never written")
-
-
-def assert_dead(pid: int) -> None:
-    """Gone, or a zombie: an orphan re-parented to PID 1 is reaped by init, not by us."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return
-    assert state == "Z", f"process {pid} still alive (state {state})"
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Non-zombie processes whose process group is ``pgid``."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(name))
-    return members
-
-
-def assert_gone(pid: int) -> None:
-    """The leader is gone (killed and reaped) and nothing of its group still runs."""
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert live_group_members(pid) == []
+def _reachable(path: str) -> bool:
+    """Whether every directory above ``path`` is searchable by others."""
+    return all(os.stat(p).st_mode & 0o001 for p in Path(os.path.realpath(path)).parents)
 
 
 async def test_request_built_like_cli_agent_env_is_accepted(client: LocalSandboxClient) -> None:
@@ -142,6 +102,10 @@ async def test_execute_command_output_exit_code_and_cwd(client: LocalSandboxClie
 
 
 async def test_python_is_current_interpreter(client: LocalSandboxClient) -> None:
+    if client.isolation in (IsolationMode.UNSHARE, IsolationMode.UID) and not _reachable(
+        sys.executable
+    ):
+        pytest.skip(f"{sys.executable} is not reachable by an unprivileged uid on this host")
     sid = await new_sandbox(client)
     result = await client.execute_command(
         sid, "python3 -c 'import sys; print(sys.prefix)'; command -v python3"
@@ -237,19 +201,14 @@ async def test_host_environment_does_not_leak(
 
 async def test_delete_kills_forever_loop_and_escapees(client: LocalSandboxClient) -> None:
     sid = await new_sandbox(client)
+    loop, escaped = markers(2)
     job = await client.start_background_job(
-        sid,
-        "echo $$ > pid; setsid sh -c 'echo $$ > esc; while :; do sleep 1; done' & "
-        "while :; do :; done",
+        sid, f"setsid sh -c 'exec sleep {escaped}' & while :; do sleep {loop}; done"
     )
-    pid = await read_pid(client, sid, "pid")
-    escaped = await read_pid(client, sid, "esc")
-    assert os.getpgid(pid) == pid
-    assert os.getsid(escaped) == escaped  # left the job's session and group
+    await wait_running(loop, escaped)
 
     await client.delete(sid)
-    assert_gone(pid)
-    assert_dead(escaped)
+    assert_none_running(loop, escaped)
     assert not (client.root / sid).exists()
 
     # Deleting again is fine; using the sandbox is not.
@@ -266,14 +225,15 @@ async def test_sandbox_lifetime_is_enforced(client: LocalSandboxClient, clock: F
     reaped = await new_sandbox(client, timeout_minutes=1)
     lazy = await new_sandbox(client, timeout_minutes=1)
     long_lived = await new_sandbox(client, timeout_minutes=10)
-    await client.start_background_job(reaped, "echo $$ > pid; while :; do :; done")
-    pid = await read_pid(client, reaped, "pid")
+    (mark,) = markers(1)
+    await client.start_background_job(reaped, f"exec sleep {mark}")
+    await wait_running(mark)
 
     clock.advance(59)
     assert client.reap_expired() == []
     clock.advance(2)
     assert sorted(client.reap_expired()) == sorted([reaped, lazy])
-    assert_gone(pid)
+    assert_none_running(mark)
     assert not (client.root / reaped).exists()
     with pytest.raises(SandboxTimeoutError):
         await client.execute_command(reaped, "true")
@@ -287,30 +247,29 @@ async def test_sandbox_lifetime_is_enforced(client: LocalSandboxClient, clock: F
     assert not (client.root / other).exists()
 
 
-async def test_command_timeout_kills_its_process_group(client: LocalSandboxClient) -> None:
+async def test_command_timeout_kills_the_command(client: LocalSandboxClient) -> None:
     sid = await new_sandbox(client)
+    first, second = markers(2)
     with pytest.raises(CommandTimeoutError):
-        await client.execute_command(sid, "echo $$ > pid; while :; do :; done", timeout=1)
-    pid = await read_pid(client, sid, "pid")
-    assert_gone(pid)
+        await client.execute_command(sid, f"sleep {first}", timeout=1)
+    assert_none_running(first)
     # A cancelled call does not leave its command running either.
-    task = asyncio.create_task(client.execute_command(sid, "echo $$ > pid2; sleep 30"))
-    pid2 = await read_pid(client, sid, "pid2")
+    task = asyncio.create_task(client.execute_command(sid, f"sleep {second}"))
+    await wait_running(second)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert_gone(pid2)
+    assert_none_running(second)
 
 
 async def test_teardown_leaves_nothing_behind(client: LocalSandboxClient) -> None:
-    pids = []
-    for i in range(3):
+    marks = markers(3)
+    for mark in marks:
         sid = await new_sandbox(client)
-        await client.start_background_job(sid, f"echo $$ > pid{i}; sleep 600 & wait")
-        pids.append(await read_pid(client, sid, f"pid{i}"))
+        await client.start_background_job(sid, f"sleep {mark} & wait")
+    await wait_running(*marks)
     client.teardown()
-    for pid in pids:
-        assert_gone(pid)
+    assert_none_running(*marks)
     assert list(client.root.iterdir()) == []
     client.teardown()  # idempotent
 
@@ -358,39 +317,25 @@ async def test_file_size_limit_applies(client: LocalSandboxClient) -> None:
 
 
 async def test_main_start_command_runs_and_is_killed(client: LocalSandboxClient) -> None:
-    sid = await new_sandbox(client, vm=False, start_command="echo $$ > main.pid; exec sleep 600")
-    pid = await read_pid(client, sid, "main.pid")
+    (mark,) = markers(1)
+    sid = await new_sandbox(client, vm=False, start_command=f"exec sleep {mark}")
+    await wait_running(mark)
     await client.delete(sid)
-    assert_gone(pid)
+    assert_none_running(mark)
 
 
-def test_root_from_env_and_stale_sweep(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    root = tmp_path / "from-env"
+def test_root_from_env(monkeypatch: pytest.MonkeyPatch, root: Path, mode: IsolationMode) -> None:
     monkeypatch.setenv(ROOT_ENV_VAR, str(root))
-    # A sandbox left behind by a process that is gone (a crashed run).
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    stale = root / "local-stale"
-    (stale / ".state").mkdir(parents=True)
-    (stale / ".state" / "meta.json").write_text(f'{{"owner_pid": {dead.pid}}}')
-    mine = root / "local-mine"
-    (mine / ".state").mkdir(parents=True)
-    (mine / ".state" / "meta.json").write_text(f'{{"owner_pid": {os.getpid()}}}')
-
-    client = LocalSandboxClient(reap_interval=None, register_atexit=False)
+    client = LocalSandboxClient(isolation=mode, reap_interval=None, register_atexit=False)
     try:
         assert client.root == root.resolve()
-        assert not stale.exists()
-        assert mine.exists()  # its owner is alive
     finally:
         client.teardown()
 
 
-async def test_reaper_thread_expires_sandboxes(root: Path) -> None:
+async def test_reaper_thread_expires_sandboxes(root: Path, mode: IsolationMode) -> None:
     clock = FakeClock()
-    client = LocalSandboxClient(
-        root, clock=clock, reap_interval=0.02, sweep_stale=False, register_atexit=False
-    )
+    client = make_client(root, mode, clock=clock, reap_interval=0.02)
     try:
         sid = await new_sandbox(client, timeout_minutes=1)
         clock.advance(120)

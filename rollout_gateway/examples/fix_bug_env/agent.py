@@ -28,7 +28,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 SYSTEM_PROMPT = (
     "You are a careful software engineer working in a terminal. You can run shell commands "
@@ -154,7 +154,7 @@ def main() -> int:
     for _ in range(max_turns):
         try:
             response = client.chat.completions.create(
-                model=model, messages=messages, tools=[RUN_SHELL_TOOL]
+                model=model, messages=cast(Any, messages), tools=cast(Any, [RUN_SHELL_TOOL])
             )
         except (openai.ConflictError, openai.PermissionDeniedError) as e:
             # The server closed this rollout (turn budget spent, cancelled): a normal end.
@@ -165,7 +165,7 @@ def main() -> int:
         if not response.choices:
             return _fail(1, "model response has no choices")
         message = response.choices[0].message
-        tool_calls = list(message.tool_calls or [])
+        tool_calls: list[Any] = list(message.tool_calls or [])  # function calls only
         assistant: dict[str, Any] = {"role": "assistant", "content": message.content}
         if tool_calls:
             assistant["tool_calls"] = [

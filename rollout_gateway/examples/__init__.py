@@ -1,0 +1,1 @@
+"""Example environments shipped with rollout-gateway (used by the demo; never by the library)."""

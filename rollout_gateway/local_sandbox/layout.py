@@ -1,0 +1,151 @@
+"""Where a local sandbox lives on disk, who owns what, and the sweep of stale sandboxes.
+
+``<root>/<sandbox_id>/`` (host-owned, 0711: traversable, not listable) holds:
+
+- ``work/`` and ``tmp/``: the sandbox's working directory (``HOME``) and ``TMPDIR``,
+  owned by the sandbox's uid, mode 0700; the only places a sandbox can write.
+- ``.state/``: host-owned, 0700: ``lock`` (held with ``flock`` by the owning client for
+  the sandbox's lifetime), ``meta.json`` (its uid and mode) and command logs.
+
+The stale sweep trusts nothing a sandbox can write: a sandbox is stale when its ``lock``
+can be taken (its owner is gone: the kernel dropped the lock), and only host-owned,
+non-symlink entries with a well-formed id are considered.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout_gateway.local_sandbox import processes, uids
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_ID = re.compile(r"^local-[0-9a-f]{20}$")
+
+
+@dataclass(frozen=True)
+class SandboxDirs:
+    """The directories of one sandbox."""
+
+    base: Path
+
+    @property
+    def work(self) -> Path:
+        return self.base / "work"
+
+    @property
+    def tmp(self) -> Path:
+        return self.base / "tmp"
+
+    @property
+    def state(self) -> Path:
+        return self.base / ".state"
+
+
+def prepare_root(root: Path, shared_with_uids: bool) -> Path:
+    """Create the sandbox root; 0711 when per-sandbox uids must traverse it."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root = root.resolve()
+    if shared_with_uids:
+        mode = stat.S_IMODE(os.stat(root).st_mode)
+        if mode & 0o001 == 0:  # searchable by others; never loosen anything else (e.g. /tmp)
+            os.chmod(root, mode | 0o011)
+        for parent in root.parents:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                raise PermissionError(
+                    f"sandbox root {root} is not reachable by the sandboxes' uids: {parent} "
+                    "is not searchable by others; choose another root "
+                    "($ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT)"
+                )
+    return root
+
+
+def create_dirs(
+    dirs: SandboxDirs, owner: tuple[int, int] | None, meta: dict[str, Any], traversable: bool
+) -> int:
+    """Create a sandbox's directories and metadata; return the fd holding its lock.
+
+    ``traversable``: the sandbox's uid reaches ``work`` through the host path (no mount
+    namespace), so ``base`` must be searchable by others.
+    """
+    dirs.base.mkdir(mode=0o700)
+    os.chmod(dirs.base, 0o711 if traversable else 0o700)
+    dirs.state.mkdir(mode=0o700)
+    lock_fd = os.open(dirs.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    (dirs.state / "meta.json").write_text(json.dumps(meta))
+    for path in (dirs.work, dirs.tmp):
+        path.mkdir(mode=0o700)
+        if owner is not None:
+            os.chown(path, *owner)
+    return lock_fd
+
+
+def chown_tree(path: Path, owner: tuple[int, int]) -> None:
+    """Give a seeded tree to the sandbox's uid (symlinks themselves, never their targets)."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), *owner)
+    os.lchown(path, *owner)
+
+
+def _stale(base: Path) -> dict[str, Any] | None:
+    """The host-written metadata of ``base`` when it is a stale sandbox, else ``None``."""
+    if not SANDBOX_ID.fullmatch(base.name):
+        return None
+    try:
+        info = os.lstat(base)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        state = os.lstat(base / ".state")
+        if not stat.S_ISDIR(state.st_mode) or state.st_uid != os.geteuid():
+            return None
+        fd = os.open(base / ".state" / "lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None  # its owner still holds it
+    finally:
+        os.close(fd)
+    try:
+        meta = json.loads((base / ".state" / "meta.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def sweep_stale(root: Path) -> list[str]:
+    """Kill and remove every sandbox in ``root`` whose owning client is gone."""
+    removed: list[str] = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for base in entries:
+        meta = _stale(base)
+        if meta is None:
+            continue
+        uid = meta.get("uid")
+        if isinstance(uid, int) and uids.is_sandbox_uid(uid) and not uids.uid_is_claimed(uid):
+            uids.kill_uid(uid)
+        elif meta.get("mode") == "process-group":
+            processes.kill_marked(base.name, ())
+        shutil.rmtree(base, ignore_errors=True)
+        removed.append(base.name)
+    if removed:
+        logger.info("Removed %d stale local sandbox(es) from %s", len(removed), root)
+    return removed
+
+
+__all__ = ["SANDBOX_ID", "SandboxDirs", "chown_tree", "create_dirs", "prepare_root", "sweep_stale"]

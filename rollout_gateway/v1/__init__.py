@@ -1,0 +1,36 @@
+"""Gateway mode for verifiers v1 (``verifiers>=0.4``): install ``rollout-gateway[v1]``.
+
+- :class:`GatewayInterception`: v1's ``Interception`` served by the rollout gateway
+  (``vf.Agent(config, interception=gi)``, plus :func:`gateway_synced_agent`).
+- :class:`GatewayEnvMixin`, :class:`GatewayEnv`, :class:`GatewayEnvConfig`: the
+  ``gateway`` interception type of an env's config (``--env.interception.type gateway``).
+- :class:`GatewayInterceptionConfig`, :data:`InterceptionChoice`: the config block.
+- Errors: gateway failures are v1's own ``InterceptionError`` / ``TunnelError``;
+  :class:`GatewayFeatureError` (a ``TaskError``) refuses tasks with per-turn env hooks.
+"""
+
+from rollout_gateway.v1.config import (
+    DEFAULT_ADMIN_TOKEN_VAR,
+    GatewayInterceptionConfig,
+    InterceptionChoice,
+)
+from rollout_gateway.v1.env import GatewayEnv, GatewayEnvConfig, GatewayEnvMixin
+from rollout_gateway.v1.errors import GatewayFeatureError, interception_error
+from rollout_gateway.v1.harness_sync import gateway_synced, gateway_synced_agent
+from rollout_gateway.v1.interception import GatewayInterception
+from rollout_gateway.v1.trace_sync import TraceSync
+
+__all__ = [
+    "DEFAULT_ADMIN_TOKEN_VAR",
+    "GatewayEnv",
+    "GatewayEnvConfig",
+    "GatewayEnvMixin",
+    "GatewayFeatureError",
+    "GatewayInterception",
+    "GatewayInterceptionConfig",
+    "InterceptionChoice",
+    "TraceSync",
+    "gateway_synced",
+    "gateway_synced_agent",
+    "interception_error",
+]

@@ -1,0 +1,66 @@
+"""The ``gateway`` interception type for verifiers v1 configs.
+
+v1 picks an env's interception from ``[env.interception]`` (a pydantic union
+discriminated on ``type``: ``server | static | elastic``). :data:`InterceptionChoice` is
+that union plus :class:`GatewayInterceptionConfig`, so an env config annotated with it
+accepts ``--env.interception.type gateway`` (TOML: ``[env.interception] type = "gateway"``)
+and still every built-in type.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from verifiers.v1.interception import (
+    ElasticInterceptionPoolConfig,
+    InterceptionServerConfig,
+    StaticInterceptionPoolConfig,
+)
+from verifiers.v1.interception.base import BaseInterceptionConfig
+
+#: Environment variable holding the gateway's control-plane token, by default.
+DEFAULT_ADMIN_TOKEN_VAR = "ROLLOUT_GATEWAY_ADMIN_TOKEN"
+
+
+class GatewayInterceptionConfig(BaseInterceptionConfig):
+    """Serve the agents' model calls from the inference server's rollout gateway."""
+
+    type: Literal["gateway"] = "gateway"
+    url: str | None = None
+    """Gateway root (``http://host:port``). Default: the run's client ``base_url``
+    without ``/v1`` (the inference URL prime-rl sends)."""
+    tunnel: Literal["auto", "prime", "direct"] = "auto"
+    """How agents reach the gateway: ``prime`` (one shared prime tunnel per gateway
+    host), ``direct`` (the gateway URL as is: same network, or local runtimes), or
+    ``auto``: ``direct`` when every runtime is local, else ``prime``."""
+    port: int = Field(8000, gt=0, lt=65536)
+    """Gateway port when its URL names none."""
+    admin_token_var: str = DEFAULT_ADMIN_TOKEN_VAR
+    """Environment variable holding the control-plane bearer token (unset: none)."""
+    max_seq_len: int | None = Field(None, ge=1)
+    """Context bound registered with each rollout (``is_truncated`` past it)."""
+    fallback: bool = False
+    """Run tasks whose hooks need the env on every model call (``@intercept``,
+    per-turn ``@stop``, tool gating, tool servers on ``/state``) through verifiers' own
+    interception instead of refusing them."""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"gateway url must be http(s), got {url!r}")
+        return url
+
+
+#: v1's interception union plus ``gateway``: annotate an env config's ``interception`` with it.
+InterceptionChoice = Annotated[
+    InterceptionServerConfig
+    | StaticInterceptionPoolConfig
+    | ElasticInterceptionPoolConfig
+    | GatewayInterceptionConfig,
+    Field(discriminator="type"),
+]
+
+
+__all__ = ["DEFAULT_ADMIN_TOKEN_VAR", "GatewayInterceptionConfig", "InterceptionChoice"]

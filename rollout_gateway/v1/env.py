@@ -1,0 +1,134 @@
+"""Gateway mode as an interception type of a verifiers v1 ``Env``.
+
+``GatewayEnvMixin`` goes in front of any ``vf.Env`` subclass whose config annotates
+``interception`` with :data:`~rollout_gateway.v1.config.InterceptionChoice`; with
+``[env.interception] type = "gateway"`` its rollouts run through the rollout gateway,
+with any other type the env is v1's own, unchanged. :class:`GatewayEnv` is the ready
+single-agent env (select it with ``--env.id rollout-gateway-env``).
+
+What the mixin overrides, and why:
+
+- ``serving()``: builds a :class:`GatewayInterception` for the gateway type (v1's
+  ``make_interception`` sends unknown types to its elastic pool); it refuses, before any
+  rollout, a taskset whose tool servers need the env's ``/state`` channel, unless
+  ``fallback`` is set, in which case v1's own interception (built by v1's
+  ``make_interception`` from its default config) serves those tasks.
+- ``_episode_agents()``: gives each agent's harness the sync hook of
+  :mod:`rollout_gateway.v1.harness_sync` (v1 builds the agents of an episode there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from verifiers.v1.configs.agent import agent_config_fields
+from verifiers.v1.env import Env
+from verifiers.v1.envs.single_agent import SingleAgentEnv, SingleAgentEnvConfig
+from verifiers.v1.interception import (
+    ElasticInterceptionPoolConfig,
+    Interception,
+    make_interception,
+)
+
+from rollout_gateway.v1.config import GatewayInterceptionConfig, InterceptionChoice
+from rollout_gateway.v1.errors import GatewayFeatureError
+from rollout_gateway.v1.features import toolset_features
+from rollout_gateway.v1.harness_sync import gateway_synced
+from rollout_gateway.v1.interception import GatewayInterception
+
+if TYPE_CHECKING:
+    from verifiers.v1.env import Env as _Base
+else:
+    _Base = object
+
+
+class GatewayEnvMixin(_Base):
+    """Adds the ``gateway`` interception type to a v1 ``Env`` (put it first in the bases).
+
+    Attributes (tests and embedders set them before ``serving()``):
+        gateway_transport: httpx transport of the control-plane clients.
+        gateway_tunnel_provider: a ``TunnelProvider`` overriding the config's ``tunnel``.
+    """
+
+    gateway_transport: Any = None
+    gateway_tunnel_provider: Any = None
+    _interception: Interception | None
+
+    @property
+    def gateway_interception(self) -> GatewayInterception | None:
+        """The live gateway interception (inside ``serving()`` in gateway mode), else None."""
+        interception = getattr(self, "_interception", None)
+        return interception if isinstance(interception, GatewayInterception) else None
+
+    def _gateway_config(self) -> GatewayInterceptionConfig | None:
+        config = self.config.interception
+        return config if isinstance(config, GatewayInterceptionConfig) else None
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """v1's ``serving()``; in gateway mode with a :class:`GatewayInterception`."""
+        config = self._gateway_config()
+        if config is None:
+            async with super().serving():
+                yield
+            return
+        async with self.shared_tools() as shared:
+            requires_tunnel = self._requires_tunnel(shared)
+            fallback: Interception | None = None
+            task_cls = type(self.taskset).task_type()
+            needs_env = toolset_features(task_cls.toolsets(self.taskset.config.task), shared)
+            if needs_env and not config.fallback:
+                raise GatewayFeatureError(needs_env)
+            if config.fallback:
+                fallback = make_interception(
+                    ElasticInterceptionPoolConfig(),
+                    requires_tunnel=requires_tunnel,
+                    state_service_secrets=tuple(
+                        s.state_secret for s in shared.values() if s.state_secret
+                    ),
+                )
+            interception = GatewayInterception(
+                config,
+                requires_tunnel=requires_tunnel,
+                tunnel_provider=self.gateway_tunnel_provider,
+                fallback=fallback,
+                transport=self.gateway_transport,
+            )
+            # Toolsets in play: every rollout of this taskset goes to the fallback.
+            interception.force_fallback = bool(needs_env)
+            async with interception:
+                self._shared_tools = shared
+                self._interception = interception
+                try:
+                    await self.start()
+                    yield
+                finally:
+                    try:
+                        await self.stop()
+                    finally:
+                        self._shared_tools = {}
+                        self._interception = None
+
+    def _episode_agents(self, *args: Any, **kwargs: Any) -> Any:
+        agents = super()._episode_agents(*args, **kwargs)
+        interception = self.gateway_interception
+        if interception is not None:
+            for name in agent_config_fields(self.config):
+                agent = getattr(agents, name)
+                agent.harness = gateway_synced(agent.harness, interception)
+        return agents
+
+
+class GatewayEnvConfig(SingleAgentEnvConfig):
+    """``SingleAgentEnvConfig`` whose ``interception`` also accepts ``type = "gateway"``."""
+
+    interception: InterceptionChoice = ElasticInterceptionPoolConfig()
+
+
+class GatewayEnv(GatewayEnvMixin, SingleAgentEnv, Env[GatewayEnvConfig]):
+    """The single-agent env with the ``gateway`` interception type."""
+
+
+__all__ = ["GatewayEnv", "GatewayEnvConfig", "GatewayEnvMixin"]
