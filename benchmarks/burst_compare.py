@@ -1,0 +1,536 @@
+"""Side by side: this project's mixin vs the earlier experimental mixin (verifiers 0.1.11).
+
+One run measures both on the SAME seeded fake world (``benchmarks/burst_world.py``:
+sandbox create/ready/agent times per task, control-plane and sandbox-API latencies,
+1 s tunnel starts) at N concurrent rollouts, through each side's real code path
+(``env.run_rollout``: register, tunnel, sandbox, agent, completion wait, trajectory
+fetch, scoring, cleanup). The two need different verifiers (0.3 vs 0.1.11), so each
+side runs in its own process and virtualenv, alternating A B A B with the same seed; the
+parent collects each child's JSON and prints the table ``metric | ours | earlier |
+ours/earlier`` (medians over the rounds) and PASS/FAIL lines for issue #8's targets.
+
+Each child runs a warm-up burst of 4 rollouts (the tunnel starts, lazy imports and
+first-use caches fill), then two bursts of N: "fresh" (the heap has not held N rollouts
+yet) and "steady" (a later training step). Figures are the steady burst's, except RSS
+per held rollout, which is given for both (the fresh one is what N rollouts cost).
+
+- completion detected: ``wait_for_agent_completion`` returned, minus the moment the
+  fake agent returned;
+- job-status calls: ``get_background_job`` calls at the fake sandbox client / rollouts;
+- env CPU: process CPU during the burst / rollouts (the fake world runs in the same
+  process and does the same work on both sides, per call made to it);
+- GC: every collection timed through ``gc.callbacks``;
+- register p50: ``register_rollout`` as the env awaits it; fetched-to-returned:
+  ``fetch_trajectory`` returned -> ``run_rollout`` returned (scoring, unregister, delete);
+- RSS per held rollout: peak RSS (sampled every 10 ms) minus RSS before the burst, / N;
+- retained: after the burst and the fake world's own records are dropped, a full
+  ``gc.collect()`` and a census of live gc-tracked objects by type; the growth of the
+  types that grew since the census before the burst, / N.
+
+The earlier side has no seams; in its child process only (never in the library) its
+``_http_client`` is replaced by an ``httpx.AsyncClient`` on the fake gateway's
+transport after ``init_gateway``, ``Tunnel`` in its module by a fake with the same start
+latency, and ``sandbox_client`` by the same fake sandbox client. Its ``poll_interval``
+is ``CliAgentEnv``'s default in 0.1.11 (1 s).
+
+Setup of the earlier side (one command; a virtualenv outside the checkout; the repo is
+put on its ``PYTHONPATH`` only to import the verifiers-free ``rollout_gateway.testing``)::
+
+    python benchmarks/burst_compare.py --setup-earlier [--earlier-venv DIR]
+
+Usage (with this project's virtualenv)::
+
+    python benchmarks/burst_compare.py --rollouts 100 500 [--rounds 2] [--seed 0]
+        [--earlier-venv DIR] [--json results.json]
+
+``--earlier-venv`` defaults to ``$ROLLOUT_GATEWAY_EARLIER_VENV`` or
+``~/.cache/rollout-gateway/earlier-venv``. Without it, only this project's figures are
+printed (and the exit status is 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import burst_world as bw  # noqa: E402
+
+EARLIER_PINS = ("verifiers==0.1.11", "prime-sandboxes==0.2.36", "httpx==0.28.1", "datasets")
+DEFAULT_EARLIER_VENV = os.environ.get(
+    "ROLLOUT_GATEWAY_EARLIER_VENV", str(Path.home() / ".cache/rollout-gateway/earlier-venv")
+)
+SIDES = ("ours", "earlier")
+#: Rollouts of the first burst of a process (the tunnel starts, lazy imports happen).
+WARMUP_ROLLOUTS = 4
+PHASES = ("warmup", "fresh", "steady")
+
+# Issue #8's targets.
+DETECT_P50_TARGET_MS = 50.0
+DETECT_P99_TARGET_MS = 200.0
+
+
+# ---------------------------------------------------------------------------- the sides
+
+
+@dataclass
+class Side:
+    """One side's env and the fakes it runs against."""
+
+    env: Any
+    gateway: Any
+    sandboxes: Any
+    tunnel_starts: Callable[[], int]
+    tunnels_alive: Callable[[], int]
+
+
+def _rubric(vf: Any) -> Any:
+    async def made_turns(state: Any) -> float:
+        return 1.0 if state.get("trajectory") else 0.0
+
+    return vf.Rubric(funcs=[made_turns])
+
+
+def _dataset() -> Any:
+    from datasets import Dataset
+
+    from rollout_gateway.testing import task_row
+
+    return Dataset.from_list([task_row(i) for i in range(4)])
+
+
+async def build_ours(world: bw.World) -> Side:
+    """This project's env on ``world`` (the one place that knows our fakes' seams)."""
+    import verifiers as vf
+
+    from rollout_gateway import GatewaySettings, RolloutGatewayMixin
+    from rollout_gateway.testing import FakeTunnelProvider
+
+    gateway = world.make_gateway()
+    sandboxes = world.make_sandboxes(gateway)
+    tunnels = FakeTunnelProvider(start_latency=bw.TUNNEL_START_LATENCY)
+    sandboxes.on_agent_exit = gateway.agent_exited  # our launch wrapper reports the exit
+
+    class OursEnv(bw.Instrumented, RolloutGatewayMixin, vf.CliAgentEnv):
+        """A gateway env as an author writes it (default settings but the seams)."""
+
+    env = OursEnv(
+        run_command="python agent.py",
+        dataset=_dataset(),
+        rubric=_rubric(vf),
+        sandbox_client=sandboxes,
+        gateway=GatewaySettings(tunnel_provider=tunnels, transport=gateway.transport()),
+        sandbox_creations_per_minute=None,
+    )
+    return Side(
+        env,
+        gateway,
+        sandboxes,
+        tunnel_starts=lambda: len(tunnels.opened),
+        tunnels_alive=lambda: sum(h.alive for h in tunnels.handles),
+    )
+
+
+async def build_earlier(world: bw.World) -> Side:
+    """The earlier experimental mixin's env on ``world``, its internals replaced here."""
+    import httpx
+    import verifiers as vf
+    import verifiers.envs.experimental.rollout_gateway_mixin as earlier
+    from verifiers.envs.experimental.cli_agent_env import CliAgentEnv
+
+    gateway = world.make_gateway()
+    sandboxes = world.make_sandboxes(gateway)
+    earlier.Tunnel = bw.FakePrimeTunnel  # its tunnels are built from the module's name
+
+    class EarlierEnv(bw.Instrumented, earlier.RolloutGatewayMixin, CliAgentEnv):
+        """A gateway env as written for the earlier mixin."""
+
+        def __init__(self) -> None:
+            super().__init__(run_command="python agent.py", dataset=_dataset(), rubric=_rubric(vf))
+            self.init_gateway()
+
+    env = EarlierEnv()
+    env.sandbox_client.teardown(wait=False)
+    env.sandbox_client = sandboxes
+    await env._http_client.aclose()
+    env._http_client = httpx.AsyncClient(
+        transport=gateway.transport(), timeout=httpx.Timeout(env._gateway_timeout_seconds)
+    )
+    return Side(
+        env,
+        gateway,
+        sandboxes,
+        tunnel_starts=lambda: len(bw.FakePrimeTunnel.started),
+        tunnels_alive=lambda: sum(t.is_running for t in bw.FakePrimeTunnel.started),
+    )
+
+
+BUILDERS = {"ours": build_ours, "earlier": build_earlier}
+
+
+# ---------------------------------------------------------------------------- one side
+
+
+async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: int) -> dict:
+    """``n`` concurrent ``env.run_rollout`` calls on tasks ``offset..offset+n-1``."""
+    from rollout_gateway.testing import task_row
+
+    env, probe = side.env, side.env.probe
+
+    async def one(task_id: int) -> tuple[str, Any, float]:
+        output = await env.run_rollout(
+            task_row(task_id),
+            client,
+            "policy-model",
+            {"temperature": 1.0, "max_tokens": 512},
+            state_columns=["rollout_id"],
+        )
+        return output["rollout_id"], output.get("error"), time.time()
+
+    gc_timer = bw.GcTimer()  # made before the census, like the list below
+    rss_samples: list[float] = []
+    lags_ms: list[float] = []
+    census_before = bw.object_census()
+    tasks_before = asyncio.all_tasks()
+    status_calls_before = side.sandboxes.calls["get_background_job"]
+    rss_before = bw.current_rss_kib()
+    sampler = asyncio.ensure_future(bw.sample_rss(rss_samples, lags_ms))
+    with gc_timer:
+        cpu0, t0 = time.process_time(), time.time()
+        results = await asyncio.gather(*(one(offset + i) for i in range(n)))
+        cpu, wall = time.process_time() - cpu0, time.time() - t0
+    sampler.cancel()
+    await asyncio.gather(sampler, return_exceptions=True)
+    rss_samples.append(bw.current_rss_kib())
+
+    detect_ms, fetched_ms = [], []
+    for rid, _, returned in results:
+        if rid in probe.detected and rid in world.agent_exit:
+            detect_ms.append((probe.detected[rid] - world.agent_exit[rid]) * 1000)
+        if rid in probe.fetched:
+            fetched_ms.append((returned - probe.fetched[rid]) * 1000)
+    errors = [str(e) for _, e, _ in results if e is not None]
+    slowest = max(world.plan(offset + i).total for i in range(n))
+    figures = {
+        "rollouts": n,
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "wall_s": wall,
+        "wall_over_slowest": wall / slowest,
+        "detect_n": len(detect_ms),
+        "detect_p50_ms": bw.pct(detect_ms, 0.5),
+        "detect_p99_ms": bw.pct(detect_ms, 0.99),
+        "detect_max_ms": max(detect_ms, default=float("nan")),
+        "status_calls_per_rollout": (
+            side.sandboxes.calls["get_background_job"] - status_calls_before
+        )
+        / n,
+        "gateway_calls_per_rollout": len(side.gateway.calls) / n,
+        "cpu_ms_per_rollout": cpu / n * 1000,
+        "gc_max_pause_ms": max(gc_timer.pauses_ms, default=0.0),
+        "gc_max_pause_cpu_ms": max(gc_timer.cpu_ms, default=0.0),
+        "gc_total_ms": sum(gc_timer.pauses_ms),
+        "gc_total_cpu_ms": sum(gc_timer.cpu_ms),
+        "gc_collections": dict(sorted(gc_timer.by_generation.items())),
+        "register_p50_ms": bw.pct(probe.register_ms, 0.5),
+        "register_p99_ms": bw.pct(probe.register_ms, 0.99),
+        "fetched_to_returned_p50_ms": bw.pct(fetched_ms, 0.5),
+        "fetched_to_returned_p99_ms": bw.pct(fetched_ms, 0.99),
+        "loop_lag_p50_ms": bw.pct(lags_ms, 0.5),
+        "loop_lag_p99_ms": bw.pct(lags_ms, 0.99),
+        "rss_growth_kib_per_rollout": (max(rss_samples) - rss_before) / n,
+        "gateway_rollouts_left": len(side.gateway.active),
+        "sandboxes_left": len(side.sandboxes.alive),
+    }
+    # Retention: drop what the benchmark and the fake world keep, then count what is left.
+    del results
+    probe.clear()
+    world.agent_exit.clear()
+    world.task_of.clear()
+    side.gateway.calls.clear()
+    side.gateway.unregistered.clear()
+    side.gateway.cancelled.clear()
+    side.sandboxes.sandboxes.clear()
+    side.sandboxes.commands.clear()
+    census_after = bw.object_census()
+    growth = census_after - census_before
+    # Types that grew (a type that shrank does not hide one that grew).
+    figures["retained_objects_per_rollout"] = sum(growth.values()) / n
+    figures["retained_top_types"] = growth.most_common(6)
+    figures["tasks_left"] = len(asyncio.all_tasks() - tasks_before)
+    return figures
+
+
+async def run_side(name: str, n: int, seed: int) -> dict:
+    """Build one side, run the warm-up, fresh and steady bursts, tear it down."""
+    import verifiers as vf
+    from openai import AsyncOpenAI
+
+    world = bw.World(seed)
+    side = await BUILDERS[name](world)
+    side.env.probe = bw.Probe()
+    client = vf.OpenAIChatCompletionsClient(
+        AsyncOpenAI(base_url="http://gateway-0.test:8000/v1", api_key="x")
+    )
+    warmup = min(WARMUP_ROLLOUTS, n)
+    for task_id in range(warmup + 2 * n):
+        world.plan(task_id)  # drawn now, so the census does not count the cache
+    try:
+        first = await run_burst(side, world, client, warmup, offset=0)
+        fresh = await run_burst(side, world, client, n, offset=warmup)
+        steady = await run_burst(side, world, client, n, offset=warmup + n)
+    finally:
+        await side.env._teardown()
+    return {
+        "side": name,
+        "verifiers": importlib.metadata.version("verifiers"),
+        "warmup": first,
+        "fresh": fresh,
+        "steady": steady,
+        "load_average": os.getloadavg(),
+        "tunnel_starts": side.tunnel_starts(),
+        "tunnels_alive_after_teardown": side.tunnels_alive(),
+    }
+
+
+def child_main(name: str, n: int, seed: int, out: str) -> int:
+    """A child process: one side, JSON to ``out``."""
+    logging.basicConfig(level=logging.ERROR)
+    for logger in ("verifiers", "rollout_gateway", "httpx"):
+        logging.getLogger(logger).setLevel(logging.ERROR)
+    result = asyncio.run(run_side(name, n, seed))
+    Path(out).write_text(json.dumps(result))
+    return 0
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+def earlier_python(venv: str) -> Path:
+    return Path(venv) / "bin" / "python"
+
+
+def check_earlier(venv: str) -> str | None:
+    """Why the earlier side cannot run from ``venv`` (None when it can)."""
+    python = earlier_python(venv)
+    if not python.exists():
+        return f"no virtualenv at {venv}"
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import verifiers.envs.experimental.rollout_gateway_mixin as m, "
+            "verifiers; print(verifiers.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return f"{python} cannot import the earlier mixin: {probe.stderr.strip()[-300:]}"
+    if probe.stdout.strip() != "0.1.11":
+        return f"{venv} has verifiers {probe.stdout.strip()}, not 0.1.11"
+    return None
+
+
+def setup_earlier(venv: str) -> int:
+    """Create the earlier side's virtualenv with the pins it needs."""
+    print(f"creating {venv} with {' '.join(EARLIER_PINS)}")
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    subprocess.run(
+        [str(earlier_python(venv)), "-m", "pip", "install", "-q", *EARLIER_PINS], check=True
+    )
+    problem = check_earlier(venv)
+    print(problem or f"ok: {venv} runs verifiers 0.1.11's RolloutGatewayMixin")
+    return 1 if problem else 0
+
+
+def run_child(name: str, python: str, n: int, seed: int) -> dict:
+    """Run one side in its own process; its JSON."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONNOUSERSITE"] = "1"
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [python, __file__, "--child", name, "--rollouts", str(n), "--seed", str(seed)]
+        started = time.time()
+        done = subprocess.run(
+            [*command, "--json-out", out.name], env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            print(done.stdout[-2000:], done.stderr[-4000:], sep="\n", file=sys.stderr)
+            raise SystemExit(f"{name} child failed (exit {done.returncode})")
+        result = json.loads(Path(out.name).read_text())
+    result["child_wall_s"] = time.time() - started
+    return result
+
+
+ROWS: list[tuple[str, str, str, str]] = [
+    # label, phase, key, format
+    ("completion detected after agent exit p50 (ms)", "steady", "detect_p50_ms", ".1f"),
+    ("completion detected after agent exit p99 (ms)", "steady", "detect_p99_ms", ".1f"),
+    ("job-status calls per rollout (mean)", "steady", "status_calls_per_rollout", ".2f"),
+    ("control-plane calls per rollout (mean)", "steady", "gateway_calls_per_rollout", ".2f"),
+    ("env CPU per rollout (ms)", "steady", "cpu_ms_per_rollout", ".1f"),
+    ("longest GC pause, wall (ms)", "steady", "gc_max_pause_ms", ".1f"),
+    ("longest GC pause, CPU time (ms)", "steady", "gc_max_pause_cpu_ms", ".1f"),
+    ("GC time during burst (ms)", "steady", "gc_total_ms", ".1f"),
+    ("GC CPU time during burst (ms)", "steady", "gc_total_cpu_ms", ".1f"),
+    ("register latency p50, env-side (ms)", "steady", "register_p50_ms", ".1f"),
+    ("trajectory fetched -> returned p50 (ms)", "steady", "fetched_to_returned_p50_ms", ".1f"),
+    ("RSS per held rollout, fresh burst (KiB)", "fresh", "rss_growth_kib_per_rollout", ".1f"),
+    ("RSS per held rollout, steady burst (KiB)", "steady", "rss_growth_kib_per_rollout", ".1f"),
+    ("objects retained per rollout, fresh", "fresh", "retained_objects_per_rollout", ".2f"),
+    ("objects retained per rollout, steady", "steady", "retained_objects_per_rollout", ".2f"),
+    ("tasks left after the burst", "steady", "tasks_left", ".0f"),
+    ("event-loop lag p50 (ms, 10 ms tick)", "steady", "loop_lag_p50_ms", ".1f"),
+    ("event-loop lag p99 (ms, 10 ms tick)", "steady", "loop_lag_p99_ms", ".1f"),
+    ("wall / slowest rollout's own work", "steady", "wall_over_slowest", ".3f"),
+    ("errors (all bursts)", "all", "errors", ".0f"),
+]
+
+
+def figure(runs: list[dict], phase: str, key: str) -> float | None:
+    """Median over the rounds (every burst summed for ``all``)."""
+    if not runs:
+        return None
+    if phase == "all":
+        values = [r["warmup"][key] + r["fresh"][key] + r["steady"][key] for r in runs]
+    else:
+        values = [r[phase][key] for r in runs]
+    return statistics.median(values)
+
+
+def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
+    """The side-by-side table for ``n`` rollouts, then PASS/FAIL lines; the checks."""
+    ours, earlier = runs["ours"], runs["earlier"]
+    rounds = len(ours)
+    print(f"\n=== {n} concurrent rollouts, median of {rounds} round(s) per side ===")
+    width = max(len(r[0]) for r in ROWS)
+    print(f"{'metric':<{width}} | {'ours':>10} | {'earlier':>10} | {'ours/earlier':>12}")
+    print(f"{'-' * width}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 12}")
+    for label, phase, key, fmt in ROWS:
+        a, b = figure(ours, phase, key), figure(earlier, phase, key)
+        a_text = format(a, fmt) if a is not None else "-"
+        b_text = format(b, fmt) if b is not None else "-"
+        if a is None or b is None:
+            ratio = "-"
+        elif b == 0:
+            ratio = "=" if a == 0 else "inf"
+        else:
+            ratio = f"{a / b:.2f}"
+        print(f"{label:<{width}} | {a_text:>10} | {b_text:>10} | {ratio:>12}")
+    for name in SIDES:
+        for r in runs[name]:
+            print(
+                f"  {name:<7} verifiers {r['verifiers']}: child {r['child_wall_s']:.0f} s, "
+                f"load average at its end {r['load_average'][0]:.1f}, "
+                f"tunnel starts {r['tunnel_starts']}, steady GC collections "
+                f"{r['steady']['gc_collections']}, retained top types "
+                f"{r['steady']['retained_top_types'][:3]}"
+            )
+            for sample in [s for p in PHASES for s in r[p]["error_samples"]]:
+                print(f"    error: {sample[:200]}")
+
+    def get(side: list[dict], phase: str, key: str) -> float:
+        value = figure(side, phase, key)
+        return float("nan") if value is None else value
+
+    checks = {
+        f"detection p50 < {DETECT_P50_TARGET_MS:.0f} ms (target at 500)": get(
+            ours, "steady", "detect_p50_ms"
+        )
+        < DETECT_P50_TARGET_MS,
+        f"detection p99 < {DETECT_P99_TARGET_MS:.0f} ms (target at 500)": get(
+            ours, "steady", "detect_p99_ms"
+        )
+        < DETECT_P99_TARGET_MS,
+        "nothing retained: < 1 object per rollout, no task left": get(
+            ours, "steady", "retained_objects_per_rollout"
+        )
+        < 1
+        and get(ours, "steady", "tasks_left") == 0,
+        "no errors; no rollout, sandbox or tunnel left": all(
+            r[p]["errors"] == 0 and not r[p]["gateway_rollouts_left"] and not r[p]["sandboxes_left"]
+            for r in ours
+            for p in PHASES
+        )
+        and all(r["tunnels_alive_after_teardown"] == 0 for r in ours),
+    }
+    if earlier:
+        for label, key in (
+            ("job-status calls per rollout <= earlier's", "status_calls_per_rollout"),
+            ("env CPU per rollout <= earlier's", "cpu_ms_per_rollout"),
+            ("longest GC pause (wall) <= earlier's", "gc_max_pause_ms"),
+            ("longest GC pause (CPU time) <= earlier's", "gc_max_pause_cpu_ms"),
+        ):
+            checks[label] = get(ours, "steady", key) <= get(earlier, "steady", key)
+    for label, ok in checks.items():
+        print(f"  [{'PASS' if ok else 'FAIL'}] {n}: {label}")
+    return checks
+
+
+def parent_main(args: argparse.Namespace) -> int:
+    problem = check_earlier(args.earlier_venv)
+    sides = list(SIDES)
+    if problem:
+        print(
+            f"EARLIER SIDE MISSING: {problem}.\n"
+            f"  Set it up with: python {Path(__file__).relative_to(REPO)} --setup-earlier "
+            f"--earlier-venv {args.earlier_venv}\n"
+            "  Running this project's side alone (absolute figures, no ratios)."
+        )
+        sides = ["ours"]
+    pythons = {"ours": sys.executable, "earlier": str(earlier_python(args.earlier_venv))}
+    everything: dict[str, Any] = {}
+    all_ok = True
+    for n in args.rollouts:
+        runs: dict[str, list[dict]] = {name: [] for name in SIDES}
+        for round_ in range(args.rounds):
+            for name in sides:  # A B A B: same seed every time
+                print(f"[{n}] round {round_ + 1}/{args.rounds}: {name} ...", flush=True)
+                runs[name].append(run_child(name, pythons[name], n, args.seed))
+        everything[str(n)] = runs
+        all_ok &= all(print_table(n, runs).values())
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=1))
+    if problem:
+        return 2
+    return 0 if all_ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, nargs="+", default=[100, 500])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--earlier-venv", default=DEFAULT_EARLIER_VENV)
+    parser.add_argument("--setup-earlier", action="store_true", help="create the earlier venv")
+    parser.add_argument("--json", help="write every child's figures to this file")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--json-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.setup_earlier:
+        return setup_earlier(args.earlier_venv)
+    if any(n < 1 for n in args.rollouts) or args.rounds < 1:
+        parser.error("--rollouts and --rounds must be positive")
+    if args.child:
+        return child_main(args.child, args.rollouts[0], args.seed, args.json_out)
+    return parent_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
