@@ -71,7 +71,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import burst_world as bw  # noqa: E402
 
-EARLIER_PINS = ("verifiers==0.1.11", "prime-sandboxes==0.2.36", "httpx==0.28.1", "datasets")
+# The earlier mixin, and what the verifiers-free fakes import from the repo (orjson).
+EARLIER_PINS = (
+    "verifiers==0.1.11",
+    "prime-sandboxes==0.2.36",
+    "httpx==0.28.1",
+    "datasets",
+    "orjson>=3.13,<4",
+)
 DEFAULT_EARLIER_VENV = os.environ.get(
     "ROLLOUT_GATEWAY_EARLIER_VENV", str(Path.home() / ".cache/rollout-gateway/earlier-venv")
 )

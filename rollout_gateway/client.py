@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
+import orjson
 import tenacity
 
 from rollout_gateway import protocol
@@ -233,8 +234,8 @@ class GatewayClient:
             ) from e
         status = response.status_code
         if status < 400:
-            try:
-                return response.json()
+            try:  # orjson: several times faster on a long trajectory than json
+                return orjson.loads(response.content)
             except ValueError as e:
                 raise GatewayProtocolError(
                     f"{method} {path}: answer is not JSON ({status})", rollout_id=rollout_id
