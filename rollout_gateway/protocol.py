@@ -274,7 +274,6 @@ def flatten_sampling_args(*sources: Mapping[str, Any] | None) -> dict[str, Any]:
         if isinstance(extra, Mapping):
             params.update({k: v for k, v in extra.items() if v is not None})
         params.update({k: v for k, v in source.items() if k != "extra_body" and v is not None})
-    params.pop("n", None)
     return params
 
 

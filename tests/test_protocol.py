@@ -39,3 +39,19 @@ def test_rollout_base_url_is_what_the_openai_sdk_extends():
         == "https://t.example/v1/rollouts/rollout_1"
     )
     assert protocol.chat_completions_path("rollout_1") == "/v1/rollouts/rollout_1/chat/completions"
+
+
+def test_flatten_sampling_args_has_one_precedence_for_every_side():
+    from rollout_gateway.protocol import flatten_sampling_args
+
+    env = {"temperature": 0.1, "extra_body": {"top_k": 20, "temperature": 9.9}, "seed": None}
+    rollout = {"temperature": 0.7, "n": 2, "extra_body": {"min_p": 0.05}}
+    # Top-level beats extra_body within a source; later sources beat earlier; None skipped.
+    # ``n`` is kept: the gateway honours a registered n (the 0.3 mixin drops verifiers' n).
+    assert flatten_sampling_args(env, rollout) == {
+        "temperature": 0.7,
+        "top_k": 20,
+        "min_p": 0.05,
+        "n": 2,
+    }
+    assert flatten_sampling_args(None, {}) == {}
