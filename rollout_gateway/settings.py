@@ -152,6 +152,22 @@ class GatewaySettings:
             changes["poll"] = PollPolicy(**changes["poll"])
         return dataclasses.replace(self, **changes)
 
+    def resolve_gateway_url(self, client_base_url: object, *, how_to_set: str) -> str:
+        """The gateway root: ``gateway_url``, else the model client's base URL minus ``/v1``.
+
+        ``how_to_set`` names, in the error, how the adapter's user sets ``gateway_url``.
+        """
+        if self.gateway_url:
+            return self.gateway_url
+        if not client_base_url:
+            raise GatewayConfigError(
+                f"cannot derive the gateway URL: the model client has no base_url; {how_to_set}"
+            )
+        url = protocol.gateway_root(str(client_base_url))
+        if not url.startswith(("http://", "https://")):
+            raise GatewayConfigError(f"model client base URL {client_base_url!r} is not http(s)")
+        return url
+
     def resolved_admin_token(self) -> str | None:
         """The admin token: ``admin_token``, else the ``admin_token_env`` variable."""
         return self.admin_token or os.environ.get(self.admin_token_env) or None

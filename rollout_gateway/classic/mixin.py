@@ -185,22 +185,13 @@ class RolloutGatewayMixin(_Base):
 
     def resolve_gateway_url(self, state: State) -> str:
         """Gateway root: the ``gateway_url`` setting, else the client's base URL minus ``/v1``."""
-        if self.gateway_settings.gateway_url:
-            return self.gateway_settings.gateway_url
         client = state.get("client")
-        native = getattr(client, "client", None)
-        base_url = getattr(native, "base_url", None)
+        base_url = getattr(getattr(client, "client", None), "base_url", None)
         if base_url is None:
             base_url = getattr(getattr(client, "config", None), "api_base_url", None)
-        if not base_url:
-            raise GatewayConfigError(
-                "cannot derive the gateway URL: the model client has no base_url; "
-                "set gateway={'gateway_url': ...} on the env"
-            )
-        url = protocol.gateway_root(str(base_url))
-        if not url.startswith(("http://", "https://")):
-            raise GatewayConfigError(f"model client base URL {base_url!r} is not http(s)")
-        return url
+        return self.gateway_settings.resolve_gateway_url(
+            base_url, how_to_set="set gateway={'gateway_url': ...} on the env"
+        )
 
     # ------------------------------------------- overridable steps (earlier signatures)
 

@@ -41,7 +41,7 @@ from verifiers.v1.trace import Trace
 
 from rollout_gateway import protocol
 from rollout_gateway.client import RetryPolicy
-from rollout_gateway.errors import GatewayConfigError, RolloutGatewayError
+from rollout_gateway.errors import RolloutGatewayError
 from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
 from rollout_gateway.resources import GatewayResources
 from rollout_gateway.settings import GatewaySettings
@@ -159,18 +159,9 @@ class GatewayInterception(Interception):
 
     def gateway_url(self, session: RolloutSession) -> str:
         """The gateway root: ``config.url``, else the run's client base URL minus ``/v1``."""
-        if self.settings.gateway_url:
-            return self.settings.gateway_url
-        base_url = getattr(session.ctx.client, "base_url", None)
-        if not base_url:
-            raise GatewayConfigError(
-                "cannot derive the gateway URL: the model client has no base_url; "
-                "set --env.interception.url"
-            )
-        url = protocol.gateway_root(str(base_url))
-        if not url.startswith(("http://", "https://")):
-            raise GatewayConfigError(f"model client base URL {base_url!r} is not http(s)")
-        return url
+        return self.settings.resolve_gateway_url(
+            getattr(session.ctx.client, "base_url", None), how_to_set="set --env.interception.url"
+        )
 
     def register_spec(self, session: RolloutSession) -> RegisterSpec:
         """Model, sampling, v1's limits and ``max_seq_len`` of ``session``'s rollout."""
