@@ -439,8 +439,9 @@ class GatewayRollout:
     async def finalize(self, hooks: RolloutHooks) -> None:
         """The one teardown path. Never raises; each step runs at most once.
 
-        1. An agent that did not exit on its own (timeout, tunnel death, failure,
-           cancellation) is cancelled at the gateway, so it adds no turn.
+        1. A cancelled or timed-out rollout, and one whose started agent did not exit on
+           its own (agent timeout, tunnel death, a failure), is cancelled at the gateway,
+           so the agent adds no turn.
         2. A timed-out agent is stopped, and what the gateway recorded is fetched.
         3. Sandbox-side scoring runs unless the rollout was cancelled or failed for
            infrastructure reasons.
@@ -448,7 +449,9 @@ class GatewayRollout:
         5. Exactly one stop condition.
         """
         record = self.record
-        agent_loose = record.agent_exit is None
+        # An agent that may still be running must add no turn (one never started cannot);
+        # a cancelled or timed-out rollout is cancelled at the gateway in any case.
+        agent_loose = record.agent_started and record.agent_exit is None
         if agent_loose or record.cancelled or record.timed_out:
             await self._quiet("cancel", hooks.cancel)
         if record.agent_timed_out or record.timed_out:
