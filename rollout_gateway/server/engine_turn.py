@@ -46,6 +46,7 @@ from rollout_gateway.server.turn_seed import turn_seed
 from rollout_gateway.server.turns import agent_view, flatten_sampling_params
 from rollout_gateway.server.upstream import (
     UpstreamError,
+    connection_failure,
     parse_completion,
     raise_for_upstream_status,
 )
@@ -239,17 +240,11 @@ class EngineTurn:
                     await asyncio.shield(response.aclose())
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             upstream.healthy = False
-            raise UpstreamError(
-                "connect", 502, "upstream unreachable", f"{label} unreachable: {exc!r}"
-            ) from exc
+            raise connection_failure("connect", label, exc) from exc
         except TimeoutError as exc:
-            raise UpstreamError(
-                "timeout", 502, "upstream timed out", f"{label} timed out: {exc!r}"
-            ) from exc
+            raise connection_failure("timeout", label, exc) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError(
-                "transport", 502, "upstream connection failed", f"{label} failed: {exc!r}"
-            ) from exc
+            raise connection_failure("transport", label, exc) from exc
         except StreamError as exc:
             raise UpstreamError("protocol", exc.status_code, exc.message, label) from exc
         finally:

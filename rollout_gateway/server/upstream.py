@@ -34,6 +34,21 @@ class UpstreamError(Exception):
         self.detail = detail or message
 
 
+#: What the agent and the operator are told when the connection to an upstream fails.
+_CONNECTION_FAILURES: dict[str, tuple[str, str]] = {
+    "connect": ("upstream unreachable", "unreachable"),
+    "timeout": ("upstream timed out", "timed out"),
+    "transport": ("upstream connection failed", "failed"),
+}
+
+
+def connection_failure(kind: ErrorKind, label: str, exc: BaseException) -> UpstreamError:
+    """The :class:`UpstreamError` of a failed connection to the upstream ``label``:
+    ``connect``, ``timeout`` or ``transport`` (one wording for every upstream call)."""
+    message, detail = _CONNECTION_FAILURES[kind]
+    return UpstreamError(kind, 502, message, f"{label} {detail}: {exc!r}")
+
+
 def redact_url(url: str) -> str:
     """``url`` without credentials, query or fragment (safe for logs, metrics, health)."""
     parts = urlsplit(url)
@@ -254,17 +269,11 @@ class UpstreamPool:
             if upstream.healthy:
                 logger.warning("upstream=%s marked unhealthy: %r", label, exc)
             upstream.healthy = False
-            raise UpstreamError(
-                "connect", 502, "upstream unreachable", f"{label} unreachable: {exc!r}"
-            ) from exc
+            raise connection_failure("connect", label, exc) from exc
         except (httpx.TimeoutException, TimeoutError) as exc:
-            raise UpstreamError(
-                "timeout", 502, "upstream timed out", f"{label} timed out: {exc!r}"
-            ) from exc
+            raise connection_failure("timeout", label, exc) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError(
-                "transport", 502, "upstream connection failed", f"{label} failed: {exc!r}"
-            ) from exc
+            raise connection_failure("transport", label, exc) from exc
         finally:
             upstream.in_flight -= 1
         elapsed = time.perf_counter() - start
@@ -314,6 +323,7 @@ __all__ = [
     "ErrorKind",
     "Upstream",
     "UpstreamError",
+    "connection_failure",
     "UpstreamPool",
     "raise_for_upstream_status",
     "parse_completion",
