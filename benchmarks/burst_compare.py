@@ -19,6 +19,10 @@ per held rollout, which is given for both (the fresh one is what N rollouts cost
 - job-status calls: ``get_background_job`` calls at the fake sandbox client / rollouts;
 - env CPU: process CPU during the burst / rollouts (the fake world runs in the same
   process and does the same work on both sides, per call made to it);
+- the verifiers floor: the same process then runs N concurrent do-nothing rollouts on
+  its side's plain ``CliAgentEnv`` (state init, scoring, cleanup handlers, output; see
+  :func:`floor_env`); "the mixin's own" CPU is env CPU minus that floor. The sides run
+  different verifiers (0.3 vs 0.1.11), whose own per-rollout cost differs;
 - GC: every collection timed through ``gc.callbacks``;
 - register p50: ``register_rollout`` as the env awaits it; fetched-to-returned:
   ``fetch_trajectory`` returned -> ``run_rollout`` returned (scoring, unregister, delete);
@@ -187,6 +191,63 @@ async def build_earlier(world: bw.World) -> Side:
     )
 
 
+async def floor_env(name: str) -> Any:
+    """The verifiers floor of a side: its ``CliAgentEnv`` with a rollout that does nothing.
+
+    ``run_rollout`` on it pays what verifiers itself costs per rollout on that side's
+    version (state init, scoring, the cleanup handlers both mixins run, output
+    conversion) and nothing of either mixin. Subtracted from a side's env CPU it gives
+    the mixin's own CPU: the two sides run different verifiers (0.3 vs 0.1.11), and
+    0.3's own per-rollout work is heavier (signature inspection per handler, a thread
+    hop per output).
+    """
+    import verifiers as vf
+
+    if name == "ours":
+        base = vf.CliAgentEnv
+    else:
+        from verifiers.envs.experimental.cli_agent_env import CliAgentEnv as base
+
+    class FloorEnv(base):  # type: ignore[misc, valid-type]
+        """No gateway, no sandbox, no agent: only verifiers' own per-rollout work."""
+
+        async def rollout(self, input: Any, client: Any, model: str, sampling_args: Any = None):
+            state = await self.init_state(input, client, model, sampling_args)
+            state["trajectory"], state["completion"] = [], []
+            cleanup = getattr(self, "_cleanup", None) or self.cleanup  # 0.1.11 / 0.3 name
+            await cleanup(state)
+            return state
+
+    return FloorEnv(run_command="python agent.py", dataset=_dataset(), rubric=_rubric(vf))
+
+
+async def run_floor(name: str, client: Any, n: int) -> dict:
+    """CPU and GC of ``n`` concurrent do-nothing rollouts on the side's verifiers."""
+    from rollout_gateway.testing import task_row
+
+    env = await floor_env(name)
+
+    async def burst() -> None:
+        await asyncio.gather(
+            *(
+                env.run_rollout(task_row(i), client, "policy-model", {"temperature": 1.0})
+                for i in range(n)
+            )
+        )
+
+    await burst()  # warm-up: lazy imports, first-use caches
+    gc_timer = bw.GcTimer()
+    with gc_timer:
+        cpu0 = time.process_time()
+        await burst()
+        cpu = time.process_time() - cpu0
+    return {
+        "cpu_ms_per_rollout": cpu / n * 1000,
+        "gc_max_pause_cpu_ms": max(gc_timer.cpu_ms, default=0.0),
+        "gc_collections": dict(sorted(gc_timer.by_generation.items())),
+    }
+
+
 BUILDERS = {"ours": build_ours, "earlier": build_earlier}
 
 
@@ -303,12 +364,14 @@ async def run_side(name: str, n: int, seed: int) -> dict:
         steady = await run_burst(side, world, client, n, offset=warmup + n)
     finally:
         await side.env._teardown()
+    floor = await run_floor(name, client, n)
     return {
         "side": name,
         "verifiers": importlib.metadata.version("verifiers"),
         "warmup": first,
         "fresh": fresh,
         "steady": steady,
+        "floor": floor,
         "load_average": os.getloadavg(),
         "tunnel_starts": side.tunnel_starts(),
         "tunnels_alive_after_teardown": side.tunnels_alive(),
@@ -392,6 +455,8 @@ ROWS: list[tuple[str, str, str, str]] = [
     ("job-status calls per rollout (mean)", "steady", "status_calls_per_rollout", ".2f"),
     ("control-plane calls per rollout (mean)", "steady", "gateway_calls_per_rollout", ".2f"),
     ("env CPU per rollout (ms)", "steady", "cpu_ms_per_rollout", ".1f"),
+    ("  of which verifiers' own floor (ms)", "floor", "cpu_ms_per_rollout", ".1f"),
+    ("  the mixin's own: env CPU - floor (ms)", "mixin", "cpu_ms_per_rollout", ".1f"),
     ("longest GC pause, wall (ms)", "steady", "gc_max_pause_ms", ".1f"),
     ("longest GC pause, CPU time (ms)", "steady", "gc_max_pause_cpu_ms", ".1f"),
     ("GC time during burst (ms)", "steady", "gc_total_ms", ".1f"),
@@ -416,9 +481,13 @@ def figure(runs: list[dict], phase: str, key: str) -> float | None:
         return None
     if phase == "all":
         values = [r["warmup"][key] + r["fresh"][key] + r["steady"][key] for r in runs]
+    elif phase == "mixin":  # the steady burst above the side's verifiers floor
+        values = [r["steady"][key] - r["floor"][key] for r in runs if "floor" in r]
+    elif phase == "floor":
+        values = [r["floor"][key] for r in runs if "floor" in r]
     else:
         values = [r[phase][key] for r in runs]
-    return statistics.median(values)
+    return statistics.median(values) if values else None
 
 
 def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
@@ -478,6 +547,9 @@ def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
         and all(r["tunnels_alive_after_teardown"] == 0 for r in ours),
     }
     if earlier:
+        checks["the mixin's own CPU per rollout (above its verifiers floor) <= earlier's"] = get(
+            ours, "mixin", "cpu_ms_per_rollout"
+        ) <= get(earlier, "mixin", "cpu_ms_per_rollout")
         for label, key in (
             ("job-status calls per rollout <= earlier's", "status_calls_per_rollout"),
             ("env CPU per rollout <= earlier's", "cpu_ms_per_rollout"),

@@ -9,10 +9,12 @@ in :meth:`GatewayClient._request`, and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from types import SimpleNamespace
+from typing import Any, TypeVar, cast
 
 import httpx
 import orjson
@@ -29,6 +31,11 @@ from rollout_gateway.errors import (
 )
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Request bodies are encoded with orjson (a burst registers hundreds at once).
+_JSON_CONTENT = {"Content-Type": "application/json"}
 
 #: Statuses worth another attempt: the gateway (or a proxy in front of it) is busy.
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
@@ -57,20 +64,54 @@ class RetryPolicy:
         if self.initial_backoff < 0 or self.max_backoff < 0 or self.jitter < 0:
             raise ValueError("RetryPolicy waits must be non-negative")
 
-    def retrying(self) -> tenacity.AsyncRetrying:
-        """A fresh tenacity controller retrying only transient :class:`GatewayError`."""
+    def retrying(self, *, after: int = 0) -> tenacity.AsyncRetrying:
+        """A fresh tenacity controller retrying only transient :class:`GatewayError`.
+
+        ``after`` attempts already failed (and their waits were slept): the controller
+        then runs the remaining attempts with the waits that follow.
+        """
         extra: dict[str, Any] = {"sleep": self.sleep} if self.sleep is not None else {}
         return tenacity.AsyncRetrying(
             **extra,
-            stop=tenacity.stop_after_attempt(self.max_attempts),
+            stop=tenacity.stop_after_attempt(self.max_attempts - after),
             wait=tenacity.wait_exponential_jitter(
-                initial=self.initial_backoff, max=self.max_backoff, jitter=self.jitter
+                initial=self.initial_backoff * 2**after, max=self.max_backoff, jitter=self.jitter
             ),
             retry=tenacity.retry_if_exception(
                 lambda e: isinstance(e, GatewayError) and e.retryable
             ),
             reraise=True,
         )
+
+    def backoff(self, failures: int) -> float:
+        """The wait after ``failures`` failed attempts (tenacity's exponential jitter)."""
+        return tenacity.wait_exponential_jitter(
+            initial=self.initial_backoff * 2 ** (failures - 1),
+            max=self.max_backoff,
+            jitter=self.jitter,
+        )(_FIRST_RETRY_STATE)
+
+    async def call(self, attempt: Callable[[bool], Awaitable[T]]) -> T:
+        """``attempt(retried)`` under this policy.
+
+        The first try runs without tenacity's machinery (nearly every control-plane call
+        succeeds at once, and a burst of rollouts makes thousands of them); only after
+        a transient failure does the tenacity controller take over.
+        """
+        try:
+            return await attempt(False)
+        except GatewayError as e:
+            if not e.retryable or self.max_attempts == 1:
+                raise
+        await (self.sleep or asyncio.sleep)(self.backoff(1))
+        async for try_ in self.retrying(after=1):
+            with try_:
+                return await attempt(True)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+#: tenacity's wait strategies read only the attempt number (1: the first wait).
+_FIRST_RETRY_STATE = cast(tenacity.RetryCallState, SimpleNamespace(attempt_number=1))
 
 
 #: Connect fast, but let a trajectory of a long rollout take its time to come back.
@@ -156,15 +197,22 @@ class GatewayClient:
             extra=extra,
         )
         path = protocol.register_path(_checked_id(rollout_id))
-        async for try_ in self.retry.retrying():
-            with try_:
-                try:
-                    data = await self._request_once("POST", path, rollout_id, json=body)
-                except RolloutConflictError:
-                    if try_.retry_state.attempt_number == 1:
-                        raise
-                    logger.info("rollout=%s register retried: already registered", rollout_id)
-                    return protocol.register_response(rollout_id, body)
+        content = orjson.dumps(body)
+
+        async def attempt(retried: bool) -> Any:
+            try:
+                return await self._request_once(
+                    "POST", path, rollout_id, content=content, headers=_JSON_CONTENT
+                )
+            except RolloutConflictError:
+                if not retried:
+                    raise
+                logger.info("rollout=%s register retried: already registered", rollout_id)
+                return None
+
+        data = await self.retry.call(attempt)
+        if data is None:  # an earlier attempt landed: its answer was lost
+            return protocol.register_response(rollout_id, body)
         response = cast(protocol.RegisterResponse, _require_dict(data, "register", rollout_id))
         answered_key = response.get("api_key")
         if answered_key is not None and not isinstance(answered_key, str):
@@ -174,9 +222,17 @@ class GatewayClient:
         return response
 
     async def get_trajectory(self, rollout_id: str) -> protocol.TrajectoryResponse:
-        """Fetch the recorded trajectory of a rollout."""
+        """Fetch the recorded trajectory of a rollout (the protocol table's full form).
+
+        It is asked for in the delta form, where each step holds only what the previous
+        one does not (a 40-turn rollout at 32k context: 0.3 MB instead of 10 MB), and
+        expanded here; a gateway without the delta form answers the full one.
+        """
         data = await self._request(
-            "GET", protocol.trajectory_path(_checked_id(rollout_id)), rollout_id
+            "GET",
+            protocol.trajectory_path(_checked_id(rollout_id)),
+            rollout_id,
+            params=protocol.TRAJECTORY_DELTA_QUERY,
         )
         body = _require_dict(data, "trajectory", rollout_id)
         steps = body.get("trajectory")
@@ -184,6 +240,14 @@ class GatewayClient:
             raise GatewayProtocolError(
                 "trajectory answer: 'trajectory' is not a list", rollout_id=rollout_id
             )
+        if body.pop("format", None) == "delta" and steps is not None:
+            try:
+                body["trajectory"] = protocol.expand_delta_steps(steps)
+            except (KeyError, TypeError, IndexError) as e:
+                raise GatewayProtocolError(
+                    f"trajectory answer: malformed delta step ({type(e).__name__}: {e})",
+                    rollout_id=rollout_id,
+                ) from e
         return cast(protocol.TrajectoryResponse, body)
 
     async def cancel(self, rollout_id: str) -> protocol.StatusResponse:
@@ -215,10 +279,9 @@ class GatewayClient:
 
     async def _request(self, method: str, path: str, rollout_id: str, **kwargs: Any) -> Any:
         """One control-plane call with the retry policy applied."""
-        async for try_ in self.retry.retrying():
-            with try_:
-                return await self._request_once(method, path, rollout_id, **kwargs)
-        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+        return await self.retry.call(
+            lambda retried: self._request_once(method, path, rollout_id, **kwargs)
+        )
 
     async def _request_once(self, method: str, path: str, rollout_id: str, **kwargs: Any) -> Any:
         """One attempt; translates every httpx failure into a typed error."""

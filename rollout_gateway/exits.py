@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 #: Reports kept for rollouts that were not (yet) waiting when they arrived.
 UNCLAIMED_LIMIT = 10_000
 
+#: After an answer with reports, wait this long before asking again, so the exits of a
+#: burst come back a few per call rather than one call each (10 ms is far below the
+#: detection target of 50 ms, and cuts the polls of a 500-rollout burst several-fold).
+EXIT_COALESCE = 0.01
+
 
 class ExitBoard:
     """Exit reports of registered rollouts, numbered, with waiters for new ones."""
@@ -81,7 +86,8 @@ class ExitWatcher:
     Args:
         client: the gateway's control-plane client.
         wait: seconds one long-poll may wait (at most :data:`protocol.EXITS_MAX_WAIT`).
-        sleep: the pause after a failed poll (a seam for tests).
+        coalesce: seconds to wait after an answer with reports before the next poll.
+        sleep: the pause after a failed poll or an answer (a seam for tests).
     """
 
     def __init__(
@@ -89,10 +95,12 @@ class ExitWatcher:
         client: GatewayClient,
         *,
         wait: float = protocol.EXITS_MAX_WAIT,
+        coalesce: float = EXIT_COALESCE,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.client = client
         self.wait = min(wait, protocol.EXITS_MAX_WAIT)
+        self.coalesce = coalesce
         self._sleep = sleep
         #: ``None`` until the gateway answered once; then whether it has the extension.
         self.supported: bool | None = None
@@ -130,11 +138,13 @@ class ExitWatcher:
         """Stop the loop and release every waiter. Idempotent."""
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and task.get_loop() is asyncio.get_running_loop():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        for rollout_id in list(self._waiters):
-            self.unsubscribe(rollout_id)
+        waiters, self._waiters = self._waiters, {}
+        for future in waiters.values():
+            if not future.done() and future.get_loop() is asyncio.get_running_loop():
+                future.cancel()
 
     async def _loop(self) -> None:
         failures = 0
@@ -158,6 +168,8 @@ class ExitWatcher:
                 self._cursor = answer["cursor"]
                 for report in answer["exits"]:
                     self._deliver(report["rollout_id"], report["exit_code"])
+                if answer["exits"] and self.coalesce > 0:
+                    await self._sleep(self.coalesce)
                 continue
             await self._sleep(min(30.0, 0.5 * 2**failures))
 
@@ -172,4 +184,4 @@ class ExitWatcher:
             self._unclaimed.popitem(last=False)
 
 
-__all__ = ["UNCLAIMED_LIMIT", "ExitBoard", "ExitWatcher"]
+__all__ = ["EXIT_COALESCE", "UNCLAIMED_LIMIT", "ExitBoard", "ExitWatcher"]

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_gateway import protocol
+from rollout_gateway import agent_wait, protocol
 from rollout_gateway.errors import (
     AgentPollError,
     GatewayError,
@@ -277,93 +277,21 @@ class GatewayRollout:
     ) -> AgentExit:
         """Call ``probe`` (``None`` while the agent runs) until the agent exited.
 
-        With exit reports on and a gateway that has them, ``probe`` runs when the agent's
-        report arrives (to confirm it: the agent could lie) and otherwise only every
-        ``safety_interval`` s; without them, on the poll policy's adaptive interval.
-        Transient probe errors are tolerated up to the policy's limit in a row.
+        See :func:`rollout_gateway.agent_wait.poll_until_exit`.
         """
-        policy = self.settings.poll
-        clock = self.settings.clock
-        started = clock()
-        read_errors = 0
-        watcher = hint = None
-        if self.settings.exit_reports and self.record.gateway_url is not None:
-            watcher = self.resources.exit_watcher(self.record.gateway_url)
-            hint = watcher.subscribe(self.rollout_id)
-        try:
-            if hint is not None:  # the agent just started: wait for its report first
-                await self._sleep_or_hint(policy.min_interval, hint)
-                if not hint.done() and watcher is not None and watcher.supported:
-                    await self._sleep_or_hint(policy.safety_interval, hint)
-            while True:
-                self.record.agent_polls += 1
-                try:
-                    result = await probe()
-                except Exception as e:
-                    if not is_transient(e):
-                        raise AgentPollError(f"polling the agent failed: {e}") from e
-                    read_errors += 1
-                    if read_errors >= policy.max_consecutive_read_errors:
-                        raise AgentPollError(
-                            f"polling the agent failed {read_errors} times in a row: {e}"
-                        ) from e
-                    logger.warning("rollout=%s transient poll error: %s", self.rollout_id, e)
-                else:
-                    read_errors = 0
-                    if result is not None:
-                        self.record.agent_exit = result
-                        return result
-                if hint is not None and hint.done():
-                    hint = None  # a report the sandbox did not confirm: poll from now on
-                interval = policy.interval(clock() - started)
-                if hint is not None and watcher is not None and watcher.supported:
-                    interval = policy.safety_interval
-                await self._sleep_or_hint(interval, hint)
-        finally:
-            if watcher is not None:
-                watcher.unsubscribe(self.rollout_id)
-
-    async def _sleep_or_hint(self, seconds: float, hint: asyncio.Future[int | None] | None) -> None:
-        """Sleep ``seconds`` (the settings' sleep), or less if ``hint`` resolves first."""
-        sleeper = asyncio.ensure_future(self.settings.sleep(seconds))
-        if hint is None or hint.done():
-            await sleeper
-            return
-        futures: set[asyncio.Future[Any]] = {sleeper, hint}
-        try:
-            await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
+        return await agent_wait.poll_until_exit(self, probe, is_transient=is_transient)
 
     async def wait_for_agent(self, until_exit: Awaitable[Any]) -> None:
         """Wait for ``until_exit``, racing the agent timeout and the tunnel's death.
 
-        On timeout the rollout is marked ``agent_timed_out`` (not an error: the policy
-        ran too long). A tunnel that dies meanwhile fails the rollout with
-        :class:`GatewayTunnelError` at once.
+        See :func:`rollout_gateway.agent_wait.wait_for_agent`.
         """
-        waiter = asyncio.ensure_future(until_exit)
-        watchers: list[asyncio.Future[Any]] = [waiter]
-        if self._lease is not None:
-            watchers.append(asyncio.ensure_future(self._lease.wait_dead()))
-        timeout = self.settings.agent_timeout
-        try:
-            done, _ = await asyncio.wait(
-                watchers, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for future in watchers:
-                if not future.done():
-                    future.cancel()
-            await asyncio.gather(*watchers, return_exceptions=True)
-        if waiter in done:
-            waiter.result()  # re-raise the poll's own failure
-            return
-        if len(done) > 0:  # the lease's death
-            raise GatewayTunnelError(
-                f"the tunnel died while the agent ran ({self._lease.reason if self._lease else ''})"
-            )
-        self.record.agent_timed_out = True
+        await agent_wait.wait_for_agent(self, until_exit)
+
+    @property
+    def lease(self) -> TunnelLease | None:
+        """The rollout's tunnel lease, once leased."""
+        return self._lease
 
     async def fetch_trajectory(self) -> dict[str, Any]:
         """Fetch the recorded trajectory into ``record.trajectory``."""
@@ -409,12 +337,17 @@ class GatewayRollout:
         if task is not None:
             self.resources.track(task)
         self.record.times["start"] = time.time()
+        deadline = asyncio.timeout(timeout)
         try:
-            await asyncio.wait_for(self._stages(hooks), timeout=timeout)
+            async with deadline:  # in this task: no task per rollout for the deadline
+                await self._stages(hooks)
         except asyncio.CancelledError:
             self.record.cancelled = True
-        except TimeoutError:
-            self.record.timed_out = True
+        except TimeoutError as e:
+            if deadline.expired():
+                self.record.timed_out = True
+            else:
+                self.fail(self._typed(e, RolloutInfraError, "rollout"))
         except Exception as e:  # _stages types every error; this is a last resort
             self.fail(self._typed(e, RolloutInfraError, "rollout"))
         finalize = asyncio.ensure_future(self.finalize(hooks))
@@ -525,6 +458,7 @@ class GatewayRollout:
     ) -> None:
         timeout = self.settings.finalize_step_timeout
         try:
+            # Its own task: a hook that cancels its task fails the step, not finalize.
             await asyncio.wait_for(self._step(name, hook, error_type), timeout)
         except TimeoutError:
             raise error_type(f"{name} did not finish within {timeout:g}s") from None

@@ -484,6 +484,59 @@ def expand_delta_steps(steps: list[dict[str, Any]]) -> list[TrajectoryStepBody]:
     return out
 
 
+def delta_steps(steps: list[TrajectoryStepBody]) -> list[dict[str, Any]]:
+    """The delta form of full ``steps`` (the inverse of :func:`expand_delta_steps`).
+
+    For gateways (and fakes) that store full steps; each step's prompt is expressed
+    against the previous step's prompt + completion, messages and token ids alike.
+    """
+    out: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = []
+    history_ids: list[int] = []
+    for step in steps:
+        prompt = step["prompt"]
+        shared = _common_prefix(history, prompt)
+        delta: dict[str, Any] | None = None
+        tokens = step["tokens"]
+        if tokens is not None:
+            prompt_ids = tokens["prompt_ids"]
+            shared_ids = _common_prefix(history_ids, prompt_ids)
+            delta = {
+                "prompt_shared": shared_ids,
+                "prompt_new_ids": prompt_ids[shared_ids:],
+                "completion_ids": tokens["completion_ids"],
+                "completion_logprobs": tokens["completion_logprobs"],
+                "overlong_prompt": tokens["overlong_prompt"],
+                "is_truncated": tokens["is_truncated"],
+            }
+            history_ids = [*prompt_ids, *tokens["completion_ids"]]
+        else:
+            history_ids = []
+        out.append(
+            {
+                "prompt_shared": shared,
+                "prompt_new": prompt[shared:],
+                "completion": step["completion"],
+                "tokens": delta,
+                "reward": step.get("reward"),
+                "advantage": step.get("advantage"),
+                "is_truncated": step["is_truncated"],
+                "trajectory_id": step["trajectory_id"],
+                "extras": step.get("extras") or {},
+            }
+        )
+        history = [*prompt, *step["completion"]]
+    return out
+
+
+def _common_prefix(a: list[Any], b: list[Any]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class StatusResponse(TypedDict):
     """Success body of cancel and unregister."""
 
@@ -532,6 +585,7 @@ __all__ = [
     "TurnTiming",
     "cancel_path",
     "chat_completions_path",
+    "delta_steps",
     "exit_path",
     "expand_delta_steps",
     "flatten_sampling_args",

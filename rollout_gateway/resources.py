@@ -89,7 +89,10 @@ class GatewayResources:
         path unregisters and deletes what they hold while the clients still work.
         """
         current = asyncio.current_task()
-        tasks = [t for t in self._in_flight if t is not current and not t.done()]
+        loop = asyncio.get_running_loop()  # tasks of a closed loop died with it
+        tasks = [
+            t for t in self._in_flight if t is not current and not t.done() and t.get_loop() is loop
+        ]
         for task in tasks:
             task.cancel()
         if tasks:

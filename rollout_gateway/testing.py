@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CommandResponse
@@ -62,10 +62,13 @@ class FakeGateway:
         issue_api_keys: bool = False,
         latency: float | Callable[[], float] = 0.0,
         exit_reports: bool = True,
+        delta_trajectories: bool = True,
     ) -> None:
         self.rollouts: dict[str, FakeRollout] = {}
         #: Whether the exit-report extension is served (else its routes answer 404).
         self.exit_reports = exit_reports
+        #: Whether ``?format=delta`` is honoured (else the full form is always sent).
+        self.delta_trajectories = delta_trajectories
         self.exit_board = ExitBoard()
         self.issue_api_keys = issue_api_keys
         self.latency = latency
@@ -175,19 +178,22 @@ class FakeGateway:
             if steps:
                 last = steps[-1]
                 completion = (last["prompt"] + last["completion"])[len(prompt) :]
-            return httpx.Response(
-                200,
-                json={
-                    "rollout_id": rollout_id,
-                    "status": rollout.status,
-                    "num_turns": len(steps),
-                    "model": rollout.register_body.get("model"),
-                    "prompt": prompt,
-                    "completion": completion,
-                    "is_truncated": any(s["is_truncated"] for s in steps),
-                    "trajectory": steps,
-                },
-            )
+            trajectory: dict[str, Any] = {
+                "rollout_id": rollout_id,
+                "status": rollout.status,
+                "num_turns": len(steps),
+                "model": rollout.register_body.get("model"),
+                "prompt": prompt,
+                "completion": completion,
+                "is_truncated": any(s["is_truncated"] for s in steps),
+                "trajectory": steps,
+            }
+            if request.url.params.get("format") == "delta" and self.delta_trajectories:
+                trajectory["trajectory"] = protocol.delta_steps(
+                    cast(list[protocol.TrajectoryStepBody], steps)
+                )
+                trajectory["format"] = "delta"
+            return httpx.Response(200, json=trajectory)
         if op == "cancel" and request.method == "POST":
             rollout.status = "cancelled"
             self.cancelled.append(rollout_id)

@@ -159,22 +159,34 @@ class TunnelLease:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._dead = asyncio.Event()
         self.reason = ""
+        self._is_dead = False
+        self._dead: asyncio.Future[str] | None = None
 
     @property
     def is_dead(self) -> bool:
         """Whether the tunnel died while this lease held it."""
-        return self._dead.is_set()
+        return self._is_dead
+
+    def dead_future(self) -> asyncio.Future[str]:
+        """A future resolved with the reason when the tunnel of this lease dies."""
+        if self._dead is None:
+            self._dead = asyncio.get_running_loop().create_future()
+            if self._is_dead:
+                self._dead.set_result(self.reason)
+        return self._dead
 
     async def wait_dead(self) -> str:
         """Return (with the reason) once the tunnel of this lease died."""
-        await self._dead.wait()
-        return self.reason
+        return await asyncio.shield(self.dead_future())
 
     def _mark_dead(self, reason: str) -> None:
+        if self._is_dead:
+            return
         self.reason = reason
-        self._dead.set()
+        self._is_dead = True
+        if self._dead is not None and not self._dead.done():
+            self._dead.set_result(reason)
 
 
 class TunnelPool:
@@ -278,7 +290,12 @@ class TunnelPool:
     async def stop_all(self) -> None:
         """Stop every tunnel and the monitor, once. Idempotent; later leases fail."""
         self._closed = True
-        tasks = [t for t in (self._monitor, *self._replacing) if t is not None]
+        # Tasks of another (closed) loop, e.g. an atexit teardown, can be neither
+        # cancelled nor awaited here; they died with their loop.
+        loop = asyncio.get_running_loop()
+        tasks = [
+            t for t in (self._monitor, *self._replacing) if t is not None and t.get_loop() is loop
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

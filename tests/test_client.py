@@ -149,3 +149,104 @@ async def test_close_is_idempotent():
 def test_retry_policy_validates():
     with pytest.raises(ValueError):
         RetryPolicy(max_attempts=0)
+
+
+@respx.mock
+async def test_retry_waits_grow_exponentially_through_the_sleep_seam():
+    slept: list[float] = []
+
+    async def record(seconds: float) -> None:
+        slept.append(seconds)
+
+    policy = RetryPolicy(
+        max_attempts=5, initial_backoff=0.1, max_backoff=0.3, jitter=0, sleep=record
+    )
+    route = respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").mock(
+        side_effect=[httpx.Response(503)] * 4 + [httpx.Response(200, json={"trajectory": []})]
+    )
+    async with GatewayClient(ROOT, retry=policy) as client:
+        assert await client.get_trajectory(RID) == {"trajectory": []}
+    assert slept == pytest.approx([0.1, 0.2, 0.3, 0.3])  # doubled, capped at max_backoff
+    assert route.call_count == 5
+
+
+@respx.mock
+async def test_a_single_attempt_policy_never_retries():
+    route = respx.post(f"{ROOT}/v1/rollouts/{RID}/cancel").respond(503)
+    async with GatewayClient(ROOT, retry=RetryPolicy(max_attempts=1)) as client:
+        with pytest.raises(GatewayUnavailableError):
+            await client.cancel(RID)
+    assert route.call_count == 1
+
+
+FULL_STEPS = [
+    {
+        "prompt": [{"role": "user", "content": "hi"}],
+        "completion": [{"role": "assistant", "content": "a"}],
+        "tokens": {
+            "prompt_ids": [1, 2],
+            "prompt_mask": [0, 0],
+            "completion_ids": [3],
+            "completion_mask": [1],
+            "completion_logprobs": [-0.5],
+            "overlong_prompt": False,
+            "is_truncated": False,
+        },
+        "reward": None,
+        "advantage": None,
+        "is_truncated": False,
+        "trajectory_id": "t",
+        "extras": {},
+    },
+    {
+        "prompt": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "more"},
+        ],
+        "completion": [{"role": "assistant", "content": "b"}],
+        "tokens": {
+            "prompt_ids": [1, 2, 3, 4],
+            "prompt_mask": [0, 0, 0, 0],
+            "completion_ids": [5, 6],
+            "completion_mask": [1, 1],
+            "completion_logprobs": [-0.1, -0.2],
+            "overlong_prompt": False,
+            "is_truncated": False,
+        },
+        "reward": None,
+        "advantage": None,
+        "is_truncated": False,
+        "trajectory_id": "t",
+        "extras": {"finish_reason": "stop"},
+    },
+]
+
+
+@respx.mock
+async def test_the_trajectory_is_asked_in_delta_form_and_expanded(client):
+    from rollout_gateway.protocol import delta_steps
+
+    route = respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").respond(
+        200, json={"rollout_id": RID, "format": "delta", "trajectory": delta_steps(FULL_STEPS)}
+    )
+    answer = await client.get_trajectory(RID)
+    assert route.calls.last.request.url.params["format"] == "delta"
+    assert answer == {"rollout_id": RID, "trajectory": FULL_STEPS}
+
+
+@respx.mock
+async def test_a_gateway_without_the_delta_form_answers_the_full_one(client):
+    respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").respond(
+        200, json={"rollout_id": RID, "trajectory": FULL_STEPS}
+    )
+    assert (await client.get_trajectory(RID))["trajectory"] == FULL_STEPS
+
+
+@respx.mock
+async def test_a_malformed_delta_step_is_a_protocol_error(client):
+    respx.get(f"{ROOT}/v1/rollouts/{RID}/trajectory").respond(
+        200, json={"format": "delta", "trajectory": [{"prompt_shared": 0}]}
+    )
+    with pytest.raises(GatewayProtocolError, match="malformed delta"):
+        await client.get_trajectory(RID)

@@ -58,6 +58,30 @@ async def test_the_watcher_delivers_reports_and_keeps_early_ones():
         await watcher.aclose()
 
 
+async def test_the_watcher_coalesces_a_burst_of_exits_into_few_polls():
+    gateway = FakeGateway()
+    ids = [f"r{i}" for i in range(20)]
+    for rid in ids:
+        gateway.rollouts[rid] = None  # type: ignore[assignment]
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:  # the coalescing window, made deterministic
+        pauses.append(seconds)
+        for rid in ids[1:]:
+            gateway.exit_board.report(rid, 0)  # the rest of the burst exits meanwhile
+
+    async with GatewayClient("http://gw.test:8000", transport=gateway.transport()) as client:
+        watcher = ExitWatcher(client, sleep=pause)
+        hints = [watcher.subscribe(rid) for rid in ids]
+        gateway.exit_board.report(ids[0], 0)
+        assert await asyncio.wait_for(asyncio.gather(*hints), 2) == [0] * 20
+        await watcher.aclose()
+    # One answer with the first exit, a pause, one answer with the other 19 (plus the
+    # first support probe): not one poll per exit.
+    assert gateway.op_counts["exits"] <= 4
+    assert pauses and pauses[0] == pytest.approx(0.01)
+
+
 async def test_the_watcher_turns_off_for_a_gateway_without_the_extension():
     gateway = FakeGateway(exit_reports=False)
     async with GatewayClient("http://gw.test:8000", transport=gateway.transport()) as client:

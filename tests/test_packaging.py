@@ -22,6 +22,8 @@ CORE_MODULES = [
     "rollout_gateway.settings",
     "rollout_gateway.resources",
     "rollout_gateway.lifecycle",
+    "rollout_gateway.agent_wait",
+    "rollout_gateway.interrupt",
     "rollout_gateway.exits",
     "rollout_gateway.launch",
     "rollout_gateway.polling",

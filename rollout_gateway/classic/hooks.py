@@ -9,6 +9,7 @@ the core's record.
 
 from __future__ import annotations
 
+import weakref
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
 
 
 #: The gateway rollout the current task runs (for steps whose signature carries no state).
-current_rollout: ContextVar[GatewayRollout | None] = ContextVar(
+#: A weak reference: contexts are copied into every timer and callback scheduled during
+#: the rollout (some outlive it in the event loop's heap), and must not keep a finished
+#: rollout, with its trajectory, alive. The mixin holds the rollout while it runs.
+current_rollout: ContextVar[weakref.ref[GatewayRollout] | None] = ContextVar(
     "rollout_gateway_current_rollout", default=None
 )
 

@@ -90,7 +90,9 @@ def convert_tokens(raw: object, where: str) -> TrajectoryStepTokens | None:
         raise GatewayProtocolError(
             f"{where}: completion_ids, completion_mask and completion_logprobs differ in length"
         )
-    tokens: dict[str, Any] = {f: list(raw[f]) for f in _TOKEN_LIST_FIELDS}
+    # The answer's lists are the client's own (decoded or expanded for this call): kept,
+    # not copied (a long rollout's prompt ids are most of its memory).
+    tokens: dict[str, Any] = {f: raw[f] for f in _TOKEN_LIST_FIELDS}
     tokens["overlong_prompt"] = bool(raw.get("overlong_prompt", False))
     tokens["is_truncated"] = bool(raw.get("is_truncated", False))
     tokens["routed_experts"] = raw.get("routed_experts")
@@ -129,7 +131,7 @@ def synthesize_response(
     response_tokens = None
     if tokens is not None:
         prompt_n, completion_n = len(tokens["prompt_ids"]), len(tokens["completion_ids"])
-        usage = Usage(
+        usage = Usage.model_construct(
             prompt_tokens=prompt_n,
             completion_tokens=completion_n,
             reasoning_tokens=0,
@@ -147,12 +149,14 @@ def synthesize_response(
             multi_modal_data=None,
             prompt_attribution=None,
         )
-    return Response(
+    # Built from values of known types (the messages were validated on conversion):
+    # constructed, not re-validated, as for the tokens above.
+    return Response.model_construct(
         id=response_id,
         created=int(time.time()),
         model=model,
         usage=usage,
-        message=ResponseMessage(
+        message=ResponseMessage.model_construct(
             content=content,
             reasoning_content=getattr(assistant, "reasoning_content", None),
             tool_calls=tool_calls or None,

@@ -174,7 +174,7 @@ def test_malformed_token_fields_give_tokens_null() -> None:
 async def test_delta_trajectory_rebuilds_the_full_one(gw) -> None:
     """``?format=delta`` holds each step's new messages and ids only; expanding it gives
     exactly the table's answer (abandoned turns and rewritten histories included)."""
-    from rollout_gateway.protocol import expand_delta_steps
+    from rollout_gateway.protocol import delta_steps, expand_delta_steps
 
     from .conftest import script
 
@@ -195,6 +195,8 @@ async def test_delta_trajectory_rebuilds_the_full_one(gw) -> None:
     delta = (await gw.client.get("/v1/rollouts/d1/trajectory", params={"format": "delta"})).json()
     assert delta["format"] == "delta"
     assert expand_delta_steps(delta["trajectory"]) == full["trajectory"]
+    # The delta form computed from full steps (what a gateway storing full steps sends).
+    assert expand_delta_steps(delta_steps(full["trajectory"])) == full["trajectory"]
     assert {k: v for k, v in delta.items() if k not in ("trajectory", "format")} == {
         k: v for k, v in full.items() if k != "trajectory"
     }

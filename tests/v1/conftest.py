@@ -18,6 +18,7 @@ import pytest
 import verifiers.v1 as vf
 
 from rollout_gateway.client import RetryPolicy
+from rollout_gateway.protocol import expand_delta_steps
 from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.server import GatewayConfig, create_app, running_server
 from rollout_gateway.v1 import GatewayInterception, GatewayInterceptionConfig
@@ -39,7 +40,10 @@ class SpyTransport(httpx.AsyncBaseTransport):
         response = await self.inner.handle_async_request(request)
         if request.url.path.endswith("/trajectory") and response.status_code == 200:
             body = await response.aread()
-            self.trajectories.append(json.loads(body))
+            answer = json.loads(body)
+            if answer.get("format") == "delta":  # what the client asks for: kept expanded
+                answer["trajectory"] = expand_delta_steps(answer["trajectory"])
+            self.trajectories.append(answer)
             return httpx.Response(response.status_code, headers=response.headers, content=body)
         return response
 
