@@ -154,15 +154,16 @@ def agent_environment(
     }
 
 
-def _reraise_if_cancelled() -> None:
-    """Inside ``except CancelledError``: re-raise if *this* task is being cancelled.
+def _absorb_cancel() -> None:
+    """Inside ``except CancelledError`` of a finalize step: finalize goes on regardless.
 
-    A finalize step runs in its own task; a ``CancelledError`` out of it while the
-    finalize task itself is not cancelled is that step's failure, not ours to obey.
+    Finalize runs in its own task, shielded from the rollout's cancellation; a cancel
+    seen here is the step's own (its hook cancelled its task) or the loop shutting down,
+    and stopping would leak what the later steps release (each is still bounded).
     """
     task = asyncio.current_task()
     if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+        task.uncancel()
 
 
 def _is_typed(error: BaseException) -> bool:
@@ -350,6 +351,11 @@ class GatewayRollout:
                 self.fail(self._typed(e, RolloutInfraError, "rollout"))
         except Exception as e:  # _stages types every error; this is a last resort
             self.fail(self._typed(e, RolloutInfraError, "rollout"))
+        await self.run_finalize(hooks)
+
+    async def run_finalize(self, hooks: RolloutHooks) -> None:
+        """Run :meth:`finalize` in its own task, to its end even if the caller is cancelled
+        meanwhile; a cancelled rollout then re-raises the cancellation."""
         finalize = asyncio.ensure_future(self.finalize(hooks))
         while not finalize.done():
             try:
@@ -371,6 +377,9 @@ class GatewayRollout:
 
     async def finalize(self, hooks: RolloutHooks) -> None:
         """The one teardown path. Never raises; each step runs at most once.
+
+        Run it in a task of its own (:meth:`run_finalize`): its steps run to their end
+        (each bounded by ``finalize_step_timeout``) through any cancellation.
 
         1. A cancelled or timed-out rollout, and one whose started agent did not exit on
            its own (agent timeout, tunnel death, a failure), is cancelled at the gateway,
@@ -437,7 +446,7 @@ class GatewayRollout:
         try:
             await self._bounded(name, hook, error_type)
         except asyncio.CancelledError:
-            _reraise_if_cancelled()
+            _absorb_cancel()
             self.fail(error_type(f"{name} was cancelled"))
         except Exception as e:
             logger.warning("rollout=%s %s failed: %s", self.rollout_id, name, e)
@@ -448,7 +457,7 @@ class GatewayRollout:
         try:
             await self._bounded(name, hook, RolloutInfraError)
         except asyncio.CancelledError:
-            _reraise_if_cancelled()
+            _absorb_cancel()
             logger.warning("rollout=%s %s was cancelled", self.rollout_id, name)
         except Exception as e:
             logger.warning("rollout=%s %s failed: %s", self.rollout_id, name, e)
@@ -457,10 +466,15 @@ class GatewayRollout:
         self, name: str, hook: Callable[[], Awaitable[None]], error_type: type[Exception]
     ) -> None:
         timeout = self.settings.finalize_step_timeout
+        deadline = asyncio.timeout(timeout)
         try:
-            # Its own task: a hook that cancels its task fails the step, not finalize.
-            await asyncio.wait_for(self._step(name, hook, error_type), timeout)
+            # In finalize's own task: a task per step costs a loop hop each way, which a
+            # loop busy with a 500-rollout burst turns into hundreds of milliseconds.
+            async with deadline:
+                await self._step(name, hook, error_type)
         except TimeoutError:
+            if not deadline.expired():
+                raise
             raise error_type(f"{name} did not finish within {timeout:g}s") from None
 
     def _typed(self, error: Exception, error_type: type[Exception], stage: str) -> Exception:

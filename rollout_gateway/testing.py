@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
+import orjson
 from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CommandResponse
 
 from rollout_gateway import protocol
@@ -140,7 +141,7 @@ class FakeGateway:
             answer = await self.exit_board.wait(
                 int(params.get("after", "0")), float(params.get("timeout", "0"))
             )
-            return httpx.Response(200, json=answer)
+            return _answer(200, answer)
         parsed = protocol.parse_rollout_path(request.url.path)
         if parsed is None:
             return _error(404, "no such route")
@@ -164,13 +165,13 @@ class FakeGateway:
             registered = protocol.register_response(rollout_id, body, api_key=rollout.api_key)
             if rollout.api_key is None:
                 registered.pop("api_key", None)
-            return httpx.Response(200, json=registered)
+            return _answer(200, registered)
         if rollout is None:
             return _error(404, f"unknown rollout {rollout_id}")
         if op == "exit" and request.method == "POST" and self.exit_reports:
             body = json.loads(request.content or b"{}")
             self.exit_board.report(rollout_id, body.get("exit_code"))
-            return httpx.Response(200, json={"rollout_id": rollout_id, "status": "exit_reported"})
+            return _answer(200, {"rollout_id": rollout_id, "status": "exit_reported"})
         if op == "trajectory" and request.method == "GET":
             steps = rollout.steps
             prompt = steps[0]["prompt"] if steps else []
@@ -193,21 +194,29 @@ class FakeGateway:
                     cast(list[protocol.TrajectoryStepBody], steps)
                 )
                 trajectory["format"] = "delta"
-            return httpx.Response(200, json=trajectory)
+            return _answer(200, trajectory)
         if op == "cancel" and request.method == "POST":
             rollout.status = "cancelled"
             self.cancelled.append(rollout_id)
-            return httpx.Response(200, json={"rollout_id": rollout_id, "status": "cancelled"})
+            return _answer(200, {"rollout_id": rollout_id, "status": "cancelled"})
         if op == "unregister" and request.method == "POST":
             del self.rollouts[rollout_id]
             self.exit_board.forget(rollout_id)
             self.unregistered.append(rollout_id)
-            return httpx.Response(200, json={"rollout_id": rollout_id, "status": rollout.status})
+            return _answer(200, {"rollout_id": rollout_id, "status": rollout.status})
         return _error(404, "no such route")
 
 
+def _answer(status: int, body: Any) -> httpx.Response:
+    # orjson, like the reference gateway: a fake that spends more on JSON than the real
+    # one would load the process it shares with the env under test.
+    return httpx.Response(
+        status, content=orjson.dumps(body), headers={"Content-Type": "application/json"}
+    )
+
+
 def _error(status: int, message: str) -> httpx.Response:
-    return httpx.Response(status, json={"error": {"message": message, "type": "fake"}})
+    return _answer(status, {"error": {"message": message, "type": "fake"}})
 
 
 @dataclass

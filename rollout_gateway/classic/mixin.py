@@ -272,7 +272,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
                 rollout.fail(e)
             hooks = ClassicHooks(rollout, self, state)
             if rollout.record.error is not None:
-                await rollout.finalize(hooks)
+                await rollout.run_finalize(hooks)
             else:
                 await rollout.execute(hooks, timeout=self.timeout_seconds)
         finally:
