@@ -84,7 +84,7 @@ class PythonicToolParser:
         return [], calls
 
 
-class TemplateBridgeRenderer(DefaultRenderer):  # type: ignore[misc]
+class TemplateBridgeRenderer(DefaultRenderer):
     """``DefaultRenderer`` with a bridge for templates that close turns with ``close_token``.
 
     Args:
