@@ -446,6 +446,12 @@ class Gateway:
             for u in self.pool.upstreams
             if self.engines[u.base_url].token_ids is False
         ]
+        if self.token_in is not None:
+            warnings += [
+                f"upstream {u.label}: {self.token_in.unserved[u.base_url]}"
+                for u in self.pool.upstreams
+                if u.base_url in self.token_in.unserved
+            ]
         if warnings:
             answer["warnings"] = warnings
         if self._is_admin(request):
@@ -484,7 +490,11 @@ class Gateway:
             *(
                 probe_engine(self.pool.get(url).client, info, self.pool.get(url).label)
                 for url, info in self.engines.items()
-            )
+            ),
+            *(
+                self.token_in.probe(upstream)
+                for upstream in (self.pool.upstreams if self.token_in is not None else ())
+            ),
         )
         tasks = [
             asyncio.create_task(self._periodic(self.config.sweep_interval_s, self.sweep)),

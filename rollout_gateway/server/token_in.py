@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import math
 import secrets
 import threading
@@ -65,11 +66,18 @@ from rollout_gateway.server.upstream import (
 
 if TYPE_CHECKING:
     from rollout_gateway.server.engine_turn import EngineTurn
+    from rollout_gateway.server.upstream import Upstream
+
+logger = logging.getLogger("rollout_gateway.server")
 
 T = TypeVar("T")
 
 #: vLLM's token-in endpoint, at the server root (not under ``/v1``).
 GENERATE_PATH = "/inference/v1/generate"
+
+#: Answers of an engine that does not serve the token-in endpoint (vLLM without
+#: ``--enable-scale-out``: 403; older vLLM or another server: 404 / 405).
+_UNSERVED = (403, 404, 405)
 
 #: The two upstream modes of ``rollout-gateway serve --upstream-mode``.
 UPSTREAM_MODES = ("chat", "token-in")
@@ -207,11 +215,38 @@ class TokenInEngine:
 
     renderer: Any
     name: str = ""
+    #: Upstreams found not serving the token-in endpoint (base URL -> why), for /health.
+    unserved: dict[str, str] = field(default_factory=dict)
     #: Encode-side work mutates a fast tokenizer's state: one at a time, on a thread.
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.name = self.name or type(self.renderer).__name__
+
+    async def probe(self, upstream: Upstream, timeout_s: float = 5.0) -> None:
+        """At start-up: does ``upstream`` serve the token-in endpoint? An empty request
+        costs the engine nothing (refused as invalid when served; vLLM without
+        ``--enable-scale-out`` answers 403). Never raises: an engine not up yet is
+        checked again by its first turn."""
+        root = upstream.base_url.rstrip("/").removesuffix("/v1")
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await upstream.client.post(
+                    f"{root}{GENERATE_PATH}",
+                    content=b"{}",
+                    headers={"Content-Type": "application/json"},
+                )
+        except Exception as exc:  # unreachable now: the turn will tell
+            logger.info("upstream=%s token-in probe failed: %r", upstream.label, exc)
+            return
+        if response.status_code in _UNSERVED:
+            self.unserved[upstream.base_url] = (
+                f"does not serve {GENERATE_PATH} (HTTP {response.status_code}): token-in "
+                "mode needs vLLM >= 0.32 started with --enable-scale-out"
+            )
+            logger.error("upstream=%s %s", upstream.label, self.unserved[upstream.base_url])
+        else:
+            self.unserved.pop(upstream.base_url, None)
 
     async def _encode(self, fn: Callable[[], T]) -> T:
         def locked() -> T:
@@ -304,7 +339,7 @@ class TokenInEngine:
         finally:
             upstream.in_flight -= 1
         upstream.healthy = True
-        if response.status_code in (403, 404, 405):
+        if response.status_code in _UNSERVED:
             raise UpstreamError(
                 "http_4xx",
                 502,
@@ -313,6 +348,7 @@ class TokenInEngine:
                 f"{label} answered {response.status_code} to {GENERATE_PATH}: "
                 f"{response.text[:500]}",
             )
+        self.unserved.pop(upstream.base_url, None)
         raise_for_upstream_status(response, label)
         try:
             data = jsonio.loads_lenient(response.content)

@@ -122,6 +122,9 @@ class FakeTokenEngine:
                 error = {"message": message, "type": "PermissionDeniedError", "code": 403}
                 return JSONResponse({"error": error}, status_code=403)
             body = json.loads(await request.body())
+            if not body.get("token_ids"):  # vLLM validates the request first (min_length=1)
+                error = {"message": "token_ids: field required", "type": "BadRequestError"}
+                return JSONResponse({"error": {**error, "code": 400}}, status_code=400)
             self.requests.append(body)
             ids = [*self.tok.encode(self.answers.pop(0), add_special_tokens=False), self.close]
             logprobs = [-0.25 - 0.01 * i for i in range(len(ids))]
@@ -188,6 +191,7 @@ async def test_tool_rollout_bridges_each_turn_onto_the_sampled_ids(
         tokenizer_dir, ['[run_shell(command="ls -a")]', "Two files.", "Done: a.txt, b.txt"]
     )
     gw = await token_in_gateway(make_gateway, engine, tokenizer_dir)
+    assert "warnings" not in (await gw.client.get("/health")).json()  # the probe found it
     reg = await gw.register("r1", sampling_params={"temperature": 0.7, "max_tokens": 64, "seed": 7})
     assert reg.status_code == 200, reg.text
     messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "List the files."}]
@@ -297,6 +301,9 @@ async def test_engine_without_scale_out_fails_the_turn_clearly(
 ) -> None:
     engine = FakeTokenEngine(tokenizer_dir, [], scale_out=False)
     gw = await token_in_gateway(make_gateway, engine, tokenizer_dir)
+    # Found at start-up: /health says so.
+    (warning,) = (await gw.client.get("/health")).json()["warnings"]
+    assert "--enable-scale-out" in warning
     await gw.register("r1")
     r = await gw.chat("r1", [{"role": "user", "content": "Hi."}])
     assert r.status_code == 502
@@ -307,6 +314,7 @@ async def test_engine_without_scale_out_fails_the_turn_clearly(
     # The rollout is still usable once the engine serves the endpoint.
     engine.scale_out, engine.answers = True, ["Hi."]
     assert (await gw.chat("r1", [{"role": "user", "content": "Hi."}])).status_code == 200
+    assert "warnings" not in (await gw.client.get("/health")).json()
 
 
 async def test_prompt_longer_than_the_engine_context_ends_the_rollout(
