@@ -492,8 +492,9 @@ class Gateway:
                 for url, info in self.engines.items()
             ),
             *(
-                self.token_in.probe(upstream)
-                for upstream in (self.pool.upstreams if self.token_in is not None else ())
+                token_in.probe(upstream)
+                for token_in in ([self.token_in] if self.token_in is not None else [])
+                for upstream in self.pool.upstreams
             ),
         )
         tasks = [
