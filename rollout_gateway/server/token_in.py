@@ -75,6 +75,9 @@ T = TypeVar("T")
 #: vLLM's token-in endpoint, at the server root (not under ``/v1``).
 GENERATE_PATH = "/inference/v1/generate"
 
+#: Agent fields forwarded in chat mode that token-in mode cannot apply.
+_NOT_APPLIED = ("tool_choice", "parallel_tool_calls", "response_format")
+
 #: Answers of an engine that does not serve the token-in endpoint (vLLM without
 #: ``--enable-scale-out``: 403; older vLLM or another server: 404 / 405).
 _UNSERVED = (403, 404, 405)
@@ -294,6 +297,11 @@ class TokenInEngine:
         prompt_ids, bridged = await self.prompt_ids(turn, tools)
         turn.extras["bridged"] = bridged
         turn.extras["renderer"] = self.name
+        # Chat-template controls the generate endpoint has no equivalent for (TrainClient
+        # does not apply them either): recorded, so a trainer can see they were not honoured.
+        not_applied = sorted(k for k in _NOT_APPLIED if body.get(k) is not None)
+        if not_applied:
+            turn.extras["not_applied"] = not_applied
         max_len = turn.engine.max_model_len
         if max_len is not None and len(prompt_ids) >= max_len:
             # The engine's own wording, so the overflow is recorded as in chat mode.

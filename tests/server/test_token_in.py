@@ -272,6 +272,7 @@ async def test_streamed_answer_is_built_from_the_whole_answer(
         "model": "x",
         "messages": [{"role": "user", "content": "Where am I?"}],
         "tools": TOOLS,
+        "tool_choice": "auto",
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -294,6 +295,7 @@ async def test_streamed_answer_is_built_from_the_whole_answer(
     assert usage and usage[-1]["completion_tokens"] == len(engine.sent[0][0])
     steps = (await gw.trajectory("r1")).json()["trajectory"]
     assert steps[0]["tokens"]["completion_ids"] == engine.sent[0][0]
+    assert steps[0]["extras"]["not_applied"] == ["tool_choice"]
 
 
 async def test_engine_without_scale_out_fails_the_turn_clearly(
