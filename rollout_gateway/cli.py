@@ -165,6 +165,29 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="$ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
         help=argparse.SUPPRESS,  # refused: a key on the command line shows in ps
     )
+    tokens = p.add_argument_group("how turns are tokenized (see README: token-in mode)")
+    tokens.add_argument(
+        "--upstream-mode",
+        choices=("chat", "token-in"),
+        default="chat",
+        help="chat: the engine renders each turn (/v1/chat/completions); token-in: the "
+        "gateway renders and bridges turns with the renderers package, as verifiers v1's "
+        "TrainClient does, and calls vLLM's /inference/v1/generate (vLLM started with "
+        "--enable-scale-out; needs rollout-gateway[tito]) (default: %(default)s)",
+    )
+    tokens.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="token-in: the served model's tokenizer (HF model directory); default: the "
+        "model path the upstream's /v1/models reports, when it is a local directory",
+    )
+    tokens.add_argument(
+        "--renderer",
+        default="auto",
+        metavar="NAME",
+        help="token-in: a renderers renderer name (qwen3, glm5...), 'module:factory' (a "
+        "callable taking the tokenizer), or auto (default: %(default)s)",
+    )
     limits = p.add_argument_group("limits per request and per rollout")
     limits.add_argument(
         "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, metavar="N",
@@ -254,7 +277,21 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
             "no admin token: set $ROLLOUT_GATEWAY_ADMIN_TOKEN or --admin-token-file "
             "(or --open-control-plane on loopback, for local use)"
         )
+    tokenizer = getattr(args, "tokenizer", None)
+    mode = getattr(args, "upstream_mode", "chat")
+    if mode != "token-in" and tokenizer is not None:
+        raise ServeOptionError("--tokenizer: only with --upstream-mode token-in")
+    if mode == "token-in" and tokenizer is None:
+        tokenizer = served_model_path(args.upstream[0])
+        if tokenizer is None:
+            raise ServeOptionError(
+                "--tokenizer: required with --upstream-mode token-in (the upstream's "
+                "/v1/models names no local model directory)"
+            )
     return GatewayConfig(
+        upstream_mode=mode,
+        tokenizer=tokenizer,
+        renderer=getattr(args, "renderer", "auto"),
         upstreams=args.upstream,
         enabled=not args.disabled,
         admin_token=token,
@@ -281,9 +318,26 @@ class ServeOptionError(ValueError):
     """``serve`` options that cannot run (the message names the option)."""
 
 
+def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
+    """The local directory the upstream serves its model from (vLLM's model card
+    ``root``), or ``None`` when it does not answer or names no local directory."""
+    import httpx
+
+    try:
+        listing = httpx.get(f"{upstream.rstrip('/')}/models", timeout=timeout_s).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    for card in listing.get("data") or [] if isinstance(listing, dict) else []:
+        root = card.get("root") if isinstance(card, dict) else None
+        if isinstance(root, str) and os.path.isdir(root):
+            return root
+    return None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
     from rollout_gateway.server import create_app, serve
+    from rollout_gateway.server.token_in import TokenInUnavailable
 
     try:
         config = serve_config(args)
@@ -291,7 +345,12 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
     _setup_logging(args.log_level)
-    serve(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        app = create_app(config)
+    except TokenInUnavailable as e:  # the message names the option
+        print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
+        return 2
+    serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

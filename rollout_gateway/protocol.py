@@ -398,6 +398,14 @@ class StepExtras(TypedDict, total=False):
     #: The other sampled choices of an ``n > 1`` request (same shape as the step's
     #: ``completion`` and ``tokens``), so no sampled token is dropped.
     other_choices: list[dict[str, Any]]
+    #: Token-in upstream mode: the prompt ids were bridged onto the previous turn's
+    #: prompt + completion ids (``False``: rendered from scratch).
+    bridged: bool
+    #: Token-in upstream mode: the renderer that tokenized the turn.
+    renderer: str
+    #: Token-in upstream mode: agent fields it cannot apply (``tool_choice``,
+    #: ``parallel_tool_calls``, ``response_format``).
+    not_applied: list[str]
 
 
 class PolicyVersionRequest(TypedDict):

@@ -30,6 +30,7 @@ CORE_MODULES = [
     "rollout_gateway.server",
     "rollout_gateway.server.app",
     "rollout_gateway.server.limits_v1",
+    "rollout_gateway.server.token_in",
     "rollout_gateway.scripted",
     "rollout_gateway.cli",
 ]
@@ -40,14 +41,15 @@ _BLOCKED_IMPORT = textwrap.dedent(
 
     class Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("verifiers", "openai"):
+            if name.split(".")[0] in ("verifiers", "openai", "renderers", "transformers"):
                 raise ImportError(f"core imported {name}")
             return None
 
     sys.meta_path.insert(0, Block())
     for module in sys.argv[1:]:
         importlib.import_module(module)
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("verifiers", "openai"))
+    roots = ("verifiers", "openai", "renderers", "transformers")
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in roots)
     assert not loaded, loaded
     print("ok")
     """
@@ -55,7 +57,8 @@ _BLOCKED_IMPORT = textwrap.dedent(
 
 
 def test_core_modules_import_without_verifiers_or_openai() -> None:
-    # A fresh interpreter where importing verifiers or openai fails: the core must not try.
+    # A fresh interpreter where importing verifiers or openai (or the [tito] extra's
+    # renderers / transformers) fails: the core must not try.
     result = subprocess.run(
         [sys.executable, "-c", _BLOCKED_IMPORT, *CORE_MODULES],
         capture_output=True,

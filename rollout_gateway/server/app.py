@@ -61,6 +61,7 @@ from rollout_gateway.server.registry import (
     RolloutRegistry,
 )
 from rollout_gateway.server.responses import ApiError, error_response, read_json_object
+from rollout_gateway.server.token_in import TokenInEngine, load_renderer
 from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
@@ -82,6 +83,8 @@ class Gateway:
         config: the settings.
         clock: monotonic clock of idle expiry and retry windows (tests inject a fake one).
         upstream_transport: httpx transport(s) to reach the upstreams (tests).
+        token_in: the renderer and generate call of ``upstream_mode="token-in"``; loaded
+            from ``config.tokenizer`` / ``config.renderer`` when not given.
     """
 
     def __init__(
@@ -92,8 +95,15 @@ class Gateway:
         upstream_transport: httpx.AsyncBaseTransport
         | Mapping[str, httpx.AsyncBaseTransport]
         | None = None,
+        token_in: TokenInEngine | None = None,
     ) -> None:
         self.config = config
+        if config.upstream_mode == "token-in" and token_in is None:
+            if not config.tokenizer:
+                raise ValueError("tokenizer: required with upstream_mode 'token-in'")
+            token_in = TokenInEngine(load_renderer(config.tokenizer, config.renderer))
+        #: Token-in mode's renderer and generate call (``None`` in chat mode).
+        self.token_in = token_in if config.upstream_mode == "token-in" else None
         self.pool = UpstreamPool(
             config.upstreams,
             timeout_s=config.upstream_timeout_s,
@@ -436,6 +446,12 @@ class Gateway:
             for u in self.pool.upstreams
             if self.engines[u.base_url].token_ids is False
         ]
+        if self.token_in is not None:
+            warnings += [
+                f"upstream {u.label}: {self.token_in.unserved[u.base_url]}"
+                for u in self.pool.upstreams
+                if u.base_url in self.token_in.unserved
+            ]
         if warnings:
             answer["warnings"] = warnings
         if self._is_admin(request):
@@ -474,7 +490,12 @@ class Gateway:
             *(
                 probe_engine(self.pool.get(url).client, info, self.pool.get(url).label)
                 for url, info in self.engines.items()
-            )
+            ),
+            *(
+                token_in.probe(upstream)
+                for token_in in ([self.token_in] if self.token_in is not None else [])
+                for upstream in self.pool.upstreams
+            ),
         )
         tasks = [
             asyncio.create_task(self._periodic(self.config.sweep_interval_s, self.sweep)),
@@ -513,6 +534,7 @@ def create_app(
     upstream_transport: httpx.AsyncBaseTransport
     | Mapping[str, httpx.AsyncBaseTransport]
     | None = None,
+    token_in: TokenInEngine | None = None,
 ) -> Starlette:
     """The gateway ASGI app. Its state is ``app.state.gateway`` (a :class:`Gateway`).
 
@@ -521,8 +543,9 @@ def create_app(
         clock: monotonic clock used for idle expiry (tests inject a fake one).
         upstream_transport: httpx transport for the upstreams, or one per upstream URL
             (tests route to in-process apps with ``httpx.ASGITransport``).
+        token_in: token-in mode's engine (see :class:`Gateway`).
     """
-    gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport)
+    gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport, token_in=token_in)
     app = Starlette(
         routes=[
             Route(EXITS_PATH, gateway.exits, methods=["GET"]),

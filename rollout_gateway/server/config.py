@@ -41,6 +41,12 @@ class GatewayConfig:
         probe_interval_s: period of the re-probe of unhealthy upstreams.
         stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
             many seconds without a chunk (tunnels and proxies drop silent connections).
+        upstream_mode: ``"chat"`` (the engine renders each turn, ``/v1/chat/completions``)
+            or ``"token-in"`` (the gateway renders and bridges with ``renderers`` and
+            calls vLLM's ``/inference/v1/generate``; see :mod:`.token_in`).
+        tokenizer: token-in mode: the served model's tokenizer (HF model directory).
+        renderer: token-in mode: ``auto``, a ``renderers`` renderer name, or
+            ``module:factory`` (a callable taking the tokenizer).
 
     Per request and per rollout:
         max_body_bytes: largest accepted request body (413 beyond, checked from
@@ -92,6 +98,9 @@ class GatewayConfig:
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     max_connections: int = 4096
     stream_keepalive_s: float = 10.0
+    upstream_mode: str = "chat"
+    tokenizer: str | None = None
+    renderer: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -105,6 +114,8 @@ class GatewayConfig:
                 port_ok = False
             if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
                 raise ValueError(f"upstreams: not an http(s) base URL: {url!r}")
+        if self.upstream_mode not in ("chat", "token-in"):
+            raise ValueError(f"upstream_mode: 'chat' or 'token-in', not {self.upstream_mode!r}")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token: must not be empty")
         if self.admin_token is None and not self.open_control_plane:
@@ -113,7 +124,7 @@ class GatewayConfig:
             )
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "default_max_context_tokens" and value is None:
+            if f.name in ("default_max_context_tokens", "tokenizer") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

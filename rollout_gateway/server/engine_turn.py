@@ -7,6 +7,10 @@ finish and stop reasons, usage, cached tokens, timing, the sampling actually sen
 policy version, sentinel logprobs, the other choices of an ``n > 1`` answer, and why the
 tokens are missing when they are.
 
+Token-in mode (:mod:`.token_in`): the gateway renders or bridges the prompt ids itself
+and calls vLLM's ``/inference/v1/generate`` whole; the answer is shaped as a vLLM chat
+completion and recorded the same way.
+
 Streaming: when the agent streams and the engine streams token ids (vLLM), the engine is
 streamed from; each chunk, trimmed to what the agent asked for, is handed to ``emit``
 as it arrives while :class:`~rollout_gateway.server.streaming.StreamAssembler` rebuilds
@@ -180,11 +184,14 @@ class EngineTurn:
         Streams when ``emit`` is given and the engine streams token ids. Raises
         :class:`UpstreamError` (after recording a context overflow).
         """
-        streamed = emit is not None and self.engine.streams_token_ids
+        token_in = self.gateway.token_in
+        streamed = emit is not None and self.engine.streams_token_ids and token_in is None
         first_chunk_s: float | None = None
         result = EngineResult({})
         try:
-            if streamed:
+            if token_in is not None:  # the gateway renders; the agent's stream is synthesized
+                result = EngineResult(await token_in.complete(self))
+            elif streamed:
                 completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
                 result = EngineResult(completion, relayed=True)
             else:

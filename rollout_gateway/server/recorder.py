@@ -193,6 +193,17 @@ class TrajectoryRecorder:
             base[i] = trimmed  # an SDK's re-serialised echo: match it by == next time
         return shared
 
+    def last_turn_ids(self) -> tuple[list[int], list[int], int] | None:
+        """The last turn's prompt ids, completion ids, and how many messages its prompt
+        plus completion hold: what a token-in upstream extends (``None``: no usable turn,
+        e.g. none yet, no ids, or the last one was abandoned)."""
+        if not self._steps or self._steps[-1].abandoned:
+            return None
+        tokens = self._steps[-1].tokens
+        if tokens is None or tokens.completion_end <= tokens.prompt_end:
+            return None
+        return tokens.prompt_ids.tolist(), tokens.completion_ids.tolist(), len(self._last_messages)
+
     def abandon_last(self) -> None:
         """Mark the last step abandoned (its answer reached nobody) and forget it as the
         history the next turn extends."""

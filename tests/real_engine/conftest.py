@@ -84,15 +84,15 @@ class RealGateway:
         return r.json()["tokens"]
 
 
-@pytest.fixture
-async def real() -> AsyncIterator[RealGateway]:
-    """A fresh gateway in front of the real vLLM."""
+@contextlib.asynccontextmanager
+async def real_gateway(**fields: Any) -> AsyncIterator[RealGateway]:
+    """A fresh gateway in front of the real vLLM (``fields``: more ``GatewayConfig``)."""
     url = os.environ[URL_VAR].rstrip("/")
     async with httpx.AsyncClient(timeout=300) as engine:
         model = os.environ.get(MODEL_VAR)
         if not model:
             model = (await engine.get(f"{url}/models")).json()["data"][0]["id"]
-        config = GatewayConfig(upstreams=[url], admin_token=ADMIN, stream_keepalive_s=1.0)
+        config = GatewayConfig(upstreams=[url], admin_token=ADMIN, stream_keepalive_s=1.0, **fields)
         async with contextlib.AsyncExitStack() as stack:
             root = await stack.enter_async_context(running_server(create_app(config)))
             control = await stack.enter_async_context(
@@ -101,6 +101,13 @@ async def real() -> AsyncIterator[RealGateway]:
                 )
             )
             yield RealGateway(url, model, control, engine)
+
+
+@pytest.fixture
+async def real() -> AsyncIterator[RealGateway]:
+    """A fresh gateway in front of the real vLLM."""
+    async with real_gateway() as gateway:
+        yield gateway
 
 
 class Stopwatch:

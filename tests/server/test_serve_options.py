@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from rollout_gateway.cli import build_parser, main, serve_config
@@ -101,3 +103,43 @@ def test_config_validation_names_the_field(fields: dict, name: str) -> None:
     kwargs = {"upstreams": [UP], "admin_token": TOKEN, **fields}
     with pytest.raises(ValueError, match=name):
         GatewayConfig(**kwargs)
+
+
+def test_token_in_options_are_checked_naming_them(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    parse = build_parser().parse_args
+    with pytest.raises(SystemExit):
+        parse(["serve", "--upstream", UP, "--upstream-mode", "tokens"])
+    assert "--upstream-mode" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--tokenizer: only with --upstream-mode token-in"):
+        serve_config(parse(["serve", "--upstream", UP, "--tokenizer", str(tmp_path)]))
+    # No --tokenizer and an upstream that does not answer /models: nothing to default to.
+    dead = "http://127.0.0.1:9/v1"
+    with pytest.raises(ValueError, match="--tokenizer: required"):
+        serve_config(parse(["serve", "--upstream", dead, "--upstream-mode", "token-in"]))
+    config = serve_config(
+        parse(["serve", "--upstream", UP, "--upstream-mode", "token-in", "--tokenizer", "/m"])
+    )
+    assert (config.upstream_mode, config.tokenizer, config.renderer) == ("token-in", "/m", "auto")
+    # Start-up fails, naming the option: renderers missing ([tito]), or no tokenizer there.
+    args = ["serve", "--upstream", UP, "--upstream-mode", "token-in", "--tokenizer", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--upstream-mode token-in" in err or "--tokenizer" in err
+
+
+async def test_tokenizer_defaults_to_the_model_directory_the_upstream_serves(tmp_path) -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from rollout_gateway.cli import served_model_path
+
+    async def models(request):
+        cards = [{"id": "a", "root": "org/remote-name"}, {"id": "m", "root": str(tmp_path)}]
+        return JSONResponse({"object": "list", "data": cards})
+
+    app = Starlette(routes=[Route("/v1/models", models)])
+    async with running_server(app) as root:
+        found = await asyncio.to_thread(served_model_path, f"{root}/v1")
+    assert found == str(tmp_path)
