@@ -162,6 +162,10 @@ def uvicorn_options(config: Any) -> dict[str, Any]:
     return {
         "http": limited_protocol(limits),
         "timeout_keep_alive": config.keep_alive_s,
+        # Nothing reads the client's address: no X-Forwarded-* rewriting layer per request
+        # (an agent behind a loopback tunnel could set them anyway).
+        "proxy_headers": False,
+        "server_header": False,
     }
 
 
