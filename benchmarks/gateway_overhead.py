@@ -339,6 +339,13 @@ def main() -> None:
         "--min-turns", type=int, default=640, help="turns measured per cell at least (rounds)"
     )
     parser.add_argument(
+        "--gateway-option",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra `serve` argument, e.g. --gateway-option=--upstream-client=httpx (repeatable)",
+    )
+    parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -346,6 +353,7 @@ def main() -> None:
         run_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
         return
 
+    load_start = os.getloadavg()[0]
     model_port, gateway_port, proxy_port = _free_port(), _free_port(), _free_port()
     model_root = f"http://127.0.0.1:{model_port}"
     gateway_root = f"http://127.0.0.1:{gateway_port}"
@@ -361,6 +369,7 @@ def main() -> None:
             [
                 *cli, "serve", "--upstream", f"{model_root}/v1", "--port", str(gateway_port),
                 "--max-rollouts", max_rollouts, "--log-level", "warning",
+                *args.gateway_option,
             ],
             f"{gateway_root}/health",
             env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN},
@@ -400,7 +409,8 @@ def main() -> None:
 
     print(
         f"turns per conversation: {args.turns}; tool output {args.tool_output_chars} chars; "
-        f"host load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+        f"host load {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
+        f"on {os.cpu_count()} CPUs; gateway options: {' '.join(args.gateway_option) or '-'}"
     )
     header = (
         f"{'context':>8}{'conc':>6}  {'path':<8}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
@@ -455,6 +465,80 @@ def main() -> None:
         results[(args.contexts[0], args.concurrency[0], "direct")].latencies_s
     )
     print(f"(direct mean latency at {args.contexts[0]} tokens: {mean_direct * 1000:.2f} ms)")
+    _print_targets(args, results, cpu_per_turn, stored / unique, rss_start, rss_after_burst)
+
+
+def _print_targets(
+    args: argparse.Namespace,
+    results: dict[tuple[int, int, str], RunResult],
+    cpu_per_turn: dict[tuple[int, int, str], float],
+    bytes_per_token: float,
+    rss_start: int,
+    rss_after_burst: int,
+) -> None:
+    """The issue's targets side by side with this run's figures."""
+    rows: list[tuple[str, str, str, bool]] = []
+    lo, hi = args.contexts[0], args.contexts[-1]
+    for conc in args.concurrency:
+        ratio = cpu_per_turn[(lo, conc, "gateway")] / cpu_per_turn[(lo, conc, "proxy")]
+        rows.append(
+            (
+                f"CPU/turn gateway/proxy, {lo} tok, {conc} rollouts",
+                "<= 1.5x",
+                f"{ratio:.2f}x",
+                ratio <= 1.5,
+            )
+        )
+    if hi != lo:
+        for conc in args.concurrency:
+            flat = cpu_per_turn[(hi, conc, "gateway")] / cpu_per_turn[(lo, conc, "gateway")]
+            rows.append(
+                (
+                    f"CPU/turn gateway {hi} vs {lo} tok, {conc} rollouts",
+                    "<= 1.2x",
+                    f"{flat:.2f}x",
+                    flat <= 1.2,
+                )
+            )
+    for conc in args.concurrency:
+        gateway, direct = results[(lo, conc, "gateway")], results[(lo, conc, "direct")]
+        proxy = results[(lo, conc, "proxy")]
+        for q, label, bound in ((0.5, "p50", 1.0), (0.99, "p99", 5.0)):
+            added = gateway.pct(q) - direct.pct(q)
+            by_proxy = proxy.pct(q) - direct.pct(q)
+            rows.append(
+                (
+                    f"added latency {label}, {lo} tok, {conc} rollouts",
+                    f"< {bound:g} ms",
+                    f"{added:.2f} ms (proxy {by_proxy:.2f})",
+                    added < bound,
+                )
+            )
+    fetch = results[(hi, args.concurrency[0], "gateway")].trajectory
+    if fetch is not None:
+        full_s, _, delta_s, _ = fetch
+        rows.append(
+            (
+                f"trajectory fetch {args.turns} x {hi} tok (delta / table)",
+                "< 60 ms",
+                f"{delta_s * 1000:.1f} / {full_s * 1000:.1f} ms",
+                delta_s < 0.060,
+            )
+        )
+    rows.append(("bytes per stored token", "<= 8", f"{bytes_per_token:.2f}", bytes_per_token <= 8))
+    grown = rss_after_burst / rss_start
+    rows.append(
+        (
+            f"RSS after a {args.burst}-rollout burst / after warm-up",
+            "near 1x",
+            f"{grown:.2f}x ({rss_after_burst / 1e6:.0f} / {rss_start / 1e6:.0f} MB)",
+            grown <= 1.5,
+        )
+    )
+    width = max(len(r[0]) for r in rows)
+    print(f"\ntargets (issue 11), this run:\n  {'':<{width}}  {'target':<10}{'measured':<26}met")
+    for name, target, measured, met in rows:
+        print(f"  {name:<{width}}  {target:<10}{measured:<26}{'yes' if met else 'NO'}")
 
 
 if __name__ == "__main__":

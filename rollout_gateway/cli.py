@@ -238,6 +238,16 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "--upstream-timeout", type=positive_float, default=600.0, metavar="S",
         help="total deadline of one upstream completion (default: %(default)s)",
     )  # fmt: skip
+    conns.add_argument(
+        "--upstream-client", choices=("aiohttp", "httpx"), default="aiohttp",
+        help="HTTP client library of the upstream calls (default: %(default)s, the "
+        "cheaper per turn; httpx is kept for injected test transports)",
+    )  # fmt: skip
+    conns.add_argument(
+        "--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+        help="event loop (default: %(default)s = uvloop when installed, it is a "
+        "dependency; asyncio: the standard library's)",
+    )  # fmt: skip
     registry = p.add_argument_group("registry")
     registry.add_argument(
         "--rollout-ttl", type=positive_float, default=3600.0, metavar="SECONDS",
@@ -300,6 +310,7 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         rollout_ttl_s=args.rollout_ttl,
         max_rollouts=args.max_rollouts,
         upstream_timeout_s=args.upstream_timeout,
+        upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
         upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
         default_max_turns=args.max_turns,
@@ -350,7 +361,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except TokenInUnavailable as e:  # the message names the option
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
-    serve(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     return 0
 
 

@@ -111,6 +111,7 @@ class Gateway:
             transport=upstream_transport,
             api_key=config.upstream_api_key,
             max_connections=config.max_connections_per_upstream,
+            client=config.upstream_client,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
         self.registry = RolloutRegistry(
@@ -165,7 +166,7 @@ class Gateway:
         """The engine behind ``url``, probed now if the start-up probe found it down."""
         info = self.engines[url]
         if info.due(time.monotonic()):
-            await probe_engine(self.pool.get(url).client, info, self.pool.get(url).label)
+            await probe_engine(self.pool.get(url).http, info, self.pool.get(url).label)
         return info
 
     def _record(self, rollout_id: str) -> RolloutRecord:
@@ -488,7 +489,7 @@ class Gateway:
         """Probe the engines; run the idle sweep and the upstream re-probe; close pools."""
         await asyncio.gather(
             *(
-                probe_engine(self.pool.get(url).client, info, self.pool.get(url).label)
+                probe_engine(self.pool.get(url).http, info, self.pool.get(url).label)
                 for url, info in self.engines.items()
             ),
             *(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Literal
 from urllib.parse import urlsplit
 
 #: Uvicorn keep-alive (seconds). Must exceed the idle timeout of client connection pools
@@ -37,6 +38,9 @@ class GatewayConfig:
         upstream_timeout_s: total deadline of one upstream chat completion.
         upstream_connect_timeout_s: connect timeout to an upstream (fail fast when down).
         upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
+        upstream_client: HTTP client library of the upstream calls: ``"aiohttp"`` (the
+            default, the cheaper per turn) or ``"httpx"`` (always used when a test
+            injects an httpx transport). See :mod:`rollout_gateway.server.upstream_http`.
         max_connections_per_upstream: size of each upstream's HTTP connection pool.
         probe_interval_s: period of the re-probe of unhealthy upstreams.
         stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
@@ -82,6 +86,7 @@ class GatewayConfig:
     max_rollouts: int = 10_000
     upstream_timeout_s: float = 600.0
     upstream_connect_timeout_s: float = 5.0
+    upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = 16 * 1024 * 1024
     sweep_interval_s: float = 30.0
     probe_interval_s: float = 5.0
@@ -116,6 +121,8 @@ class GatewayConfig:
                 raise ValueError(f"upstreams: not an http(s) base URL: {url!r}")
         if self.upstream_mode not in ("chat", "token-in"):
             raise ValueError(f"upstream_mode: 'chat' or 'token-in', not {self.upstream_mode!r}")
+        if self.upstream_client not in ("aiohttp", "httpx"):
+            raise ValueError(f"upstream_client: 'aiohttp' or 'httpx', got {self.upstream_client!r}")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token: must not be empty")
         if self.admin_token is None and not self.open_control_plane:

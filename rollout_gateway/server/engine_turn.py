@@ -32,9 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
+from rollout_gateway.server import jsonio
 from rollout_gateway.server.answers import EngineAnswer, read_answer
 from rollout_gateway.server.engines import TOKEN_FLAG_FIELDS, EngineInfo, token_flags
 from rollout_gateway.server.prompt_ids import split_prompt_ids
@@ -50,7 +49,6 @@ from rollout_gateway.server.turn_seed import turn_seed
 from rollout_gateway.server.turns import agent_view, flatten_sampling_params
 from rollout_gateway.server.upstream import (
     UpstreamError,
-    connection_failure,
     parse_completion,
     raise_for_upstream_status,
 )
@@ -227,33 +225,29 @@ class EngineTurn:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(pool.timeout_s):
-                client = upstream.client_for(self.record.rollout_id)
-                request = client.build_request("POST", "/chat/completions", json=body)
-                response = await client.send(request, stream=True)
-                try:
+                stream = upstream.http.stream(
+                    "/chat/completions", jsonio.dumps(body), key=self.record.rollout_id
+                )
+                async with stream as response:
+                    upstream.answered()
                     if response.status_code >= 400:
-                        await response.aread()
-                        raise_for_upstream_status(response, label)
-                    upstream.healthy = True
-                    async for chunk in iter_sse_json(response.aiter_lines()):
+                        raise_for_upstream_status(await response.read(), label)
+                    async for chunk in iter_sse_json(response.lines()):
                         if first_chunk_s is None:
                             first_chunk_s = self.upstream_seconds()
                         assembler.feed(chunk)
                         out = agent_chunk(chunk, self.body, include_usage=include_usage)
                         if out is not None:
                             emit(sse_event(out))
-                finally:
-                    # Shielded: closing the stream is what tells the engine to stop.
-                    await asyncio.shield(response.aclose())
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            upstream.healthy = False
-            raise connection_failure("connect", label, exc) from exc
-        except TimeoutError as exc:
-            raise connection_failure("timeout", label, exc) from exc
-        except httpx.HTTPError as exc:
-            raise connection_failure("transport", label, exc) from exc
         except StreamError as exc:
             raise UpstreamError("protocol", exc.status_code, exc.message, label) from exc
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            failure = upstream.connection_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
         finally:
             upstream.in_flight -= 1
         if not assembler.finished:

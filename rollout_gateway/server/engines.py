@@ -15,14 +15,14 @@ SGLang refuses its flags on streamed requests, so only vLLM is streamed from.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
+from rollout_gateway.server import jsonio
+from rollout_gateway.server.upstream_http import UpstreamHTTP
 
 logger = logging.getLogger("rollout_gateway.server")
 
@@ -116,7 +116,7 @@ def _logprobs_mode(server_info: Any) -> str | None:
 
 
 async def probe_engine(
-    client: httpx.AsyncClient, info: EngineInfo, label: str, timeout_s: float = 2.0
+    client: UpstreamHTTP, info: EngineInfo, label: str, timeout_s: float = 2.0
 ) -> None:
     """Fill ``info`` from the upstream's ``/models`` (and vLLM's dev ``/server_info``).
 
@@ -125,9 +125,8 @@ async def probe_engine(
     """
     info.probed_at = time.monotonic()
     try:
-        async with asyncio.timeout(timeout_s):
-            response = await client.get("/models")
-        listing = response.json() if response.status_code == 200 else None
+        response = await client.get("/models", timeout_s=timeout_s)
+        listing = jsonio.loads_lenient(response.content) if response.status_code == 200 else None
     except Exception as exc:  # a probe never fails the caller: the engine stays unknown
         logger.info("upstream=%s /models probe failed: %r", label, exc)
         return
@@ -136,12 +135,13 @@ async def probe_engine(
     info.kind, info.max_model_len = read_model_cards(listing)
     info.probed = True
     if info.kind == "vllm":
-        root = str(client.base_url).rstrip("/").removesuffix("/v1")
+        root = client.base_url.rstrip("/").removesuffix("/v1")
         try:
-            async with asyncio.timeout(timeout_s):
-                response = await client.get(f"{root}/server_info", params={"config_format": "json"})
+            response = await client.get(
+                f"{root}/server_info", timeout_s=timeout_s, params={"config_format": "json"}
+            )
             if response.status_code == 200:
-                info.logprobs_mode = _logprobs_mode(response.json())
+                info.logprobs_mode = _logprobs_mode(jsonio.loads_lenient(response.content))
         except Exception:  # dev mode off (404) or unreachable: the mode stays unreported
             pass
         if info.logprobs_mode is not None and info.logprobs_mode != "processed_logprobs":

@@ -53,14 +53,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
-
 from rollout_gateway.server import jsonio
 from rollout_gateway.server.recorder import recorded_message
 from rollout_gateway.server.responses import ApiError
 from rollout_gateway.server.upstream import (
     UpstreamError,
-    connection_failure,
     raise_for_upstream_status,
 )
 
@@ -234,11 +231,7 @@ class TokenInEngine:
         root = upstream.base_url.rstrip("/").removesuffix("/v1")
         try:
             async with asyncio.timeout(timeout_s):
-                response = await upstream.client.post(
-                    f"{root}{GENERATE_PATH}",
-                    content=b"{}",
-                    headers={"Content-Type": "application/json"},
-                )
+                response = await upstream.http.post(f"{root}{GENERATE_PATH}", b"{}")
         except Exception as exc:  # unreachable now: the turn will tell
             logger.info("upstream=%s token-in probe failed: %r", upstream.label, exc)
             return
@@ -332,21 +325,17 @@ class TokenInEngine:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(pool.timeout_s):
-                response = await upstream.client_for(turn.record.rollout_id).post(
-                    f"{root}{GENERATE_PATH}",
-                    content=jsonio.dumps(request),
-                    headers={"Content-Type": "application/json"},
+                response = await upstream.http.post(
+                    f"{root}{GENERATE_PATH}", jsonio.dumps(request), key=turn.record.rollout_id
                 )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            upstream.healthy = False
-            raise connection_failure("connect", label, exc) from exc
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise connection_failure("timeout", label, exc) from exc
-        except httpx.HTTPError as exc:
-            raise connection_failure("transport", label, exc) from exc
+        except Exception as exc:  # classified like chat mode's calls (one place)
+            failure = upstream.connection_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
         finally:
             upstream.in_flight -= 1
-        upstream.healthy = True
+        upstream.answered()
         if response.status_code in _UNSERVED:
             raise UpstreamError(
                 "http_4xx",

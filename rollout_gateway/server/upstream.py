@@ -1,4 +1,8 @@
-"""Upstream inference servers: pooled clients, rollout pinning, health, error mapping."""
+"""Upstream inference servers: rollout pinning, health, error mapping.
+
+Each upstream's HTTP client is an :class:`~rollout_gateway.server.upstream_http.UpstreamHTTP`
+(aiohttp by default, httpx when a test injects a transport).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,20 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from rollout_gateway.server import jsonio
+from rollout_gateway.server.upstream_http import (
+    AiohttpUpstream,
+    ConnectionFailureKind,
+    HTTPAnswer,
+    HttpxUpstream,
+    UpstreamHTTP,
+)
 
 logger = logging.getLogger("rollout_gateway.server")
 
 ErrorKind = Literal["connect", "timeout", "transport", "http_4xx", "http_5xx", "protocol"]
+
+#: The HTTP client library of the upstream calls (see :mod:`.upstream_http`).
+UpstreamClientKind = Literal["aiohttp", "httpx"]
 
 
 class UpstreamError(Exception):
@@ -42,7 +56,9 @@ _CONNECTION_FAILURES: dict[str, tuple[str, str]] = {
 }
 
 
-def connection_failure(kind: ErrorKind, label: str, exc: BaseException) -> UpstreamError:
+def connection_failure(
+    kind: ConnectionFailureKind, label: str, exc: BaseException
+) -> UpstreamError:
     """The :class:`UpstreamError` of a failed connection to the upstream ``label``:
     ``connect``, ``timeout`` or ``transport`` (one wording for every upstream call)."""
     message, detail = _CONNECTION_FAILURES[kind]
@@ -61,37 +77,36 @@ def redact_url(url: str) -> str:
 
 @dataclass(eq=False)
 class Upstream:
-    """One inference server (OpenAI base URL) and its connection pool(s).
-
-    The pool is split into a few ``httpx.AsyncClient`` shards used round-robin: httpcore's
-    pool bookkeeping costs O(connections^2) per request, which dominated the gateway's
-    CPU at 64+ concurrent turns with a single pool; small shards keep it negligible.
-    """
+    """One inference server (OpenAI base URL) and its HTTP client."""
 
     base_url: str
-    clients: list[httpx.AsyncClient]
+    http: UpstreamHTTP
     label: str = field(default="")  # base_url without credentials (metrics, logs, health)
     healthy: bool = True
     pinned: int = 0  # registered rollouts pinned here
     in_flight: int = 0  # chat requests under way
-    _next_shard: int = 0
 
     def __post_init__(self) -> None:
         self.label = self.label or redact_url(self.base_url)
 
-    def client_for(self, key: str | None) -> httpx.AsyncClient:
-        """The shard of ``key`` (a rollout id): one rollout's turns reuse one pool, so a
-        rollout that runs alone keeps one warm connection instead of spreading its turns
-        over every shard's connections (which the upstream then has to serve too)."""
-        if key is None:
-            return self.client
-        return self.clients[hash(key) % len(self.clients)]
+    def connection_failure(self, exc: BaseException) -> UpstreamError | None:
+        """The :class:`UpstreamError` of ``exc`` raised by a call to this upstream, when
+        it is a connection failure (one classification for every call path); a failure
+        to connect marks the upstream unhealthy."""
+        kind = self.http.failure_kind(exc)
+        if kind is None:
+            return None
+        if kind == "connect":
+            if self.healthy:
+                logger.warning("upstream=%s marked unhealthy: %r", self.label, exc)
+            self.healthy = False
+        return connection_failure(kind, self.label, exc)
 
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The client of the next request (round-robin over the shards)."""
-        self._next_shard = (self._next_shard + 1) % len(self.clients)
-        return self.clients[self._next_shard]
+    def answered(self) -> None:
+        """The upstream answered a call: it is reachable."""
+        if not self.healthy:
+            logger.info("upstream=%s healthy again", self.label)
+        self.healthy = True
 
     @property
     def load(self) -> tuple[int, int]:
@@ -99,12 +114,12 @@ class Upstream:
         return (self.pinned, self.in_flight)
 
 
-def _upstream_message(response: httpx.Response) -> str:
+def _upstream_message(response: HTTPAnswer) -> str:
     """The error message an OpenAI-compatible server put in its answer."""
     try:
         body = jsonio.loads_lenient(response.content)
     except (ValueError, RecursionError):
-        return response.text[:2000] or response.reason_phrase
+        return response.text[:2000] or response.reason
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and error.get("message"):
@@ -117,7 +132,7 @@ def _upstream_message(response: httpx.Response) -> str:
     return response.text[:2000]
 
 
-def raise_for_upstream_status(response: httpx.Response, label: str) -> None:
+def raise_for_upstream_status(response: HTTPAnswer, label: str) -> None:
     """Raise the :class:`UpstreamError` an error answer maps to (nothing below 400).
 
     5xx -> 502 with a short message; 4xx -> the engine's own message with 400, except
@@ -164,11 +179,11 @@ def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
 class UpstreamPool:
     """The gateway's upstreams.
 
-    Each upstream has its own pooled ``httpx.AsyncClient`` (connections are reused across
-    turns and rollouts). A rollout is pinned at register time to the least-loaded healthy
-    upstream (fewest pinned rollouts, then fewest requests in flight), so its turns hit the
-    same server (prefix cache). An upstream whose requests fail to connect is marked
-    unhealthy for new registrations until a request to it succeeds or
+    Each upstream has its own pooled HTTP client (connections are reused across turns and
+    rollouts; see :mod:`.upstream_http`). A rollout is pinned at register time to the
+    least-loaded healthy upstream (fewest pinned rollouts, then fewest requests in flight),
+    so its turns hit the same server (prefix cache). An upstream whose requests fail to
+    connect is marked unhealthy for new registrations until a request to it succeeds or
     :meth:`probe_unhealthy` finds ``GET {base}/models`` answering again.
 
     Args:
@@ -176,10 +191,12 @@ class UpstreamPool:
         timeout_s: total deadline of one chat completion (connect, send, wait, read:
             a drip-feeding upstream cannot hold a turn longer than this).
         connect_timeout_s: connect timeout (small: a dead upstream must fail fast).
-        transport: an httpx transport for every upstream, or one per URL (tests).
+        transport: an httpx transport for every upstream, or one per URL (tests; the
+            client is then httpx).
         api_key: bearer token sent upstream.
-        max_connections: connection pool size per upstream (all shards together).
-        pool_shards: number of client shards per upstream (see :class:`Upstream`).
+        max_connections: connection pool size per upstream.
+        pool_shards: number of client shards per upstream (httpx only).
+        client: the HTTP client library (``aiohttp``, the default, or ``httpx``).
     """
 
     def __init__(
@@ -192,26 +209,30 @@ class UpstreamPool:
         api_key: str | None = None,
         max_connections: int = 1024,
         pool_shards: int = 16,
+        client: UpstreamClientKind = "aiohttp",
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        per_shard = max(1, -(-max_connections // pool_shards))
-        limits = httpx.Limits(
-            max_connections=per_shard,
-            max_keepalive_connections=per_shard,
-            keepalive_expiry=30.0,
-        )
         self.timeout_s = timeout_s
         self.upstreams: list[Upstream] = []
         for url in urls:
-            t = transport.get(url) if isinstance(transport, Mapping) else transport
-            clients = [
-                httpx.AsyncClient(
-                    base_url=url, timeout=timeout, limits=limits, headers=headers, transport=t
+            http: UpstreamHTTP
+            if transport is not None or client == "httpx":
+                http = HttpxUpstream(
+                    url,
+                    transport=transport.get(url) if isinstance(transport, Mapping) else transport,
+                    headers=headers,
+                    connect_timeout_s=connect_timeout_s,
+                    max_connections=max_connections,
+                    shards=pool_shards,
                 )
-                for _ in range(pool_shards)
-            ]
-            self.upstreams.append(Upstream(url, clients))
+            else:
+                http = AiohttpUpstream(
+                    url,
+                    headers=headers,
+                    connect_timeout_s=connect_timeout_s,
+                    max_connections=max_connections,
+                )
+            self.upstreams.append(Upstream(url, http))
         self._by_url = {u.base_url: u for u in self.upstreams}
 
     def get(self, url: str) -> Upstream:
@@ -260,34 +281,26 @@ class UpstreamPool:
         start = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
-                response = await upstream.client_for(shard_key).post(
-                    "/chat/completions",
-                    content=jsonio.dumps(body),
-                    headers={"Content-Type": "application/json"},
+                response = await upstream.http.post(
+                    "/chat/completions", jsonio.dumps(body), key=shard_key
                 )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            if upstream.healthy:
-                logger.warning("upstream=%s marked unhealthy: %r", label, exc)
-            upstream.healthy = False
-            raise connection_failure("connect", label, exc) from exc
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise connection_failure("timeout", label, exc) from exc
-        except httpx.HTTPError as exc:
-            raise connection_failure("transport", label, exc) from exc
+        except Exception as exc:
+            failure = upstream.connection_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
         finally:
             upstream.in_flight -= 1
         elapsed = time.perf_counter() - start
-        if not upstream.healthy:
-            logger.info("upstream=%s healthy again", label)
-        upstream.healthy = True  # it answered: reachable
+        upstream.answered()
         raise_for_upstream_status(response, label)
         return response.content, elapsed
 
     async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """The model cards of ``GET {url}/models`` (vLLM's carry ``max_model_len``)."""
         upstream = self._by_url[url]
-        response = await upstream.client.get("/models", timeout=timeout_s)
-        response.raise_for_status()
+        response = await upstream.http.get("/models", timeout_s=timeout_s)
+        raise_for_upstream_status(response, upstream.label)
         listing = jsonio.loads_lenient(response.content)
         data = listing.get("data") if isinstance(listing, dict) else None
         return [card for card in data or () if isinstance(card, dict)]
@@ -298,8 +311,10 @@ class UpstreamPool:
             if upstream.healthy:
                 continue
             try:
-                response = await upstream.client.get("/models", timeout=timeout_s)
-            except httpx.HTTPError:
+                response = await upstream.http.get("/models", timeout_s=timeout_s)
+            except Exception as exc:
+                if upstream.http.failure_kind(exc) is None:
+                    raise
                 continue
             if response.status_code < 500:
                 logger.info("upstream=%s healthy again (probe)", upstream.label)
@@ -315,13 +330,13 @@ class UpstreamPool:
     async def aclose(self) -> None:
         """Close every connection pool."""
         for upstream in self.upstreams:
-            for client in upstream.clients:
-                await client.aclose()
+            await upstream.http.aclose()
 
 
 __all__ = [
     "ErrorKind",
     "Upstream",
+    "UpstreamClientKind",
     "UpstreamError",
     "connection_failure",
     "UpstreamPool",

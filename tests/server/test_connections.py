@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 
 from rollout_gateway.server import GatewayConfig, create_app, running_server
+from rollout_gateway.server.http import HeadersWithBody
 
 ADMIN = "connections-admin-token-01"
 
@@ -78,3 +80,58 @@ async def test_keep_alive_connection_serves_requests_normally() -> None:
             for _ in range(3):
                 assert (await client.get(f"{root}/health")).status_code == 200
                 await asyncio.sleep(0.2)
+
+
+class RecordingTransport(asyncio.Transport):
+    """Records what is sent, one entry per send (``writelines`` is one send)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sends: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.sends.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.sends.append(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_response_head_leaves_with_its_body_in_one_send() -> None:
+    loop = asyncio.get_running_loop()
+    transport = RecordingTransport()
+    writer = HeadersWithBody(transport, loop)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+    writer.write(b"{}")
+    assert transport.sends == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+    # A head without a body in the same loop iteration (HEAD, a stream not ready yet)
+    # still leaves at the end of the iteration.
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert len(transport.sends) == 1
+    await asyncio.sleep(0)
+    assert transport.sends[-1].endswith(b"chunked\r\n\r\n")
+    # "100 Continue" is not held (the client waits for it before sending its body).
+    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert transport.sends[-1] == b"HTTP/1.1 100 Continue\r\n\r\n"
+    # Closing sends what is held first.
+    writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+    writer.close()
+    assert transport.sends[-1] == b"HTTP/1.1 204 No Content\r\n\r\n" and transport.closed
+
+
+async def test_head_and_streamed_answers_arrive_whole_over_the_wire() -> None:
+    async with gateway() as (root, _):
+        async with httpx.AsyncClient(base_url=root) as client:
+            head = await client.head("/health")
+            health = await client.get("/health")
+            async with client.stream("GET", "/health") as streamed:
+                body = await streamed.aread()
+    assert head.status_code in (200, 405) and head.content == b""
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert body == health.content

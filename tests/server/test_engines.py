@@ -11,6 +11,7 @@ import pytest
 from rollout_gateway.scripted import tokenizer as tok
 from rollout_gateway.server.answers import read_answer
 from rollout_gateway.server.engines import EngineInfo, probe_engine, read_model_cards, token_flags
+from rollout_gateway.server.upstream_http import HttpxUpstream
 
 from .conftest import UPSTREAM, GatewayFactory, RecordingUpstream, script
 from .fake_engines import FakeSGLang
@@ -156,7 +157,7 @@ async def test_logprobs_mode_is_checked_where_vllm_tells(
         return httpx.Response(404)
 
     info = EngineInfo()
-    client = httpx.AsyncClient(base_url="http://engine/v1", transport=httpx.MockTransport(handler))
+    client = HttpxUpstream("http://engine/v1", transport=httpx.MockTransport(handler))
     with caplog.at_level(logging.WARNING, logger="rollout_gateway.server"):
         await probe_engine(client, info, "http://engine/v1")
     assert (info.kind, info.max_model_len, info.logprobs_mode) == ("vllm", 1024, "raw_logprobs")
@@ -169,7 +170,7 @@ async def test_a_dead_engine_probe_never_fails_and_waits_before_retrying() -> No
         raise RuntimeError("boom")
 
     info = EngineInfo()
-    client = httpx.AsyncClient(base_url="http://engine/v1", transport=httpx.MockTransport(handler))
+    client = HttpxUpstream("http://engine/v1", transport=httpx.MockTransport(handler))
     await probe_engine(client, info, "http://engine/v1")
     assert not info.probed and info.kind == "unknown"
     assert info.probed_at is not None

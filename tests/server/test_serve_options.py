@@ -29,6 +29,8 @@ TOKEN = "serve-admin-token-0123456789"
         ("--upstream", "not a url"),
         ("--upstream", "ftp://host/v1"),
         ("--upstream", "http://host:99999/v1"),
+        ("--upstream-client", "requests"),
+        ("--loop", "trio"),
     ],
 )
 def test_invalid_option_is_refused_naming_it(option: str, value: str, capsys) -> None:
@@ -97,6 +99,7 @@ def test_token_from_env_or_file(tmp_path, monkeypatch) -> None:
         ({"max_rollouts": 0}, "max_rollouts"),
         ({"admin_token": None}, "admin_token"),
         ({"admin_token": "  "}, "admin_token"),
+        ({"upstream_client": "requests"}, "upstream_client"),
     ],
 )
 def test_config_validation_names_the_field(fields: dict, name: str) -> None:
@@ -143,3 +146,16 @@ async def test_tokenizer_defaults_to_the_model_directory_the_upstream_serves(tmp
     async with running_server(app) as root:
         found = await asyncio.to_thread(served_model_path, f"{root}/v1")
     assert found == str(tmp_path)
+
+
+def test_client_and_loop_options_reach_the_server(monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    args = build_parser().parse_args(
+        ["serve", "--upstream", UP, "--upstream-client", "httpx", "--loop", "asyncio"]
+    )
+    assert (args.upstream_client, args.loop) == ("httpx", "asyncio")
+    assert serve_config(args).upstream_client == "httpx"
+    defaults = build_parser().parse_args(["serve", "--upstream", UP])
+    assert (defaults.upstream_client, defaults.loop) == ("aiohttp", "auto")
+    assert serve_config(defaults).upstream_client == "aiohttp"
