@@ -194,6 +194,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="largest request body (413 beyond; default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
+        "--max-concurrent-parses", type=positive_int, default=2, metavar="N",
+        help="request bodies over 256 KiB parsed at once, gateway-wide; more wait their "
+        "turn (bounds the memory of many big bodies at once; default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
         "--max-turns", type=positive_int, default=defaults.DEFAULT_MAX_TURNS, metavar="N",
         help="turns of a rollout registered with max_turns=-1 (default: %(default)s)",
     )  # fmt: skip
@@ -312,6 +317,7 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         upstream_timeout_s=args.upstream_timeout,
         upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
+        max_concurrent_parses=args.max_concurrent_parses,
         upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
         default_max_turns=args.max_turns,
         max_total_completion_tokens=args.max_completion_tokens,

@@ -48,7 +48,7 @@ from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.dedupe import TurnTracker
 from rollout_gateway.server.engines import EngineInfo, probe_engine
 from rollout_gateway.server.guard import GuardMiddleware
-from rollout_gateway.server.jsonio import JSONBytesResponse
+from rollout_gateway.server.jsonio import BodyParser, JSONBytesResponse
 from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget
 from rollout_gateway.server.memory import MemoryTrimmer
 from rollout_gateway.server.metrics import GatewayMetrics
@@ -126,6 +126,8 @@ class Gateway:
         #: What runs behind each upstream (probed at start-up, again on use until it answers).
         self.engines = {url: EngineInfo() for url in config.upstreams}
         self.chat = ChatTurns(self)
+        #: Request-body parsing, with the gateway-wide bound on concurrent big parses.
+        self.body_parser = BodyParser(config.max_concurrent_parses)
         self.trimmer = MemoryTrimmer()
         #: Agents' exit reports, long-polled by envs (see :mod:`rollout_gateway.exits`).
         self.exit_board = ExitBoard()

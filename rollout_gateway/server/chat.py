@@ -108,7 +108,7 @@ class ChatTurns:
         """Answer one chat request of ``record`` (authenticated already)."""
         config = self.gateway.config
         raw = await read_body(request, config.max_body_bytes)
-        body = await parse_json_object(raw)
+        body = await parse_json_object(raw, self.gateway.body_parser)
         messages = validate_messages(body)
         fingerprint = body_fingerprint(raw)
         idempotency_key = request.headers.get(IDEMPOTENCY_KEY_HEADER)

@@ -55,6 +55,8 @@ class GatewayConfig:
     Per request and per rollout:
         max_body_bytes: largest accepted request body (413 beyond, checked from
             ``Content-Length`` and while reading).
+        max_concurrent_parses: request bodies over 256 KiB parsed at the same time,
+            gateway-wide (each costs several times its size while parsed; more wait).
         default_max_turns: turn budget of rollouts registered without one (``-1``).
         max_total_completion_tokens: completion tokens per rollout, all turns together.
         default_max_context_tokens: context bound of rollouts registered without a
@@ -88,6 +90,7 @@ class GatewayConfig:
     upstream_connect_timeout_s: float = 5.0
     upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = 16 * 1024 * 1024
+    max_concurrent_parses: int = 2
     sweep_interval_s: float = 30.0
     probe_interval_s: float = 5.0
     upstream_api_key: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -35,6 +36,44 @@ async def loads_off_loop(raw: bytes) -> Any:
     if len(raw) > OFF_LOOP_PARSE_BYTES:
         return await asyncio.to_thread(orjson.loads, raw)
     return orjson.loads(raw)
+
+
+class BodyParser:
+    """Parses request bodies; at most ``max_concurrent`` big ones at once, gateway-wide.
+
+    A parsed body costs several times its size in Python objects while it is handled;
+    without a global bound, hundreds of agents sending big bodies at once multiply that
+    by their number. Big bodies beyond the bound wait their turn (their raw bytes are
+    already held); small ones parse at once on the loop.
+
+    Args:
+        max_concurrent: big bodies parsed at the same time.
+        off_loop_bytes: bodies larger than this are big (parsed in a worker thread).
+        loads: the parse function (a seam for tests).
+    """
+
+    def __init__(
+        self,
+        max_concurrent: int,
+        *,
+        off_loop_bytes: int = OFF_LOOP_PARSE_BYTES,
+        loads: Callable[[bytes], Any] = orjson.loads,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent: must be at least 1, got {max_concurrent!r}")
+        self.max_concurrent = max_concurrent
+        self.off_loop_bytes = off_loop_bytes
+        self._loads = loads
+        self._slots: asyncio.Semaphore | None = None  # made on first use, in the loop
+
+    async def loads(self, raw: bytes) -> Any:
+        """Parse ``raw`` as strict JSON (raises :class:`JSONDecodeError`)."""
+        if len(raw) <= self.off_loop_bytes:
+            return self._loads(raw)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_concurrent)
+        async with self._slots:
+            return await asyncio.to_thread(self._loads, raw)
 
 
 def loads_lenient(raw: bytes) -> Any:
@@ -65,6 +104,7 @@ class JSONBytesResponse(Response):
 
 
 __all__ = [
+    "BodyParser",
     "OFF_LOOP_PARSE_BYTES",
     "JSONBytesResponse",
     "JSONDecodeError",

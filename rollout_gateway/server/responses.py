@@ -11,7 +11,12 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rollout_gateway.server.jsonio import JSONBytesResponse, JSONDecodeError, loads_off_loop
+from rollout_gateway.server.jsonio import (
+    BodyParser,
+    JSONBytesResponse,
+    JSONDecodeError,
+    loads_off_loop,
+)
 
 
 class ApiError(Exception):
@@ -78,12 +83,13 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return await parse_json_object(raw)
 
 
-async def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """``raw`` parsed as a JSON object (400 when it is not one)."""
+async def parse_json_object(raw: bytes, parser: BodyParser | None = None) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object (400 when it is not one), by ``parser`` when given
+    (the gateway's, which bounds concurrent big parses)."""
     if not raw.strip():
         raise ApiError(400, "request body must be a JSON object", "invalid_request_error")
     try:
-        body = await loads_off_loop(raw)
+        body = await (parser.loads(raw) if parser is not None else loads_off_loop(raw))
     except JSONDecodeError as exc:
         raise ApiError(400, f"malformed JSON body: {exc}", "invalid_request_error") from None
     if not isinstance(body, dict):

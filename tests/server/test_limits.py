@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
+import orjson
+import pytest
+
+from rollout_gateway.server.jsonio import BodyParser
+
 from .conftest import GatewayHarness, RecordingUpstream, script
 
 
@@ -100,3 +109,65 @@ async def test_too_many_concurrent_requests_of_one_rollout_are_429(make_gateway)
     r = await gw.chat("r1", turn("p3"))
     assert r.status_code == 429
     assert [t.status_code for t in await asyncio.gather(*tasks)] == [200, 200]
+
+
+def _tracking_loads(gate: threading.Event | None = None, big: int = 0):
+    """An orjson.loads that records how many parses of bodies over ``big`` bytes run at
+    once (in worker threads)."""
+    lock = threading.Lock()
+    state = {"now": 0, "max": 0, "calls": 0}
+
+    def loads(raw: bytes):
+        if len(raw) <= big:
+            return orjson.loads(raw)
+        with lock:
+            state["now"] += 1
+            state["calls"] += 1
+            state["max"] = max(state["max"], state["now"])
+        try:
+            if gate is not None:
+                gate.wait(5)
+            else:
+                time.sleep(0.02)
+            return orjson.loads(raw)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    return loads, state
+
+
+async def test_big_bodies_parse_at_most_n_at_once_and_small_ones_never_wait() -> None:
+    gate = threading.Event()
+    loads, state = _tracking_loads(gate, big=100)
+    parser = BodyParser(2, off_loop_bytes=100, loads=loads)
+    big = orjson.dumps({"pad": "x" * 200})
+    parses = [asyncio.ensure_future(parser.loads(big)) for _ in range(6)]
+    await asyncio.sleep(0.1)
+    assert state["max"] == 2 and state["calls"] == 2  # the other four wait their turn
+    # A small body is parsed at once, on the loop, while the big ones hold every slot.
+    assert await asyncio.wait_for(parser.loads(b'{"a": 1}'), 1) == {"a": 1}
+    gate.set()
+    assert [r["pad"] for r in await asyncio.gather(*parses)] == ["x" * 200] * 6
+    assert state["max"] == 2
+    with pytest.raises(ValueError, match="max_concurrent"):
+        BodyParser(0)
+
+
+async def test_the_chat_route_parses_big_bodies_under_the_gateway_bound(make_gateway) -> None:
+    gw = await make_gateway(max_concurrent_parses=1)
+    gateway = gw.app.state.gateway
+    assert gateway.body_parser.max_concurrent == 1
+    loads, state = _tracking_loads()
+    gateway.body_parser = BodyParser(1, loads=loads)  # the same bound, observed
+    padding = "y" * (300 * 1024)  # over the 256 KiB off-loop threshold
+    for i in range(3):
+        await gw.register(f"big{i}")
+    answers = await asyncio.gather(
+        *(
+            gw.chat(f"big{i}", [{"role": "user", "content": script({"say": "ok"}) + padding}])
+            for i in range(3)
+        )
+    )
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert state["calls"] == 3 and state["max"] == 1
