@@ -322,20 +322,12 @@ class TokenInEngine:
         upstream = pool.get(turn.record.upstream)
         label = upstream.label
         root = upstream.base_url.rstrip("/").removesuffix("/v1")
-        upstream.in_flight += 1
-        try:
-            async with asyncio.timeout(pool.timeout_s):
-                response = await upstream.http.post(
-                    f"{root}{GENERATE_PATH}", jsonio.dumps(request), key=turn.record.rollout_id
-                )
-        except Exception as exc:  # classified like chat mode's calls (one place)
-            failure = upstream.connection_failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
-        finally:
-            upstream.in_flight -= 1
-        upstream.answered()
+        response = await pool.post(
+            turn.record.upstream,
+            f"{root}{GENERATE_PATH}",
+            jsonio.dumps(request),
+            key=turn.record.rollout_id,
+        )
         if response.status_code in _UNSERVED:
             raise UpstreamError(
                 "http_4xx",

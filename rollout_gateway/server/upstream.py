@@ -275,15 +275,24 @@ class UpstreamPool:
         timeout or a non-JSON answer -> 502 with a short message (the URL and the exception
         go to ``detail``).
         """
-        upstream = self._by_url[url]
-        label = upstream.label
-        upstream.in_flight += 1
         start = time.perf_counter()
+        response = await self.post(url, "/chat/completions", jsonio.dumps(body), key=shard_key)
+        elapsed = time.perf_counter() - start
+        raise_for_upstream_status(response, self._by_url[url].label)
+        return response.content, elapsed
+
+    async def post(
+        self, url: str, path: str, content: bytes, *, key: str | None = None
+    ) -> HTTPAnswer:
+        """One POST to the upstream of ``url`` (``path`` under it, or absolute); its
+        answer, whatever the status. Bounded by ``timeout_s`` from connect to last byte;
+        counted in flight; a failure to get an answer raises the one classification of
+        :meth:`Upstream.connection_failure`."""
+        upstream = self._by_url[url]
+        upstream.in_flight += 1
         try:
             async with asyncio.timeout(self.timeout_s):
-                response = await upstream.http.post(
-                    "/chat/completions", jsonio.dumps(body), key=shard_key
-                )
+                response = await upstream.http.post(path, content, key=key)
         except Exception as exc:
             failure = upstream.connection_failure(exc)
             if failure is None:
@@ -291,10 +300,8 @@ class UpstreamPool:
             raise failure from exc
         finally:
             upstream.in_flight -= 1
-        elapsed = time.perf_counter() - start
         upstream.answered()
-        raise_for_upstream_status(response, label)
-        return response.content, elapsed
+        return response
 
     async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """The model cards of ``GET {url}/models`` (vLLM's carry ``max_model_len``)."""
