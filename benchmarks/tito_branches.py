@@ -35,34 +35,11 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 
 from rollout_gateway.cli import served_model_path
 from rollout_gateway.server import GatewayConfig, create_app
+from rollout_gateway.testing import RUN_SHELL_TOOL, run_shell_call
 from rollout_gateway.v1.trace_sync import TraceSync
 
 ADMIN = "tito-benchmark-admin-token-0123456789"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run_shell",
-            "description": "Run a shell command and return its output.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
-
-
-def assistant_call(call_id: str, command: str) -> dict[str, Any]:
-    """An assistant message calling ``run_shell``."""
-    arguments = json.dumps({"command": command})
-    function = {"name": "run_shell", "arguments": arguments}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
-    }
+TOOLS = [RUN_SHELL_TOOL]
 
 
 # The history the agent starts from: it has already called the tool twice (the 270M base
@@ -70,9 +47,9 @@ def assistant_call(call_id: str, command: str) -> dict[str, Any]:
 START = [
     {"role": "system", "content": "You are a careful assistant with a shell."},
     {"role": "user", "content": "Find the bug in this project. List the files first."},
-    assistant_call("call_0", "ls"),
+    run_shell_call("call_0", "ls"),
     {"role": "tool", "tool_call_id": "call_0", "content": "main.py\nutils.py\nREADME.md"},
-    assistant_call("call_1", "cat main.py"),
+    run_shell_call("call_1", "cat main.py"),
     {"role": "tool", "tool_call_id": "call_1", "content": "import utils\nprint(utils.add(1, 2))"},
 ]
 

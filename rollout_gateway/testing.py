@@ -487,6 +487,32 @@ def task_row(example_id: int) -> dict[str, Any]:
     }
 
 
+#: The example agent's one tool, ``run_shell(command)``, as an OpenAI tool definition (for
+#: conversations sent to real engines by tests and benchmarks).
+RUN_SHELL_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "run_shell",
+        "description": "Run a shell command and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+def run_shell_call(call_id: str, command: str) -> dict[str, Any]:
+    """An assistant message calling :data:`RUN_SHELL_TOOL` with ``command``."""
+    function = {"name": "run_shell", "arguments": json.dumps({"command": command})}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+    }
+
+
 def uniform(low: float, high: float, rng: random.Random | None = None) -> Callable[[], float]:
     """A latency callable drawing uniformly from ``[low, high]`` seconds."""
     source = rng or random.Random()
@@ -505,6 +531,7 @@ def rollout_id_of(sandbox: FakeSandbox) -> str:
 
 
 __all__ = [
+    "RUN_SHELL_TOOL",
     "AgentFn",
     "FakeGateway",
     "FakeRollout",
@@ -513,6 +540,7 @@ __all__ = [
     "FakeTunnelHandle",
     "FakeTunnelProvider",
     "rollout_id_of",
+    "run_shell_call",
     "task_row",
     "uniform",
 ]

@@ -14,7 +14,6 @@ import json
 import math
 import os
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -24,42 +23,21 @@ pytest.importorskip("transformers", reason="token-in mode needs the [tito] extra
 from stacks import STACK  # noqa: E402
 
 from rollout_gateway.cli import served_model_path  # noqa: E402
+from rollout_gateway.testing import RUN_SHELL_TOOL, run_shell_call  # noqa: E402
 
 from .conftest import URL_VAR, RealGateway, real_gateway  # noqa: E402
 
 RENDERER = "rollout_gateway.server.template_bridge:end_of_turn_pythonic"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run_shell",
-            "description": "Run a shell command and return its output.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
-
-
-def call(call_id: str, command: str) -> dict[str, Any]:
-    function = {"name": "run_shell", "arguments": json.dumps({"command": command})}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
-    }
+TOOLS = [RUN_SHELL_TOOL]
 
 
 # A history that already holds assistant tool calls and their results.
 START = [
     {"role": "system", "content": "You are a careful assistant with a shell."},
     {"role": "user", "content": "Find the bug. List the files first."},
-    call("call_0", "ls"),
+    run_shell_call("call_0", "ls"),
     {"role": "tool", "tool_call_id": "call_0", "content": "main.py\nutils.py"},
-    call("call_1", "cat main.py"),
+    run_shell_call("call_1", "cat main.py"),
     {"role": "tool", "tool_call_id": "call_1", "content": "import utils\nprint(utils.add(1, 2))"},
 ]
 

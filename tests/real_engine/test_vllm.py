@@ -17,23 +17,11 @@ import httpx
 import pytest
 
 from rollout_gateway.server.turn_seed import turn_seed
+from rollout_gateway.testing import RUN_SHELL_TOOL
 
 from .conftest import URL_VAR, RealGateway, Stopwatch
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run_shell",
-            "description": "Run a shell command and return its output.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
+TOOLS = [RUN_SHELL_TOOL]
 FORCE_TOOL = {"type": "function", "function": {"name": "run_shell"}}
 SYSTEM = {"role": "system", "content": "You are a careful assistant with a shell."}
 
