@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import verifiers.v1 as vf
+from fix_bug_v1 import FixBugHarness
 
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.protocol import expand_delta_steps
@@ -113,3 +115,16 @@ async def make_interception(
             return interception, spy
 
         yield build
+
+
+def script_harness(filename: str, source: str) -> type[FixBugHarness]:
+    """The example's harness running ``source`` (a Python agent using the OpenAI SDK) as
+    its program, with the endpoint, key and model the interception gives it."""
+
+    class ScriptHarness(FixBugHarness):
+        async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw):  # type: ignore[override]
+            await runtime.write(filename, source.encode())
+            env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
+            return await runtime.run_program([sys.executable, filename], env)
+
+    return ScriptHarness

@@ -7,7 +7,6 @@ against the gateway on loopback, through :class:`GatewayInterception`.
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Any
 
 import verifiers.v1 as vf
@@ -16,7 +15,7 @@ from verifiers.v1.interception import InterceptionServer
 
 from rollout_gateway.v1 import gateway_synced_agent
 
-from .conftest import Stack
+from .conftest import Stack, script_harness
 
 
 def first_task() -> FixBugTask:
@@ -110,11 +109,7 @@ while True:
 """
 
 
-class DyingHarness(FixBugHarness):
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw):  # type: ignore[override]
-        await runtime.write("dying.py", _DYING_AGENT.encode())
-        env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
-        return await runtime.run_program([sys.executable, "dying.py"], env)
+DyingHarness = script_harness("dying.py", _DYING_AGENT)
 
 
 async def run_dying(stack: Stack, interception: Any, *, sync: bool) -> vf.Trace:
@@ -158,11 +153,7 @@ time.sleep(120)
 """
 
 
-class SlowHarness(FixBugHarness):
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw):  # type: ignore[override]
-        await runtime.write("slow.py", _SLOW_AGENT.encode())
-        env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
-        return await runtime.run_program([sys.executable, "slow.py"], env)
+SlowHarness = script_harness("slow.py", _SLOW_AGENT)
 
 
 async def test_cancelled_rollout_is_cancelled_and_unregistered_once(
@@ -240,11 +231,7 @@ assert again.id == first.id, (first.id, again.id)
 """
 
 
-class RetryingHarness(FixBugHarness):
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw):  # type: ignore[override]
-        await runtime.write("retrying.py", _RETRYING_AGENT.encode())
-        env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
-        return await runtime.run_program([sys.executable, "retrying.py"], env)
+RetryingHarness = script_harness("retrying.py", _RETRYING_AGENT)
 
 
 async def test_sdk_retry_of_a_turn_is_not_an_extra_turn_or_branch(

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 
 import pytest
 import verifiers.v1 as vf
-from fix_bug_v1 import FixBugHarness, FixBugHarnessConfig
+from fix_bug_v1 import FixBugHarnessConfig
 
 from rollout_gateway.server import GatewayConfig, create_app, running_server
 from rollout_gateway.v1 import GatewayInterception, GatewayInterceptionConfig, gateway_synced_agent
 
-from .conftest import ADMIN_TOKEN, SpyTransport
+from .conftest import ADMIN_TOKEN, SpyTransport, script_harness
 from .test_end_to_end import expected_branch, first_task
 
 VLLM = os.environ.get("ROLLOUT_GATEWAY_REAL_VLLM")
@@ -37,11 +36,7 @@ for _ in range(3):
 """
 
 
-class ChatHarness(FixBugHarness):
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw):  # type: ignore[override]
-        await runtime.write("chat.py", _CHAT_AGENT.encode())
-        env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
-        return await runtime.run_program([sys.executable, "chat.py"], env)
+ChatHarness = script_harness("chat.py", _CHAT_AGENT)
 
 
 async def test_three_turns_on_real_vllm_are_one_branch_equal_to_the_record() -> None:
