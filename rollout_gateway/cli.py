@@ -194,7 +194,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="largest request body (413 beyond; default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
-        "--max-concurrent-parses", type=positive_int, default=2, metavar="N",
+        "--max-concurrent-parses", type=positive_int,
+        default=defaults.DEFAULT_MAX_CONCURRENT_PARSES, metavar="N",
         help="request bodies over 256 KiB parsed at once, gateway-wide; more wait their "
         "turn (bounds the memory of many big bodies at once; default: %(default)s)",
     )  # fmt: skip

@@ -19,6 +19,8 @@ DEFAULT_MAX_TOTAL_COMPLETION_TOKENS = 4_000_000
 #: Bytes of chat messages a rollout may make the gateway store (history is stored once;
 #: a rollout that rewrites its history every turn pays for every copy).
 DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Request bodies over 256 KiB parsed at once, gateway-wide (see ``jsonio.BodyParser``).
+DEFAULT_MAX_CONCURRENT_PARSES = 2
 
 
 @dataclass
@@ -90,7 +92,7 @@ class GatewayConfig:
     upstream_connect_timeout_s: float = 5.0
     upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = 16 * 1024 * 1024
-    max_concurrent_parses: int = 2
+    max_concurrent_parses: int = DEFAULT_MAX_CONCURRENT_PARSES
     sweep_interval_s: float = 30.0
     probe_interval_s: float = 5.0
     upstream_api_key: str | None = None
@@ -144,6 +146,7 @@ class GatewayConfig:
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE_S",
+    "DEFAULT_MAX_CONCURRENT_PARSES",
     "DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES",
     "DEFAULT_MAX_TOTAL_COMPLETION_TOKENS",
     "DEFAULT_MAX_TURNS",
