@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NotRequired, TypedDict, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -503,12 +503,12 @@ def delta_steps(steps: list[TrajectoryStepBody]) -> list[dict[str, Any]]:
     history_ids: list[int] = []
     for step in steps:
         prompt = step["prompt"]
-        shared = _common_prefix(history, prompt)
+        shared = common_prefix_len(history, prompt)
         delta: dict[str, Any] | None = None
         tokens = step["tokens"]
         if tokens is not None:
             prompt_ids = tokens["prompt_ids"]
-            shared_ids = _common_prefix(history_ids, prompt_ids)
+            shared_ids = common_prefix_len(history_ids, prompt_ids)
             delta = {
                 "prompt_shared": shared_ids,
                 "prompt_new_ids": prompt_ids[shared_ids:],
@@ -537,12 +537,23 @@ def delta_steps(steps: list[TrajectoryStepBody]) -> list[dict[str, Any]]:
     return out
 
 
-def _common_prefix(a: list[Any], b: list[Any]) -> int:
+def common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Length of the longest common prefix of two sequences (lists, id arrays).
+
+    Slice comparisons run in C: one when ``b`` extends ``a`` (the usual case), else a
+    binary search over prefix lengths.
+    """
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class StatusResponse(TypedDict):
@@ -593,6 +604,7 @@ __all__ = [
     "TurnTiming",
     "cancel_path",
     "chat_completions_path",
+    "common_prefix_len",
     "delta_steps",
     "exit_path",
     "expand_delta_steps",

@@ -55,3 +55,19 @@ def test_flatten_sampling_args_has_one_precedence_for_every_side():
         "n": 2,
     }
     assert flatten_sampling_args(None, {}) == {}
+
+
+def test_common_prefix_len_of_lists_and_id_arrays():
+    from array import array
+
+    from rollout_gateway.protocol import common_prefix_len
+
+    assert common_prefix_len([1, 2, 3], [1, 2, 3, 4]) == 3  # an extension
+    assert common_prefix_len([1, 2, 3, 4], [1, 2]) == 2
+    assert common_prefix_len([1, 2, 3, 4], [1, 2, 9, 4]) == 2  # a fork
+    assert common_prefix_len([], [1]) == 0 and common_prefix_len([5], [6]) == 0
+    ids = array("i", range(1000))
+    forked = array("i", [*range(617), -1, *range(618, 1000)])
+    assert common_prefix_len(ids, forked) == 617
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert common_prefix_len(messages, [messages[0], {"role": "assistant", "content": "c"}]) == 1

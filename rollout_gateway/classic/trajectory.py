@@ -27,6 +27,7 @@ from verifiers.types import (
 from verifiers.utils.message_utils import normalize_messages
 
 from rollout_gateway.errors import GatewayProtocolError
+from rollout_gateway.protocol import common_prefix_len
 
 _TOKEN_LIST_FIELDS = (
     "prompt_ids",
@@ -63,10 +64,7 @@ class MessageCache:
         """Like :func:`convert_messages`, with the prefix shared with earlier calls reused."""
         if not isinstance(raw, list):
             raise GatewayProtocolError(f"{where}: expected a list of messages")
-        same = 0
-        limit = min(len(raw), len(self._raw))
-        while same < limit and raw[same] == self._raw[same]:
-            same += 1
+        same = common_prefix_len(self._raw, raw)
         fresh = convert_messages(raw[same:], where) if same < len(raw) else []
         result = self._converted[:same] + fresh
         if same < len(raw):  # raw extends or rewrites the cached history; a prefix keeps it

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
+from rollout_gateway.protocol import StepTokens, TrajectoryStepBody, common_prefix_len
 from rollout_gateway.server.answers import TRUNCATING_FINISH_REASONS
 from rollout_gateway.server.prompt_ids import prefix_hasher
 
@@ -88,21 +88,6 @@ RECORDED_MESSAGE_FIELDS = (
 def recorded_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a chat message the trajectory keeps (see :data:`RECORDED_MESSAGE_FIELDS`)."""
     return {k: message[k] for k in RECORDED_MESSAGE_FIELDS if k in message}
-
-
-def _common_prefix_len(a: array, b: array) -> int:
-    """Length of the longest common prefix of two id arrays (slice compares run in C)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass(slots=True)
@@ -341,7 +326,7 @@ class TrajectoryRecorder:
         comp = array("i", completion_ids)
         lps = array("f", logprobs)
         last = self._last_ids
-        prefix = _common_prefix_len(last, prompt)
+        prefix = common_prefix_len(last, prompt)
         overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
         too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
         if last and prefix == len(last):
