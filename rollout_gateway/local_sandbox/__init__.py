@@ -6,6 +6,9 @@
   ``unshare`` > ``uid``; ``process-group`` only on explicit opt-in) and their command lines.
 - :mod:`~rollout_gateway.local_sandbox.processes`: spawning, waiting, killing.
 - :mod:`~rollout_gateway.local_sandbox.uids`: per-sandbox uids (root hosts).
+- :mod:`~rollout_gateway.local_sandbox.registry`: the client's sandboxes, their
+  destruction and the reaper of expired ones.
+- :mod:`~rollout_gateway.local_sandbox.commands`: ``execute_command`` and background jobs.
 - :mod:`~rollout_gateway.local_sandbox.files` / ``file_api``: the file API, which never
   follows a path out of the sandbox.
 - :mod:`~rollout_gateway.local_sandbox.layout`: directories, ownership, the stale sweep.

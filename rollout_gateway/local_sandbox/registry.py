@@ -1,0 +1,176 @@
+"""The table of a local client's sandboxes: live ones, ones being destroyed, tombstones.
+
+Owns destruction (kill every process, remove the directories, free the uid) and the
+reaper thread that destroys sandboxes past their lifetime, so that
+:class:`~rollout_gateway.local_sandbox.LocalSandboxClient` only maps prime-sandboxes'
+API onto it. Thread-safe: the reaper, ``atexit`` and the event loop's worker threads all
+reach it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import NoReturn
+
+from prime_sandboxes import APIError, SandboxNotRunningError, SandboxTimeoutError
+
+from rollout_gateway.local_sandbox import processes
+from rollout_gateway.local_sandbox.sandbox import LocalSandbox
+
+logger = logging.getLogger(__name__)
+
+#: Ids of deleted or expired sandboxes remembered, so later calls fail like the real API's.
+MAX_TOMBSTONES = 100_000
+
+
+class SandboxRegistry:
+    """Live sandboxes by id, and how the gone ones ended.
+
+    Args:
+        clock: monotonic clock the sandboxes' deadlines are on.
+        kill_grace: seconds between SIGTERM and SIGKILL when destroying a sandbox.
+    """
+
+    def __init__(self, clock: Callable[[], float], kill_grace: float) -> None:
+        self._clock = clock
+        self._kill_grace = kill_grace
+        self._lock = threading.RLock()
+        self._live: dict[str, LocalSandbox] = {}
+        self._destroying: dict[str, LocalSandbox] = {}
+        self._gone: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._reaper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def add(self, sb: LocalSandbox) -> None:
+        """Track a new sandbox (before anything is created for it, so nothing can leak)."""
+        with self._lock:
+            self._live[sb.id] = sb
+
+    def get(self, sandbox_id: str) -> LocalSandbox | None:
+        """The live sandbox with this id, if any."""
+        with self._lock:
+            return self._live.get(sandbox_id)
+
+    def known(self, sandbox_id: str) -> bool:
+        """Whether this id is live or remembered as gone."""
+        with self._lock:
+            return sandbox_id in self._live or sandbox_id in self._gone
+
+    def with_labels(self, labels: set[str]) -> list[str]:
+        """Ids of the live sandboxes carrying every one of ``labels``."""
+        with self._lock:
+            return [sid for sid, sb in self._live.items() if labels.issubset(sb.request.labels)]
+
+    def expired(self, sb: LocalSandbox) -> bool:
+        """Whether ``sb`` is past its lifetime."""
+        return self._clock() >= sb.deadline
+
+    def raise_missing(self, sandbox_id: str, command: str | None = None) -> NoReturn:
+        """Raise what prime-sandboxes raises for a sandbox that is not running."""
+        with self._lock:
+            gone = self._gone.get(sandbox_id)
+        if gone is None:
+            raise APIError(f"HTTP 404: Sandbox {sandbox_id} not found")
+        status, error_type = gone
+        if error_type == "TIMEOUT":
+            raise SandboxTimeoutError(
+                sandbox_id,
+                status,
+                error_type,
+                command=command,
+                message=f"Sandbox {sandbox_id} exceeded its timeout and was terminated",
+            )
+        raise SandboxNotRunningError(sandbox_id, status, error_type, command=command)
+
+    def destroy(self, sb: LocalSandbox, status: str, error_type: str | None) -> None:
+        """Kill all of the sandbox's processes, remove its directories, free its uid.
+
+        Blocking (run it in a thread from async code); idempotent.
+        """
+        with self._lock:
+            if self._live.pop(sb.id, None) is not None:
+                self._gone[sb.id] = (status, error_type)
+                while len(self._gone) > MAX_TOMBSTONES:
+                    self._gone.popitem(last=False)
+            self._destroying[sb.id] = sb
+        with sb.lock:
+            sb.dead = True  # no new process can start from here on
+            procs = list(sb.procs)
+            leaders = set(sb.leaders)
+        try:
+            processes.kill_leaders(procs, self._kill_grace)  # type: ignore[arg-type]
+            # What is left in the commands' sessions: e.g. a namespace's init still being
+            # set up (still root, not yet the sandbox's uid) when its launcher died.
+            processes.kill_marked(sb.id, leaders)
+            if sb.lease is not None:
+                sb.lease.release()  # kill -1 as the sandbox's uid, then free the uid
+            shutil.rmtree(sb.dirs.base, ignore_errors=True)
+            if sb.lock_fd is not None:
+                fd, sb.lock_fd = sb.lock_fd, None
+                os.close(fd)
+            if status == "TIMEOUT":
+                logger.warning("Local sandbox %s exceeded its lifetime; killed", sb.id)
+        finally:
+            with self._lock:
+                self._destroying.pop(sb.id, None)
+
+    def destroy_all(self) -> None:
+        """Destroy every sandbox, including those another thread is destroying.
+
+        Safe from ``atexit`` and signal handlers (no event loop needed) and idempotent.
+        """
+        with self._lock:
+            victims = list(self._live.values()) + list(self._destroying.values())
+        for sb in victims:
+            try:
+                self.destroy(sb, "TERMINATED", None)
+            except Exception:  # keep going: one failure must not leak the others
+                logger.exception("Failed to delete local sandbox %s", sb.id)
+
+    def reap_expired(self) -> list[str]:
+        """Destroy every sandbox past its lifetime; return their ids."""
+        now = self._clock()
+        with self._lock:
+            expired = [sb for sb in self._live.values() if now >= sb.deadline]
+        for sb in expired:
+            self.destroy(sb, "TIMEOUT", "TIMEOUT")
+        return [sb.id for sb in expired]
+
+    def start_reaper(self, interval: float) -> None:
+        """Run :meth:`reap_expired` every ``interval`` s in a daemon thread (once)."""
+        with self._lock:
+            if self._reaper is not None and self._reaper.is_alive():
+                return
+            self._stop.clear()
+            ref = weakref.ref(self)  # the thread must not keep the registry alive
+            stop = self._stop
+
+            def loop() -> None:
+                while not stop.wait(interval):
+                    registry = ref()
+                    if registry is None:
+                        return
+                    try:
+                        registry.reap_expired()
+                    except Exception:
+                        logger.exception("Local sandbox reaper failed")
+                    del registry
+
+            self._reaper = threading.Thread(target=loop, name="local-sandbox-reaper", daemon=True)
+            self._reaper.start()
+
+    def stop_reaper(self, wait: bool) -> None:
+        """Stop the reaper thread; with ``wait``, join it (not from the thread itself)."""
+        self._stop.set()
+        reaper, self._reaper = self._reaper, None
+        if wait and reaper is not None and reaper is not threading.current_thread():
+            reaper.join(timeout=5)
+
+
+__all__ = ["MAX_TOMBSTONES", "SandboxRegistry"]
