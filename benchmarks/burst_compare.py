@@ -45,7 +45,14 @@ put on its ``PYTHONPATH`` only to import the verifiers-free ``rollout_gateway.te
 Usage (with this project's virtualenv)::
 
     python benchmarks/burst_compare.py --rollouts 100 500 [--rounds 2] [--seed 0]
-        [--earlier-venv DIR] [--json results.json]
+        [--workers K] [--earlier-venv DIR] [--json results.json]
+
+``--workers K`` spreads the N rollouts over K env processes per side, as prime-rl's
+orchestrator does with ``workers_per_env`` ("isolation of event loop lag"): each worker
+has its own fake world and env, runs N/K rollouts of its own tasks, and starts each
+burst together with the others (a barrier on files). The table then merges the workers:
+percentiles over all rollouts' samples, CPU and calls per rollout over all rollouts, the
+longest GC pause of any worker. Default 1: the whole burst in one process.
 
 ``--earlier-venv`` defaults to ``$ROLLOUT_GATEWAY_EARLIER_VENV`` or
 ``~/.cache/rollout-gateway/earlier-venv``. Without it, only this project's figures are
@@ -90,6 +97,9 @@ SIDES = ("ours", "earlier")
 #: Rollouts of the first burst of a process (the tunnel starts, lazy imports happen).
 WARMUP_ROLLOUTS = 4
 PHASES = ("warmup", "fresh", "steady")
+
+#: Task ids of worker i start at i * this (each worker runs its own tasks).
+TASKS_PER_WORKER = 1_000_000
 
 # Issue #8's targets.
 DETECT_P50_TARGET_MS = 50.0
@@ -254,7 +264,25 @@ BUILDERS = {"ours": build_ours, "earlier": build_earlier}
 # ---------------------------------------------------------------------------- one side
 
 
-async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: int) -> dict:
+async def barrier(sync: tuple[Path, int, int] | None, name: str) -> None:
+    """Wait until all ``workers`` processes reached ``name`` (``sync`` = dir, index, workers)."""
+    if sync is None:
+        return
+    directory, index, workers = sync
+    (directory / f"{name}.{index}").touch()
+    while len(list(directory.glob(f"{name}.*"))) < workers:
+        await asyncio.sleep(0.005)
+
+
+async def run_burst(
+    side: Side,
+    world: bw.World,
+    client: Any,
+    n: int,
+    offset: int,
+    sync: tuple[Path, int, int] | None = None,
+    phase: str = "burst",
+) -> dict:
     """``n`` concurrent ``env.run_rollout`` calls on tasks ``offset..offset+n-1``."""
     from rollout_gateway.testing import task_row
 
@@ -277,6 +305,7 @@ async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: in
     tasks_before = asyncio.all_tasks()
     status_calls_before = side.sandboxes.calls["get_background_job"]
     rss_before = bw.current_rss_kib()
+    await barrier(sync, phase)
     sampler = asyncio.ensure_future(bw.sample_rss(rss_samples, lags_ms))
     with gc_timer:
         cpu0, t0 = time.process_time(), time.time()
@@ -324,6 +353,15 @@ async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: in
         "rss_growth_kib_per_rollout": (max(rss_samples) - rss_before) / n,
         "gateway_rollouts_left": len(side.gateway.active),
         "sandboxes_left": len(side.sandboxes.alive),
+        # Raw samples, so that the parent can merge workers' percentiles.
+        "samples": {
+            "detect_ms": detect_ms,
+            "register_ms": list(probe.register_ms),
+            "fetched_ms": fetched_ms,
+            "lags_ms": lags_ms,
+        },
+        "cpu_s": cpu,
+        "slowest_s": slowest,
     }
     # Retention: drop what the benchmark and the fake world keep, then count what is left.
     del results
@@ -344,8 +382,13 @@ async def run_burst(side: Side, world: bw.World, client: Any, n: int, offset: in
     return figures
 
 
-async def run_side(name: str, n: int, seed: int) -> dict:
-    """Build one side, run the warm-up, fresh and steady bursts, tear it down."""
+async def run_side(name: str, n: int, seed: int, sync: tuple[Path, int, int] | None = None) -> dict:
+    """Build one side, run the warm-up, fresh and steady bursts, tear it down.
+
+    With ``sync`` (barrier dir, worker index, workers), this process is one of several
+    workers: its tasks are its own (numbered from ``index * TASKS_PER_WORKER``) and each
+    burst starts when every worker is ready for it.
+    """
     import verifiers as vf
     from openai import AsyncOpenAI
 
@@ -356,14 +399,16 @@ async def run_side(name: str, n: int, seed: int) -> dict:
         AsyncOpenAI(base_url="http://gateway-0.test:8000/v1", api_key="x")
     )
     warmup = min(WARMUP_ROLLOUTS, n)
-    for task_id in range(warmup + 2 * n):
+    base = sync[1] * TASKS_PER_WORKER if sync is not None else 0
+    for task_id in range(base, base + warmup + 2 * n):
         world.plan(task_id)  # drawn now, so the census does not count the cache
     try:
-        first = await run_burst(side, world, client, warmup, offset=0)
-        fresh = await run_burst(side, world, client, n, offset=warmup)
-        steady = await run_burst(side, world, client, n, offset=warmup + n)
+        first = await run_burst(side, world, client, warmup, offset=base)
+        fresh = await run_burst(side, world, client, n, base + warmup, sync, "fresh")
+        steady = await run_burst(side, world, client, n, base + warmup + n, sync, "steady")
     finally:
         await side.env._teardown()
+    await barrier(sync, "floor")
     floor = await run_floor(name, client, n)
     return {
         "side": name,
@@ -378,12 +423,14 @@ async def run_side(name: str, n: int, seed: int) -> dict:
     }
 
 
-def child_main(name: str, n: int, seed: int, out: str) -> int:
-    """A child process: one side, JSON to ``out``."""
+def child_main(
+    name: str, n: int, seed: int, out: str, sync: tuple[Path, int, int] | None = None
+) -> int:
+    """A child process: one side (or one worker of it), JSON to ``out``."""
     logging.basicConfig(level=logging.ERROR)
     for logger in ("verifiers", "rollout_gateway", "httpx"):
         logging.getLogger(logger).setLevel(logging.ERROR)
-    result = asyncio.run(run_side(name, n, seed))
+    result = asyncio.run(run_side(name, n, seed, sync))
     Path(out).write_text(json.dumps(result))
     return 0
 
@@ -429,23 +476,103 @@ def setup_earlier(venv: str) -> int:
     return 1 if problem else 0
 
 
-def run_child(name: str, python: str, n: int, seed: int) -> dict:
-    """Run one side in its own process; its JSON."""
+def run_child(name: str, python: str, n: int, seed: int, workers: int = 1) -> dict:
+    """Run one side in ``workers`` processes (N split between them); the merged JSON."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["PYTHONNOUSERSITE"] = "1"
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        command = [python, __file__, "--child", name, "--rollouts", str(n), "--seed", str(seed)]
-        started = time.time()
-        done = subprocess.run(
-            [*command, "--json-out", out.name], env=env, capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            print(done.stdout[-2000:], done.stderr[-4000:], sep="\n", file=sys.stderr)
-            raise SystemExit(f"{name} child failed (exit {done.returncode})")
-        result = json.loads(Path(out.name).read_text())
+    shares = [n // workers + (1 if i < n % workers else 0) for i in range(workers)]
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        children = []
+        for index, share in enumerate(shares):
+            command = [python, __file__, "--child", name, "--rollouts", str(share)]
+            command += ["--seed", str(seed), "--json-out", f"{tmp}/{index}.json"]
+            if workers > 1:
+                command += ["--worker", f"{tmp}:{index}:{workers}"]
+            children.append(
+                subprocess.Popen(
+                    command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
+        for child in children:
+            stdout, stderr = child.communicate()
+            if child.returncode != 0:
+                for other in children:
+                    other.kill()
+                print(stdout[-2000:], stderr[-4000:], sep="\n", file=sys.stderr)
+                raise SystemExit(f"{name} child failed (exit {child.returncode})")
+        results = [json.loads(Path(f"{tmp}/{i}.json").read_text()) for i in range(workers)]
+    result = merge_workers(results)
     result["child_wall_s"] = time.time() - started
+    result["workers"] = workers
     return result
+
+
+def merge_phase(phases: list[dict]) -> dict:
+    """One burst's figures over all workers, as if measured on their union."""
+    if len(phases) == 1:
+        return phases[0]
+    n = sum(p["rollouts"] for p in phases)
+    samples = {k: [v for p in phases for v in p["samples"][k]] for k in phases[0]["samples"]}
+    merged = dict(phases[0])
+    merged.update(
+        rollouts=n,
+        errors=sum(p["errors"] for p in phases),
+        error_samples=[e for p in phases for e in p["error_samples"]][:3],
+        samples=samples,
+        cpu_s=sum(p["cpu_s"] for p in phases),
+        detect_n=len(samples["detect_ms"]),
+        detect_p50_ms=bw.pct(samples["detect_ms"], 0.5),
+        detect_p99_ms=bw.pct(samples["detect_ms"], 0.99),
+        detect_max_ms=max(samples["detect_ms"], default=float("nan")),
+        register_p50_ms=bw.pct(samples["register_ms"], 0.5),
+        register_p99_ms=bw.pct(samples["register_ms"], 0.99),
+        fetched_to_returned_p50_ms=bw.pct(samples["fetched_ms"], 0.5),
+        fetched_to_returned_p99_ms=bw.pct(samples["fetched_ms"], 0.99),
+        loop_lag_p50_ms=bw.pct(samples["lags_ms"], 0.5),
+        loop_lag_p99_ms=bw.pct(samples["lags_ms"], 0.99),
+        wall_s=max(p["wall_s"] for p in phases),
+        wall_over_slowest=max(p["wall_s"] for p in phases) / max(p["slowest_s"] for p in phases),
+        gc_max_pause_ms=max(p["gc_max_pause_ms"] for p in phases),
+        gc_max_pause_cpu_ms=max(p["gc_max_pause_cpu_ms"] for p in phases),
+        gc_total_ms=sum(p["gc_total_ms"] for p in phases),
+        gc_total_cpu_ms=sum(p["gc_total_cpu_ms"] for p in phases),
+        gc_collections={
+            gen: sum(p["gc_collections"].get(gen, 0) for p in phases)
+            for gen in sorted({g for p in phases for g in p["gc_collections"]})
+        },
+        gateway_rollouts_left=sum(p["gateway_rollouts_left"] for p in phases),
+        sandboxes_left=sum(p["sandboxes_left"] for p in phases),
+        tasks_left=sum(p["tasks_left"] for p in phases),
+    )
+    # Per-rollout means, weighted by each worker's rollouts.
+    for key in (
+        "cpu_ms_per_rollout",
+        "status_calls_per_rollout",
+        "gateway_calls_per_rollout",
+        "rss_growth_kib_per_rollout",
+        "retained_objects_per_rollout",
+    ):
+        merged[key] = sum(p[key] * p["rollouts"] for p in phases) / n
+    return merged
+
+
+def merge_workers(results: list[dict]) -> dict:
+    """A side's figures over its workers (one worker: its own)."""
+    merged = dict(results[0])
+    for phase in PHASES:
+        merged[phase] = merge_phase([r[phase] for r in results])
+    if len(results) > 1 and all("floor" in r for r in results):
+        floors = [r["floor"] for r in results]
+        merged["floor"] = {
+            "cpu_ms_per_rollout": statistics.fmean(f["cpu_ms_per_rollout"] for f in floors),
+            "gc_max_pause_cpu_ms": max(f["gc_max_pause_cpu_ms"] for f in floors),
+        }
+    merged["load_average"] = max(r["load_average"] for r in results)
+    merged["tunnel_starts"] = sum(r["tunnel_starts"] for r in results)
+    merged["tunnels_alive_after_teardown"] = sum(r["tunnels_alive_after_teardown"] for r in results)
+    return merged
 
 
 ROWS: list[tuple[str, str, str, str]] = [
@@ -494,7 +621,9 @@ def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
     """The side-by-side table for ``n`` rollouts, then PASS/FAIL lines; the checks."""
     ours, earlier = runs["ours"], runs["earlier"]
     rounds = len(ours)
-    print(f"\n=== {n} concurrent rollouts, median of {rounds} round(s) per side ===")
+    workers = ours[0].get("workers", 1) if ours else 1
+    spread = f" over {workers} env worker processes per side" if workers > 1 else ""
+    print(f"\n=== {n} concurrent rollouts{spread}, median of {rounds} round(s) per side ===")
     width = max(len(r[0]) for r in ROWS)
     print(f"{'metric':<{width}} | {'ours':>10} | {'earlier':>10} | {'ours/earlier':>12}")
     print(f"{'-' * width}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 12}")
@@ -581,7 +710,7 @@ def parent_main(args: argparse.Namespace) -> int:
         for round_ in range(args.rounds):
             for name in sides:  # A B A B: same seed every time
                 print(f"[{n}] round {round_ + 1}/{args.rounds}: {name} ...", flush=True)
-                runs[name].append(run_child(name, pythons[name], n, args.seed))
+                runs[name].append(run_child(name, pythons[name], n, args.seed, args.workers))
         everything[str(n)] = runs
         all_ok &= all(print_table(n, runs).values())
     if args.json:
@@ -596,18 +725,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollouts", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="env processes per side (prime-rl workers_per_env)"
+    )
     parser.add_argument("--earlier-venv", default=DEFAULT_EARLIER_VENV)
     parser.add_argument("--setup-earlier", action="store_true", help="create the earlier venv")
     parser.add_argument("--json", help="write every child's figures to this file")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--json-out", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # barrier dir:index:workers
     args = parser.parse_args(argv)
     if args.setup_earlier:
         return setup_earlier(args.earlier_venv)
-    if any(n < 1 for n in args.rollouts) or args.rounds < 1:
-        parser.error("--rollouts and --rounds must be positive")
+    if any(n < 1 for n in args.rollouts) or args.rounds < 1 or args.workers < 1:
+        parser.error("--rollouts, --rounds and --workers must be positive")
+    if any(n < args.workers for n in args.rollouts):
+        parser.error("each --rollouts figure must be at least --workers")
     if args.child:
-        return child_main(args.child, args.rollouts[0], args.seed, args.json_out)
+        sync = None
+        if args.worker:
+            directory, index, workers = args.worker.rsplit(":", 2)
+            sync = (Path(directory), int(index), int(workers))
+        return child_main(args.child, args.rollouts[0], args.seed, args.json_out, sync)
     return parent_main(args)
 
 
