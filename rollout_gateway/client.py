@@ -276,7 +276,9 @@ class GatewayClient:
         return _checked_exits(_require_dict(data, "exits", ""))
 
     @contextlib.asynccontextmanager
-    async def exit_feed(self, after: int) -> AsyncIterator[ExitFeed]:
+    async def exit_feed(
+        self, after: int, *, idle_timeout: float = protocol.EXIT_STREAM_IDLE_TIMEOUT
+    ) -> AsyncIterator[ExitFeed]:
         """The exit stream from cursor ``after``: ``async with client.exit_feed(c) as feed``.
 
         One held connection; ``async for line in feed`` yields each report (and
@@ -285,15 +287,16 @@ class GatewayClient:
         (``feed.streamed`` is false, and the feed yields that answer's reports and
         cursor); one without it at all answers 404/405/400
         (:class:`GatewayRequestError`). Not retried: the caller reconnects from its
-        cursor. A connection silent for :data:`protocol.EXIT_STREAM_IDLE_TIMEOUT` s
-        (no heartbeat) fails with :class:`GatewayUnavailableError`.
+        cursor. A connection silent for ``idle_timeout`` s (no heartbeat; default
+        :data:`protocol.EXIT_STREAM_IDLE_TIMEOUT`) fails with
+        :class:`GatewayUnavailableError`.
         """
         path = protocol.EXITS_PATH
         request = self._http.build_request(
             "GET",
             path,
             params=protocol.exits_query(after, stream=True),
-            timeout=_EXIT_STREAM_TIMEOUT,
+            timeout=httpx.Timeout(idle_timeout, connect=_EXIT_STREAM_CONNECT_TIMEOUT),
         )
         try:
             response = await self._http.send(request, stream=True)
@@ -355,8 +358,7 @@ class GatewayClient:
         return GatewayUnavailableError(message, status_code=status, rollout_id=rollout_id)
 
 
-#: The exit stream's read timeout: heartbeats come every EXIT_STREAM_KEEPALIVE s.
-_EXIT_STREAM_TIMEOUT = httpx.Timeout(protocol.EXIT_STREAM_IDLE_TIMEOUT, connect=10.0)
+_EXIT_STREAM_CONNECT_TIMEOUT = 10.0
 
 
 class ExitFeed:

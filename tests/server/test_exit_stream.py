@@ -8,6 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
@@ -164,3 +168,33 @@ async def test_shutdown_ends_an_open_stream_and_long_poll_cleanly():
         if stopped is None:
             await server.__aexit__(None, None, None)
     assert app.state.gateway.exit_streams.open == 0
+
+
+async def test_heartbeats_keep_a_quiet_stream_alive():
+    app = create_app(_config())
+    app.state.gateway.exit_streams.keepalive = 0.05
+    async with running_server(app) as root:
+        async with GatewayClient(root, admin_token=ADMIN) as client:
+            async with client.exit_feed(0, idle_timeout=1.0) as feed:
+                lines = aiter(feed)
+                # The opening heartbeat, then one per quiet keepalive period.
+                assert [await anext(lines) for _ in range(3)] == [{"cursor": 0}] * 3
+
+
+async def test_a_silent_stream_is_noticed_as_dead():
+    """A connection that stops carrying heartbeats (a dead peer) fails the read."""
+
+    async def silent(request: Request) -> Response:
+        async def body() -> Any:
+            yield protocol.exit_stream_line({"cursor": 0})
+            await asyncio.Event().wait()  # never another line
+
+        return StreamingResponse(body(), media_type=protocol.EXIT_STREAM_MEDIA_TYPE)
+
+    app = Starlette(routes=[Route(protocol.EXITS_PATH, silent)])
+    async with running_server(app) as root:
+        async with GatewayClient(root) as client:
+            with pytest.raises(GatewayUnavailableError, match="ReadTimeout"):
+                async with client.exit_feed(0, idle_timeout=0.2) as feed:
+                    async for _ in feed:
+                        pass
