@@ -15,7 +15,9 @@ yet) and "steady" (a later training step). Figures are the steady burst's, excep
 per held rollout, which is given for both (the fresh one is what N rollouts cost).
 
 - completion detected: ``wait_for_agent_completion`` returned, minus the moment the
-  fake agent returned;
+  fake agent returned; for ours, split at the moment the env's exit watcher read the
+  report off the exit stream (the stream's delivery, then the rollout's own part: its
+  task waking, the one confirming status call, returning);
 - job-status calls: ``get_background_job`` calls at the fake sandbox client / rollouts;
 - env CPU: process CPU during the burst / rollouts (the fake world runs in the same
   process and does the same work on both sides, per call made to it);
@@ -315,10 +317,14 @@ async def run_burst(
     await asyncio.gather(sampler, return_exceptions=True)
     rss_samples.append(bw.current_rss_kib())
 
-    detect_ms, fetched_ms = [], []
+    detect_ms, fetched_ms, read_ms, confirm_ms = [], [], [], []
+    reads = getattr(side.gateway, "exit_reads", {})
     for rid, _, returned in results:
         if rid in probe.detected and rid in world.agent_exit:
             detect_ms.append((probe.detected[rid] - world.agent_exit[rid]) * 1000)
+            if rid in reads:  # the exit stream's delivery, then the rollout's own part
+                read_ms.append((reads[rid] - world.agent_exit[rid]) * 1000)
+                confirm_ms.append((probe.detected[rid] - reads[rid]) * 1000)
         if rid in probe.fetched:
             fetched_ms.append((returned - probe.fetched[rid]) * 1000)
     errors = [str(e) for _, e, _ in results if e is not None]
@@ -333,6 +339,11 @@ async def run_burst(
         "detect_p50_ms": bw.pct(detect_ms, 0.5),
         "detect_p99_ms": bw.pct(detect_ms, 0.99),
         "detect_max_ms": max(detect_ms, default=float("nan")),
+        # Only with an exit stream (ours): None on the earlier side.
+        "report_read_p50_ms": bw.pct(read_ms, 0.5) if read_ms else None,
+        "report_read_p99_ms": bw.pct(read_ms, 0.99) if read_ms else None,
+        "read_to_detected_p50_ms": bw.pct(confirm_ms, 0.5) if confirm_ms else None,
+        "read_to_detected_p99_ms": bw.pct(confirm_ms, 0.99) if confirm_ms else None,
         "status_calls_per_rollout": (
             side.sandboxes.calls["get_background_job"] - status_calls_before
         )
@@ -356,6 +367,8 @@ async def run_burst(
         # Raw samples, so that the parent can merge workers' percentiles.
         "samples": {
             "detect_ms": detect_ms,
+            "read_ms": read_ms,
+            "confirm_ms": confirm_ms,
             "register_ms": list(probe.register_ms),
             "fetched_ms": fetched_ms,
             "lags_ms": lags_ms,
@@ -369,6 +382,7 @@ async def run_burst(
     world.agent_exit.clear()
     world.task_of.clear()
     side.gateway.calls.clear()
+    reads.clear()
     side.gateway.unregistered.clear()
     side.gateway.cancelled.clear()
     side.sandboxes.sandboxes.clear()
@@ -526,6 +540,14 @@ def merge_phase(phases: list[dict]) -> dict:
         detect_p50_ms=bw.pct(samples["detect_ms"], 0.5),
         detect_p99_ms=bw.pct(samples["detect_ms"], 0.99),
         detect_max_ms=max(samples["detect_ms"], default=float("nan")),
+        report_read_p50_ms=bw.pct(samples["read_ms"], 0.5) if samples["read_ms"] else None,
+        report_read_p99_ms=bw.pct(samples["read_ms"], 0.99) if samples["read_ms"] else None,
+        read_to_detected_p50_ms=(
+            bw.pct(samples["confirm_ms"], 0.5) if samples["confirm_ms"] else None
+        ),
+        read_to_detected_p99_ms=(
+            bw.pct(samples["confirm_ms"], 0.99) if samples["confirm_ms"] else None
+        ),
         register_p50_ms=bw.pct(samples["register_ms"], 0.5),
         register_p99_ms=bw.pct(samples["register_ms"], 0.99),
         fetched_to_returned_p50_ms=bw.pct(samples["fetched_ms"], 0.5),
@@ -579,6 +601,10 @@ ROWS: list[tuple[str, str, str, str]] = [
     # label, phase, key, format
     ("completion detected after agent exit p50 (ms)", "steady", "detect_p50_ms", ".1f"),
     ("completion detected after agent exit p99 (ms)", "steady", "detect_p99_ms", ".1f"),
+    ("  exit report read off the stream p50 (ms)", "steady", "report_read_p50_ms", ".1f"),
+    ("  exit report read off the stream p99 (ms)", "steady", "report_read_p99_ms", ".1f"),
+    ("  report read -> detected (confirm) p50 (ms)", "steady", "read_to_detected_p50_ms", ".1f"),
+    ("  report read -> detected (confirm) p99 (ms)", "steady", "read_to_detected_p99_ms", ".1f"),
     ("job-status calls per rollout (mean)", "steady", "status_calls_per_rollout", ".2f"),
     ("control-plane calls per rollout (mean)", "steady", "gateway_calls_per_rollout", ".2f"),
     ("env CPU per rollout (ms)", "steady", "cpu_ms_per_rollout", ".1f"),
@@ -613,7 +639,7 @@ def figure(runs: list[dict], phase: str, key: str) -> float | None:
     elif phase == "floor":
         values = [r["floor"][key] for r in runs if "floor" in r]
     else:
-        values = [r[phase][key] for r in runs]
+        values = [r[phase][key] for r in runs if r[phase].get(key) is not None]
     return statistics.median(values) if values else None
 
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 
 from rollout_gateway.testing import (
+    FakeExitStream,
     FakeGateway,
     FakeSandbox,
     FakeSandboxClient,
@@ -137,12 +139,42 @@ class SeededGateway(FakeGateway):
     def __init__(self, latencies: LatencyTable, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.latencies = latencies
+        #: time.time() when the env read each rollout's exit report off the exit stream.
+        self.exit_reads: dict[str, float] = {}
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         """Sleep the call's seeded latency, then answer as the fake gateway."""
         op = "/".join(request.url.path.strip("/").split("/")[3:]) or request.url.path
         await asyncio.sleep(self.latencies.next(op))
-        return await super().handle(request)
+        response = await super().handle(request)
+        if isinstance(response.stream, FakeExitStream):
+            response.stream = ReadTimes(response.stream, self.exit_reads)
+        return response
+
+
+class ReadTimes(httpx.AsyncByteStream):
+    """An exit stream that notes when the env's watcher reads each report.
+
+    The fake stream runs in the reader's task (an httpx mock transport), so the moment
+    a chunk is yielded is the moment the watcher takes it and resolves the rollout's
+    future: the report's delivery, before the rollout's own task runs again.
+    """
+
+    def __init__(self, inner: FakeExitStream, reads: dict[str, float]) -> None:
+        self.inner = inner
+        self.reads = reads
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self.inner:
+            now = time.time()
+            for line in chunk.splitlines():
+                if b'"rollout_id"' in line:
+                    self.reads[orjson.loads(line)["rollout_id"]] = now
+            yield chunk
+
+    async def aclose(self) -> None:
+        """Close the wrapped stream."""
+        await self.inner.aclose()
 
 
 class SeededSandboxClient(FakeSandboxClient):

@@ -10,8 +10,9 @@ in :meth:`GatewayClient._request`, and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, TypeVar, cast
@@ -270,12 +271,51 @@ class GatewayClient:
         A gateway without the exit-report extension answers 404 or 405
         (:class:`GatewayRequestError`).
         """
-        params = {"after": str(after), "timeout": f"{timeout:g}"}
+        params = protocol.exits_query(after, timeout=timeout)
         data = await self._request_once("GET", protocol.EXITS_PATH, "", params=params)
-        body = _require_dict(data, "exits", "")
-        if not isinstance(body.get("exits"), list) or not isinstance(body.get("cursor"), int):
-            raise GatewayProtocolError("exits answer lacks 'exits' or 'cursor'")
-        return cast(protocol.ExitsResponse, body)
+        return _checked_exits(_require_dict(data, "exits", ""))
+
+    @contextlib.asynccontextmanager
+    async def exit_feed(
+        self, after: int, *, idle_timeout: float = protocol.EXIT_STREAM_IDLE_TIMEOUT
+    ) -> AsyncIterator[ExitFeed]:
+        """The exit stream from cursor ``after``: ``async with client.exit_feed(c) as feed``.
+
+        One held connection; ``async for line in feed`` yields each report (and
+        heartbeat) as the gateway sends it, and ends when the gateway ends the stream.
+        A gateway that does not know the stream answers the plain long-poll instead
+        (``feed.streamed`` is false, and the feed yields that answer's reports and
+        cursor); one without it at all answers 404/405/400
+        (:class:`GatewayRequestError`). Not retried: the caller reconnects from its
+        cursor. A connection silent for ``idle_timeout`` s (no heartbeat; default
+        :data:`protocol.EXIT_STREAM_IDLE_TIMEOUT`) fails with
+        :class:`GatewayUnavailableError`.
+        """
+        path = protocol.EXITS_PATH
+        request = self._http.build_request(
+            "GET",
+            path,
+            params=protocol.exits_query(after, stream=True),
+            timeout=httpx.Timeout(idle_timeout, connect=_EXIT_STREAM_CONNECT_TIMEOUT),
+        )
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TransportError as e:
+            raise _transport_error("GET", path, e, "") from e
+        try:
+            if response.status_code >= 400:
+                try:
+                    await response.aread()
+                except httpx.TransportError as e:
+                    raise _transport_error("GET", path, e, "") from e
+                raise self._status_error("GET", path, response, "")
+            feed = ExitFeed(response)
+            try:
+                yield feed
+            finally:
+                await feed.aclose()
+        finally:
+            await response.aclose()
 
     async def _request(self, method: str, path: str, rollout_id: str, **kwargs: Any) -> Any:
         """One control-plane call with the retry policy applied."""
@@ -288,13 +328,7 @@ class GatewayClient:
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as e:
-            # Connection refused/reset, timeouts, and a keep-alive connection the server
-            # closed while idle (ReadError / RemoteProtocolError): all safe to retry.
-            raise GatewayUnavailableError(
-                f"{method} {path}: {type(e).__name__}: {e}",
-                rollout_id=rollout_id,
-                retryable=True,
-            ) from e
+            raise _transport_error(method, path, e, rollout_id) from e
         status = response.status_code
         if status < 400:
             try:  # orjson: several times faster on a long trajectory than json
@@ -303,18 +337,117 @@ class GatewayClient:
                 raise GatewayProtocolError(
                     f"{method} {path}: answer is not JSON ({status})", rollout_id=rollout_id
                 ) from e
+        raise self._status_error(method, path, response, rollout_id)
+
+    def _status_error(
+        self, method: str, path: str, response: httpx.Response, rollout_id: str
+    ) -> GatewayError:
+        """The typed error of an answer with an error status (read already)."""
+        status = response.status_code
         message = f"{method} {path}: {status} {_error_message(response)}"
         if status in self.retry.retry_statuses:
-            raise GatewayUnavailableError(
+            return GatewayUnavailableError(
                 message, status_code=status, rollout_id=rollout_id, retryable=True
             )
         if status == 404:
-            raise RolloutNotFoundError(message, status_code=status, rollout_id=rollout_id)
+            return RolloutNotFoundError(message, status_code=status, rollout_id=rollout_id)
         if status == 409:
-            raise RolloutConflictError(message, status_code=status, rollout_id=rollout_id)
+            return RolloutConflictError(message, status_code=status, rollout_id=rollout_id)
         if 400 <= status < 500:
-            raise GatewayRequestError(message, status_code=status, rollout_id=rollout_id)
-        raise GatewayUnavailableError(message, status_code=status, rollout_id=rollout_id)
+            return GatewayRequestError(message, status_code=status, rollout_id=rollout_id)
+        return GatewayUnavailableError(message, status_code=status, rollout_id=rollout_id)
+
+
+_EXIT_STREAM_CONNECT_TIMEOUT = 10.0
+
+
+class ExitFeed:
+    """The lines of one exit stream (see :meth:`GatewayClient.exit_feed`).
+
+    ``streamed`` is false when the gateway answered the plain long-poll instead: the
+    feed then yields that answer's reports and a heartbeat with its cursor, and ends.
+    Failures are typed: a broken or silent connection is :class:`GatewayUnavailableError`,
+    a line that is not the protocol's :class:`GatewayProtocolError`.
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        media_type = response.headers.get("content-type", "").partition(";")[0].strip()
+        #: Whether the gateway streams (else it answered the long-poll).
+        self.streamed = media_type.lower() == protocol.EXIT_STREAM_MEDIA_TYPE
+        self._lines: AsyncGenerator[protocol.ExitStreamLine, None] | None = None
+
+    def __aiter__(self) -> AsyncIterator[protocol.ExitStreamLine]:
+        if self._lines is None:
+            self._lines = self._read()
+        return self._lines
+
+    async def aclose(self) -> None:
+        """Close the line reader (the context of :meth:`GatewayClient.exit_feed` does)."""
+        if self._lines is not None and not getattr(self._lines, "ag_running", False):
+            await self._lines.aclose()
+
+    async def _read(self) -> AsyncGenerator[protocol.ExitStreamLine, None]:
+        path = protocol.EXITS_PATH
+        try:
+            if not self.streamed:
+                for line in _long_poll_lines(await self._response.aread()):
+                    yield line
+                return
+            pending = b""
+            async for chunk in self._response.aiter_bytes():
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                if len(pending) > protocol.EXIT_STREAM_MAX_LINE:
+                    raise GatewayProtocolError(f"GET {path}: exit stream line too long")
+                for raw in lines:
+                    if raw.strip():
+                        yield _stream_line(raw)
+            if pending.strip():
+                yield _stream_line(pending)
+        except httpx.TransportError as e:
+            raise _transport_error("GET", path, e, "") from e
+
+
+def _stream_line(raw: bytes) -> protocol.ExitStreamLine:
+    try:
+        return protocol.parse_exit_stream_line(raw)
+    except ValueError as e:
+        raise GatewayProtocolError(f"GET {protocol.EXITS_PATH}: bad exit stream line: {e}") from e
+
+
+def _long_poll_lines(content: bytes) -> list[protocol.ExitStreamLine]:
+    """A long-poll answer as stream lines: its reports, then its cursor."""
+    try:
+        body = orjson.loads(content)
+    except ValueError as e:
+        raise GatewayProtocolError(f"GET {protocol.EXITS_PATH}: answer is not JSON") from e
+    answer = _checked_exits(_require_dict(body, "exits", ""))
+    try:
+        lines = [protocol.check_exit_stream_line(report) for report in answer["exits"]]
+    except ValueError as e:
+        raise GatewayProtocolError(f"GET {protocol.EXITS_PATH}: bad exit report: {e}") from e
+    lines.append({"cursor": answer["cursor"]})
+    return lines
+
+
+def _checked_exits(body: dict[str, Any]) -> protocol.ExitsResponse:
+    exits, cursor = body.get("exits"), body.get("cursor")
+    if not isinstance(exits, list) or not isinstance(cursor, int) or isinstance(cursor, bool):
+        raise GatewayProtocolError("exits answer lacks 'exits' or 'cursor'")
+    return cast(protocol.ExitsResponse, body)
+
+
+def _transport_error(
+    method: str, path: str, error: httpx.TransportError, rollout_id: str
+) -> GatewayUnavailableError:
+    # Connection refused/reset, timeouts, and a keep-alive connection the server closed
+    # while idle (ReadError / RemoteProtocolError): all safe to retry.
+    return GatewayUnavailableError(
+        f"{method} {path}: {type(error).__name__}: {error}",
+        rollout_id=rollout_id,
+        retryable=True,
+    )
 
 
 def _checked_id(rollout_id: str) -> str:
@@ -352,6 +485,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
     "RETRYABLE_STATUSES",
+    "ExitFeed",
     "GatewayClient",
     "RetryPolicy",
 ]

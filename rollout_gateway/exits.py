@@ -3,10 +3,13 @@
 An agent's launch wrapper posts its exit code to ``POST /v1/rollouts/{id}/exit`` (through
 the tunnel, with the rollout's key) the moment it exits. The gateway keeps the reports
 on an :class:`ExitBoard`; each env runs one :class:`ExitWatcher` per gateway that
-long-polls ``GET /v1/rollouts/exits?after=<seq>&timeout=<s>`` for all its rollouts and
-wakes the one whose agent exited. A report is a hint (the agent holds the key it is sent
-with): the rollout confirms it with one sandbox status call. A gateway without the
-extension (404/405) turns the watcher off, and rollouts poll as before.
+follows the gateway's exit stream (``GET /v1/rollouts/exits?after=<seq>&stream=1``, one
+held connection, a line per report) for all its rollouts and wakes the one whose agent
+exited. A gateway without the stream is long-polled
+(``GET /v1/rollouts/exits?after=<seq>&timeout=<s>``). A report is a hint (the agent
+holds the key it is sent with): the rollout confirms it with one sandbox status call. A
+gateway without the extension (404/405) turns the watcher off, and rollouts poll as
+before.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import cast
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
 from rollout_gateway.errors import GatewayError, GatewayRequestError
-from rollout_gateway.protocol import ExitReport, ExitsResponse
+from rollout_gateway.protocol import ExitReport, ExitsResponse, exit_stream_line
 
 logger = logging.getLogger(__name__)
 
@@ -31,63 +35,138 @@ UNCLAIMED_LIMIT = 10_000
 #: detection target of 50 ms, and cuts the polls of a 500-rollout burst several-fold).
 EXIT_COALESCE = 0.01
 
+#: The pause before reopening an exit stream that worked and then ended or broke (a
+#: gateway that drops every stream at once must not make the watcher spin).
+STREAM_REOPEN_PAUSE = 0.05
+
 
 class ExitBoard:
-    """Exit reports of registered rollouts, numbered, with waiters for new ones."""
+    """Exit reports of registered rollouts, numbered, with waiters for new ones.
+
+    Waiting costs no task: a waiter awaits the board's event under
+    :func:`asyncio.timeout` (a timer), so hundreds of long-polls hold no helper tasks.
+    """
 
     def __init__(self) -> None:
+        # In ``seq`` order (a replaced report moves to the end): the newest are last.
         self._reports: dict[str, ExitReport] = {}
         self._seq = 0
         self._changed = asyncio.Event()
+        #: Long-polls and streams waiting for a report now.
+        self.waiting = 0
+
+    @property
+    def cursor(self) -> int:
+        """The number of the latest report."""
+        return self._seq
 
     def report(self, rollout_id: str, exit_code: int | None) -> None:
         """Record (or replace) the exit report of ``rollout_id`` and wake the waiters."""
         self._seq += 1
+        self._reports.pop(rollout_id, None)
         self._reports[rollout_id] = {
             "rollout_id": rollout_id,
             "exit_code": exit_code,
             "seq": self._seq,
         }
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake every waiter (a report came, or the gateway is shutting down)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def forget(self, rollout_id: str) -> None:
         """Drop the report of an unregistered rollout (the board holds only live ones)."""
         self._reports.pop(rollout_id, None)
+
+    def resume_point(self, after: int) -> int:
+        """``after``, or 0 for a cursor from before a gateway restart (beyond ours)."""
+        return 0 if after > self._seq else after
+
+    def after(self, after: int) -> list[ExitReport]:
+        """Reports numbered above ``after``, oldest first (in time of the new ones only)."""
+        newer: list[ExitReport] = []
+        for report in reversed(self._reports.values()):
+            if report["seq"] <= after:
+                break
+            newer.append(report)
+        newer.reverse()
+        return newer
 
     def since(self, after: int) -> ExitsResponse:
         """Reports numbered above ``after``, oldest first, and the cursor to ask from next.
 
         A cursor beyond ours comes from before a gateway restart: everything is new to it.
         """
-        if after > self._seq:
-            after = 0
-        exits = sorted(
-            (r for r in self._reports.values() if r["seq"] > after), key=lambda r: r["seq"]
-        )
-        return {"exits": exits, "cursor": self._seq}
+        return {"exits": self.after(self.resume_point(after)), "cursor": self._seq}
+
+    async def changed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the next report (or :meth:`wake`); whether it came."""
+        event = self._changed
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        except TimeoutError:
+            return False
+        finally:
+            self.waiting -= 1
+        return True
 
     async def wait(self, after: int, timeout: float) -> ExitsResponse:
         """Like :meth:`since`, waiting up to ``timeout`` s for a report when there is none."""
         answer = self.since(after)
         if answer["exits"] or timeout <= 0:
             return answer
-        changed = self._changed
-        try:
-            await asyncio.wait_for(changed.wait(), timeout)
-        except TimeoutError:
-            pass
+        await self.changed(timeout)
         return self.since(after)
+
+    async def follow(
+        self,
+        after: int,
+        *,
+        keepalive: float = protocol.EXIT_STREAM_KEEPALIVE,
+        closed: Callable[[], bool] = lambda: False,
+    ) -> AsyncGenerator[bytes, None]:
+        """The exit stream from cursor ``after``, as chunks of encoded lines.
+
+        First the reports above ``after`` and a heartbeat with the cursor, then each
+        report as it comes (those that came together in one chunk), and a heartbeat
+        after ``keepalive`` s without one. Ends when ``closed()`` is true after a wake.
+        The reference gateway and :class:`~rollout_gateway.testing.FakeGateway` both
+        serve this.
+        """
+        cursor = self.resume_point(after)
+        reports = self.after(cursor)
+        cursor = self._seq
+        yield b"".join(map(exit_stream_line, reports)) + exit_stream_line({"cursor": cursor})
+        while not closed():
+            reports = self.after(cursor)
+            cursor = self._seq
+            if reports:
+                yield b"".join(map(exit_stream_line, reports))
+            elif not await self.changed(keepalive):
+                yield exit_stream_line({"cursor": cursor})
 
 
 class ExitWatcher:
-    """One long-poll loop over a gateway's exit reports, shared by the env's rollouts.
+    """One exit stream per gateway, shared by the env's rollouts.
+
+    It follows the gateway's exit stream (:meth:`GatewayClient.exit_feed`, one held
+    connection) and wakes each rollout the moment its report arrives. A broken or silent
+    stream is reopened from the last cursor seen, with backoff. A gateway without the
+    stream (it answers the plain long-poll, or 400/404/405) is long-polled instead; one
+    refusing a stream now (429: its cap of streams is reached) is long-polled once
+    before the stream is tried again; one without exit reports at all (404/405 to the
+    long-poll) turns the watcher off, and rollouts poll their sandboxes.
 
     Args:
         client: the gateway's control-plane client.
         wait: seconds one long-poll may wait (at most :data:`protocol.EXITS_MAX_WAIT`).
-        coalesce: seconds to wait after an answer with reports before the next poll.
-        sleep: the pause after a failed poll or an answer (a seam for tests).
+        coalesce: seconds to wait after a long-poll answer with reports before the next.
+        sleep: the pause of backoff and coalescing (a seam for tests).
+        stream: whether to try the stream (else long-poll only).
     """
 
     def __init__(
@@ -97,18 +176,28 @@ class ExitWatcher:
         wait: float = protocol.EXITS_MAX_WAIT,
         coalesce: float = EXIT_COALESCE,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        stream: bool = True,
     ) -> None:
         self.client = client
         self.wait = min(wait, protocol.EXITS_MAX_WAIT)
         self.coalesce = coalesce
         self._sleep = sleep
-        #: ``None`` until the gateway answered once; then whether it has the extension.
+        #: ``None`` until the gateway answered once; then whether it has exit reports.
         self.supported: bool | None = None
+        #: ``None`` until known; whether the gateway serves the exit stream.
+        self.streaming: bool | None = None if stream else False
         self._waiters: dict[str, asyncio.Future[int | None]] = {}
         self._unclaimed: OrderedDict[str, int | None] = OrderedDict()
         self._cursor = 0
+        self._poll_instead = False  # the stream was refused: one long-poll first
+        self._lines = 0  # lines of the current stream
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+
+    @property
+    def cursor(self) -> int:
+        """The last report number seen (the stream resumes after it)."""
+        return self._cursor
 
     def subscribe(self, rollout_id: str) -> asyncio.Future[int | None]:
         """A future resolved with the exit code the agent of ``rollout_id`` reports."""
@@ -131,11 +220,11 @@ class ExitWatcher:
         if future is not None and not future.done():
             future.cancel()
         if not self._waiters and self._task is not None:
-            self._task.cancel()  # nobody waits: no long-poll held open
+            self._task.cancel()  # nobody waits: no stream or long-poll held open
             self._task = None
 
     async def aclose(self) -> None:
-        """Stop the loop and release every waiter. Idempotent."""
+        """Stop the loop (closing its stream) and release every waiter. Idempotent."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None and task.get_loop() is asyncio.get_running_loop():
@@ -149,39 +238,79 @@ class ExitWatcher:
     async def _loop(self) -> None:
         failures = 0
         while self._waiters and not self._closed:
-            # The first call answers at once, so support is known before anyone waits long.
-            timeout = self.wait if self.supported else 0.0
+            self._lines = 0
             try:
-                answer = await self.client.wait_exits(self._cursor, timeout)
+                if self.streaming is False or self._poll_instead:
+                    self._poll_instead = False
+                    if not await self._poll():
+                        return
+                    failures = 0
+                    continue
+                await self._follow()
             except GatewayRequestError as e:
-                if e.status_code in (404, 405):
-                    logger.info("gateway %s has no exit reports: polling", self.client.base_url)
-                    self.supported = False
-                    return
-                failures += 1
+                if e.status_code in (400, 404, 405) and self.streaming is not False:
+                    logger.info("gateway %s has no exit stream: long-polling", self.client.base_url)
+                    self.streaming = False
+                    continue
+                logger.warning("exit reports failed (%d in a row): %s", failures + 1, e)
             except GatewayError as e:
-                failures += 1
-                logger.warning("exit-report poll failed (%d in a row): %s", failures, e)
-            else:
+                if e.status_code == 429 and self.streaming is not False:
+                    self._poll_instead = True  # the gateway's cap of streams: poll once
+                    continue
+                if not self._lines:
+                    logger.warning("exit reports failed (%d in a row): %s", failures + 1, e)
+            if self._lines:  # the stream worked, then ended or broke: reopen it at once
                 failures = 0
-                self.supported = True
-                self._cursor = answer["cursor"]
-                for report in answer["exits"]:
-                    self._deliver(report["rollout_id"], report["exit_code"])
-                if answer["exits"] and self.coalesce > 0:
-                    await self._sleep(self.coalesce)
+                await self._sleep(STREAM_REOPEN_PAUSE)
                 continue
+            failures += 1
             await self._sleep(min(30.0, 0.5 * 2**failures))
 
-    def _deliver(self, rollout_id: str, exit_code: int | None) -> None:
-        future = self._waiters.pop(rollout_id, None)
+    async def _follow(self) -> None:
+        """Follow the stream from the cursor until it ends (``_lines`` counts its lines)."""
+        async with self.client.exit_feed(self._cursor) as feed:
+            self.supported = True
+            # A gateway without the stream answered the long-poll: take it, then poll.
+            self.streaming = feed.streamed
+            async for line in feed:
+                self._lines += 1
+                self._take(line)
+
+    async def _poll(self) -> bool:
+        """One long-poll; false when the gateway has no exit reports at all."""
+        # The first call answers at once, so support is known before anyone waits long.
+        timeout = self.wait if self.supported else 0.0
+        try:
+            answer = await self.client.wait_exits(self._cursor, timeout)
+        except GatewayRequestError as e:
+            if e.status_code in (404, 405):
+                logger.info("gateway %s has no exit reports: polling", self.client.base_url)
+                self.supported = False
+                return False
+            raise
+        self.supported = True
+        for report in answer["exits"]:
+            self._take(report)
+        self._cursor = answer["cursor"]
+        if answer["exits"] and self.coalesce > 0:
+            await self._sleep(self.coalesce)
+        return True
+
+    def _take(self, line: protocol.ExitStreamLine) -> None:
+        """Advance the cursor over ``line``; deliver it if it is a report."""
+        if "rollout_id" not in line:
+            self._cursor = line["cursor"]  # may go down: the gateway restarted
+            return
+        report = cast(ExitReport, line)
+        self._cursor = report["seq"]
+        future = self._waiters.pop(report["rollout_id"], None)
         if future is not None:
             if not future.done():
-                future.set_result(exit_code)
+                future.set_result(report["exit_code"])
             return
-        self._unclaimed[rollout_id] = exit_code
+        self._unclaimed[report["rollout_id"]] = report["exit_code"]
         while len(self._unclaimed) > UNCLAIMED_LIMIT:
             self._unclaimed.popitem(last=False)
 
 
-__all__ = ["EXIT_COALESCE", "UNCLAIMED_LIMIT", "ExitBoard", "ExitWatcher"]
+__all__ = ["EXIT_COALESCE", "STREAM_REOPEN_PAUSE", "UNCLAIMED_LIMIT", "ExitBoard", "ExitWatcher"]

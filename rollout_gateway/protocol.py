@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NotRequired, TypedDict, cast
 from urllib.parse import urlsplit, urlunsplit
 
+import orjson
+
 RolloutStatus = Literal["active", "completed", "cancelled"]
 
 #: Rollout ids are path segments: URL-safe characters only, bounded length.
@@ -179,10 +181,39 @@ def exit_path(rollout_id: str) -> str:
     return EXIT_ROUTE.format(rollout_id=rollout_id)
 
 
-#: Path of the exit-report long-poll (control plane): ``GET ?after=<seq>&timeout=<s>``.
+#: Path of the exit reports (control plane, admin token): the long-poll
+#: ``GET ?after=<seq>&timeout=<s>`` answers :class:`ExitsResponse`; the stream
+#: ``GET ?after=<seq>&stream=1`` answers :data:`EXIT_STREAM_MEDIA_TYPE` lines.
 EXITS_PATH = "/v1/rollouts/exits"
 #: The longest a long-poll of :data:`EXITS_PATH` may wait, in seconds.
 EXITS_MAX_WAIT = 30.0
+
+#: Media type of the exit stream: newline-delimited JSON, one object per line, each an
+#: :class:`ExitReport` or an :class:`ExitStreamHeartbeat`. Not SSE: the cursor already
+#: is the resume point (SSE's event ids and ``retry`` would repeat it), the client is our
+#: env and not a browser, and a line is one ``orjson.loads``. A gateway that does not
+#: know ``stream=1`` answers the plain long-poll JSON, which a client tells apart by
+#: this media type.
+EXIT_STREAM_MEDIA_TYPE = "application/x-ndjson"
+#: Seconds without a report after which the gateway sends a heartbeat line.
+EXIT_STREAM_KEEPALIVE = 10.0
+#: Seconds without any line after which a client takes the connection for dead (three
+#: missed heartbeats) and reconnects from its cursor.
+EXIT_STREAM_IDLE_TIMEOUT = 3 * EXIT_STREAM_KEEPALIVE
+#: The longest line a client accepts (a report is about 100 bytes).
+EXIT_STREAM_MAX_LINE = 64 * 1024
+
+
+def exits_query(
+    after: int, *, timeout: float | None = None, stream: bool = False
+) -> dict[str, str]:
+    """Query of :data:`EXITS_PATH`: the long-poll (``timeout``) or the stream."""
+    query = {"after": str(after)}
+    if stream:
+        query["stream"] = "1"
+    if timeout is not None:
+        query["timeout"] = f"{timeout:g}"
+    return query
 
 
 def rollout_base_url(public_root: str, rollout_id: str) -> str:
@@ -294,6 +325,53 @@ class ExitsResponse(TypedDict):
 
     exits: list[ExitReport]
     cursor: int
+
+
+class ExitStreamHeartbeat(TypedDict):
+    """A line of the exit stream that is not a report: the stream's cursor.
+
+    Sent first (so a client knows the stream is served before any agent exits), then
+    after every :data:`EXIT_STREAM_KEEPALIVE` s without a report. Every report up to
+    ``cursor`` was sent before it, so a client resumes from it; after a gateway restart
+    it is lower than the client's cursor, which then follows it down.
+    """
+
+    cursor: int
+
+
+ExitStreamLine = ExitReport | ExitStreamHeartbeat
+"""One line of the exit stream."""
+
+
+def exit_stream_line(line: ExitStreamLine) -> bytes:
+    """``line`` encoded for the exit stream (JSON and a newline)."""
+    return orjson.dumps(line) + b"\n"
+
+
+def parse_exit_stream_line(raw: bytes | str) -> ExitStreamLine:
+    """One exit stream line, parsed and checked. Raises ``ValueError`` on anything else."""
+    return check_exit_stream_line(orjson.loads(raw))
+
+
+def check_exit_stream_line(data: Any) -> ExitStreamLine:
+    """``data`` if it is an :class:`ExitReport` or an :class:`ExitStreamHeartbeat`.
+
+    Raises ``ValueError`` otherwise.
+    """
+    if not isinstance(data, dict) or not _is_int(data.get("cursor", data.get("seq"))):
+        raise ValueError("an exit stream line needs an integer 'seq' or 'cursor'")
+    if "rollout_id" not in data:
+        return cast(ExitStreamHeartbeat, data)
+    code = data.get("exit_code")
+    if not isinstance(data["rollout_id"], str) or not _is_int(data.get("seq")):
+        raise ValueError("an exit report needs a string 'rollout_id' and an integer 'seq'")
+    if code is not None and not _is_int(code):
+        raise ValueError("an exit report's 'exit_code' must be an integer or null")
+    return cast(ExitReport, data)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class StepTokens(TypedDict):
@@ -572,6 +650,10 @@ __all__ = [
     "EXITS_MAX_WAIT",
     "EXITS_PATH",
     "EXIT_ROUTE",
+    "EXIT_STREAM_IDLE_TIMEOUT",
+    "EXIT_STREAM_KEEPALIVE",
+    "EXIT_STREAM_MAX_LINE",
+    "EXIT_STREAM_MEDIA_TYPE",
     "IDEMPOTENCY_KEY_HEADER",
     "MODELS_ROUTE",
     "POLICY_VERSION_PATH",
@@ -586,6 +668,8 @@ __all__ = [
     "UNLIMITED_TURNS",
     "UNREGISTER_ROUTE",
     "ExitReport",
+    "ExitStreamHeartbeat",
+    "ExitStreamLine",
     "ExitsResponse",
     "FailedTurn",
     "PolicyVersionRequest",
@@ -604,9 +688,12 @@ __all__ = [
     "TurnTiming",
     "cancel_path",
     "chat_completions_path",
+    "check_exit_stream_line",
     "common_prefix_len",
     "delta_steps",
     "exit_path",
+    "exit_stream_line",
+    "exits_query",
     "expand_delta_steps",
     "flatten_sampling_args",
     "gateway_host",
@@ -614,6 +701,7 @@ __all__ = [
     "is_valid_rollout_id",
     "new_rollout_api_key",
     "new_rollout_id",
+    "parse_exit_stream_line",
     "parse_rollout_path",
     "register_path",
     "register_request",

@@ -70,7 +70,7 @@ class GatewayResources:
         return client
 
     def exit_watcher(self, gateway_url: str) -> ExitWatcher:
-        """The exit-report watcher of ``gateway_url`` (one long-poll per gateway)."""
+        """The exit-report watcher of ``gateway_url`` (one exit stream per gateway)."""
         watcher = self._watchers.get(gateway_url)
         if watcher is None:
             watcher = ExitWatcher(self.client(gateway_url), sleep=self.settings.sleep)

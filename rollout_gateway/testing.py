@@ -13,13 +13,14 @@ They hold no network resource; nothing here is used by the package at run time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, cast
@@ -63,11 +64,18 @@ class FakeGateway:
         issue_api_keys: bool = False,
         latency: float | Callable[[], float] = 0.0,
         exit_reports: bool = True,
+        exit_stream: bool = True,
         delta_trajectories: bool = True,
     ) -> None:
         self.rollouts: dict[str, FakeRollout] = {}
         #: Whether the exit-report extension is served (else its routes answer 404).
         self.exit_reports = exit_reports
+        #: Whether ``stream=1`` is honoured (else the long-poll answers, as an older
+        #: gateway that does not know the parameter would).
+        self.exit_stream = exit_stream
+        #: The exit streams open now, and the cursor each was opened with (in order).
+        self.exit_streams: list[FakeExitStream] = []
+        self.exit_stream_cursors: list[int] = []
         #: Whether ``?format=delta`` is honoured (else the full form is always sent).
         self.delta_trajectories = delta_trajectories
         self.exit_board = ExitBoard()
@@ -123,6 +131,12 @@ class FakeGateway:
         if self.exit_reports and rollout_id in self.rollouts:
             self.exit_board.report(rollout_id, exit_code)
 
+    def drop_exit_streams(self) -> None:
+        """Break every open exit stream, as a reset connection would."""
+        for stream in self.exit_streams:
+            stream.dropped = True
+        self.exit_board.wake()
+
     def agent_exited(self, sandbox: FakeSandbox, exit_code: int) -> None:
         """A :class:`FakeSandboxClient` ``on_agent_exit`` hook: the wrapper's report."""
         self.report_exit(rollout_id_of(sandbox), exit_code)
@@ -138,6 +152,14 @@ class FakeGateway:
             if not self.exit_reports:
                 return _error(404, "no such route")
             params = request.url.params
+            if params.get("stream") == "1" and self.exit_stream:
+                after = int(params.get("after", "0"))
+                self.exit_stream_cursors.append(after)
+                return httpx.Response(
+                    200,
+                    headers={"Content-Type": protocol.EXIT_STREAM_MEDIA_TYPE},
+                    stream=FakeExitStream(self, after),
+                )
             answer = await self.exit_board.wait(
                 int(params.get("after", "0")), float(params.get("timeout", "0"))
             )
@@ -205,6 +227,39 @@ class FakeGateway:
             self.unregistered.append(rollout_id)
             return _answer(200, {"rollout_id": rollout_id, "status": rollout.status})
         return _error(404, "no such route")
+
+
+class FakeExitStream(httpx.AsyncByteStream):
+    """The body of one exit stream of a :class:`FakeGateway` (its board's lines)."""
+
+    def __init__(self, gateway: FakeGateway, after: int) -> None:
+        self.gateway = gateway
+        self.after = after
+        #: Set by :meth:`FakeGateway.drop_exit_streams`: the next read fails.
+        self.dropped = False
+        self._chunks: AsyncGenerator[bytes, None] | None = None
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._chunks is None:
+            self._chunks = self._follow()
+        return self._chunks
+
+    async def aclose(self) -> None:
+        """End the stream (the client closed the response)."""
+        # A reader torn down mid-read (its loop gone) unwinds the generator itself.
+        if self._chunks is not None and not getattr(self._chunks, "ag_running", False):
+            await self._chunks.aclose()
+
+    async def _follow(self) -> AsyncGenerator[bytes, None]:
+        self.gateway.exit_streams.append(self)
+        lines = self.gateway.exit_board.follow(self.after, closed=lambda: self.dropped)
+        try:
+            async with contextlib.aclosing(lines):
+                async for chunk in lines:
+                    yield chunk
+            raise httpx.ReadError("connection reset (FakeGateway.drop_exit_streams)")
+        finally:
+            self.gateway.exit_streams.remove(self)
 
 
 def _answer(status: int, body: Any) -> httpx.Response:
@@ -533,6 +588,7 @@ def rollout_id_of(sandbox: FakeSandbox) -> str:
 __all__ = [
     "RUN_SHELL_TOOL",
     "AgentFn",
+    "FakeExitStream",
     "FakeGateway",
     "FakeRollout",
     "FakeSandbox",

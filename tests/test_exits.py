@@ -9,12 +9,13 @@ import shutil
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from core_world import no_wait
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
-from rollout_gateway.exits import ExitBoard, ExitWatcher
+from rollout_gateway.exits import STREAM_REOPEN_PAUSE, ExitBoard, ExitWatcher
 from rollout_gateway.launch import agent_launch_command
 from rollout_gateway.server import GatewayConfig, create_app, running_server
 from rollout_gateway.testing import FakeGateway
@@ -58,8 +59,172 @@ async def test_the_watcher_delivers_reports_and_keeps_early_ones():
         await watcher.aclose()
 
 
-async def test_the_watcher_coalesces_a_burst_of_exits_into_few_polls():
+async def test_the_long_poll_waits_without_a_helper_task():
+    board = ExitBoard()
+    before = len(asyncio.all_tasks())
+    waiters = [asyncio.ensure_future(board.wait(0, timeout=5)) for _ in range(10)]
+    await asyncio.sleep(0)
+    # One task per waiter (the test's own), none added by the wait (wait_for made one each).
+    assert len(asyncio.all_tasks()) == before + 10
+    board.report("a", 0)
+    answers = await asyncio.wait_for(asyncio.gather(*waiters), 1)
+    assert all(a["exits"][0]["rollout_id"] == "a" for a in answers)
+
+
+async def test_the_board_stream_starts_with_the_missed_reports_and_its_cursor():
+    board = ExitBoard()
+    board.report("a", 0)
+    board.report("b", 1)
+    # A cursor from before a gateway restart (beyond ours) gets everything, and the
+    # heartbeat's cursor (2) is lower than the one it came with: the client follows it.
+    lines = board.follow(10, keepalive=0)
+    first = [protocol.parse_exit_stream_line(raw) for raw in (await anext(lines)).splitlines()]
+    assert first == [
+        {"rollout_id": "a", "exit_code": 0, "seq": 1},
+        {"rollout_id": "b", "exit_code": 1, "seq": 2},
+        {"cursor": 2},
+    ]
+    assert await anext(lines) == protocol.exit_stream_line({"cursor": 2})  # keepalive
+    await lines.aclose()
+
+
+async def _settle(predicate, rounds: int = 200) -> None:
+    """Yield to the loop until ``predicate()`` (no wall-clock waiting)."""
+    for _ in range(rounds):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def test_the_stream_delivers_a_burst_of_exits_over_one_connection():
     gateway = FakeGateway()
+    ids = [f"r{i}" for i in range(50)]
+    for rid in ids:
+        gateway.rollouts[rid] = None  # type: ignore[assignment]
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        await asyncio.sleep(0)
+
+    async with GatewayClient("http://gw.test:8000", transport=gateway.transport()) as client:
+        watcher = ExitWatcher(client, sleep=pause)
+        hints = [watcher.subscribe(rid) for rid in ids]
+        await _settle(lambda: len(gateway.exit_streams) == 1)
+        for i, rid in enumerate(ids):  # the burst: one exit after the other
+            gateway.exit_board.report(rid, i % 3)
+            await asyncio.sleep(0)
+        assert await asyncio.wait_for(asyncio.gather(*hints), 2) == [i % 3 for i in range(50)]
+        assert watcher.streaming is True and watcher.supported is True
+        assert watcher.cursor == 50
+        await watcher.aclose()
+        assert gateway.exit_streams == []  # closed with the watcher
+    # One request for the whole burst, no coalescing pause, no poll.
+    assert gateway.op_counts["exits"] == 1 and gateway.exit_stream_cursors == [0]
+    assert pauses == []
+
+
+async def test_the_stream_resumes_from_its_cursor_after_the_gateway_drops_it():
+    gateway = FakeGateway()
+    for rid in ("r1", "r2", "r3"):
+        gateway.rollouts[rid] = None  # type: ignore[assignment]
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:  # the reconnect pause: r2 exits meanwhile
+        pauses.append(seconds)
+        gateway.exit_board.report("r2", 2)
+
+    async with GatewayClient("http://gw.test:8000", transport=gateway.transport()) as client:
+        watcher = ExitWatcher(client, sleep=pause)
+        first, second = watcher.subscribe("r1"), watcher.subscribe("r2")
+        gateway.exit_board.report("r3", 3)  # nobody waits for it yet: kept
+        gateway.exit_board.report("r1", 1)
+        assert await asyncio.wait_for(first, 2) == 1
+        gateway.drop_exit_streams()
+        assert await asyncio.wait_for(second, 2) == 2
+        assert await asyncio.wait_for(watcher.subscribe("r3"), 2) == 3
+        await watcher.aclose()
+    # Reopened once, from the last report seen (r1's, seq 2): nothing sent twice.
+    assert gateway.exit_stream_cursors == [0, 2]
+    assert pauses == [STREAM_REOPEN_PAUSE]
+
+
+class _OlderGateway:
+    """A gateway that refuses ``stream=1`` with ``status`` but serves the long-poll."""
+
+    def __init__(self, gateway: FakeGateway, status: int) -> None:
+        self.gateway, self.status, self.refused = gateway, status, 0
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("stream") == "1":
+            self.refused += 1
+            return httpx.Response(self.status, json={"error": {"message": "no"}})
+        return await self.gateway.handle(request)
+
+
+@pytest.mark.parametrize("lacks", ["ignores stream=1", 400, 404, 405])
+async def test_a_gateway_without_the_stream_is_long_polled(lacks: str | int):
+    gateway = FakeGateway(exit_stream=lacks != "ignores stream=1")
+    older = _OlderGateway(gateway, lacks) if isinstance(lacks, int) else gateway
+    for rid in ("r1", "r2"):
+        gateway.rollouts[rid] = None  # type: ignore[assignment]
+    transport = httpx.MockTransport(older.handle)
+    async with GatewayClient("http://gw.test:8000", transport=transport) as client:
+        watcher = ExitWatcher(client, sleep=no_wait, coalesce=0)
+        first = watcher.subscribe("r1")
+        gateway.exit_board.report("r1", 0)
+        assert await asyncio.wait_for(first, 2) == 0
+        second = watcher.subscribe("r2")
+        gateway.exit_board.report("r2", 5)
+        assert await asyncio.wait_for(second, 2) == 5
+        assert watcher.streaming is False and watcher.supported is True
+        await watcher.aclose()
+    assert gateway.exit_stream_cursors == []  # never streamed
+    assert getattr(older, "refused", 1) == 1  # asked for the stream once only
+
+
+async def test_a_refused_stream_long_polls_once_then_streams():
+    gateway = FakeGateway()
+    gateway.rollouts["r1"] = gateway.rollouts["r2"] = None  # type: ignore[assignment]
+    older = _OlderGateway(gateway, 429)  # the gateway's cap of streams is reached
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if older.refused:  # a stream was closed meanwhile: room again
+            return await gateway.handle(request)
+        return await older.handle(request)
+
+    transport = httpx.MockTransport(handle)
+    async with GatewayClient("http://gw.test:8000", transport=transport) as client:
+        watcher = ExitWatcher(client, sleep=no_wait, coalesce=0)
+        first = watcher.subscribe("r1")
+        gateway.exit_board.report("r1", 0)
+        assert await asyncio.wait_for(first, 2) == 0  # by the long-poll
+        second = watcher.subscribe("r2")
+        await _settle(lambda: len(gateway.exit_streams) == 1)
+        gateway.exit_board.report("r2", 0)
+        assert await asyncio.wait_for(second, 2) == 0
+        assert watcher.streaming is True
+        await watcher.aclose()
+    assert older.refused == 1 and gateway.exit_stream_cursors == [1]
+
+
+async def test_the_stream_closes_when_nobody_waits_and_on_aclose():
+    gateway = FakeGateway()
+    async with GatewayClient("http://gw.test:8000", transport=gateway.transport()) as client:
+        watcher = ExitWatcher(client, sleep=no_wait)
+        watcher.subscribe("r1")
+        await _settle(lambda: len(gateway.exit_streams) == 1)
+        watcher.unsubscribe("r1")
+        await _settle(lambda: gateway.exit_streams == [])
+        hint = watcher.subscribe("r2")
+        await _settle(lambda: len(gateway.exit_streams) == 1)
+        await watcher.aclose()
+        assert gateway.exit_streams == [] and hint.cancelled()
+
+
+async def test_the_long_poll_coalesces_a_burst_of_exits_into_few_polls():
+    gateway = FakeGateway(exit_stream=False)
     ids = [f"r{i}" for i in range(20)]
     for rid in ids:
         gateway.rollouts[rid] = None  # type: ignore[assignment]
@@ -71,7 +236,7 @@ async def test_the_watcher_coalesces_a_burst_of_exits_into_few_polls():
             gateway.exit_board.report(rid, 0)  # the rest of the burst exits meanwhile
 
     async with GatewayClient("http://gw.test:8000", transport=gateway.transport()) as client:
-        watcher = ExitWatcher(client, sleep=pause)
+        watcher = ExitWatcher(client, sleep=pause, stream=False)
         hints = [watcher.subscribe(rid) for rid in ids]
         gateway.exit_board.report(ids[0], 0)
         assert await asyncio.wait_for(asyncio.gather(*hints), 2) == [0] * 20

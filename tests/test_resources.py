@@ -27,7 +27,7 @@ def test_teardown_from_a_new_loop_after_the_rollouts_loop_was_closed():
     asyncio.run(world.resources.aclose())
     assert world.leaks()["tunnels"] == []
     assert world.resources.closed
-    loop = None
+    loop = world = None  # the fake gateway's board still references the dead loop's task
     with warnings.catch_warnings():  # the dead loop's coroutines, never resumed
         warnings.simplefilter("ignore")
         gc.collect()

@@ -47,6 +47,7 @@ from rollout_gateway.server.chat import ChatTurns
 from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.dedupe import TurnTracker
 from rollout_gateway.server.engines import EngineInfo, probe_engine
+from rollout_gateway.server.exit_stream import ExitStreams
 from rollout_gateway.server.guard import GuardMiddleware
 from rollout_gateway.server.jsonio import BodyParser, JSONBytesResponse
 from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget
@@ -129,8 +130,10 @@ class Gateway:
         #: Request-body parsing, with the gateway-wide bound on concurrent big parses.
         self.body_parser = BodyParser(config.max_concurrent_parses)
         self.trimmer = MemoryTrimmer()
-        #: Agents' exit reports, long-polled by envs (see :mod:`rollout_gateway.exits`).
+        #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`).
         self.exit_board = ExitBoard()
+        #: The open exit streams (capped; ended on shutdown).
+        self.exit_streams = ExitStreams(self.exit_board)
         self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
     def _on_remove(self, record: RolloutRecord) -> None:
@@ -331,8 +334,17 @@ class Gateway:
         return JSONBytesResponse(answer)
 
     async def exits(self, request: Request) -> Response:
-        """``GET /v1/rollouts/exits?after=<seq>&timeout=<s>``: agent exit reports, long-polled."""
+        """``GET /v1/rollouts/exits?after=<seq>&timeout=<s>``: agent exit reports, long-polled.
+
+        With ``stream=1`` (and no ``timeout``), the exit stream instead (see
+        :mod:`rollout_gateway.server.exit_stream`).
+        """
         self._check_admin(request)
+        if request.query_params.get("stream") == "1":
+            try:
+                return self.exit_streams.response(int(request.query_params.get("after", "0")))
+            except ValueError:
+                raise ApiError(400, "'after' must be an integer", "invalid_request_error") from None
         try:
             after = int(request.query_params.get("after", "0"))
             timeout = float(request.query_params.get("timeout", "0"))
@@ -509,6 +521,7 @@ class Gateway:
         try:
             yield
         finally:
+            self.exit_streams.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

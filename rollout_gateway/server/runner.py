@@ -58,6 +58,21 @@ def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Co
     return uvicorn.Config(app, host=host, port=port, **options)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server that ends the gateway's exit streams when it starts shutting down.
+
+    uvicorn waits for every open answer to finish before the app's lifespan shutdown
+    runs, and an exit stream never finishes by itself: ended first, it closes cleanly.
+    """
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        gateway = getattr(getattr(self.config.app, "state", None), "gateway", None)
+        streams = getattr(gateway, "exit_streams", None)
+        if streams is not None:
+            streams.close()
+        await super().shutdown(sockets)
+
+
 def _bound_port(server: uvicorn.Server) -> int:
     for srv in server.servers:
         for sock in srv.sockets:
@@ -95,7 +110,7 @@ async def running_server(
     shutdown on exit). Extra ``kwargs`` go to ``uvicorn.Config``. On exit the server stops
     accepting, finishes in-flight requests and shuts down.
     """
-    server = uvicorn.Server(_uvicorn_config(app, host, port, **kwargs))
+    server = _Server(_uvicorn_config(app, host, port, **kwargs))
     task = asyncio.create_task(_serve(server))
     try:
         deadline = asyncio.get_running_loop().time() + startup_timeout_s
@@ -123,7 +138,7 @@ def server_thread(
     **kwargs: Any,
 ) -> Iterator[str]:
     """Like :func:`running_server`, from synchronous code: uvicorn in a daemon thread."""
-    server = uvicorn.Server(_uvicorn_config(app, host, port, **kwargs))
+    server = _Server(_uvicorn_config(app, host, port, **kwargs))
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -161,7 +176,7 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) ->
         app = create_app(app)
     options: dict[str, Any] = {"log_level": "info", "access_log": False}
     options.update(kwargs)
-    uvicorn.Server(_uvicorn_config(app, host, port, **options)).run()
+    _Server(_uvicorn_config(app, host, port, **options)).run()
 
 
 __all__ = ["running_server", "serve", "server_thread"]

@@ -490,7 +490,8 @@ async def test_a_gateway_without_exit_reports_falls_back_to_polling(
     finally:
         await env._teardown()
     assert state["error"] is None and state["tests_passed"] is True
-    assert gateway.op_counts["exits"] == 1  # asked once, then never again
+    # The stream asked for once, the long-poll once (both 404), then never again.
+    assert gateway.op_counts["exits"] == 2
 
 
 async def test_transient_poll_errors_are_retried(make_env, gateway, sandboxes, model_client):
