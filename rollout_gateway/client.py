@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, TypeVar, cast
+from urllib.parse import urlencode
 
 import httpx
 import orjson
@@ -143,6 +144,7 @@ class GatewayClient:
         limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
         self.base_url = protocol.gateway_root(base_url)
+        self._root = self.base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http = httpx.AsyncClient(
@@ -233,7 +235,7 @@ class GatewayClient:
             "GET",
             protocol.trajectory_path(_checked_id(rollout_id)),
             rollout_id,
-            params=protocol.TRAJECTORY_DELTA_QUERY,
+            query=protocol.TRAJECTORY_DELTA_QUERY,
         )
         body = _require_dict(data, "trajectory", rollout_id)
         steps = body.get("trajectory")
@@ -272,7 +274,7 @@ class GatewayClient:
         (:class:`GatewayRequestError`).
         """
         params = protocol.exits_query(after, timeout=timeout)
-        data = await self._request_once("GET", protocol.EXITS_PATH, "", params=params)
+        data = await self._request_once("GET", protocol.EXITS_PATH, "", query=params)
         return _checked_exits(_require_dict(data, "exits", ""))
 
     @contextlib.asynccontextmanager
@@ -294,8 +296,7 @@ class GatewayClient:
         path = protocol.EXITS_PATH
         request = self._http.build_request(
             "GET",
-            path,
-            params=protocol.exits_query(after, stream=True),
+            self._url(path, protocol.exits_query(after, stream=True)),
             timeout=httpx.Timeout(idle_timeout, connect=_EXIT_STREAM_CONNECT_TIMEOUT),
         )
         try:
@@ -323,10 +324,27 @@ class GatewayClient:
             lambda retried: self._request_once(method, path, rollout_id, **kwargs)
         )
 
-    async def _request_once(self, method: str, path: str, rollout_id: str, **kwargs: Any) -> Any:
+    def _url(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        """The absolute URL of ``path`` with ``query``.
+
+        httpx parses an absolute URL once; a path relative to ``base_url`` three times,
+        and ``params=`` twice more (a third of the client's CPU per call, in a burst).
+        Paths come from :mod:`protocol` and ids are checked, so nothing needs quoting.
+        """
+        url = self._root + path
+        return f"{url}?{urlencode(query)}" if query else url
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        rollout_id: str,
+        query: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """One attempt; translates every httpx failure into a typed error."""
         try:
-            response = await self._http.request(method, path, **kwargs)
+            response = await self._http.request(method, self._url(path, query), **kwargs)
         except httpx.TransportError as e:
             raise _transport_error(method, path, e, rollout_id) from e
         status = response.status_code

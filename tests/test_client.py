@@ -250,3 +250,34 @@ async def test_a_malformed_delta_step_is_a_protocol_error(client):
     )
     with pytest.raises(GatewayProtocolError, match="malformed delta"):
         await client.get_trajectory(RID)
+
+
+async def test_a_gateway_under_a_path_prefix_gets_every_call_at_its_full_url():
+    # The client builds absolute URLs itself (httpx parses one once); a gateway mounted
+    # under a prefix, with query strings, must still get exactly the protocol's paths.
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        if request.url.path.endswith("/register"):
+            return httpx.Response(200, json={**REGISTERED, "api_key": "k1"})
+        if request.url.path.endswith("/exits"):
+            return httpx.Response(200, json={"exits": [], "cursor": 0})
+        if request.url.path.endswith("/trajectory"):
+            return httpx.Response(200, json={"trajectory": []})
+        return httpx.Response(200, json={"rollout_id": RID, "status": "unregistered"})
+
+    prefix = "http://gw.test:8000/team/gw"
+    async with GatewayClient(
+        prefix + "/v1/", transport=httpx.MockTransport(handler), retry=FAST_RETRY
+    ) as client:
+        await client.register(RID, model="m")
+        await client.get_trajectory(RID)
+        await client.wait_exits(3, 0.5)
+        await client.unregister(RID)
+    assert seen == [
+        f"{prefix}/v1/rollouts/{RID}/register",
+        f"{prefix}/v1/rollouts/{RID}/trajectory?format=delta",
+        f"{prefix}/v1/rollouts/exits?after=3&timeout=0.5",
+        f"{prefix}/v1/rollouts/{RID}/unregister",
+    ]
