@@ -200,6 +200,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "turn (bounds the memory of many big bodies at once; default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
+        "--max-exit-streams", type=positive_int,
+        default=defaults.DEFAULT_MAX_EXIT_STREAMS, metavar="N",
+        help="exit-report streams open at once, one per env process; more get 429 and "
+        "long-poll meanwhile (default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
         "--max-turns", type=positive_int, default=defaults.DEFAULT_MAX_TURNS, metavar="N",
         help="turns of a rollout registered with max_turns=-1 (default: %(default)s)",
     )  # fmt: skip
@@ -319,6 +325,7 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
         max_concurrent_parses=args.max_concurrent_parses,
+        max_exit_streams=args.max_exit_streams,
         upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
         default_max_turns=args.max_turns,
         max_total_completion_tokens=args.max_completion_tokens,

@@ -133,7 +133,7 @@ class Gateway:
         #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`).
         self.exit_board = ExitBoard()
         #: The open exit streams (capped; ended on shutdown).
-        self.exit_streams = ExitStreams(self.exit_board)
+        self.exit_streams = ExitStreams(self.exit_board, max_streams=config.max_exit_streams)
         self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
     def _on_remove(self, record: RolloutRecord) -> None:

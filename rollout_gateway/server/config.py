@@ -21,6 +21,8 @@ DEFAULT_MAX_TOTAL_COMPLETION_TOKENS = 4_000_000
 DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Request bodies over 256 KiB parsed at once, gateway-wide (see ``jsonio.BodyParser``).
 DEFAULT_MAX_CONCURRENT_PARSES = 2
+#: Exit streams open at once (one per env process; see ``server.exit_stream``).
+DEFAULT_MAX_EXIT_STREAMS = 64
 
 
 @dataclass
@@ -59,6 +61,8 @@ class GatewayConfig:
             ``Content-Length`` and while reading).
         max_concurrent_parses: request bodies over 256 KiB parsed at the same time,
             gateway-wide (each costs several times its size while parsed; more wait).
+        max_exit_streams: exit streams open at once, gateway-wide (one per env
+            process; more are answered 429 and long-poll meanwhile).
         default_max_turns: turn budget of rollouts registered without one (``-1``).
         max_total_completion_tokens: completion tokens per rollout, all turns together.
         default_max_context_tokens: context bound of rollouts registered without a
@@ -93,6 +97,7 @@ class GatewayConfig:
     upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
     max_body_bytes: int = 16 * 1024 * 1024
     max_concurrent_parses: int = DEFAULT_MAX_CONCURRENT_PARSES
+    max_exit_streams: int = DEFAULT_MAX_EXIT_STREAMS
     sweep_interval_s: float = 30.0
     probe_interval_s: float = 5.0
     upstream_api_key: str | None = None
@@ -147,6 +152,7 @@ class GatewayConfig:
 __all__ = [
     "DEFAULT_KEEP_ALIVE_S",
     "DEFAULT_MAX_CONCURRENT_PARSES",
+    "DEFAULT_MAX_EXIT_STREAMS",
     "DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES",
     "DEFAULT_MAX_TOTAL_COMPLETION_TOKENS",
     "DEFAULT_MAX_TURNS",

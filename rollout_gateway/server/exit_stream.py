@@ -25,10 +25,8 @@ from starlette.responses import Response
 from rollout_gateway import protocol
 from rollout_gateway.exits import ExitBoard
 from rollout_gateway.interrupt import Interrupt
+from rollout_gateway.server.config import DEFAULT_MAX_EXIT_STREAMS
 from rollout_gateway.server.responses import ApiError
-
-#: Exit streams a gateway serves at once (one per env process; each is one connection).
-DEFAULT_MAX_EXIT_STREAMS = 64
 
 
 class ExitStreams:
@@ -117,4 +115,4 @@ async def _until_disconnect(receive: Any, gone: asyncio.Future[None]) -> None:
         gone.set_result(None)
 
 
-__all__ = ["DEFAULT_MAX_EXIT_STREAMS", "ExitStreamResponse", "ExitStreams"]
+__all__ = ["ExitStreamResponse", "ExitStreams"]

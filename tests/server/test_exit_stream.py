@@ -22,9 +22,12 @@ from rollout_gateway.server import GatewayConfig, create_app, running_server
 ADMIN = "adm"
 
 
-def _config() -> GatewayConfig:
+def _config(**options: object) -> GatewayConfig:
     return GatewayConfig(
-        upstreams=["http://127.0.0.1:9/v1"], require_rollout_keys=True, admin_token=ADMIN
+        upstreams=["http://127.0.0.1:9/v1"],
+        require_rollout_keys=True,
+        admin_token=ADMIN,
+        **options,  # type: ignore[arg-type]
     )
 
 
@@ -107,9 +110,8 @@ async def test_the_stream_is_control_plane_only():
 
 
 async def test_streams_are_capped_and_a_disconnect_frees_one_at_once():
-    app = create_app(_config())
+    app = create_app(_config(max_exit_streams=1))  # serve --max-exit-streams 1
     streams = app.state.gateway.exit_streams
-    streams.max_streams = 1
     async with running_server(app) as root:
         async with GatewayClient(root, admin_token=ADMIN) as client:
             async with client.exit_feed(0) as feed:
@@ -127,8 +129,7 @@ async def test_streams_are_capped_and_a_disconnect_frees_one_at_once():
 
 
 async def test_a_refused_stream_is_long_polled_by_the_watcher():
-    app = create_app(_config())
-    app.state.gateway.exit_streams.max_streams = 1
+    app = create_app(_config(max_exit_streams=1))
     async with running_server(app) as root:
         async with GatewayClient(root, admin_token=ADMIN) as client:
             [(rollout_id, key)] = await _register(client, 1)

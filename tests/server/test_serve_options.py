@@ -20,6 +20,7 @@ TOKEN = "serve-admin-token-0123456789"
         ("--max-body-bytes", "0"),
         ("--max-body-bytes", "-5"),
         ("--max-concurrent-parses", "0"),
+        ("--max-exit-streams", "0"),
         ("--rollout-ttl", "0"),
         ("--rollout-ttl", "nan"),
         ("--max-rollouts", "-1"),
