@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response, StreamingResponse
 
+from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server import jsonio
 from rollout_gateway.server.agent_request import AgentRequest
 from rollout_gateway.server.dedupe import Turn, body_fingerprint
@@ -192,13 +193,13 @@ class ChatTurns:
 
     @staticmethod
     async def _await(turn: Turn, request: AgentRequest) -> dict[str, Any] | bytes:
-        watch = asyncio.ensure_future(request.disconnected())
-        try:
-            done, _ = await asyncio.wait({turn.task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if turn.task not in done:
-            raise ClientGone
+        if not turn.task.done():
+            # Listen for the agent hanging up in this task; the turn's end interrupts that
+            # (no watcher task and no asyncio.wait per turn).
+            async with Interrupt(turn.task) as ended:
+                await request.disconnected()
+            if not ended.fired:
+                raise ClientGone
         if turn.task.cancelled():
             raise ApiError(404, "rollout is not registered", "not_found", code="rollout_not_found")
         return turn.task.result()
