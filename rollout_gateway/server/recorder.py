@@ -22,7 +22,7 @@ import orjson
 
 from rollout_gateway.protocol import StepTokens, TrajectoryStepBody, common_prefix_len
 from rollout_gateway.server.answers import TRUNCATING_FINISH_REASONS
-from rollout_gateway.server.prompt_ids import prefix_hasher
+from rollout_gateway.server.digests import prefix_hasher
 
 
 def _text(content: Any) -> str:
