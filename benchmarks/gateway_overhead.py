@@ -20,6 +20,9 @@ work and the differences are the hop's. Example (the figures in the issue's clos
     python benchmarks/gateway_overhead.py --turns 40 --contexts 1000,32000 --concurrency 1,64
 
 CPU is read from ``/proc`` (Linux); the machine is shared, so compare ratios of one run.
+To compare two versions of the gateway in one run (A/B), pass the other version's source
+tree: ``--compare-source /path/to/checkout`` starts a second gateway from it (``base``),
+measured in the same cells, and prints gateway/base ratios.
 """
 
 from __future__ import annotations
@@ -99,8 +102,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _process(cmd: list[str], health_url: str, env: dict[str, str] | None = None) -> Iterator[int]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+def _process(
+    cmd: list[str], health_url: str, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Iterator[int]:
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=cwd
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -346,6 +353,11 @@ def main() -> None:
         help="extra `serve` argument, e.g. --gateway-option=--upstream-client=httpx (repeatable)",
     )
     parser.add_argument(
+        "--compare-source",
+        metavar="DIR",
+        help="also run a gateway from this source tree (a checkout of another version) as 'base'",
+    )
+    parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -360,7 +372,10 @@ def main() -> None:
     proxy_root = f"http://127.0.0.1:{proxy_port}"
     cli = [sys.executable, "-m", "rollout_gateway.cli"]
     max_rollouts = str(max(10_000, args.burst * 2))
+    serve_args = ["--max-rollouts", max_rollouts, "--log-level", "warning", *args.gateway_option]
+    admin_env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
     with (
+        contextlib.ExitStack() as stack,
         _process(
             [*cli, "scripted-model", "--port", str(model_port), "--log-level", "warning"],
             f"{model_root}/v1/models",
@@ -368,11 +383,10 @@ def main() -> None:
         _process(
             [
                 *cli, "serve", "--upstream", f"{model_root}/v1", "--port", str(gateway_port),
-                "--max-rollouts", max_rollouts, "--log-level", "warning",
-                *args.gateway_option,
+                *serve_args,
             ],
             f"{gateway_root}/health",
-            env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN},
+            env=admin_env,
         ) as gateway_pid,
         _process(
             [sys.executable, __file__, "--serve-proxy", str(proxy_port), model_root],
@@ -385,6 +399,19 @@ def main() -> None:
             Target("proxy", proxy_root, proxy_pid),
             Target("gateway", gateway_root, gateway_pid, gateway=True),
         ]
+        if args.compare_source:
+            base_port, source = _free_port(), os.path.abspath(args.compare_source)
+            base_root = f"http://127.0.0.1:{base_port}"
+            pids["base"] = stack.enter_context(
+                _process(
+                    [*cli, "serve", "--upstream", f"{model_root}/v1", "--port", str(base_port),
+                     *serve_args],
+                    f"{base_root}/health",
+                    env={**admin_env, "PYTHONPATH": source},
+                    cwd=source,  # `python -m` puts the working directory first on sys.path
+                )
+            )  # fmt: skip
+            targets.append(Target("base", base_root, pids["base"], gateway=True))
         for t in targets:  # warm up every path
             asyncio.run(_run(t, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50))
         rss_start = _proc_stat(gateway_pid)[1]
@@ -412,6 +439,8 @@ def main() -> None:
         f"host load {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
         f"on {os.cpu_count()} CPUs; gateway options: {' '.join(args.gateway_option) or '-'}"
     )
+    if args.compare_source:
+        print(f"base: a second gateway from {args.compare_source}")
     header = (
         f"{'context':>8}{'conc':>6}  {'path':<8}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
         f"{'hop CPU ms/turn':>17}{'model CPU ms/turn':>19}"
@@ -435,6 +464,12 @@ def main() -> None:
             print(
                 f"  gateway/proxy CPU per turn at {context} tokens, {conc} rollouts: {g / p:.2f}x"
             )
+            if args.compare_source:
+                b = cpu_per_turn[(context, conc, "base")]
+                print(
+                    f"  base/proxy {b / p:.2f}x; gateway/base CPU per turn at {context} tokens, "
+                    f"{conc} rollouts: {g / b:.2f}x"
+                )
     if len(args.contexts) > 1:
         lo, hi = args.contexts[0], args.contexts[-1]
         for conc in args.concurrency:
@@ -442,6 +477,11 @@ def main() -> None:
             print(
                 f"  gateway CPU per turn {hi} vs {lo} tokens, {conc} rollouts: {g_hi / g_lo:.2f}x"
             )
+            if args.compare_source:
+                b_lo, b_hi = cpu_per_turn[(lo, conc, "base")], cpu_per_turn[(hi, conc, "base")]
+                print(
+                    f"  base CPU per turn {hi} vs {lo} tokens, {conc} rollouts: {b_hi / b_lo:.2f}x"
+                )
     for context in args.contexts:
         res = results[(context, args.concurrency[0], "gateway")]
         if res.trajectory is not None:

@@ -362,6 +362,7 @@ def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
     from rollout_gateway.server import create_app, serve
+    from rollout_gateway.server.gc_tuning import tune_for_serving
     from rollout_gateway.server.token_in import TokenInUnavailable
 
     try:
@@ -375,6 +376,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except TokenInUnavailable as e:  # the message names the option
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
+    tune_for_serving()  # this process only serves: see server/gc_tuning.py
     serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     return 0
 

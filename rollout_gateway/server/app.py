@@ -39,13 +39,14 @@ from rollout_gateway.protocol import (
     RegisterRequest,
     StatusResponse,
     TrajectoryResponse,
-    is_valid_rollout_id,
     register_response,
 )
 from rollout_gateway.server.auth import bearer_token, token_matches
 from rollout_gateway.server.chat import ChatTurns
+from rollout_gateway.server.chat_endpoint import ChatEndpoint
 from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.dedupe import TurnTracker
+from rollout_gateway.server.dispatch import GatewayApp
 from rollout_gateway.server.engines import EngineInfo, probe_engine
 from rollout_gateway.server.exit_stream import ExitStreams
 from rollout_gateway.server.guard import GuardMiddleware
@@ -61,7 +62,12 @@ from rollout_gateway.server.registry import (
     RolloutRecord,
     RolloutRegistry,
 )
-from rollout_gateway.server.responses import ApiError, error_response, read_json_object
+from rollout_gateway.server.responses import (
+    ApiError,
+    checked_rollout_id,
+    error_response,
+    read_json_object,
+)
 from rollout_gateway.server.token_in import TokenInEngine, load_renderer
 from rollout_gateway.server.upstream import UpstreamPool
 
@@ -149,15 +155,7 @@ class Gateway:
 
     @staticmethod
     def _rollout_id(request: Request) -> str:
-        rollout_id = request.path_params["rollout_id"]
-        if not is_valid_rollout_id(rollout_id):
-            raise ApiError(
-                400,
-                "invalid rollout id (expected [A-Za-z0-9_-]{1,128})",
-                "invalid_request_error",
-                code="invalid_rollout_id",
-            )
-        return rollout_id
+        return checked_rollout_id(request.path_params["rollout_id"])
 
     def _is_admin(self, request: Request) -> bool:
         token = self.config.admin_token
@@ -183,20 +181,25 @@ class Gateway:
             )  # fmt: skip
         return record
 
-    def _agent_record(self, request: Request) -> RolloutRecord:
-        """The rollout of a path-routed data-plane call, its key checked."""
-        record = self._record(self._rollout_id(request))
-        if record.api_key is not None and not token_matches(bearer_token(request), record.api_key):
+    def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
+        """The rollout of a path-routed data-plane call, its key (``token``) checked."""
+        record = self._record(checked_rollout_id(rollout_id))
+        if record.api_key is not None and not token_matches(token, record.api_key):
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
         return record
 
-    def _keyed_record(self, request: Request) -> RolloutRecord:
+    def keyed_record(self, token: str | None) -> RolloutRecord:
         """The rollout of a bearer-key routed call (``/v1/chat/completions``)."""
-        token = bearer_token(request)
         record = self.registry.by_key(token) if token else None
         if record is None:
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
         return record
+
+    def _agent_record(self, request: Request) -> RolloutRecord:
+        return self.agent_record(request.path_params["rollout_id"], bearer_token(request))
+
+    def _keyed_record(self, request: Request) -> RolloutRecord:
+        return self.keyed_record(bearer_token(request))
 
     # -- control plane -------------------------------------------------------------------
 
@@ -371,14 +374,6 @@ class Gateway:
         self.exit_board.report(record.rollout_id, exit_code)
         return JSONBytesResponse({"rollout_id": record.rollout_id, "status": "exit_reported"})
 
-    async def chat_completions(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/chat/completions``: forward, record, answer."""
-        return await self.chat.handle(request, self._agent_record(request))
-
-    async def chat_completions_by_key(self, request: Request) -> Response:
-        """``POST /v1/chat/completions``: the rollout is the one whose key is the bearer."""
-        return await self.chat.handle(request, self._keyed_record(request))
-
     async def models(self, request: Request) -> Response:
         """``GET /v1/rollouts/{id}/models``: the upstream's model list (see :meth:`_models`)."""
         return await self._models(self._agent_record(request))
@@ -529,12 +524,16 @@ class Gateway:
 
     # -- error rendering -----------------------------------------------------------------
 
-    async def _on_api_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
+    def api_error_response(self, exc: ApiError) -> Response:
+        """The answer to a refused request, counted in ``/metrics``."""
         self.metrics.rejected_requests.inc(str(exc.status_code))
         return error_response(
             exc.status_code, exc.message, exc.error_type, code=exc.code, headers=exc.headers
         )
+
+    async def _on_api_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return self.api_error_response(exc)
 
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -551,8 +550,11 @@ def create_app(
     | Mapping[str, httpx.AsyncBaseTransport]
     | None = None,
     token_in: TokenInEngine | None = None,
-) -> Starlette:
+) -> GatewayApp:
     """The gateway ASGI app. Its state is ``app.state.gateway`` (a :class:`Gateway`).
+
+    The agents' chat routes are answered by :class:`~.chat_endpoint.ChatEndpoint` through
+    the app's lean path (:mod:`.dispatch`); every other route by Starlette's routing.
 
     Args:
         config: the settings.
@@ -562,17 +564,21 @@ def create_app(
         token_in: token-in mode's engine (see :class:`Gateway`).
     """
     gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport, token_in=token_in)
-    app = Starlette(
+    chat = ChatEndpoint(gateway, keyed=False)
+    chat_by_key = ChatEndpoint(gateway, keyed=True)
+    app = GatewayApp(
+        chat=chat,
+        chat_by_key=chat_by_key,
         routes=[
             Route(EXITS_PATH, gateway.exits, methods=["GET"]),
             Route(protocol.REGISTER_ROUTE, gateway.register, methods=["POST"]),
             Route(protocol.EXIT_ROUTE, gateway.report_exit, methods=["POST"]),
-            Route(protocol.CHAT_COMPLETIONS_ROUTE, gateway.chat_completions, methods=["POST"]),
+            Route(protocol.CHAT_COMPLETIONS_ROUTE, chat, methods=["POST"]),
             Route(protocol.TRAJECTORY_ROUTE, gateway.trajectory, methods=["GET"]),
             Route(protocol.CANCEL_ROUTE, gateway.cancel, methods=["POST"]),
             Route(protocol.UNREGISTER_ROUTE, gateway.unregister, methods=["POST"]),
             Route(protocol.MODELS_ROUTE, gateway.models, methods=["GET"]),
-            Route(BEARER_CHAT_COMPLETIONS_PATH, gateway.chat_completions_by_key, methods=["POST"]),
+            Route(BEARER_CHAT_COMPLETIONS_PATH, chat_by_key, methods=["POST"]),
             Route(BEARER_MODELS_PATH, gateway.models_by_key, methods=["GET"]),
             Route(POLICY_VERSION_PATH, gateway.get_policy_version, methods=["GET"]),
             Route(POLICY_VERSION_PATH, gateway.set_policy_version, methods=["POST"]),

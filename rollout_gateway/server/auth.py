@@ -35,9 +35,13 @@ class AdminTokenError(ValueError):
 
 
 def bearer_token(request: Request) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, if any."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    """The token of a request's ``Authorization: Bearer <token>`` header, if any."""
+    return parse_bearer(request.headers.get("authorization"))
+
+
+def parse_bearer(header: str | None) -> str | None:
+    """The token of an ``Authorization`` header's value ``Bearer <token>``, if it is one."""
+    scheme, _, token = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
@@ -94,5 +98,6 @@ __all__ = [
     "bearer_token",
     "is_loopback_host",
     "load_admin_token",
+    "parse_bearer",
     "token_matches",
 ]

@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from rollout_gateway.protocol import IDEMPOTENCY_KEY_HEADER, SDK_RETRY_COUNT_HEADER
+from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server import jsonio
+from rollout_gateway.server.agent_request import AgentRequest
 from rollout_gateway.server.dedupe import Turn, body_fingerprint
 from rollout_gateway.server.engine_turn import (
     EngineTurn,
@@ -44,8 +44,8 @@ from rollout_gateway.server.recorder import recorded_message
 from rollout_gateway.server.registry import RolloutRecord
 from rollout_gateway.server.responses import (
     ApiError,
+    ClientGone,
     parse_json_object,
-    read_body,
     validate_messages,
 )
 from rollout_gateway.server.sse import DONE_EVENT, error_event, guard_sse, iter_completion_sse
@@ -57,17 +57,6 @@ if TYPE_CHECKING:
     from rollout_gateway.server.app import Gateway
 
 logger = logging.getLogger("rollout_gateway.server")
-
-
-class ClientGone(Exception):
-    """The agent closed its connection before its answer was ready."""
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _id_count(ids_json: bytes | None) -> int | None:
@@ -86,11 +75,6 @@ def _completion_tokens(completion: dict[str, Any], completion_ids: list[int] | N
     return tokens if isinstance(tokens, int) and tokens > 0 else 0
 
 
-def _is_retry(headers: Mapping[str, str]) -> bool:
-    count = headers.get(SDK_RETRY_COUNT_HEADER, "0").strip()
-    return count.isdigit() and int(count) > 0
-
-
 def _retrieve(task: asyncio.Task[Any]) -> None:
     # Nobody may await a turn whose agent left: fetch its exception so asyncio does not
     # log "Task exception was never retrieved".
@@ -104,19 +88,21 @@ class ChatTurns:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
-    async def handle(self, request: Request, record: RolloutRecord) -> Response:
+    async def handle(self, request: AgentRequest, record: RolloutRecord) -> Response:
         """Answer one chat request of ``record`` (authenticated already)."""
         config = self.gateway.config
-        raw = await read_body(request, config.max_body_bytes)
+        try:
+            raw = await request.body(config.max_body_bytes)
+        except ClientGone:
+            logger.info("rollout=%s agent disconnected while sending", record.rollout_id)
+            return Response(status_code=499)
         body = await parse_json_object(raw, self.gateway.body_parser)
         messages = validate_messages(body)
         fingerprint = body_fingerprint(raw)
-        idempotency_key = request.headers.get(IDEMPOTENCY_KEY_HEADER)
+        idempotency_key = request.idempotency_key
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
-            turn = record.turns.match(
-                fingerprint, idempotency_key, is_retry=_is_retry(request.headers)
-            )
+            turn = record.turns.match(fingerprint, idempotency_key, is_retry=request.is_retry)
         if turn is not None:
             self.gateway.metrics.deduplicated_requests.inc()
             logger.info("rollout=%s retried request joins its earlier turn", record.rollout_id)
@@ -206,14 +192,14 @@ class ChatTurns:
         turn.delivered = True
 
     @staticmethod
-    async def _await(turn: Turn, request: Request) -> dict[str, Any] | bytes:
-        watch = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            done, _ = await asyncio.wait({turn.task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if turn.task not in done:
-            raise ClientGone
+    async def _await(turn: Turn, request: AgentRequest) -> dict[str, Any] | bytes:
+        if not turn.task.done():
+            # Listen for the agent hanging up in this task; the turn's end interrupts that
+            # (no watcher task and no asyncio.wait per turn).
+            async with Interrupt(turn.task) as ended:
+                await request.disconnected()
+            if not ended.fired:
+                raise ClientGone
         if turn.task.cancelled():
             raise ApiError(404, "rollout is not registered", "not_found", code="rollout_not_found")
         return turn.task.result()

@@ -14,15 +14,16 @@ not as a step the agent saw) once the agent moves on.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_gateway.server.digests import fingerprint
+
 
 def body_fingerprint(raw: bytes) -> bytes:
     """A digest of a request body (an SDK retry resends the same bytes)."""
-    return hashlib.sha256(raw).digest()  # hardware-accelerated: cheap on big bodies
+    return fingerprint(raw)
 
 
 @dataclass(eq=False)

@@ -4,14 +4,15 @@
   (``%2F`` decodes to ``/`` before routing) is refused with a 400 before routing.
 * An unexpected exception becomes a short 500 (an error id, no repr) with
   ``Connection: close``, is logged with its traceback under that id, and is counted in
-  ``rollout_gateway_internal_errors_total``.
+  ``rollout_gateway_internal_errors_total``. The agents' chat routes, which bypass this
+  layer (:mod:`.dispatch`), answer their unexpected errors with the same functions.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rollout_gateway.server.jsonio import dumps
@@ -69,17 +70,28 @@ class GuardMiddleware:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception:
-            error_id = secrets.token_hex(6)
-            self.on_internal_error()
-            logger.exception("internal error %s on %s", error_id, scope.get("path"))
+            error_id = log_internal_error(scope, self.on_internal_error)
             if started:
                 raise  # mid-answer: the server can only drop the connection
-            body: dict[str, str | int] = {
-                "message": f"internal gateway error (id {error_id})",
-                "type": "internal_error",
-                "code": 500,
-            }
-            await _send_json(send, 500, {"error": body}, close=True)
+            await send_internal_error(send, error_id)
 
 
-__all__ = ["GuardMiddleware"]
+def log_internal_error(scope: Mapping[str, Any], on_internal_error: Callable[[], None]) -> str:
+    """Count and log (with its traceback) the exception being handled; its error id."""
+    error_id = secrets.token_hex(6)
+    on_internal_error()
+    logger.exception("internal error %s on %s", error_id, scope.get("path"))
+    return error_id
+
+
+async def send_internal_error(send: Send, error_id: str) -> None:
+    """The short 500 answer (the error id, no repr), with ``Connection: close``."""
+    body: dict[str, str | int] = {
+        "message": f"internal gateway error (id {error_id})",
+        "type": "internal_error",
+        "code": 500,
+    }
+    await _send_json(send, 500, {"error": body}, close=True)
+
+
+__all__ = ["GuardMiddleware", "log_internal_error", "send_internal_error"]

@@ -5,15 +5,13 @@ vLLM answers ``return_token_ids`` with the whole prompt's ids (``prompt_token_id
 ints (then into the recorder's ``array('i')``) was most of the gateway's CPU per turn,
 growing with the context. But a multi-turn rollout's prompt nearly always *extends* the
 previous turn's prompt, and the engine serialises both the same way. So the recorder
-keeps a digest of the previous prompt's array text; :func:`split_prompt_ids` cuts the
-array text out of the answer (the rest is small and parsed normally), and the recorder
-only parses the bytes after the previous prompt when the digest matches (else the whole
-array, as before).
+keeps a digest of the previous prompt's array text (see :mod:`.digests`);
+:func:`split_prompt_ids` cuts the array text out of the answer (the rest is small and
+parsed normally), and the recorder only parses the bytes after the previous prompt when
+the digest matches (else the whole array, as before).
 """
 
 from __future__ import annotations
-
-import hashlib
 
 _KEY = b'"prompt_token_ids"'
 
@@ -36,9 +34,4 @@ def split_prompt_ids(raw: bytes) -> tuple[bytes, bytes | None]:
     return raw[:open_at] + b"null" + raw[close_at + 1 :], raw[open_at : close_at + 1]
 
 
-def prefix_hasher(data: bytes | memoryview) -> hashlib._Hash:
-    """A hasher fed with an id array's text (SHA-256: hardware-accelerated on x86/ARM)."""
-    return hashlib.sha256(data)
-
-
-__all__ = ["prefix_hasher", "split_prompt_ids"]
+__all__ = ["split_prompt_ids"]

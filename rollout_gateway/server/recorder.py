@@ -22,7 +22,7 @@ import orjson
 
 from rollout_gateway.protocol import StepTokens, TrajectoryStepBody, common_prefix_len
 from rollout_gateway.server.answers import TRUNCATING_FINISH_REASONS
-from rollout_gateway.server.prompt_ids import prefix_hasher
+from rollout_gateway.server.digests import prefix_hasher
 
 
 def _text(content: Any) -> str:
@@ -61,6 +61,38 @@ def message_key(message: Mapping[str, Any]) -> tuple[Any, ...]:
         message.get("tool_call_id") or "",
         message.get("name") or "",
     )
+
+
+def same_message(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """``message_key(a) == message_key(b)``, without the JSON work where it cannot matter.
+
+    Tool-call arguments that are the very same text need no canonical form: in the usual
+    echo the agent repeats them verbatim, and canonicalising both sides was most of the
+    cost of checking a turn's history.
+    """
+    if (
+        a.get("role") != b.get("role")
+        or (a.get("tool_call_id") or "") != (b.get("tool_call_id") or "")
+        or (a.get("name") or "") != (b.get("name") or "")
+        or _text(a.get("content")) != _text(b.get("content"))
+    ):
+        return False
+    calls_a = [c for c in (a.get("tool_calls") or ()) if isinstance(c, Mapping)]
+    calls_b = [c for c in (b.get("tool_calls") or ()) if isinstance(c, Mapping)]
+    if len(calls_a) != len(calls_b):
+        return False
+    for call_a, call_b in zip(calls_a, calls_b, strict=True):
+        function_a, function_b = call_a.get("function") or {}, call_b.get("function") or {}
+        if str(call_a.get("id", "")) != str(call_b.get("id", "")) or str(
+            function_a.get("name", "")
+        ) != str(function_b.get("name", "")):
+            return False
+        args_a, args_b = function_a.get("arguments", ""), function_b.get("arguments", "")
+        if isinstance(args_a, str) and args_a == args_b:
+            continue
+        if _canonical_arguments(args_a) != _canonical_arguments(args_b):
+            return False
+    return True
 
 
 def _canonical_arguments(arguments: Any) -> str:
@@ -173,7 +205,7 @@ class TrajectoryRecorder:
             trimmed = recorded_message(m)
             if trimmed == p:
                 continue
-            if message_key(m) != message_key(recorded[i]):
+            if not same_message(m, recorded[i]):
                 return None
             base[i] = trimmed  # an SDK's re-serialised echo: match it by == next time
         return shared
@@ -454,4 +486,4 @@ class TrajectoryRecorder:
         )
 
 
-__all__ = ["TrajectoryRecorder", "message_key"]
+__all__ = ["TrajectoryRecorder", "message_key", "same_message"]

@@ -1,7 +1,8 @@
 """OpenAI-style JSON error answers shared by the gateway and the scripted model.
 
 Errors are ``{"error": {"message", "type", "code"}}`` so that the OpenAI SDK (and our
-control-plane client) surface the message instead of a bare status code.
+control-plane client) surface the message instead of a bare status code. Request
+bodies are read here too, bounded in size, for every route (:func:`receive_body`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
+from starlette.types import Receive
 
+from rollout_gateway.protocol import is_valid_rollout_id
 from rollout_gateway.server.jsonio import (
     BodyParser,
     JSONBytesResponse,
     JSONDecodeError,
     loads_off_loop,
 )
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
 
 
 class ApiError(Exception):
@@ -62,15 +69,32 @@ async def api_error_handler(request: Request, exc: Exception) -> JSONBytesRespon
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The request body, refusing (413) beyond ``max_bytes`` without buffering it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    return await receive_body(request.receive, request.headers.get("content-length"), max_bytes)
+
+
+async def receive_body(receive: Receive, content_length: str | None, max_bytes: int) -> bytes:
+    """The body of an ASGI request, read from ``receive``: 413 beyond ``max_bytes`` (by the
+    declared ``content_length`` at once, else by counting), :class:`ClientGone` if the
+    client disconnects first. A body that arrives in one piece is not copied."""
+    if content_length is not None and content_length.isdigit() and int(content_length) > max_bytes:
         raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        if len(body) + len(chunk) > max_bytes:  # chunked bodies: no content-length, count
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:  # chunked bodies: no content-length, count
             raise ApiError(413, f"request body exceeds {max_bytes} bytes", "request_too_large")
-        body += chunk
-    return bytes(body)
+        if chunk:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if len(chunks) == 1:
+        return bytes(chunks[0])  # bytes already (a no-op) unless a server passed a buffer
+    return b"".join(chunks)
 
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -97,6 +121,18 @@ async def parse_json_object(raw: bytes, parser: BodyParser | None = None) -> dic
     return body
 
 
+def checked_rollout_id(rollout_id: str) -> str:
+    """``rollout_id`` from a request path, if it is a valid id (else 400)."""
+    if not is_valid_rollout_id(rollout_id):
+        raise ApiError(
+            400,
+            "invalid rollout id (expected [A-Za-z0-9_-]{1,128})",
+            "invalid_request_error",
+            code="invalid_rollout_id",
+        )
+    return rollout_id
+
+
 def validate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """``body["messages"]``, checked to be a non-empty list of message objects (else 400)."""
     messages = body.get("messages")
@@ -114,10 +150,13 @@ def validate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 __all__ = [
     "ApiError",
+    "ClientGone",
     "api_error_handler",
+    "checked_rollout_id",
     "error_response",
     "parse_json_object",
     "read_body",
     "read_json_object",
+    "receive_body",
     "validate_messages",
 ]

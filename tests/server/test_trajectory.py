@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollout_gateway.scripted import tokenizer as tok
-from rollout_gateway.server.recorder import TrajectoryRecorder
+from rollout_gateway.server.recorder import TrajectoryRecorder, message_key, same_message
 
 from .conftest import GatewayHarness, RecordingUpstream, script
 
@@ -255,3 +255,36 @@ def test_abandoned_step_that_extended_the_branch_is_undone() -> None:
     assert [s["tokens"]["completion_ids"] for s in steps] == [[3], [5]]
     assert "history_rewritten" not in steps[1]["extras"] and rec.num_abandoned == 1
     assert rec.token_storage_bytes() <= 8 * 5
+
+
+def test_same_message_agrees_with_message_key() -> None:
+    def call(arguments: object, call_id: str = "c1", name: str = "run") -> dict:
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+
+    engine = {"role": "assistant", "content": None, "tool_calls": [call('{"cmd": "ls", "n": 1}')]}
+    variants = [
+        {"role": "assistant", "tool_calls": [call('{"cmd": "ls", "n": 1}')]},  # verbatim echo
+        {
+            "role": "assistant",
+            "content": "",
+            "refusal": None,
+            "tool_calls": [call('{"n":1,"cmd":"ls"}')],
+        },
+        {"role": "assistant", "tool_calls": [call({"cmd": "ls", "n": 1})]},  # as an object
+        {"role": "assistant", "tool_calls": [call('{"cmd": "ls", "n": 2}')]},
+        {"role": "assistant", "tool_calls": [call('{"cmd": "ls", "n": 1.0}')]},
+        {"role": "assistant", "tool_calls": [call('{"cmd": "ls", "n": 1}', call_id="c2")]},
+        {"role": "assistant", "tool_calls": [call('{"cmd": "ls", "n": 1}', name="other")]},
+        {"role": "assistant", "tool_calls": []},
+        {"role": "user", "tool_calls": [call('{"cmd": "ls", "n": 1}')]},
+        {"role": "assistant", "content": [{"type": "text", "text": ""}], "tool_calls": [call("x")]},
+        {"role": "assistant", "tool_calls": [call('{"a": NaN}')]},
+    ]
+    nan_call = {"role": "assistant", "tool_calls": [call('{"a":  NaN}')]}
+    for a, b in [(engine, v) for v in variants] + [(nan_call, variants[-1])]:
+        assert same_message(a, b) == (message_key(a) == message_key(b)), (a, b)
+    assert [same_message(engine, v) for v in variants[:4]] == [True, True, True, False]

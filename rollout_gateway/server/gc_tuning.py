@@ -1,0 +1,37 @@
+"""Garbage-collector settings for a process that only serves the gateway.
+
+Under ``benchmarks/gateway_overhead.py`` load (64 concurrent rollouts, 1k context),
+CPython's cycle collector took about 0.13 ms of the gateway's ~1 ms CPU per turn
+(measured with ``gc.callbacks``): each turn allocates thousands of short-lived objects
+(the parsed request and answer), so the young generation (700 objects by default) fills
+several times per turn, every tenth young collection scans the middle generation, and
+now and then a full collection walks every object alive: the ~50k objects of the
+interpreter's imports plus every registered rollout's recorded messages.
+
+:func:`tune_for_serving` moves everything alive at start-up (modules, the app) to the
+permanent generation (:func:`gc.freeze`), which no collection scans again, and raises the
+young generation's threshold to :data:`YOUNG_THRESHOLD`: collections become rarer, each
+still short (about 1 ms). Measured the same way: 0.02 ms of collection per turn instead of
+0.13 ms. Reference cycles are still collected.
+
+Only ``rollout-gateway serve`` calls it, for its own process: the library never changes
+the collector of a process it is embedded in (tests, demos, an env serving in-process).
+"""
+
+from __future__ import annotations
+
+import gc
+
+#: Allocations (net of frees) of container objects between young-generation collections.
+YOUNG_THRESHOLD = 20_000
+
+
+def tune_for_serving() -> None:
+    """Collect once, freeze what is alive, and make young collections rarer."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+
+
+__all__ = ["YOUNG_THRESHOLD", "tune_for_serving"]
