@@ -5,6 +5,12 @@ Light to import: Starlette, httpx and uvicorn only (no verifiers).
 * :func:`create_app` builds the ASGI app from a :class:`GatewayConfig`;
 * :func:`serve` runs an app in the foreground with uvicorn;
 * :func:`running_server` / :func:`server_thread` run one in-process (tests, demos).
+
+Where things are: :mod:`.app` (the gateway's state, the app and its operational routes),
+:mod:`.control_plane` (register, trajectory, cancel, unregister, exits, policy version),
+:mod:`.exit_stream`, :mod:`.dispatch` and :mod:`.chat_endpoint` (the agents' chat routes'
+lean path), :mod:`.chat` / :mod:`.engine_turn` / :mod:`.token_in` (a turn), :mod:`.recorder`
+(the trajectory), :mod:`.guard` and :mod:`.limits` (connections and bodies).
 """
 
 from __future__ import annotations

@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -27,38 +25,26 @@ from starlette.routing import Route
 from rollout_gateway import protocol
 from rollout_gateway.exits import ExitBoard
 from rollout_gateway.protocol import (
-    API_KEY_RE,
     BEARER_CHAT_COMPLETIONS_PATH,
     BEARER_MODELS_PATH,
-    EXITS_MAX_WAIT,
     EXITS_PATH,
     POLICY_VERSION_PATH,
-    UNLIMITED_TURNS,
-    FailedTurn,
-    PolicyVersionResponse,
-    RegisterRequest,
-    StatusResponse,
-    TrajectoryResponse,
-    register_response,
 )
 from rollout_gateway.server.auth import bearer_token, token_matches
 from rollout_gateway.server.chat import ChatTurns
 from rollout_gateway.server.chat_endpoint import ChatEndpoint
 from rollout_gateway.server.config import GatewayConfig
-from rollout_gateway.server.dedupe import TurnTracker
+from rollout_gateway.server.control_plane import CONTROL_BODY_LIMIT, ControlPlane
 from rollout_gateway.server.dispatch import GatewayApp
 from rollout_gateway.server.engines import EngineInfo, probe_engine
 from rollout_gateway.server.exit_stream import ExitStreams
 from rollout_gateway.server.guard import GuardMiddleware
 from rollout_gateway.server.jsonio import BodyParser, JSONBytesResponse
-from rollout_gateway.server.limits_v1 import LimitsError, TokenBudget
 from rollout_gateway.server.memory import MemoryTrimmer
 from rollout_gateway.server.metrics import GatewayMetrics
-from rollout_gateway.server.policy import PolicyClock, StaleVersionError
+from rollout_gateway.server.policy import PolicyClock
 from rollout_gateway.server.registry import (
-    AlreadyRegisteredError,
     Clock,
-    RegistryFullError,
     RolloutRecord,
     RolloutRegistry,
 )
@@ -72,15 +58,6 @@ from rollout_gateway.server.token_in import TokenInEngine, load_renderer
 from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
-
-_CONTROL_BODY_LIMIT = 1024 * 1024  # register bodies are small
-
-
-def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ApiError(400, f"'{key}' must be a positive integer or null", "invalid_request_error")
-    return value
 
 
 class Gateway:
@@ -153,16 +130,14 @@ class Gateway:
 
     # -- helpers -------------------------------------------------------------------------
 
-    @staticmethod
-    def _rollout_id(request: Request) -> str:
-        return checked_rollout_id(request.path_params["rollout_id"])
-
-    def _is_admin(self, request: Request) -> bool:
+    def is_admin(self, request: Request) -> bool:
+        """Whether ``request`` carries the admin token (or the control plane is open)."""
         token = self.config.admin_token
         return token is None or token_matches(bearer_token(request), token)
 
-    def _check_admin(self, request: Request) -> None:
-        if not self._is_admin(request):
+    def check_admin(self, request: Request) -> None:
+        """Refuse ``request`` (401) unless :meth:`is_admin`."""
+        if not self.is_admin(request):
             raise ApiError(401, "missing or invalid admin token", "unauthorized")
 
     async def engine(self, url: str) -> EngineInfo:
@@ -172,7 +147,8 @@ class Gateway:
             await probe_engine(self.pool.get(url).http, info, self.pool.get(url).label)
         return info
 
-    def _record(self, rollout_id: str) -> RolloutRecord:
+    def record(self, rollout_id: str) -> RolloutRecord:
+        """The registered rollout ``rollout_id`` (404 when it is not)."""
         record = self.registry.get(rollout_id)
         if record is None:
             raise ApiError(
@@ -183,7 +159,7 @@ class Gateway:
 
     def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
         """The rollout of a path-routed data-plane call, its key (``token``) checked."""
-        record = self._record(checked_rollout_id(rollout_id))
+        record = self.record(checked_rollout_id(rollout_id))
         if record.api_key is not None and not token_matches(token, record.api_key):
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
         return record
@@ -201,171 +177,12 @@ class Gateway:
     def _keyed_record(self, request: Request) -> RolloutRecord:
         return self.keyed_record(bearer_token(request))
 
-    # -- control plane -------------------------------------------------------------------
-
-    async def register(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/register``."""
-        rollout_id = self._rollout_id(request)
-        self._check_admin(request)
-        if not self.config.enabled:
-            raise ApiError(503, "the rollout gateway is disabled", "gateway_disabled")
-        body = await read_json_object(request, _CONTROL_BODY_LIMIT)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ApiError(400, "'model' must be a non-empty string", "invalid_request_error")
-        sampling = body.get("sampling_params")
-        sampling = {} if sampling is None else sampling
-        if not isinstance(sampling, dict):
-            raise ApiError(400, "'sampling_params' must be an object", "invalid_request_error")
-        max_turns = body.get("max_turns", UNLIMITED_TURNS)
-        if max_turns is None:
-            max_turns = UNLIMITED_TURNS
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < -1:
-            raise ApiError(400, "'max_turns' must be an integer >= -1", "invalid_request_error")
-        max_seq_len = _optional_positive_int(body, "max_seq_len")
-        max_completion = _optional_positive_int(body, "max_total_completion_tokens")
-        proposed_key = body.get("api_key")
-        if proposed_key is not None and (
-            not isinstance(proposed_key, str) or not API_KEY_RE.fullmatch(proposed_key)
-        ):
-            raise ApiError(
-                400, "'api_key' must be 32-256 URL-safe characters", "invalid_request_error"
-            )
-        try:
-            token_budget = TokenBudget.from_register(body)
-        except LimitsError as exc:
-            raise ApiError(400, str(exc), "invalid_request_error") from None
-        if self.registry.get(rollout_id) is not None:
-            raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
-
-        config = self.config
-        upstream = self.pool.pin()
-        if max_seq_len is None and config.default_max_context_tokens is None:
-            # Default: the context length the engine serves (its /models max_model_len).
-            max_seq_len = (await self.engine(upstream.base_url)).max_model_len
-        record = RolloutRecord(
-            rollout_id=rollout_id,
-            model=model,
-            sampling_params=sampling,
-            # The gateway's default turn budget stands in for "no limit".
-            max_turns=config.default_max_turns if max_turns == UNLIMITED_TURNS else max_turns,
-            max_seq_len=max_seq_len,
-            upstream=upstream.base_url,
-            last_activity=self.registry.clock(),
-            # The env's proposed key, so it knows the key even if this answer is lost.
-            api_key=(proposed_key or secrets.token_urlsafe(32))
-            if config.require_rollout_keys
-            else None,
-            max_total_completion_tokens=min(
-                max_completion or config.max_total_completion_tokens,
-                config.max_total_completion_tokens,
-            ),
-            max_context_tokens=max_seq_len or config.default_max_context_tokens,
-            max_message_bytes=config.max_rollout_message_bytes,
-            turns=TurnTracker(config.retry_dedupe_window_s, self.registry.clock),
-            token_budget=token_budget,
-        )
-        try:
-            self.registry.add(record)
-        except AlreadyRegisteredError:
-            self.pool.release(upstream.base_url)
-            raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict") from None
-        except RegistryFullError as exc:
-            self.pool.release(upstream.base_url)
-            raise ApiError(503, str(exc), "registry_full") from None
-        self.metrics.registrations.inc()
-        logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.label)
-        request_body: RegisterRequest = {
-            "model": model,
-            "sampling_params": sampling,
-            "max_turns": max_turns,
-            "max_seq_len": max_seq_len,
-        }
-        answer = register_response(rollout_id, request_body, api_key=record.api_key)
-        return JSONBytesResponse(answer)
-
-    async def trajectory(self, request: Request) -> Response:
-        """``GET /v1/rollouts/{id}/trajectory``."""
-        rollout_id = self._rollout_id(request)
-        self._check_admin(request)
-        record = self._record(rollout_id)
-        self.registry.touch(record)
-        prompt, completion, truncated = record.recorder.overview()
-        delta = request.query_params.get("format") == "delta"
-        steps: Any = record.recorder.delta_steps() if delta else record.recorder.steps()
-        answer: TrajectoryResponse = {
-            "rollout_id": rollout_id,
-            "status": record.status,
-            "num_turns": record.num_turns,
-            "model": record.model,
-            "prompt": prompt,
-            "completion": completion,
-            "is_truncated": truncated or record.truncation_reason is not None,
-            "trajectory": steps,
-            "truncation_reason": record.truncation_reason,
-            "abandoned_turns": record.recorder.num_abandoned,
-            "policy_versions": [s["extras"].get("policy_version") for s in steps],
-            "failed_turns": cast(list[FailedTurn], list(record.failed_turns)),
-        }
-        if delta:
-            answer["format"] = "delta"  # type: ignore[typeddict-unknown-key]
-        return JSONBytesResponse(answer)
-
-    async def cancel(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/cancel``: later chat calls are refused."""
-        rollout_id = self._rollout_id(request)
-        self._check_admin(request)
-        record = self._record(rollout_id)
-        record.status = "cancelled"  # no lock: must not wait for a turn in flight
-        self.registry.touch(record)
-        logger.info("rollout=%s cancelled", rollout_id)
-        answer: StatusResponse = {"rollout_id": rollout_id, "status": "cancelled"}
-        return JSONBytesResponse(answer)
-
-    async def unregister(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/unregister``: forget the rollout and its trajectory."""
-        rollout_id = self._rollout_id(request)
-        self._check_admin(request)
-        record = self.registry.remove(rollout_id)
-        if record is None:
-            raise ApiError(
-                404, f"rollout {rollout_id} is not registered", "not_found",
-                code="rollout_not_found",
-            )  # fmt: skip
-        logger.info("rollout=%s unregistered turns=%d", rollout_id, record.num_turns)
-        answer: StatusResponse = {"rollout_id": rollout_id, "status": record.status}
-        return JSONBytesResponse(answer)
-
-    async def exits(self, request: Request) -> Response:
-        """``GET /v1/rollouts/exits?after=<seq>&timeout=<s>``: agent exit reports, long-polled.
-
-        With ``stream=1`` (and no ``timeout``), the exit stream instead (see
-        :mod:`rollout_gateway.server.exit_stream`).
-        """
-        self._check_admin(request)
-        if request.query_params.get("stream") == "1":
-            try:
-                return self.exit_streams.response(int(request.query_params.get("after", "0")))
-            except ValueError:
-                raise ApiError(400, "'after' must be an integer", "invalid_request_error") from None
-        try:
-            after = int(request.query_params.get("after", "0"))
-            timeout = float(request.query_params.get("timeout", "0"))
-        except ValueError:
-            raise ApiError(
-                400, "'after' and 'timeout' must be numbers", "invalid_request_error"
-            ) from None
-        if not math.isfinite(timeout) or timeout < 0:
-            raise ApiError(400, "'timeout' must be a non-negative number", "invalid_request_error")
-        answer = await self.exit_board.wait(after, min(timeout, EXITS_MAX_WAIT))
-        return JSONBytesResponse(answer)
-
     # -- data plane ----------------------------------------------------------------------
 
     async def report_exit(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit."""
         record = self._agent_record(request)
-        body = await read_json_object(request, _CONTROL_BODY_LIMIT)
+        body = await read_json_object(request, CONTROL_BODY_LIMIT)
         exit_code = body.get("exit_code")
         if exit_code is not None and (
             isinstance(exit_code, bool) or not isinstance(exit_code, int)
@@ -410,38 +227,6 @@ class Gateway:
         self._model_cards[url] = (now, cards)
         return cards
 
-    # -- policy version ------------------------------------------------------------------
-
-    def _policy_answer(self) -> Response:
-        answer: PolicyVersionResponse = {
-            "version": self.policy.version,
-            "updated_at": self.policy.updated_at,
-        }
-        return JSONBytesResponse(answer)
-
-    async def get_policy_version(self, request: Request) -> Response:
-        """``GET /v1/policy/version``: the version new turns are stamped with."""
-        self._check_admin(request)
-        return self._policy_answer()
-
-    async def set_policy_version(self, request: Request) -> Response:
-        """``POST /v1/policy/version`` ``{"version": int}``: the trainer loaded new weights.
-
-        Turns sent upstream from now on are stamped with it; a turn under way keeps the
-        version it started with and gets ``policy_version_end`` when it ends.
-        """
-        self._check_admin(request)
-        body = await read_json_object(request, _CONTROL_BODY_LIMIT)
-        version = body.get("version")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ApiError(400, "'version' must be a non-negative integer", "invalid_request_error")
-        try:
-            self.policy.announce(version)
-        except StaleVersionError as exc:
-            raise ApiError(409, str(exc), "conflict") from None
-        logger.info("policy version %d announced", version)
-        return self._policy_answer()
-
     # -- operations ----------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -464,7 +249,7 @@ class Gateway:
             ]
         if warnings:
             answer["warnings"] = warnings
-        if self._is_admin(request):
+        if self.is_admin(request):
             answer["upstreams"] = [
                 {**state, **self.engines[u.base_url].describe()}
                 for u, state in zip(self.pool.upstreams, self.pool.describe(), strict=True)
@@ -474,7 +259,7 @@ class Gateway:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         """``GET /metrics``: Prometheus text (admin token required when configured)."""
-        self._check_admin(request)
+        self.check_admin(request)
         return PlainTextResponse(
             self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
@@ -566,22 +351,23 @@ def create_app(
     gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport, token_in=token_in)
     chat = ChatEndpoint(gateway, keyed=False)
     chat_by_key = ChatEndpoint(gateway, keyed=True)
+    control = ControlPlane(gateway)
     app = GatewayApp(
         chat=chat,
         chat_by_key=chat_by_key,
         routes=[
-            Route(EXITS_PATH, gateway.exits, methods=["GET"]),
-            Route(protocol.REGISTER_ROUTE, gateway.register, methods=["POST"]),
+            Route(EXITS_PATH, control.exits, methods=["GET"]),
+            Route(protocol.REGISTER_ROUTE, control.register, methods=["POST"]),
             Route(protocol.EXIT_ROUTE, gateway.report_exit, methods=["POST"]),
             Route(protocol.CHAT_COMPLETIONS_ROUTE, chat, methods=["POST"]),
-            Route(protocol.TRAJECTORY_ROUTE, gateway.trajectory, methods=["GET"]),
-            Route(protocol.CANCEL_ROUTE, gateway.cancel, methods=["POST"]),
-            Route(protocol.UNREGISTER_ROUTE, gateway.unregister, methods=["POST"]),
+            Route(protocol.TRAJECTORY_ROUTE, control.trajectory, methods=["GET"]),
+            Route(protocol.CANCEL_ROUTE, control.cancel, methods=["POST"]),
+            Route(protocol.UNREGISTER_ROUTE, control.unregister, methods=["POST"]),
             Route(protocol.MODELS_ROUTE, gateway.models, methods=["GET"]),
             Route(BEARER_CHAT_COMPLETIONS_PATH, chat_by_key, methods=["POST"]),
             Route(BEARER_MODELS_PATH, gateway.models_by_key, methods=["GET"]),
-            Route(POLICY_VERSION_PATH, gateway.get_policy_version, methods=["GET"]),
-            Route(POLICY_VERSION_PATH, gateway.set_policy_version, methods=["POST"]),
+            Route(POLICY_VERSION_PATH, control.get_policy_version, methods=["GET"]),
+            Route(POLICY_VERSION_PATH, control.set_policy_version, methods=["POST"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         ],
