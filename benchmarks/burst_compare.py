@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.metadata
 import json
 import logging
@@ -100,6 +101,8 @@ SIDES = ("ours", "earlier")
 WARMUP_ROLLOUTS = 4
 PHASES = ("warmup", "fresh", "steady")
 
+#: Set by ``--gc-freeze`` for the children: freeze the heap after the warm-up burst.
+GC_FREEZE_VAR = "BURST_GC_FREEZE"
 #: Task ids of worker i start at i * this (each worker runs its own tasks).
 TASKS_PER_WORKER = 1_000_000
 
@@ -418,6 +421,11 @@ async def run_side(name: str, n: int, seed: int, sync: tuple[Path, int, int] | N
         world.plan(task_id)  # drawn now, so the census does not count the cache
     try:
         first = await run_burst(side, world, client, warmup, offset=base)
+        if os.environ.get(GC_FREEZE_VAR) == "1":
+            # What a trainer process can do after setup: the heap built so far (modules,
+            # datasets, the env) leaves the collector's generations for good.
+            gc.collect()
+            gc.freeze()
         fresh = await run_burst(side, world, client, n, base + warmup, sync, "fresh")
         steady = await run_burst(side, world, client, n, base + warmup + n, sync, "steady")
     finally:
@@ -649,6 +657,8 @@ def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
     rounds = len(ours)
     workers = ours[0].get("workers", 1) if ours else 1
     spread = f" over {workers} env worker processes per side" if workers > 1 else ""
+    if os.environ.get(GC_FREEZE_VAR) == "1":
+        spread += ", heap frozen after warm-up (gc.freeze)"
     print(f"\n=== {n} concurrent rollouts{spread}, median of {rounds} round(s) per side ===")
     width = max(len(r[0]) for r in ROWS)
     print(f"{'metric':<{width}} | {'ours':>10} | {'earlier':>10} | {'ours/earlier':>12}")
@@ -752,6 +762,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="both sides call gc.freeze() after their warm-up burst (a trainer's option)",
+    )
+    parser.add_argument(
         "--workers", type=int, default=1, help="env processes per side (prime-rl workers_per_env)"
     )
     parser.add_argument("--earlier-venv", default=DEFAULT_EARLIER_VENV)
@@ -767,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rollouts, --rounds and --workers must be positive")
     if any(n < args.workers for n in args.rollouts):
         parser.error("each --rollouts figure must be at least --workers")
+    if args.gc_freeze:
+        os.environ[GC_FREEZE_VAR] = "1"  # the children inherit it
     if args.child:
         sync = None
         if args.worker:
