@@ -10,7 +10,8 @@ Where things are: :mod:`.app` (the gateway's state, the app and its operational 
 :mod:`.control_plane` (register, trajectory, cancel, unregister, exits, policy version),
 :mod:`.exit_stream`, :mod:`.dispatch` and :mod:`.chat_endpoint` (the agents' chat routes'
 lean path), :mod:`.chat` / :mod:`.engine_turn` / :mod:`.token_in` (a turn), :mod:`.recorder`
-(the trajectory), :mod:`.guard` and :mod:`.limits` (connections and bodies).
+and :mod:`.token_branches` (the trajectory), :mod:`.guard` and :mod:`.limits` (connections
+and bodies).
 """
 
 from __future__ import annotations

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from rollout_gateway.protocol import StepTokens, TrajectoryStepBody, common_prefix_len
+from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
 from rollout_gateway.server.answers import TRUNCATING_FINISH_REASONS
-from rollout_gateway.server.digests import prefix_hasher
+from rollout_gateway.server.token_branches import StepIds, TokenBranches
 
 
 def _text(content: Any) -> str:
@@ -123,33 +120,11 @@ def recorded_message(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(slots=True)
-class _Tokens:
-    #: The ids of this step's branch: ``segment[:prompt_end]`` is the prompt,
-    #: ``segment[prompt_end:completion_end]`` the completion. Steps that extend their
-    #: predecessor share its segment (appended to in place), so each id is stored once.
-    segment: array
-    prefix_len: int  # leading ids shared with the previous step's prompt+completion
-    prompt_end: int
-    completion_end: int
-    completion_logprobs: array
-    overlong_prompt: bool
-    is_truncated: bool
-
-    @property
-    def prompt_ids(self) -> array:
-        return self.segment[: self.prompt_end]
-
-    @property
-    def completion_ids(self) -> array:
-        return self.segment[self.prompt_end : self.completion_end]
-
-
-@dataclass(slots=True)
 class _Step:
     shared_messages: int  # leading messages shared with the previous prompt+completion
     new_messages: list[dict[str, Any]]
     completion: list[dict[str, Any]]
-    tokens: _Tokens | None
+    tokens: StepIds | None
     is_truncated: bool
     extras: dict[str, Any]
     abandoned: bool = False  # nobody received the answer: not a turn the agent saw
@@ -171,11 +146,11 @@ class TrajectoryRecorder:
     #: ``_last_messages`` as the agent last sent them (trimmed): what its next request
     #: repeats byte for byte, so that a plain ``==`` matches most of its history.
     _match_base: list[dict[str, Any]] = field(default_factory=list)
-    _last_ids: array = field(default_factory=lambda: array("i"))
-    #: The last prompt's id-array text, as (digest without "]", its length, id count).
-    _last_prompt_text: tuple[bytes, int, int] | None = None
     #: History state before the last step (to undo an abandoned turn).
     _before_last: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self._ids = TokenBranches(self.max_seq_len)
 
     @property
     def num_steps(self) -> int:
@@ -185,7 +160,7 @@ class TrajectoryRecorder:
     @property
     def last_context_tokens(self) -> int:
         """Prompt + completion ids of the last turn (0 when it had no ids)."""
-        return len(self._last_ids)
+        return len(self._ids.last_ids)
 
     def shared_messages(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
         """How many leading ``messages`` the last turn's prompt + completion holds already.
@@ -226,14 +201,8 @@ class TrajectoryRecorder:
         history the next turn extends."""
         if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
             self._steps[-1].abandoned = True
-            (
-                self._last_messages,
-                self._match_base,
-                self._last_ids,
-                length,
-                self._last_prompt_text,
-            ) = self._before_last
-            del self._last_ids[length:]  # drop what the abandoned step appended
+            self._last_messages, self._match_base, ids = self._before_last
+            self._ids.restore(ids)  # drop what the abandoned step appended
             self._before_last = None
 
     @property
@@ -278,16 +247,10 @@ class TrajectoryRecorder:
         new_messages = [recorded_message(m) for m in messages[shared:]]
         truncated = truncated or finish_reason in TRUNCATING_FINISH_REASONS
         extras = step_extras
-        previous_ids = len(self._last_ids)
-        before = (
-            self._last_messages,
-            list(self._match_base),
-            self._last_ids,
-            len(self._last_ids),  # the next step may extend this segment in place
-            self._last_prompt_text,
-        )
+        previous_ids = len(self._ids.last_ids)
+        before = (self._last_messages, list(self._match_base), self._ids.snapshot())
 
-        tokens: _Tokens | None = None
+        tokens: StepIds | None = None
         have_prompt = prompt_ids is not None or prompt_ids_json is not None
         have_ids = have_prompt and completion_ids is not None
         if have_ids and completion_logprobs is not None:
@@ -295,8 +258,8 @@ class TrajectoryRecorder:
                 extras["tokens_error"] = "logprobs and token ids differ in length"
             else:
                 try:
-                    prompt = self._prompt_array(prompt_ids, prompt_ids_json)
-                    tokens = self._make_tokens(prompt, completion_ids, completion_logprobs)  # type: ignore[arg-type]
+                    prompt = self._ids.prompt(prompt_ids, prompt_ids_json)
+                    tokens = self._ids.add(prompt, completion_ids, completion_logprobs)  # type: ignore[arg-type]
                 except (TypeError, ValueError, OverflowError):
                     extras["tokens_error"] = "token ids are not 32-bit integers"
                 else:
@@ -309,8 +272,7 @@ class TrajectoryRecorder:
                             1 for x in tokens.completion_logprobs if not math.isfinite(x)
                         )
         if tokens is None:
-            self._last_ids = array("i")
-            self._last_prompt_text = None
+            self._ids.reset()
             if self.max_seq_len is not None and total_tokens is not None:
                 truncated = truncated or total_tokens > self.max_seq_len
         if tokens is not None:
@@ -326,50 +288,6 @@ class TrajectoryRecorder:
         """Record a turn the engine refused (no sample): its prompt, no completion, no
         tokens, marked truncated. ``extras`` carries ``status`` and ``error``."""
         self.record(messages, [], extras=extras, truncated=True)
-
-    def _prompt_array(self, ids: Sequence[int] | None, text: bytes | None) -> array:
-        """The prompt's ids, from ``text`` (JSON array) when given, else from ``ids``."""
-        if text is None:
-            self._last_prompt_text = None
-            return array("i", ids)  # type: ignore[arg-type]
-        body = memoryview(text)[:-1]  # without "]"
-        last = self._last_prompt_text
-        prompt: array | None = None
-        hasher = None
-        if last is not None:
-            digest, length, count = last
-            if len(body) >= length and text[length : length + 1] in (b",", b"]"):
-                hasher = prefix_hasher(body[:length])  # one pass: check, then extend
-                if hasher.digest() == digest:
-                    prompt = self._last_ids[:count]
-                    if text[length : length + 1] == b",":
-                        prompt.extend(orjson.loads(b"[" + text[length + 1 :]))
-                    hasher.update(body[length:])
-        if prompt is None:
-            prompt = array("i", orjson.loads(text))
-            hasher = prefix_hasher(body)
-        assert hasher is not None
-        self._last_prompt_text = (hasher.digest(), len(body), len(prompt))
-        return prompt
-
-    def _make_tokens(
-        self, prompt: array, completion_ids: Sequence[int], logprobs: Sequence[float]
-    ) -> _Tokens:
-        comp = array("i", completion_ids)
-        lps = array("f", logprobs)
-        last = self._last_ids
-        prefix = common_prefix_len(last, prompt)
-        overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
-        too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
-        if last and prefix == len(last):
-            segment = last  # the prompt extends the branch: append in place
-            segment.extend(prompt[prefix:])
-        else:
-            segment = prompt  # a new branch (first turn, or a rewritten history)
-        prompt_end = len(segment)
-        segment.extend(comp)
-        self._last_ids = segment  # the next turn's prompt usually extends this
-        return _Tokens(segment, prefix, prompt_end, len(segment), lps, overlong, too_long)
 
     def steps(self) -> list[TrajectoryStepBody]:
         """All steps, rebuilt in the protocol's shape."""
@@ -470,7 +388,8 @@ class TrajectoryRecorder:
 
     def token_storage_bytes(self) -> int:
         """Bytes held by the token arrays (each branch's ids once, and the logprobs)."""
-        segments = {id(self._last_ids): self._last_ids}
+        last = self._ids.last_ids
+        segments = {id(last): last}
         total = 0
         for step in self._steps:
             if step.tokens is not None:

@@ -1,0 +1,129 @@
+"""The token ids of one rollout's turns, each id stored once per branch.
+
+A turn's prompt usually extends the previous turn's prompt + completion: the ids are kept
+in one ``array('i')`` per branch (4 bytes per id), and a step is a few offsets into it.
+A turn whose prompt does not extend the branch (a rewritten history) starts a new one.
+The prompt may come as the engine's JSON text of its id array (see :mod:`.prompt_ids`):
+only what the previous prompt's text does not hold is parsed, after a digest check of the
+shared part. :class:`~.recorder.TrajectoryRecorder` keeps one :class:`TokenBranches`.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from rollout_gateway.protocol import common_prefix_len
+from rollout_gateway.server.digests import prefix_hasher
+
+#: What :meth:`TokenBranches.snapshot` saves: the branch, its length, the prompt text state.
+BranchSnapshot = tuple[array, int, "tuple[bytes, int, int] | None"]
+
+
+@dataclass(slots=True)
+class StepIds:
+    """One turn's ids: ``segment[:prompt_end]`` is the prompt,
+    ``segment[prompt_end:completion_end]`` the completion. Steps that extend their
+    predecessor share its segment (appended to in place), so each id is stored once."""
+
+    segment: array
+    prefix_len: int  # leading ids shared with the previous step's prompt+completion
+    prompt_end: int
+    completion_end: int
+    completion_logprobs: array
+    overlong_prompt: bool
+    is_truncated: bool
+
+    @property
+    def prompt_ids(self) -> array:
+        """The prompt's ids (a copy)."""
+        return self.segment[: self.prompt_end]
+
+    @property
+    def completion_ids(self) -> array:
+        """The completion's ids (a copy)."""
+        return self.segment[self.prompt_end : self.completion_end]
+
+
+class TokenBranches:
+    """The current branch of ids and what the next turn's prompt is checked against.
+
+    Args:
+        max_seq_len: context bound used for ``overlong_prompt`` / ``is_truncated``.
+    """
+
+    def __init__(self, max_seq_len: int | None = None) -> None:
+        self.max_seq_len = max_seq_len
+        #: The last turn's prompt + completion ids (the branch the next turn extends).
+        self.last_ids = array("i")
+        #: The last prompt's id-array text, as (digest without "]", its length, id count).
+        self._last_prompt_text: tuple[bytes, int, int] | None = None
+
+    def snapshot(self) -> BranchSnapshot:
+        """What :meth:`restore` needs to undo the next turn."""
+        return self.last_ids, len(self.last_ids), self._last_prompt_text
+
+    def restore(self, snapshot: BranchSnapshot) -> None:
+        """Undo the turns since ``snapshot`` (their ids appended to the branch are dropped)."""
+        self.last_ids, length, self._last_prompt_text = snapshot
+        del self.last_ids[length:]
+
+    def reset(self) -> None:
+        """The last turn had no ids: the next one starts a new branch."""
+        self.last_ids = array("i")
+        self._last_prompt_text = None
+
+    def prompt(self, ids: Sequence[int] | None, text: bytes | None) -> array:
+        """The prompt's ids, from ``text`` (JSON array) when given, else from ``ids``.
+
+        Raises ``TypeError`` / ``ValueError`` / ``OverflowError`` for ids that are not
+        32-bit integers.
+        """
+        if text is None:
+            self._last_prompt_text = None
+            return array("i", ids)  # type: ignore[arg-type]
+        body = memoryview(text)[:-1]  # without "]"
+        last = self._last_prompt_text
+        prompt: array | None = None
+        hasher = None
+        if last is not None:
+            digest, length, count = last
+            if len(body) >= length and text[length : length + 1] in (b",", b"]"):
+                hasher = prefix_hasher(body[:length])  # one pass: check, then extend
+                if hasher.digest() == digest:
+                    prompt = self.last_ids[:count]
+                    if text[length : length + 1] == b",":
+                        prompt.extend(orjson.loads(b"[" + text[length + 1 :]))
+                    hasher.update(body[length:])
+        if prompt is None:
+            prompt = array("i", orjson.loads(text))
+            hasher = prefix_hasher(body)
+        assert hasher is not None
+        self._last_prompt_text = (hasher.digest(), len(body), len(prompt))
+        return prompt
+
+    def add(
+        self, prompt: array, completion_ids: Sequence[int], logprobs: Sequence[float]
+    ) -> StepIds:
+        """Store one turn's ids on the branch its prompt extends (or a new one)."""
+        comp = array("i", completion_ids)
+        lps = array("f", logprobs)
+        last = self.last_ids
+        prefix = common_prefix_len(last, prompt)
+        overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
+        too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
+        if last and prefix == len(last):
+            segment = last  # the prompt extends the branch: append in place
+            segment.extend(prompt[prefix:])
+        else:
+            segment = prompt  # a new branch (first turn, or a rewritten history)
+        prompt_end = len(segment)
+        segment.extend(comp)
+        self.last_ids = segment  # the next turn's prompt usually extends this
+        return StepIds(segment, prefix, prompt_end, len(segment), lps, overlong, too_long)
+
+
+__all__ = ["BranchSnapshot", "StepIds", "TokenBranches"]
