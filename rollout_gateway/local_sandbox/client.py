@@ -13,6 +13,7 @@ import atexit
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 import weakref
@@ -234,9 +235,10 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
     def teardown(self, wait: bool = True) -> None:
         """Delete every sandbox and stop the reaper thread (sync, like
         ``ThreadedAsyncSandboxClient.teardown``)."""
-        self._registry.stop_reaper(wait=False)
+        reaper = self._registry.stop_reaper()
         self.delete_all()
-        self._registry.stop_reaper(wait=wait)
+        if wait and reaper is not None and reaper is not threading.current_thread():
+            reaper.join(timeout=5)
 
     def reap_expired(self) -> list[str]:
         """Kill and remove every sandbox past its ``timeout_minutes``; return their ids."""

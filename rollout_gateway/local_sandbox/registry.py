@@ -165,12 +165,11 @@ class SandboxRegistry:
             self._reaper = threading.Thread(target=loop, name="local-sandbox-reaper", daemon=True)
             self._reaper.start()
 
-    def stop_reaper(self, wait: bool) -> None:
-        """Stop the reaper thread; with ``wait``, join it (not from the thread itself)."""
+    def stop_reaper(self) -> threading.Thread | None:
+        """Tell the reaper thread to stop; the thread, to join, if one was running."""
         self._stop.set()
         reaper, self._reaper = self._reaper, None
-        if wait and reaper is not None and reaper is not threading.current_thread():
-            reaper.join(timeout=5)
+        return reaper
 
 
 __all__ = ["MAX_TOMBSTONES", "SandboxRegistry"]

@@ -7,6 +7,8 @@ import io
 import os
 import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -348,3 +350,28 @@ async def test_reaper_thread_expires_sandboxes(root: Path, mode: IsolationMode) 
             await client.read_file(sid, "x")
     finally:
         client.teardown()
+
+
+def _reapers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "local-sandbox-reaper"}
+
+
+async def test_teardown_waits_for_the_reaper_thread(root: Path, mode: IsolationMode) -> None:
+    # A reaper caught mid-pass (its clock call takes a while) must have ended when
+    # teardown(wait=True) returns: it is joined, not only told to stop.
+    in_pass = threading.Event()
+
+    def clock() -> float:
+        if threading.current_thread().name == "local-sandbox-reaper":
+            in_pass.set()
+            time.sleep(0.3)
+        return 0.0
+
+    client = make_client(root, mode, clock=clock, reap_interval=0.01)
+    before = _reapers()
+    await new_sandbox(client)  # the first sandbox starts the reaper
+    started = _reapers() - before
+    assert len(started) == 1
+    assert await asyncio.to_thread(in_pass.wait, 5)
+    client.teardown(wait=True)
+    assert not any(thread.is_alive() for thread in started)
