@@ -512,17 +512,18 @@ def run_child(name: str, python: str, n: int, seed: int, workers: int = 1) -> di
             command += ["--seed", str(seed), "--json-out", f"{tmp}/{index}.json"]
             if workers > 1:
                 command += ["--worker", f"{tmp}:{index}:{workers}"]
-            children.append(
-                subprocess.Popen(
-                    command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            # Output to a file, not a pipe: a worker blocked on a full pipe would never
+            # reach the barrier the others wait at.
+            with open(f"{tmp}/{index}.log", "w") as log:
+                children.append(
+                    subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
                 )
-            )
-        for child in children:
-            stdout, stderr = child.communicate()
-            if child.returncode != 0:
+        for index, child in enumerate(children):
+            if child.wait() != 0:
                 for other in children:
                     other.kill()
-                print(stdout[-2000:], stderr[-4000:], sep="\n", file=sys.stderr)
+                    other.wait()
+                print(Path(f"{tmp}/{index}.log").read_text()[-6000:], file=sys.stderr)
                 raise SystemExit(f"{name} child failed (exit {child.returncode})")
         results = [json.loads(Path(f"{tmp}/{i}.json").read_text()) for i in range(workers)]
     result = merge_workers(results)
