@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope
 
 from rollout_gateway.protocol import IDEMPOTENCY_KEY_HEADER, SDK_RETRY_COUNT_HEADER
 from rollout_gateway.server.auth import parse_bearer
-from rollout_gateway.server.responses import receive_body
+from rollout_gateway.server.responses import receive_body, until_disconnect
 
 _AUTHORIZATION = b"authorization"
 _CONTENT_LENGTH = b"content-length"
@@ -64,10 +64,7 @@ class AgentRequest:
 
     async def disconnected(self) -> None:
         """Return when the agent closes its connection (call once the body is read)."""
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                return
+        await until_disconnect(self.receive)
 
 
 __all__ = ["AgentRequest"]

@@ -26,7 +26,7 @@ from rollout_gateway import protocol
 from rollout_gateway.exits import ExitBoard
 from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server.config import DEFAULT_MAX_EXIT_STREAMS
-from rollout_gateway.server.responses import ApiError
+from rollout_gateway.server.responses import ApiError, until_disconnect
 
 
 class ExitStreams:
@@ -109,8 +109,7 @@ class ExitStreamResponse(Response):
 
 async def _until_disconnect(receive: Any, gone: asyncio.Future[None]) -> None:
     """Resolve ``gone`` when the client disconnects (the request body is read first)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    await until_disconnect(receive)
     if not gone.done():
         gone.set_result(None)
 

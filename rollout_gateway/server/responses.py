@@ -97,6 +97,12 @@ async def receive_body(receive: Receive, content_length: str | None, max_bytes: 
     return b"".join(chunks)
 
 
+async def until_disconnect(receive: Receive) -> None:
+    """Return when the client closes its connection (call once the body is read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     """The body parsed as a JSON object (400 when it is not one).
 
@@ -158,5 +164,6 @@ __all__ = [
     "read_body",
     "read_json_object",
     "receive_body",
+    "until_disconnect",
     "validate_messages",
 ]
