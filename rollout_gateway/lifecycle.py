@@ -33,6 +33,7 @@ from rollout_gateway.errors import (
     SandboxError,
 )
 from rollout_gateway.resources import GatewayResources
+from rollout_gateway.rollout_steps import StepRunner
 from rollout_gateway.tunnels import TunnelLease
 
 logger = logging.getLogger(__name__)
@@ -154,18 +155,6 @@ def agent_environment(
     }
 
 
-def _absorb_cancel() -> None:
-    """Inside ``except CancelledError`` of a finalize step: finalize goes on regardless.
-
-    Finalize runs in its own task, shielded from the rollout's cancellation; a cancel
-    seen here is the step's own (its hook cancelled its task) or the loop shutting down,
-    and stopping would leak what the later steps release (each is still bounded).
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        task.uncancel()
-
-
 def _is_typed(error: BaseException) -> bool:
     return isinstance(error, RolloutGatewayError)
 
@@ -198,7 +187,12 @@ class GatewayRollout:
         self.record = RolloutRecord(rollout_id or protocol.new_rollout_id())
         self._is_typed = is_typed
         self._is_infra = is_infra
-        self._ran: set[str] = set()
+        self.steps = StepRunner(
+            self.record.rollout_id,
+            finalize_step_timeout=self.settings.finalize_step_timeout,
+            is_typed=is_typed,
+            fail=self.fail,
+        )
         self._lease: TunnelLease | None = None
         self._proposed_key = protocol.new_rollout_api_key()
         self._unregistered = False
@@ -348,9 +342,9 @@ class GatewayRollout:
             if deadline.expired():
                 self.record.timed_out = True
             else:
-                self.fail(self._typed(e, RolloutInfraError, "rollout"))
+                self.fail(self.steps.typed(e, RolloutInfraError, "rollout"))
         except Exception as e:  # _stages types every error; this is a last resort
-            self.fail(self._typed(e, RolloutInfraError, "rollout"))
+            self.fail(self.steps.typed(e, RolloutInfraError, "rollout"))
         await self.run_finalize(hooks)
 
     async def run_finalize(self, hooks: RolloutHooks) -> None:
@@ -366,14 +360,14 @@ class GatewayRollout:
             raise asyncio.CancelledError
 
     async def _stages(self, hooks: RolloutHooks) -> None:
-        await self._step("register", hooks.register, GatewayError)
-        await self._step("tunnel", hooks.open_tunnel, GatewayTunnelError)
-        await self._step("launch", hooks.launch, SandboxError)
+        await self.steps.run("register", hooks.register, GatewayError)
+        await self.steps.run("tunnel", hooks.open_tunnel, GatewayTunnelError)
+        await self.steps.run("launch", hooks.launch, SandboxError)
         self.record.times["agent_start"] = time.time()
-        await self._step("wait", hooks.wait, AgentPollError)
+        await self.steps.run("wait", hooks.wait, AgentPollError)
         self.record.times["agent_end"] = time.time()
-        await self._step("fetch", hooks.fetch, GatewayError)
-        await self._step("check", hooks.check, RolloutInfraError)
+        await self.steps.run("fetch", hooks.fetch, GatewayError)
+        await self.steps.run("check", hooks.check, RolloutInfraError)
 
     async def finalize(self, hooks: RolloutHooks) -> None:
         """The one teardown path. Never raises; each step runs at most once.
@@ -395,17 +389,17 @@ class GatewayRollout:
         # a cancelled or timed-out rollout is cancelled at the gateway in any case.
         agent_loose = record.agent_started and record.agent_exit is None
         if agent_loose or record.cancelled or record.timed_out:
-            await self._quiet("cancel", hooks.cancel)
+            await self.steps.quiet("cancel", hooks.cancel)
         if record.agent_timed_out or record.timed_out:
             if record.agent_started and agent_loose:
-                await self._quiet("stop_agent", hooks.stop_agent)
-            if record.registered and "fetch" not in self._ran:
-                await self._guarded("fetch", hooks.fetch, GatewayError)
+                await self.steps.quiet("stop_agent", hooks.stop_agent)
+            if record.registered and not self.steps.ran("fetch"):
+                await self.steps.guarded("fetch", hooks.fetch, GatewayError)
         if not record.cancelled and not self._infra_failed():
-            await self._guarded("score", hooks.score, PostRolloutError)
-        await self._guarded("release", hooks.release, RolloutInfraError)
-        await self._guarded("unregister", hooks.unregister, GatewayError)
-        await self._guarded("delete_sandbox", hooks.delete_sandbox, SandboxError)
+            await self.steps.guarded("score", hooks.score, PostRolloutError)
+        await self.steps.guarded("release", hooks.release, RolloutInfraError)
+        await self.steps.guarded("unregister", hooks.unregister, GatewayError)
+        await self.steps.guarded("delete_sandbox", hooks.delete_sandbox, SandboxError)
         record.times["end"] = time.time()
         record.stop_condition = self._stop_condition()
 
@@ -423,64 +417,6 @@ class GatewayRollout:
         if record.agent_timed_out:
             return STOP_AGENT_TIMEOUT
         return STOP_COMPLETED
-
-    async def _step(
-        self, name: str, hook: Callable[[], Awaitable[None]], error_type: type[Exception]
-    ) -> None:
-        """Run ``hook`` once; an untyped failure becomes ``error_type``."""
-        if name in self._ran:
-            return
-        self._ran.add(name)
-        try:
-            await hook()
-        except Exception as e:
-            typed = self._typed(e, error_type, name)
-            if typed is e:
-                raise
-            raise typed from e
-
-    async def _guarded(
-        self, name: str, hook: Callable[[], Awaitable[None]], error_type: type[Exception]
-    ) -> None:
-        """A finalize step: bounded; its failure is recorded, never raised."""
-        try:
-            await self._bounded(name, hook, error_type)
-        except asyncio.CancelledError:
-            _absorb_cancel()
-            self.fail(error_type(f"{name} was cancelled"))
-        except Exception as e:
-            logger.warning("rollout=%s %s failed: %s", self.rollout_id, name, e)
-            self.fail(e)
-
-    async def _quiet(self, name: str, hook: Callable[[], Awaitable[None]]) -> None:
-        """A best-effort finalize step: bounded; its failure is only logged."""
-        try:
-            await self._bounded(name, hook, RolloutInfraError)
-        except asyncio.CancelledError:
-            _absorb_cancel()
-            logger.warning("rollout=%s %s was cancelled", self.rollout_id, name)
-        except Exception as e:
-            logger.warning("rollout=%s %s failed: %s", self.rollout_id, name, e)
-
-    async def _bounded(
-        self, name: str, hook: Callable[[], Awaitable[None]], error_type: type[Exception]
-    ) -> None:
-        timeout = self.settings.finalize_step_timeout
-        deadline = asyncio.timeout(timeout)
-        try:
-            # In finalize's own task: a task per step costs a loop hop each way, which a
-            # loop busy with a 500-rollout burst turns into hundreds of milliseconds.
-            async with deadline:
-                await self._step(name, hook, error_type)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            raise error_type(f"{name} did not finish within {timeout:g}s") from None
-
-    def _typed(self, error: Exception, error_type: type[Exception], stage: str) -> Exception:
-        if self.is_typed(error):
-            return error
-        return error_type(f"{stage} failed: {type(error).__name__}: {error}")
 
 
 __all__ = [
