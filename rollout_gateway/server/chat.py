@@ -30,6 +30,7 @@ from rollout_gateway.server import jsonio
 from rollout_gateway.server.agent_request import AgentRequest
 from rollout_gateway.server.dedupe import Turn, body_fingerprint
 from rollout_gateway.server.engine_turn import (
+    EngineResult,
     EngineTurn,
     agent_answer,
     context_overflow_error,
@@ -222,29 +223,8 @@ class ChatTurns:
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
-        if not record.live:
-            raise ApiError(
-                404, f"rollout {record.rollout_id} is not registered", "not_found",
-                code="rollout_not_found",
-            )  # fmt: skip
-        last = record.turns.last
-        if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
-            # The previous answer reached nobody and the agent moved on: not a turn it saw.
-            record.recorder.abandon_last()
-            record.num_turns -= 1
-            last.delivered = True  # handled
-            if record.status == "completed" and record.truncation_reason is None:
-                record.status = "active"
-            gateway.metrics.abandoned_turns.inc()
-        shared = record.recorder.shared_messages(messages)
-        # Counted as stored: only the fields the trajectory keeps.
-        new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
+        shared, new_bytes = self._admit(record, messages)
         extends = bool(shared)
-        try:
-            check_turn_allowed(record, extends_history=extends, new_message_bytes=new_bytes)
-        except ApiError as exc:
-            gateway.metrics.refused_turns.inc(str(exc.code))
-            raise
         gateway.registry.touch(record)
         dropped = dropped_agent_fields(body)
         upstream_body = build_upstream_request(
@@ -279,8 +259,55 @@ class ChatTurns:
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
             turn.events.relayed = True
-        completion, upstream_s = result.completion, call.upstream_seconds()
         turn.recorded = True
+        self._count_turn(record, call, result, new_bytes)
+        upstream_s = call.upstream_seconds()
+        gateway.metrics.turns.inc(upstream.label)
+        gateway.metrics.upstream_latency.observe(upstream_s, upstream.label)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
+                record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
+                upstream_s * 1000, call.finish_reason,
+            )  # fmt: skip
+        return _answer_of(result, body)
+
+    def _admit(self, record: RolloutRecord, messages: list[Any]) -> tuple[int | None, int]:
+        """Whether the rollout may take this turn (raises the refusal if not).
+
+        Returns the number of messages the request shares with the recorded history and
+        the bytes of the new ones as stored. An answer the agent never received (it moved
+        on without it) is taken back first: it is not a turn the agent saw.
+        """
+        if not record.live:
+            raise ApiError(
+                404, f"rollout {record.rollout_id} is not registered", "not_found",
+                code="rollout_not_found",
+            )  # fmt: skip
+        last = record.turns.last
+        if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
+            record.recorder.abandon_last()
+            record.num_turns -= 1
+            last.delivered = True  # handled
+            if record.status == "completed" and record.truncation_reason is None:
+                record.status = "active"
+            self.gateway.metrics.abandoned_turns.inc()
+        shared = record.recorder.shared_messages(messages)
+        # Counted as stored: only the fields the trajectory keeps.
+        new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
+        try:
+            check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
+        except ApiError as exc:
+            self.gateway.metrics.refused_turns.inc(str(exc.code))
+            raise
+        return shared, new_bytes
+
+    @staticmethod
+    def _count_turn(
+        record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
+    ) -> None:
+        """Count a recorded turn against the rollout's limits and budget."""
+        completion = result.completion
         record.message_bytes += new_bytes
         record.completion_tokens += _completion_tokens(completion, call.completion_ids)
         record.num_turns += 1
@@ -292,26 +319,22 @@ class ChatTurns:
             )
         if record.at_max_turns and record.status == "active":
             record.status = "completed"
-        gateway.metrics.turns.inc(upstream.label)
-        gateway.metrics.upstream_latency.observe(upstream_s, upstream.label)
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
-                record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
-                upstream_s * 1000, call.finish_reason,
-            )  # fmt: skip
-        # The answer, also what a retry replays (kept until the next turn): the engine's
-        # bytes as they are when the agent asked for everything the gateway asked for,
-        # else the agent's view (without the prompt's ids unless it asked).
-        wants_ids = bool(body.get("return_token_ids"))
-        everything = (
-            wants_ids and body.get("logprobs") and body.get("include_reasoning") is not False
-        )
-        if everything and not body.get("stream") and result.raw is not None and result.strict:
-            return result.raw
-        if wants_ids and result.prompt_ids_json is not None:
-            completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
-        return agent_answer(completion, body)
+
+
+def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:
+    """The answer, also what a retry replays (kept until the next turn).
+
+    The engine's bytes as they are when the agent asked for everything the gateway asked
+    for, else the agent's view (without the prompt's ids unless it asked).
+    """
+    completion = result.completion
+    wants_ids = bool(body.get("return_token_ids"))
+    everything = wants_ids and body.get("logprobs") and body.get("include_reasoning") is not False
+    if everything and not body.get("stream") and result.raw is not None and result.strict:
+        return result.raw
+    if wants_ids and result.prompt_ids_json is not None:
+        completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
+    return agent_answer(completion, body)
 
 
 def _left(turn: Turn) -> None:
