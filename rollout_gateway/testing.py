@@ -148,22 +148,7 @@ class FakeGateway:
             await asyncio.sleep(latency)
         self.calls.append((request.method, request.url.path))
         if request.url.path == protocol.EXITS_PATH and request.method == "GET":
-            self.op_counts["exits"] += 1
-            if not self.exit_reports:
-                return _error(404, "no such route")
-            params = request.url.params
-            if params.get("stream") == "1" and self.exit_stream:
-                after = int(params.get("after", "0"))
-                self.exit_stream_cursors.append(after)
-                return httpx.Response(
-                    200,
-                    headers={"Content-Type": protocol.EXIT_STREAM_MEDIA_TYPE},
-                    stream=FakeExitStream(self, after),
-                )
-            answer = await self.exit_board.wait(
-                int(params.get("after", "0")), float(params.get("timeout", "0"))
-            )
-            return _answer(200, answer)
+            return await self._exits(request)
         parsed = protocol.parse_rollout_path(request.url.path)
         if parsed is None:
             return _error(404, "no such route")
@@ -179,15 +164,7 @@ class FakeGateway:
         if op == "register" and request.method == "POST":
             if rollout is not None:
                 return _error(409, "already registered")
-            body = json.loads(request.content or b"{}")
-            rollout = FakeRollout(rollout_id, body)
-            if self.issue_api_keys:  # like the reference server: a proposed key is honoured
-                rollout.api_key = body.get("api_key") or f"key-{uuid.uuid4().hex}"
-            self.rollouts[rollout_id] = rollout
-            registered = protocol.register_response(rollout_id, body, api_key=rollout.api_key)
-            if rollout.api_key is None:
-                registered.pop("api_key", None)
-            return _answer(200, registered)
+            return self._register(rollout_id, request)
         if rollout is None:
             return _error(404, f"unknown rollout {rollout_id}")
         if op == "exit" and request.method == "POST" and self.exit_reports:
@@ -195,28 +172,7 @@ class FakeGateway:
             self.exit_board.report(rollout_id, body.get("exit_code"))
             return _answer(200, {"rollout_id": rollout_id, "status": "exit_reported"})
         if op == "trajectory" and request.method == "GET":
-            steps = rollout.steps
-            prompt = steps[0]["prompt"] if steps else []
-            completion: list[dict[str, Any]] = []
-            if steps:
-                last = steps[-1]
-                completion = (last["prompt"] + last["completion"])[len(prompt) :]
-            trajectory: dict[str, Any] = {
-                "rollout_id": rollout_id,
-                "status": rollout.status,
-                "num_turns": len(steps),
-                "model": rollout.register_body.get("model"),
-                "prompt": prompt,
-                "completion": completion,
-                "is_truncated": any(s["is_truncated"] for s in steps),
-                "trajectory": steps,
-            }
-            if request.url.params.get("format") == "delta" and self.delta_trajectories:
-                trajectory["trajectory"] = protocol.delta_steps(
-                    cast(list[protocol.TrajectoryStepBody], steps)
-                )
-                trajectory["format"] = "delta"
-            return _answer(200, trajectory)
+            return _answer(200, self._trajectory(rollout, request.url.params.get("format")))
         if op == "cancel" and request.method == "POST":
             rollout.status = "cancelled"
             self.cancelled.append(rollout_id)
@@ -227,6 +183,59 @@ class FakeGateway:
             self.unregistered.append(rollout_id)
             return _answer(200, {"rollout_id": rollout_id, "status": rollout.status})
         return _error(404, "no such route")
+
+    async def _exits(self, request: httpx.Request) -> httpx.Response:
+        """The exit reports: the stream (``stream=1``) or the long-poll."""
+        self.op_counts["exits"] += 1
+        if not self.exit_reports:
+            return _error(404, "no such route")
+        params = request.url.params
+        after = int(params.get("after", "0"))
+        if params.get("stream") == "1" and self.exit_stream:
+            self.exit_stream_cursors.append(after)
+            return httpx.Response(
+                200,
+                headers={"Content-Type": protocol.EXIT_STREAM_MEDIA_TYPE},
+                stream=FakeExitStream(self, after),
+            )
+        answer = await self.exit_board.wait(after, float(params.get("timeout", "0")))
+        return _answer(200, answer)
+
+    def _register(self, rollout_id: str, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content or b"{}")
+        rollout = FakeRollout(rollout_id, body)
+        if self.issue_api_keys:  # like the reference server: a proposed key is honoured
+            rollout.api_key = body.get("api_key") or f"key-{uuid.uuid4().hex}"
+        self.rollouts[rollout_id] = rollout
+        registered = protocol.register_response(rollout_id, body, api_key=rollout.api_key)
+        if rollout.api_key is None:
+            registered.pop("api_key", None)
+        return _answer(200, registered)
+
+    def _trajectory(self, rollout: FakeRollout, answer_format: str | None) -> dict[str, Any]:
+        """The trajectory answer of ``rollout`` (the delta form when asked and enabled)."""
+        steps = rollout.steps
+        prompt = steps[0]["prompt"] if steps else []
+        completion: list[dict[str, Any]] = []
+        if steps:
+            last = steps[-1]
+            completion = (last["prompt"] + last["completion"])[len(prompt) :]
+        trajectory: dict[str, Any] = {
+            "rollout_id": rollout.rollout_id,
+            "status": rollout.status,
+            "num_turns": len(steps),
+            "model": rollout.register_body.get("model"),
+            "prompt": prompt,
+            "completion": completion,
+            "is_truncated": any(s["is_truncated"] for s in steps),
+            "trajectory": steps,
+        }
+        if answer_format == "delta" and self.delta_trajectories:
+            trajectory["trajectory"] = protocol.delta_steps(
+                cast(list[protocol.TrajectoryStepBody], steps)
+            )
+            trajectory["format"] = "delta"
+        return trajectory
 
 
 class FakeExitStream(httpx.AsyncByteStream):
