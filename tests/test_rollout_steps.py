@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -93,6 +94,7 @@ async def test_a_quiet_step_only_logs(caplog: pytest.LogCaptureFixture) -> None:
     async def hook() -> None:
         raise RuntimeError("sandbox API down")
 
-    await runner(failures).quiet("stop_agent", hook)
+    with caplog.at_level(logging.WARNING, logger="rollout_gateway.rollout_steps"):
+        await runner(failures).quiet("stop_agent", hook)
     assert failures == []
     assert "stop_agent failed" in caplog.text
