@@ -1,13 +1,17 @@
 """What a turn costs through the gateway, side by side with a plain pass-through proxy.
 
-Starts, each in its own process on loopback: the scripted model (zero latency), the
-gateway (``rollout-gateway serve``) and a plain pass-through proxy (aiohttp, forwards the
-request and answer bytes, nothing else). Then, in one run, for each context size and
-concurrency it replays the same multi-turn tool-calling conversations (a) straight to the
-model, (b) through the proxy, (c) through the gateway, and prints side by side:
+Starts, each in its own process on loopback: the scripted model, the gateway
+(``rollout-gateway serve``) and a plain pass-through proxy (aiohttp, forwards the request
+and answer bytes, nothing else). Then, in one run, for each context size and concurrency it
+replays the same multi-turn tool-calling conversations (a) straight to the model, (b)
+through the proxy, (c) through the gateway, and prints side by side:
 
 * CPU per turn of the proxy process and of the gateway process (and of the model behind
-  each: it must not work harder behind the gateway);
+  each: it must not work harder behind the gateway), and of the load generator itself
+  (with the cores it kept busy: on a small machine it competes with what it measures);
+* the gateway's own extra CPU per turn beyond the proxy's (gateway - proxy), and each CPU
+  figure at the largest context against the smallest: the proxy moves the same bytes, so
+  the extra shows whether the gateway's own work grows with the context;
 * latency added to a turn (p50 / p99 over the direct run's);
 * for the gateway at the largest context: trajectory fetch time and size (the table's
   answer and ``?format=delta``);
@@ -19,10 +23,27 @@ work and the differences are the hop's. Example (the figures in the issue's clos
 
     python benchmarks/gateway_overhead.py --turns 40 --contexts 1000,32000 --concurrency 1,64
 
-CPU is read from ``/proc`` (Linux); the machine is shared, so compare ratios of one run.
-To compare two versions of the gateway in one run (A/B), pass the other version's source
-tree: ``--compare-source /path/to/checkout`` starts a second gateway from it (``base``),
-measured in the same cells, and prints gateway/base ratios.
+By default the model answers at once and one asyncio loop in this process drives every
+rollout, back to back: at 64 rollouts on a small machine that saturates the CPU, and every
+figure of the cell is queueing. A real model takes hundreds of ms to seconds per turn, so
+64 rollouts offer far less load. To measure that:
+
+* ``--model-latency-ms MS``: the scripted model sleeps MS per completion (no CPU; every
+  path goes to the same model, so the added latency is still path minus direct). The
+  rollouts of a cell then start spread evenly over one model latency, as rollouts whose
+  turns take different times are in practice; ``--lockstep`` starts them all at once.
+* ``--clients P``: each cell's rollouts are spread over P load-generator processes
+  (``--load-client``, a share each), started together once all are ready; each reports its
+  latencies and CPU as one JSON line, and the parent merges them.
+
+    python benchmarks/gateway_overhead.py --turns 40 --contexts 1000,32000 \
+        --concurrency 1,64 --model-latency-ms 500 --clients 4
+
+CPU is read from Linux's per-process CPU clocks (nanoseconds; ``/proc`` ticks as a
+fallback); the machine is shared, so compare ratios of one run. To compare two versions of
+the gateway in one run (A/B), pass the other version's source tree: ``--compare-source
+/path/to/checkout`` starts a second gateway from it (``base``), measured in the same cells,
+and prints gateway/base ratios.
 """
 
 from __future__ import annotations
@@ -37,8 +58,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass, field
 
 import httpx
 
@@ -90,9 +111,20 @@ def _proc_stat(pid: int) -> tuple[float, int]:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return cpu, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        return _process_cpu_clock(pid, cpu), int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
         return 0.0, 0
+
+
+def _process_cpu_clock(pid: int, fallback: float) -> float:
+    """The process's CPU time to the nanosecond (Linux's process CPU clock of ``pid``, all
+    its threads, dead ones included), instead of ``/proc``'s 10 ms ticks: a cell of a few
+    hundred ~1 ms turns is then measured to well under 1%."""
+    clock_id = (~pid << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+    try:
+        return time.clock_gettime(clock_id)
+    except OSError:
+        return fallback
 
 
 def _free_port() -> int:
@@ -157,6 +189,7 @@ class RunResult:
     wall_s: float
     cpu_s: dict[str, float] = field(default_factory=dict)  # process name -> CPU seconds
     trajectory: tuple[float, int, float, int] | None = None
+    loadgen_cpu_s: float = 0.0  # the load generator's own CPU (all its processes)
 
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
@@ -170,8 +203,11 @@ async def _rollout(
     context_tokens: int,
     latencies: list[float],
     tool_chars: int,
+    start_delay_s: float = 0.0,
 ) -> None:
     messages = _first_messages(turns, context_tokens)
+    if start_delay_s > 0:
+        await asyncio.sleep(start_delay_s)
     for turn in range(turns):
         body = {
             "model": "scripted",
@@ -190,6 +226,170 @@ async def _rollout(
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
 
 
+@dataclass
+class Agent:
+    """One rollout as the load generator drives it: its chat URL, bearer key and start delay."""
+
+    url: str
+    key: str
+    start_delay_s: float = 0.0
+
+
+@dataclass
+class Load:
+    """One round of a cell: every rollout's agent, all against one target root."""
+
+    root: str
+    agents: list[Agent]
+    turns: int
+    context_tokens: int
+    tool_chars: int
+
+
+@dataclass
+class ClientTotals:
+    """The load-generator processes' reports, merged."""
+
+    latencies_s: list[float]
+    cpu_s: float
+
+
+def merge_client_reports(reports: list[dict], expected_turns: int) -> ClientTotals:
+    """Merge the JSON reports of the load-generator processes of one round.
+
+    Every turn of every rollout must be in exactly one report: a client that lost turns
+    would make the per-turn figures of the round wrong, so that is an error.
+    """
+    latencies = [x for report in reports for x in report["latencies_s"]]
+    if len(latencies) != expected_turns:
+        raise ValueError(f"load clients reported {len(latencies)} turns, expected {expected_turns}")
+    return ClientTotals(latencies, sum(float(report["cpu_s"]) for report in reports))
+
+
+def split_agents(agents: list[Agent], clients: int) -> list[list[Agent]]:
+    """``agents`` dealt round-robin over at most ``clients`` non-empty shares."""
+    shares = max(1, min(clients, len(agents)))
+    return [agents[i::shares] for i in range(shares)]
+
+
+def _cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    return {name: _proc_stat(pid)[0] for name, pid in pids.items()}
+
+
+def _cpu_since(pids: dict[str, int], before: dict[str, float]) -> dict[str, float]:
+    return {name: cpu - before[name] for name, cpu in _cpu_of(pids).items()}
+
+
+@contextlib.asynccontextmanager
+async def _agent_clients(load: Load, agents: list[Agent]) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """One HTTP client per agent (one agent process each, in reality), made before the
+    measured part of a round (a client's TLS context alone costs milliseconds)."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=load.root, timeout=120, headers={"Authorization": f"Bearer {a.key}"}
+                )
+            )
+            for a in agents
+        ]
+
+
+async def _drive_agents(
+    load: Load, agents: list[Agent], clients: list[httpx.AsyncClient], latencies: list[float]
+) -> None:
+    """Run ``agents``' conversations concurrently, each through its own client."""
+    await asyncio.gather(
+        *(
+            _rollout(c, a.url, load.turns, load.context_tokens, latencies, load.tool_chars,
+                     a.start_delay_s)
+            for c, a in zip(clients, agents, strict=True)
+        )
+    )  # fmt: skip
+
+
+async def _drive_here(load: Load, pids: dict[str, int]) -> RunResult:
+    """The round in this process's event loop (``--clients 1``)."""
+    latencies: list[float] = []
+    async with _agent_clients(load, load.agents) as clients:
+        before, own_cpu, start = _cpu_of(pids), time.process_time(), time.perf_counter()
+        await _drive_agents(load, load.agents, clients, latencies)
+        wall = time.perf_counter() - start
+        result = RunResult(latencies, wall, _cpu_since(pids, before))
+        result.loadgen_cpu_s = time.process_time() - own_cpu
+    return result
+
+
+async def _start_client(load: Load, agents: list[Agent]) -> asyncio.subprocess.Process:
+    """A load-generator process (``--load-client``), given its share."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--load-client",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 26,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    spec = {**asdict(load), "agents": [asdict(a) for a in agents]}
+    proc.stdin.write(json.dumps(spec).encode() + b"\n")
+    await proc.stdin.drain()
+    return proc
+
+
+async def _client_ready(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdout is not None
+    if (await proc.stdout.readline()).strip() != b"ready":
+        raise RuntimeError("load client did not get ready")
+
+
+async def _client_report(proc: asyncio.subprocess.Process) -> dict:
+    assert proc.stdout is not None
+    line = await proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"load client exited with {await proc.wait()} without a report")
+    return json.loads(line)
+
+
+async def _drive_clients(load: Load, clients: int, pids: dict[str, int]) -> RunResult:
+    """The round spread over ``clients`` load-generator processes, started together once
+    all are ready (connections are opened in the round, as in ``_drive_here``)."""
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for share in split_agents(load.agents, clients):
+            procs.append(await _start_client(load, share))
+        await asyncio.gather(*(_client_ready(p) for p in procs))
+        before, start = _cpu_of(pids), time.perf_counter()
+        for proc in procs:  # the barrier: every client is waiting for this line
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+        reports = await asyncio.gather(*(_client_report(p) for p in procs))
+        wall = time.perf_counter() - start
+        cpu = _cpu_since(pids, before)
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+    totals = merge_client_reports(reports, len(load.agents) * load.turns)
+    return RunResult(totals.latencies_s, wall, cpu, loadgen_cpu_s=totals.cpu_s)
+
+
+async def _serve_as_client() -> None:
+    """``--load-client``: read a share (one JSON line), say ``ready``, wait for ``go``, run
+    it, print one JSON report (latencies and this process's CPU while it ran)."""
+    spec = json.loads(sys.stdin.readline())
+    load = Load(**{**spec, "agents": [Agent(**a) for a in spec["agents"]]})
+    # A first request imports what httpx loads lazily (tens of ms): not in a measured turn.
+    async with httpx.AsyncClient(base_url=load.root, timeout=120) as warm_up:
+        await warm_up.get("/health")
+    async with _agent_clients(load, load.agents) as clients:
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return
+        latencies: list[float] = []
+        own_cpu = time.process_time()
+        await _drive_agents(load, load.agents, clients, latencies)
+        report = {"latencies_s": latencies, "cpu_s": time.process_time() - own_cpu}
+    print(json.dumps(report), flush=True)
+
+
 async def _run(
     target: Target,
     pids: dict[str, int],
@@ -200,23 +400,55 @@ async def _run(
     tool_chars: int,
     fetch_trajectory: bool = False,
     min_turns: int = 0,
+    clients: int = 1,
+    start_spread_s: float = 0.0,
 ) -> RunResult:
     """``rollouts`` concurrent conversations of ``turns`` turns, in as many back-to-back
-    rounds as it takes to measure at least ``min_turns`` turns (CPU clock ticks are 10 ms)."""
+    rounds as it takes to measure at least ``min_turns`` turns."""
     rounds = max(1, -(-min_turns // (rollouts * turns)))
     total = RunResult([], 0.0, {})
     for _ in range(rounds):
         res = await _one_round(
             target, pids, rollouts=rollouts, turns=turns, context_tokens=context_tokens,
-            tool_chars=tool_chars, fetch_trajectory=fetch_trajectory,
+            tool_chars=tool_chars, fetch_trajectory=fetch_trajectory, clients=clients,
+            start_spread_s=start_spread_s,
         )  # fmt: skip
         total.latencies_s += res.latencies_s
         total.wall_s += res.wall_s
+        total.loadgen_cpu_s += res.loadgen_cpu_s
         for name, cpu in res.cpu_s.items():
             total.cpu_s[name] = total.cpu_s.get(name, 0.0) + cpu
         total.trajectory = total.trajectory or res.trajectory
         fetch_trajectory = False
     return total
+
+
+async def _register(control: httpx.AsyncClient, ids: list[str]) -> list[str]:
+    """Register every rollout at the gateway; their per-rollout keys."""
+    keys = []
+    for rid in ids:
+        reg = {"model": "scripted", "sampling_params": {"temperature": 0}, "max_turns": -1}
+        r = await control.post(f"/v1/rollouts/{rid}/register", json=reg)
+        r.raise_for_status()
+        keys.append(r.json()["api_key"])
+    return keys
+
+
+async def _fetch_trajectory(
+    control: httpx.AsyncClient, rid: str, turns: int
+) -> tuple[float, int, float, int]:
+    """(seconds, bytes) of the trajectory's table form, then of its delta form."""
+    t0 = time.perf_counter()
+    full = await control.get(f"/v1/rollouts/{rid}/trajectory")
+    t1 = time.perf_counter()
+    delta = await control.get(f"/v1/rollouts/{rid}/trajectory?format=delta")
+    t2 = time.perf_counter()
+    assert full.json()["num_turns"] == turns
+    return (t1 - t0, len(full.content), t2 - t1, len(delta.content))
+
+
+def _chat_url(target: Target, rid: str) -> str:
+    return f"/v1/rollouts/{rid}/chat/completions" if target.gateway else "/v1/chat/completions"
 
 
 async def _one_round(
@@ -228,54 +460,26 @@ async def _one_round(
     context_tokens: int,
     tool_chars: int,
     fetch_trajectory: bool,
+    clients: int,
+    start_spread_s: float,
 ) -> RunResult:
+    """One round: register (gateway), drive every rollout, fetch one trajectory, unregister.
+    Rollout ``i`` starts ``i / rollouts`` of ``start_spread_s`` late."""
     ids = [f"bench_{target.name}_{os.getpid()}_{time.monotonic_ns()}_{i}" for i in range(rollouts)]
-    async with contextlib.AsyncExitStack() as stack:
-        control = await stack.enter_async_context(
-            httpx.AsyncClient(base_url=target.root, timeout=120, headers=ADMIN)
-        )
-        keys: list[str] = ["unused"] * rollouts
-        if target.gateway:
-            for i, rid in enumerate(ids):
-                reg = {"model": "scripted", "sampling_params": {"temperature": 0}, "max_turns": -1}
-                r = await control.post(f"/v1/rollouts/{rid}/register", json=reg)
-                r.raise_for_status()
-                keys[i] = r.json()["api_key"]
-        # One client per rollout, like one agent process each.
+    async with httpx.AsyncClient(base_url=target.root, timeout=120, headers=ADMIN) as control:
+        keys = await _register(control, ids) if target.gateway else ["unused"] * rollouts
         agents = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(
-                    base_url=target.root, timeout=120, headers={"Authorization": f"Bearer {k}"}
-                )
-            )
-            for k in keys
+            Agent(_chat_url(target, rid), key, start_spread_s * i / rollouts)
+            for i, (rid, key) in enumerate(zip(ids, keys, strict=True))
         ]
-        urls = [
-            f"/v1/rollouts/{rid}/chat/completions" if target.gateway else "/v1/chat/completions"
-            for rid in ids
-        ]
-        latencies: list[float] = []
-        before = {name: _proc_stat(pid)[0] for name, pid in pids.items()}
-        start = time.perf_counter()
-        await asyncio.gather(
-            *(
-                _rollout(c, u, turns, context_tokens, latencies, tool_chars)
-                for c, u in zip(agents, urls, strict=True)
-            )
-        )
-        wall = time.perf_counter() - start
-        cpu = {name: _proc_stat(pid)[0] - before[name] for name, pid in pids.items()}
-        result = RunResult(latencies, wall, cpu)
+        load = Load(target.root, agents, turns, context_tokens, tool_chars)
+        if clients > 1:
+            result = await _drive_clients(load, clients, pids)
+        else:
+            result = await _drive_here(load, pids)
         if target.gateway:
             if fetch_trajectory:
-                rid = ids[0]
-                t0 = time.perf_counter()
-                full = await control.get(f"/v1/rollouts/{rid}/trajectory")
-                t1 = time.perf_counter()
-                delta = await control.get(f"/v1/rollouts/{rid}/trajectory?format=delta")
-                t2 = time.perf_counter()
-                assert full.json()["num_turns"] == turns
-                result.trajectory = (t1 - t0, len(full.content), t2 - t1, len(delta.content))
+                result.trajectory = await _fetch_trajectory(control, ids[0], turns)
             for rid in ids:
                 (await control.post(f"/v1/rollouts/{rid}/unregister")).raise_for_status()
         return result
@@ -334,7 +538,8 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (``--serve-proxy`` and ``--load-client`` are the child processes')."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=40, help="turns per conversation")
     parser.add_argument("--contexts", type=_ints, default=[1000, 32000], help="context tokens")
@@ -358,12 +563,41 @@ def main() -> None:
         help="also run a gateway from this source tree (a checkout of another version) as 'base'",
     )
     parser.add_argument(
+        "--model-latency-ms",
+        type=float,
+        default=0.0,
+        help="the scripted model's time per completion (a sleep, no CPU); default 0",
+    )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="load-generator processes per cell (1: this process's event loop)",
+    )
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="start every rollout of a cell at once (default: spread over one model latency)",
+    )
+    parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--load-client", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    """Run the benchmark (or one of its child processes) and print its figures."""
+    parser = _parser()
     args = parser.parse_args()
     if args.serve_proxy:
         run_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
         return
+    if args.load_client:
+        asyncio.run(_serve_as_client())
+        return
+    if args.clients < 1 or args.model_latency_ms < 0:
+        parser.error("--clients must be at least 1 and --model-latency-ms at least 0")
 
     load_start = os.getloadavg()[0]
     model_port, gateway_port, proxy_port = _free_port(), _free_port(), _free_port()
@@ -377,7 +611,8 @@ def main() -> None:
     with (
         contextlib.ExitStack() as stack,
         _process(
-            [*cli, "scripted-model", "--port", str(model_port), "--log-level", "warning"],
+            [*cli, "scripted-model", "--port", str(model_port), "--log-level", "warning",
+             "--latency-ms", str(args.model_latency_ms)],
             f"{model_root}/v1/models",
         ) as model_pid,
         _process(
@@ -417,6 +652,7 @@ def main() -> None:
         rss_start = _proc_stat(gateway_pid)[1]
 
         results: dict[tuple[int, int, str], RunResult] = {}
+        spread_s = 0.0 if args.lockstep else args.model_latency_ms / 1000
         for context in args.contexts:
             for conc in args.concurrency:
                 for t in targets:
@@ -425,7 +661,8 @@ def main() -> None:
                             t, pids, rollouts=conc, turns=args.turns, context_tokens=context,
                             tool_chars=args.tool_output_chars,
                             fetch_trajectory=conc == args.concurrency[0],
-                            min_turns=args.min_turns,
+                            min_turns=args.min_turns, clients=args.clients,
+                            start_spread_s=spread_s,
                         )
                     )  # fmt: skip
 
@@ -439,49 +676,15 @@ def main() -> None:
         f"host load {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
         f"on {os.cpu_count()} CPUs; gateway options: {' '.join(args.gateway_option) or '-'}"
     )
+    spread = "all at once" if args.lockstep or not args.model_latency_ms else "spread over it"
+    print(
+        f"model latency {args.model_latency_ms:g} ms per completion (rollouts of a cell start "
+        f"{spread}); load generator: {args.clients} process(es) per cell"
+    )
     if args.compare_source:
         print(f"base: a second gateway from {args.compare_source}")
-    header = (
-        f"{'context':>8}{'conc':>6}  {'path':<8}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
-        f"{'hop CPU ms/turn':>17}{'model CPU ms/turn':>19}"
-    )
-    print(header)
-    cpu_per_turn: dict[tuple[int, int, str], float] = {}
-    for (context, conc, name), res in results.items():
-        n = len(res.latencies_s)
-        direct = results[(context, conc, "direct")]
-        hop = res.cpu_s.get(name, 0.0) * 1000 / n if name != "direct" else 0.0
-        cpu_per_turn[(context, conc, name)] = hop
-        print(
-            f"{context:>8}{conc:>6}  {name:<8}{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
-            f"{res.pct(0.5) - direct.pct(0.5):8.2f}{res.pct(0.99) - direct.pct(0.99):8.2f}"
-            f"{hop:17.3f}{res.cpu_s['model'] * 1000 / n:19.3f}"
-        )
-    print("\nratios (same run):")
-    for context in args.contexts:
-        for conc in args.concurrency:
-            g, p = cpu_per_turn[(context, conc, "gateway")], cpu_per_turn[(context, conc, "proxy")]
-            print(
-                f"  gateway/proxy CPU per turn at {context} tokens, {conc} rollouts: {g / p:.2f}x"
-            )
-            if args.compare_source:
-                b = cpu_per_turn[(context, conc, "base")]
-                print(
-                    f"  base/proxy {b / p:.2f}x; gateway/base CPU per turn at {context} tokens, "
-                    f"{conc} rollouts: {g / b:.2f}x"
-                )
-    if len(args.contexts) > 1:
-        lo, hi = args.contexts[0], args.contexts[-1]
-        for conc in args.concurrency:
-            g_lo, g_hi = cpu_per_turn[(lo, conc, "gateway")], cpu_per_turn[(hi, conc, "gateway")]
-            print(
-                f"  gateway CPU per turn {hi} vs {lo} tokens, {conc} rollouts: {g_hi / g_lo:.2f}x"
-            )
-            if args.compare_source:
-                b_lo, b_hi = cpu_per_turn[(lo, conc, "base")], cpu_per_turn[(hi, conc, "base")]
-                print(
-                    f"  base CPU per turn {hi} vs {lo} tokens, {conc} rollouts: {b_hi / b_lo:.2f}x"
-                )
+    cpu_per_turn = _print_cells(results)
+    _print_ratios(args, cpu_per_turn)
     for context in args.contexts:
         res = results[(context, args.concurrency[0], "gateway")]
         if res.trajectory is not None:
@@ -506,6 +709,81 @@ def main() -> None:
     )
     print(f"(direct mean latency at {args.contexts[0]} tokens: {mean_direct * 1000:.2f} ms)")
     _print_targets(args, results, cpu_per_turn, stored / unique, rss_start, rss_after_burst)
+
+
+def _print_cells(
+    results: dict[tuple[int, int, str], RunResult],
+) -> dict[tuple[int, int, str], float]:
+    """One line per cell and path; returns the hop's CPU ms per turn of each."""
+    print(
+        f"{'context':>8}{'conc':>6}  {'path':<8}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}"
+        f"{'hop CPU ms/turn':>17}{'model CPU ms/turn':>19}{'gen CPU ms/turn':>17}{'gen cores':>11}"
+    )
+    cpu_per_turn: dict[tuple[int, int, str], float] = {}
+    for (context, conc, name), res in results.items():
+        n = len(res.latencies_s)
+        direct = results[(context, conc, "direct")]
+        hop = res.cpu_s.get(name, 0.0) * 1000 / n if name != "direct" else 0.0
+        cpu_per_turn[(context, conc, name)] = hop
+        print(
+            f"{context:>8}{conc:>6}  {name:<8}{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
+            f"{res.pct(0.5) - direct.pct(0.5):8.2f}{res.pct(0.99) - direct.pct(0.99):8.2f}"
+            f"{hop:17.3f}{res.cpu_s['model'] * 1000 / n:19.3f}"
+            f"{res.loadgen_cpu_s * 1000 / n:17.3f}{res.loadgen_cpu_s / res.wall_s:11.2f}"
+        )
+    return cpu_per_turn
+
+
+def _print_ratios(
+    args: argparse.Namespace, cpu_per_turn: dict[tuple[int, int, str], float]
+) -> None:
+    """CPU per turn: gateway/proxy per cell, the gateway's own extra (gateway - proxy), and
+    each figure at the largest context against the smallest."""
+    print("\nratios (same run):")
+    for context in args.contexts:
+        for conc in args.concurrency:
+            g, p = cpu_per_turn[(context, conc, "gateway")], cpu_per_turn[(context, conc, "proxy")]
+            print(
+                f"  gateway/proxy CPU per turn at {context} tokens, {conc} rollouts: {g / p:.2f}x"
+                f"; gateway - proxy: {g - p:.3f} ms"
+            )
+            if args.compare_source:
+                b = cpu_per_turn[(context, conc, "base")]
+                print(
+                    f"  base/proxy {b / p:.2f}x; gateway/base CPU per turn at {context} tokens, "
+                    f"{conc} rollouts: {g / b:.2f}x"
+                )
+    if len(args.contexts) < 2:
+        return
+    lo, hi = args.contexts[0], args.contexts[-1]
+    for conc in args.concurrency:
+        at = {size: _cell_cpu(cpu_per_turn, size, conc) for size in (lo, hi)}
+        print(
+            f"  CPU per turn {hi} vs {lo} tokens, {conc} rollouts: gateway "
+            f"{_ratio(at[hi]['gateway'], at[lo]['gateway'])}, proxy "
+            f"{_ratio(at[hi]['proxy'], at[lo]['proxy'])}, gateway - proxy "
+            f"{_ratio(at[hi]['extra'], at[lo]['extra'])}"
+            f" ({at[lo]['extra']:.3f} -> {at[hi]['extra']:.3f} ms)"
+        )
+        if args.compare_source:
+            print(
+                f"  base CPU per turn {hi} vs {lo} tokens, {conc} rollouts: "
+                f"{_ratio(at[hi]['base'], at[lo]['base'])}"
+            )
+
+
+def _cell_cpu(
+    cpu_per_turn: dict[tuple[int, int, str], float], context: int, conc: int
+) -> dict[str, float]:
+    """CPU ms per turn of every hop in one cell, plus ``extra``: gateway minus proxy."""
+    cell = {name: v for (c, n, name), v in cpu_per_turn.items() if (c, n) == (context, conc)}
+    return {**cell, "extra": cell["gateway"] - cell["proxy"]}
+
+
+def _ratio(num: float, den: float) -> str:
+    """``num / den`` as ``1.23x``; ``n/a`` when the denominator is not positive (e.g. the
+    gateway's extra CPU within the noise of the proxy's)."""
+    return f"{num / den:.2f}x" if den > 0 else "n/a"
 
 
 def _print_targets(
