@@ -54,8 +54,11 @@ class AgentRequest:
     @property
     def is_retry(self) -> bool:
         """Whether the OpenAI SDK says this is a retry of an earlier request."""
-        count = (self.retry_count or "0").strip()
-        return count.isdigit() and int(count) > 0
+        # No int(): str.isdigit() accepts "²" (a latin-1 header byte) that int() refuses,
+        # and int() refuses more than 4300 digits; any ASCII digit string above zero is
+        # a retry count.
+        count = (self.retry_count or "").strip()
+        return count.isascii() and count.isdigit() and count.strip("0") != ""
 
     async def body(self, max_bytes: int) -> bytes:
         """The body (413 beyond ``max_bytes``; :class:`~.responses.ClientGone` if the

@@ -167,3 +167,21 @@ async def test_upstream_timeout_bounds_the_whole_request(make_gateway) -> None:
     r = await gw.chat("r1", MESSAGES)
     assert r.status_code == 502 and "timed out" in r.json()["error"]["message"]
     assert asyncio.get_running_loop().time() - start < 5
+
+
+@pytest.mark.parametrize(
+    "count,is_retry",
+    [(b"\xb2", False), (b"9" * 5000, True), (b"-1", False), (b"0x1", False), (b" 00 ", False)],
+    ids=["superscript-two", "5000-digits", "negative", "hex", "zero"],
+)
+async def test_odd_retry_count_header_is_read_not_an_internal_error(
+    gw: GatewayHarness, count: bytes, is_retry: bool
+) -> None:
+    await gw.register("r1")
+    r = await gw.chat("r1", MESSAGES, headers={"x-stainless-retry-count": count})
+    assert r.status_code == 200, r.text
+    # A second identical request: a retry joins the first turn, anything else is new.
+    r = await gw.chat("r1", MESSAGES, headers={"x-stainless-retry-count": count})
+    assert r.status_code == 200, r.text
+    assert (await gw.trajectory("r1")).json()["num_turns"] == (1 if is_retry else 2)
+    assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
