@@ -59,6 +59,10 @@ from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
 
+#: Compared against when a path names no registered rollout (no timing difference
+#: between an unknown rollout and a wrong key); matches no key (keys are URL-safe).
+_NO_ROLLOUT_KEY = "\x00 no rollout"
+
 
 class Gateway:
     """The gateway's state and request handlers (one per app).
@@ -158,10 +162,25 @@ class Gateway:
         return record
 
     def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
-        """The rollout of a path-routed data-plane call, its key (``token``) checked."""
-        record = self.record(checked_rollout_id(rollout_id))
-        if record.api_key is not None and not token_matches(token, record.api_key):
+        """The rollout of a path-routed data-plane call, its key (``token``) checked.
+
+        With per-rollout keys, no key is a 401; a key that is not the rollout's is the
+        same 404 as an unknown rollout, after the same comparison: an agent holding one
+        rollout's key cannot tell whether another rollout id is registered.
+        """
+        rollout_id = checked_rollout_id(rollout_id)
+        if not self.config.require_rollout_keys:
+            return self.record(rollout_id)
+        if token is None:
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
+        record = self.registry.get(rollout_id)
+        expected = record.api_key if record is not None else None
+        if not token_matches(token, expected or _NO_ROLLOUT_KEY) or expected is None:
+            raise ApiError(
+                404, f"rollout {rollout_id} is not registered (or the api key is not its key)",
+                "not_found", code="rollout_not_found",
+            )  # fmt: skip
+        assert record is not None
         return record
 
     def keyed_record(self, token: str | None) -> RolloutRecord:
