@@ -63,6 +63,9 @@ logger = logging.getLogger("rollout_gateway.server")
 #: between an unknown rollout and a wrong key); matches no key (keys are URL-safe).
 _NO_ROLLOUT_KEY = "\x00 no rollout"
 
+#: Fields of the upstream's model cards that ``/v1/models`` passes on to agents.
+_AGENT_CARD_FIELDS = ("id", "object", "created", "owned_by", "max_model_len")
+
 
 class Gateway:
     """The gateway's state and request handlers (one per app).
@@ -243,6 +246,10 @@ class Gateway:
         cards: list[dict[str, Any]] = []
         with contextlib.suppress(Exception):
             cards = await self.pool.models(url)
+        # Only the OpenAI card fields and the context length reach an agent: vLLM's and
+        # SGLang's ``root`` is the model's directory on the engine's host, ``parent`` an
+        # adapter's base, ``permission`` the engine's own records.
+        cards = [{k: card[k] for k in _AGENT_CARD_FIELDS if k in card} for card in cards]
         self._model_cards[url] = (now, cards)
         return cards
 
@@ -255,20 +262,23 @@ class Gateway:
             "enabled": self.config.enabled,
             "active_rollouts": len(self.registry),
         }
-        warnings = [
-            f"upstream {u.label}: {self.engines[u.base_url].describe()['warning']}"
+        admin = self.is_admin(request)
+        problems = [
+            (u.label, self.engines[u.base_url].describe()["warning"])
             for u in self.pool.upstreams
             if self.engines[u.base_url].token_ids is False
         ]
         if self.token_in is not None:
-            warnings += [
-                f"upstream {u.label}: {self.token_in.unserved[u.base_url]}"
+            problems += [
+                (u.label, self.token_in.unserved[u.base_url])
                 for u in self.pool.upstreams
                 if u.base_url in self.token_in.unserved
             ]
-        if warnings:
-            answer["warnings"] = warnings
-        if self.is_admin(request):
+        if problems:
+            # Upstream URLs are the admin's only (the agents reach /health too).
+            warnings = [f"upstream {label}: {text}" if admin else text for label, text in problems]
+            answer["warnings"] = list(dict.fromkeys(warnings))
+        if admin:
             answer["upstreams"] = [
                 {**state, **self.engines[u.base_url].describe()}
                 for u, state in zip(self.pool.upstreams, self.pool.describe(), strict=True)

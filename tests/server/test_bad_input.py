@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from rollout_gateway.scripted import build_completion
 
-from .conftest import UPSTREAM, GatewayHarness, script
+from .conftest import UPSTREAM, GatewayHarness, RecordingUpstream, script
 
 MESSAGES = [{"role": "user", "content": script({"say": "hi"})}]
 
@@ -185,3 +185,45 @@ async def test_odd_retry_count_header_is_read_not_an_internal_error(
     assert r.status_code == 200, r.text
     assert (await gw.trajectory("r1")).json()["num_turns"] == (1 if is_retry else 2)
     assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
+
+
+async def test_health_names_upstreams_to_the_admin_only(make_gateway) -> None:
+    gw = await make_gateway(RecordingUpstream(with_tokens=False).app())
+    await gw.register("r1")
+    assert (await gw.chat("r1", MESSAGES)).status_code == 200  # found: no token ids
+    (warning,) = (await gw.client.get("/health")).json()["warnings"]
+    assert warning.startswith("upstream http://upstream-a/v1: ") and "token ids" in warning
+    for headers in ({"Authorization": ""}, gw.agent_headers("r1")):
+        answer = await gw.client.get("/health", headers=headers)
+        assert answer.json()["warnings"] == [warning.split(": ", 1)[1]]
+        assert "upstream-a" not in answer.text
+
+
+def engine_with_model_card(card: dict[str, object]) -> Starlette:
+    async def models(request: Request) -> Response:
+        return Response(json.dumps({"object": "list", "data": [card]}))
+
+    app = RecordingUpstream().app()
+    app.router.routes.insert(0, Route("/v1/models", models, methods=["GET"]))
+    return app
+
+
+async def test_model_cards_reach_agents_without_the_engines_paths(make_gateway) -> None:
+    card = {
+        "id": "Qwen/Qwen3-8B",
+        "object": "model",
+        "created": 1,
+        "owned_by": "vllm",
+        "root": "/srv/secret-models/qwen3-8b",
+        "parent": "/srv/secret-models/base",
+        "max_model_len": 40960,
+        "permission": [{"id": "modelperm-1", "organization": "*"}],
+    }
+    gw = await make_gateway(engine_with_model_card(card))
+    await gw.register("r1", model="Qwen/Qwen3-8B")
+    for path in ("/v1/rollouts/r1/models", "/v1/models"):
+        r = await gw.client.get(path, headers=gw.agent_headers("r1"))
+        assert r.status_code == 200 and "secret-models" not in r.text, r.text
+        assert r.json()["data"] == [
+            {k: card[k] for k in ("id", "object", "created", "owned_by", "max_model_len")}
+        ]
