@@ -178,6 +178,8 @@ class ChatTurns:
             yield DONE_EVENT
             return
         except Exception:
+            # The stream has started: no 500 to send, but it is counted like one.
+            self.gateway.metrics.internal_errors.inc()
             logger.exception("turn failed")
             yield error_event("internal gateway error", "internal_error")
             yield DONE_EVENT
