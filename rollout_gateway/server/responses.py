@@ -18,6 +18,7 @@ from rollout_gateway.server.jsonio import (
     BodyParser,
     JSONBytesResponse,
     JSONDecodeError,
+    TooDeepError,
     loads_off_loop,
 )
 
@@ -107,7 +108,7 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     """The body parsed as a JSON object (400 when it is not one).
 
     Strict JSON (see :mod:`rollout_gateway.server.jsonio`): lone surrogates, ``NaN``,
-    ``1e400`` and nesting deeper than 1024 levels are 400s; big bodies parse off the loop.
+    ``1e400`` and nesting deeper than 128 levels are 400s; big bodies parse off the loop.
     """
     raw = await read_body(request, max_bytes)
     return await parse_json_object(raw)
@@ -120,6 +121,8 @@ async def parse_json_object(raw: bytes, parser: BodyParser | None = None) -> dic
         raise ApiError(400, "request body must be a JSON object", "invalid_request_error")
     try:
         body = await (parser.loads(raw) if parser is not None else loads_off_loop(raw))
+    except TooDeepError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error") from None
     except JSONDecodeError as exc:
         raise ApiError(400, f"malformed JSON body: {exc}", "invalid_request_error") from None
     if not isinstance(body, dict):

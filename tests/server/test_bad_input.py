@@ -227,3 +227,43 @@ async def test_model_cards_reach_agents_without_the_engines_paths(make_gateway) 
         assert r.json()["data"] == [
             {k: card[k] for k in ("id", "object", "created", "owned_by", "max_model_len")}
         ]
+
+
+def nested(levels: int) -> str:
+    """JSON text of ``levels`` lists around a string."""
+    return "[" * levels + '"x"' + "]" * levels
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        '{"messages": [{"role": "user", "content": %s}]}',
+        '{"messages": [{"role": "user", "content": "hi", "name": %s}]}',
+        '{"messages": [{"role": "user", "content": "hi"}], "stop": [[%s]]}',
+        '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"a": %s}]}',
+    ],
+    ids=["content", "name", "stop", "tools"],
+)
+async def test_bodies_nested_deeper_than_the_gateway_can_write_back_are_400(
+    gw: GatewayHarness, template: str
+) -> None:
+    # orjson reads 1024 levels but writes 254: a body between the two was a 500 (or a
+    # trajectory nobody could fetch). 128 levels is the bound, with room to write.
+    await gw.register("r1")
+    headers = gw.agent_headers("r1", {"Content-Type": "application/json"})
+    url = "/v1/rollouts/r1/chat/completions"
+    for levels in (126, 300):  # the body is 129 levels deep (all four), and far deeper
+        r = await gw.client.post(url, content=template % nested(levels), headers=headers)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == "request body nests deeper than 128 levels"
+    r = await gw.client.post(url, content=template % nested(125), headers=headers)
+    assert r.status_code == 200, r.text  # 128 levels: served, recorded and fetchable
+    for query in ("", "?format=delta"):
+        assert (await gw.client.get(f"/v1/rollouts/r1/trajectory{query}")).status_code == 200
+    assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
+
+
+async def test_register_refuses_sampling_params_nested_too_deep(gw: GatewayHarness) -> None:
+    raw = '{"model": "m", "sampling_params": {"extra_body": ' + nested(200) + "}}"
+    r = await gw.client.post("/v1/rollouts/r1/register", content=raw)
+    assert r.status_code == 400 and "128 levels" in r.json()["error"]["message"]
