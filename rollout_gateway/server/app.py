@@ -409,6 +409,9 @@ def create_app(
         },
         lifespan=gateway.lifespan,
     )
+    # A path with a trailing slash is a 404 like any unknown path, not Starlette's 307 to
+    # the slashless path built from the client's Host header (an empty body, not an error).
+    app.router.redirect_slashes = False
     app.state.gateway = gateway
     return app
 

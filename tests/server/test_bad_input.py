@@ -267,3 +267,24 @@ async def test_register_refuses_sampling_params_nested_too_deep(gw: GatewayHarne
     raw = '{"model": "m", "sampling_params": {"extra_body": ' + nested(200) + "}}"
     r = await gw.client.post("/v1/rollouts/r1/register", content=raw)
     assert r.status_code == 400 and "128 levels" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "/v1/rollouts/r1/chat/completions/"),
+        ("POST", "/v1/chat/completions/"),
+        ("GET", "/v1/rollouts/r1/trajectory/"),
+        ("POST", "/v1/rollouts/r1/cancel/"),
+        ("GET", "/health/"),
+        ("GET", "/metrics/"),
+    ],
+)
+async def test_a_trailing_slash_is_a_json_404_not_a_redirect(
+    gw: GatewayHarness, method: str, path: str
+) -> None:
+    await gw.register("r1")
+    r = await gw.client.request(method, path, headers=gw.agent_headers("r1", {"Host": "evil"}))
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["error"]["type"] == "not_found"
+    assert (await gw.trajectory("r1")).json()["status"] == "active"
