@@ -47,6 +47,7 @@ from rollout_gateway.server.responses import (
     ApiError,
     ClientGone,
     parse_json_object,
+    validate_answer_flags,
     validate_messages,
 )
 from rollout_gateway.server.sse import DONE_EVENT, error_event, guard_sse, iter_completion_sse
@@ -99,6 +100,7 @@ class ChatTurns:
             return Response(status_code=499)
         body = await parse_json_object(raw, self.gateway.body_parser)
         messages = validate_messages(body)
+        validate_answer_flags(body)
         fingerprint = body_fingerprint(raw)
         idempotency_key = request.idempotency_key
         turn = None

@@ -288,3 +288,28 @@ async def test_a_trailing_slash_is_a_json_404_not_a_redirect(
     assert r.status_code == 404 and "location" not in r.headers
     assert r.json()["error"]["type"] == "not_found"
     assert (await gw.trajectory("r1")).json()["status"] == "active"
+
+
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        ({"stream": "false"}, "stream"),
+        ({"logprobs": "false"}, "logprobs"),
+        ({"return_token_ids": 0}, "return_token_ids"),
+        ({"include_reasoning": "false"}, "include_reasoning"),
+        ({"stream": True, "stream_options": "include_usage"}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": "false"}}, "include_usage"),
+    ],
+)
+async def test_answer_flags_that_are_not_booleans_are_400_not_guessed(
+    gw: GatewayHarness, fields: dict[str, object], named: str
+) -> None:
+    # "false" is true to Python (and false to the engine): the agent would get a stream,
+    # token ids or usage it did not ask for.
+    await gw.register("r1")
+    r = await gw.chat("r1", {"messages": MESSAGES, **fields})
+    assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
+    nulls = {"stream": None, "logprobs": None, "include_reasoning": None, "stream_options": None}
+    r = await gw.chat("r1", {"messages": MESSAGES, **nulls})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert (await gw.trajectory("r1")).json()["num_turns"] == 1
