@@ -41,8 +41,9 @@ class AgentRequest:
         self.authorization: str | None = get(_AUTHORIZATION)
         #: The declared body size, unparsed.
         self.content_length: str | None = get(_CONTENT_LENGTH)
-        #: The ``Idempotency-Key`` header's value.
-        self.idempotency_key: str | None = get(_IDEMPOTENCY_KEY)
+        #: The ``Idempotency-Key`` header's value (``None`` when blank: an empty key would
+        #: name every request the same, and each would get the first one's answer).
+        self.idempotency_key: str | None = (get(_IDEMPOTENCY_KEY) or "").strip() or None
         #: The OpenAI SDK's ``x-stainless-retry-count`` header's value.
         self.retry_count: str | None = get(_RETRY_COUNT)
 
