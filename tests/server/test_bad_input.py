@@ -313,3 +313,47 @@ async def test_answer_flags_that_are_not_booleans_are_400_not_guessed(
     r = await gw.chat("r1", {"messages": MESSAGES, **nulls})
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     assert (await gw.trajectory("r1")).json()["num_turns"] == 1
+
+
+def engine_answering(status: int, body: str, media_type: str) -> Starlette:
+    async def chat(request: Request) -> Response:
+        return Response(body, status_code=status, media_type=media_type)
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.mark.parametrize(
+    "status,body,media_type,agent_sees",
+    [
+        (
+            400,
+            "<html><body>Bad Request. Apache/2.4.41 Server at 10.1.2.3 Port 8000</body></html>",
+            "text/html",
+            "upstream error 400",
+        ),
+        (404, "Not found at /srv/engine/app.py", "text/plain", "upstream error 404"),
+        (
+            422,
+            json.dumps({"detail": [{"loc": ["body", "n"], "msg": "Input should be > 0"}]}),
+            "application/json",
+            "Input should be > 0",
+        ),
+        (
+            400,
+            json.dumps({"error": {"message": "'max_tokens' must be at least 1", "code": 400}}),
+            "application/json",
+            "'max_tokens' must be at least 1",
+        ),
+    ],
+    ids=["proxy-html", "plain-text", "fastapi-detail", "engine-json"],
+)
+async def test_only_an_engines_json_error_message_reaches_the_agent(
+    make_gateway, caplog, status: int, body: str, media_type: str, agent_sees: str
+) -> None:
+    gw = await make_gateway(engine_answering(status, body, media_type))
+    await gw.register("r1")
+    r = await gw.chat("r1", MESSAGES)
+    assert r.status_code in (400, 404) and r.json()["error"]["message"] == agent_sees
+    for internal in ("10.1.2.3", "/srv/engine"):
+        assert internal not in r.text
+        assert internal in caplog.text or internal not in body  # the operator's log has it
