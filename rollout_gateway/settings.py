@@ -129,7 +129,7 @@ class GatewaySettings:
             )
         if self.admin_token is not None and not isinstance(self.admin_token, str):
             raise GatewayConfigError("admin_token must be a string or None")
-        if not (isinstance(self.admin_token_env, str) and self.admin_token_env):
+        if not isinstance(self.admin_token_env, str):  # "" reads no variable: no token
             raise GatewayConfigError(
                 f"admin_token_env must be a variable name, got {self.admin_token_env!r}"
             )

@@ -311,7 +311,7 @@ def test_settings_reject_bad_values_naming_the_option():
         {"agent_timeout": True},
         {"gateway_url": 8000},
         {"tunnel_provider": 5},
-        {"admin_token_env": ""},
+        {"admin_token_env": None},
     ],
 )
 def test_every_setting_is_checked_at_construction_naming_it(bad):
