@@ -544,7 +544,11 @@ def _setup_logging(level: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, one subparser per registered subcommand."""
-    parser = argparse.ArgumentParser(prog="rollout-gateway", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="rollout-gateway",
+        description="The rollout-gateway command line: serve the gateway, a scripted model, "
+        "or run the demo.",
+    )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {_version()}", help="show the version"
     )

@@ -161,6 +161,8 @@ def test_every_option_has_help_and_there_is_a_version(capsys: pytest.CaptureFixt
     assert capsys.readouterr().out.startswith("rollout-gateway ")
     help_text = subparsers.choices["demo"].format_help()
     assert "bwrap" in help_text and "process-group" in help_text and "results.jsonl" in help_text
+    for text in [parser.format_help(), *(sub.format_help() for sub in subparsers.choices.values())]:
+        assert "``" not in text  # docstring markup never reaches a user's terminal
 
 
 def start_demo(out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
