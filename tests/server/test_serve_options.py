@@ -181,3 +181,14 @@ def test_scripted_model_refuses_invalid_options_naming_them(option, value, capsy
 def test_log_level_is_case_insensitive() -> None:
     args = build_parser().parse_args(["serve", "--upstream", UP, "--log-level", "DEBUG"])
     assert (args.log_level, args.port) == ("debug", 8000)
+
+
+def test_serve_defaults_are_the_gateway_config_defaults(monkeypatch) -> None:
+    # The README's limits table gives one default per option; serve and GatewayConfig
+    # (in code) must not drift apart.
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_UPSTREAM_API_KEY", raising=False)
+    from_serve = serve_config(build_parser().parse_args(["serve", "--upstream", UP]))
+    in_code = GatewayConfig(upstreams=[UP], admin_token=TOKEN)
+    assert from_serve == in_code
