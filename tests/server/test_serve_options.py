@@ -33,6 +33,10 @@ TOKEN = "serve-admin-token-0123456789"
         ("--upstream", "http://host:99999/v1"),
         ("--upstream-client", "requests"),
         ("--loop", "trio"),
+        ("--port", "70000"),
+        ("--port", "-1"),
+        ("--port", "http"),
+        ("--log-level", "loud"),
     ],
 )
 def test_invalid_option_is_refused_naming_it(option: str, value: str, capsys) -> None:
@@ -161,3 +165,30 @@ def test_client_and_loop_options_reach_the_server(monkeypatch) -> None:
     defaults = build_parser().parse_args(["serve", "--upstream", UP])
     assert (defaults.upstream_client, defaults.loop) == ("aiohttp", "auto")
     assert serve_config(defaults).upstream_client == "aiohttp"
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--port", "70000"), ("--port", "0"), ("--latency-ms", "-5"), ("--latency-ms", "nan")],
+)
+def test_scripted_model_refuses_invalid_options_naming_them(option, value, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["scripted-model", option, value])
+    assert exc.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+def test_log_level_is_case_insensitive() -> None:
+    args = build_parser().parse_args(["serve", "--upstream", UP, "--log-level", "DEBUG"])
+    assert (args.log_level, args.port) == ("debug", 8000)
+
+
+def test_serve_defaults_are_the_gateway_config_defaults(monkeypatch) -> None:
+    # The README's limits table gives one default per option; serve and GatewayConfig
+    # (in code) must not drift apart.
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_UPSTREAM_API_KEY", raising=False)
+    from_serve = serve_config(build_parser().parse_args(["serve", "--upstream", UP]))
+    in_code = GatewayConfig(upstreams=[UP], admin_token=TOKEN)
+    assert from_serve == in_code
