@@ -106,6 +106,17 @@ def test_token_from_env_or_file(tmp_path, monkeypatch) -> None:
         ({"admin_token": None}, "admin_token"),
         ({"admin_token": "  "}, "admin_token"),
         ({"upstream_client": "requests"}, "upstream_client"),
+        # A bool or a string is not a number, nor a float an integer (JSON or YAML
+        # config files give such values); a flag is a bool.
+        ({"max_rollouts": True}, "max_rollouts"),
+        ({"max_body_bytes": "1024"}, "max_body_bytes"),
+        ({"max_pending_turns": 2.5}, "max_pending_turns"),
+        ({"rollout_ttl_s": "60"}, "rollout_ttl_s"),
+        ({"default_max_context_tokens": True}, "default_max_context_tokens"),
+        ({"require_rollout_keys": "false"}, "require_rollout_keys"),
+        ({"open_control_plane": 1}, "open_control_plane"),
+        ({"admin_token": 12345678901234567890}, "admin_token"),
+        ({"upstream_mode": None}, "upstream_mode"),
     ],
 )
 def test_config_validation_names_the_field(fields: dict, name: str) -> None:
