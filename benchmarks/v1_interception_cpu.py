@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,7 @@ from typing import Any
 import verifiers.v1 as vf
 from fix_bug_v1 import FixBugHarnessConfig, FixBugTask, FixBugTaskset
 from fix_bug_v1.tasks import FixBugData, task_prompt
-from gateway_overhead import _cpu_s, _free_port, _process
+from gateway_overhead import _free_port, _proc_stat, _process
 from verifiers.v1.interception import InterceptionServer
 
 from rollout_gateway.v1 import (
@@ -47,6 +48,17 @@ from rollout_gateway.v1 import (
 )
 
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of a process (gateway_overhead's per-process clock)."""
+    return _proc_stat(pid)[0]
+
+
+def _cli(args: list[str], health_url: str) -> contextlib.AbstractContextManager[int]:
+    """A ``rollout-gateway`` subcommand as its own process, ready; yields its pid."""
+    cmd = [sys.executable, "-m", "rollout_gateway.cli", *args, "--log-level", "warning"]
+    return _process(cmd, health_url)
 
 
 @dataclass
@@ -130,7 +142,7 @@ async def _measure(mode: str, args: argparse.Namespace, procs: dict[str, Any]) -
             interception, base_url, sync=sync, rollouts=2, concurrency=2, turns=args.turns
         )
         env0, kids0 = _rusage()
-        gw0, model0 = _cpu_s(procs["gateway"].pid), _cpu_s(procs["model"].pid)
+        gw0, model0 = _cpu_s(procs["gateway"]), _cpu_s(procs["model"])
         start = time.perf_counter()
         turns = await _rollouts(
             interception,
@@ -142,7 +154,7 @@ async def _measure(mode: str, args: argparse.Namespace, procs: dict[str, Any]) -
         )
         wall = time.perf_counter() - start
         env1, kids1 = _rusage()
-        gw1, model1 = _cpu_s(procs["gateway"].pid), _cpu_s(procs["model"].pid)
+        gw1, model1 = _cpu_s(procs["gateway"]), _cpu_s(procs["model"])
     return Sample(mode, turns, wall, env1 - env0, kids1 - kids0, gw1 - gw0, model1 - model0)
 
 
@@ -182,8 +194,8 @@ def main() -> None:
     model_url = f"http://127.0.0.1:{model_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     with (
-        _process(["scripted-model", "--port", str(model_port)], f"{model_url}/v1/models") as mp,
-        _process(
+        _cli(["scripted-model", "--port", str(model_port)], f"{model_url}/v1/models") as mp,
+        _cli(
             ["serve", "--upstream", f"{model_url}/v1", "--port", str(gateway_port)],
             f"{gateway_url}/health",
         ) as gp,

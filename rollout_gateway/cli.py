@@ -44,6 +44,42 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 1-65535 (uvicorn took 70000 and bound another port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+#: ``--log-level`` values (case-insensitive); anything else failed later with a traceback.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default="info",
+        help="log level (default: %(default)s)",
+    )
+
+
 def _upstream_url(text: str) -> str:
     """An argparse type: an http(s) base URL with a host and a valid port."""
     from urllib.parse import urlsplit
@@ -127,8 +163,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="URL",
         help="OpenAI base URL of an upstream, e.g. http://127.0.0.1:8001/v1 (repeatable)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port", type=_port, default=8000, help="port to listen on (default: %(default)s)"
+    )
     access = p.add_argument_group("access (see the security model below)")
     access.add_argument(
         "--admin-token-file",
@@ -270,7 +310,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="registered rollouts at most (default: %(default)s)",
     )  # fmt: skip
     p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
-    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    _add_log_level(p)
     p.set_defaults(func=run_serve)
 
 
@@ -390,11 +430,22 @@ def add_scripted_model_parser(
         "scripted-model",
         help="run the scripted OpenAI-compatible model (base URL http://HOST:PORT/v1)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8001, help="port to listen on")
-    p.add_argument("--latency-ms", type=float, default=0.0, help="added latency per completion")
-    p.add_argument("--model-name", default="scripted", help="model name it answers to")
-    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port", type=_port, default=8001, help="port to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--latency-ms",
+        type=_non_negative_float,
+        default=0.0,
+        help="added latency per completion (default: %(default)s)",
+    )
+    p.add_argument(
+        "--model-name", default="scripted", help="model name it answers to (default: %(default)s)"
+    )
+    _add_log_level(p)
     p.set_defaults(func=run_scripted_model)
 
 
@@ -493,7 +544,11 @@ def _setup_logging(level: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, one subparser per registered subcommand."""
-    parser = argparse.ArgumentParser(prog="rollout-gateway", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="rollout-gateway",
+        description="The rollout-gateway command line: serve the gateway, a scripted model, "
+        "or run the demo.",
+    )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {_version()}", help="show the version"
     )

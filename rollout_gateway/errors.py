@@ -10,8 +10,11 @@ it reschedules, from the model's own failures, which it trains on.
   exists (never put on a rollout).
 - :class:`RolloutInfraError` and subclasses: infrastructure failed; retrying the rollout
   elsewhere may succeed.
-- :class:`AgentCrashError`: the agent exited non-zero; that is the policy's doing, not
-  infrastructure's.
+- :class:`AgentCrashError`: the agent exited non-zero before the rollout ended on its
+  own. Whether a trainer reschedules such a rollout is its stack's call: verifiers 0.3
+  counts an agent crash as infrastructure (its ``AgentError`` is an ``InfraError``), and
+  the 0.3 mixin raises it as both; verifiers v1 judges a harness's exit itself, so the v1
+  adapter never raises it.
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ class RolloutInputError(RolloutInfraError):
 
 
 class AgentCrashError(RolloutGatewayError):
-    """The agent exited with a non-zero code: the policy's failure, scored as such."""
+    """The agent exited with a non-zero code (see the module docstring for how each
+    stack treats it; on verifiers 0.3 it is also verifiers' ``AgentError``)."""
 
 
 __all__ = [

@@ -136,6 +136,11 @@ class RolloutHooks:
         """Delete the rollout's sandbox."""
 
 
+#: The agent's client timeouts in :func:`agent_environment`: defaults, which an env
+#: author's own values of the same variables override (the rest always win).
+AGENT_TIMEOUT_VARS = frozenset({"OPENAI_TIMEOUT", "OPENAI_REQUEST_TIMEOUT", "HTTPX_TIMEOUT"})
+
+
 def agent_environment(
     base_url: str, api_key: str | None, model: str, agent_timeout: float | None
 ) -> dict[str, str]:
@@ -420,6 +425,7 @@ class GatewayRollout:
 
 
 __all__ = [
+    "AGENT_TIMEOUT_VARS",
     "PLACEHOLDER_API_KEY",
     "STOP_AGENT_TIMEOUT",
     "STOP_CANCELLED",

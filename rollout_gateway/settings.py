@@ -52,8 +52,9 @@ class GatewaySettings:
             ``None`` for the adapter's default (direct for local sandboxes, else prime).
         admin_token: control-plane bearer token; ``None`` reads ``admin_token_env``.
         admin_token_env: name of the environment variable holding the admin token.
-        retry: retry policy of control-plane calls.
-        poll: how often to ask the sandbox whether the agent exited.
+        retry: retry policy of control-plane calls (or a mapping of its fields).
+        poll: how often to ask the sandbox whether the agent exited (or a mapping of
+            its fields).
         tunnel_health_check_interval: seconds between server-side checks of a tunnel.
         tunnel_liveness_interval: seconds between the tunnel monitor's process checks.
         agent_stop_grace: seconds to wait for a stopped agent's job to report its exit.
@@ -67,6 +68,9 @@ class GatewaySettings:
         transport: httpx transport of the control-plane client (a seam for tests).
         clock: monotonic clock in seconds (a seam for tests).
         sleep: the waits of polling and the tunnel monitor (a seam for tests).
+
+    Every field is checked at construction: an invalid value raises
+    :class:`GatewayConfigError` naming the field.
     """
 
     gateway_url: str | None = None
@@ -90,40 +94,65 @@ class GatewaySettings:
     )
 
     def __post_init__(self) -> None:
+        # Every field is checked here, so settings from a mapping (``vf-eval -a`` JSON)
+        # fail at construction naming the field, not mid-rollout (a string "false" for
+        # a flag would otherwise be taken as true).
         if isinstance(self.gateway_port, bool) or not isinstance(self.gateway_port, int):
             raise GatewayConfigError(f"gateway_port must be an integer, got {self.gateway_port!r}")
         if not 0 < self.gateway_port < 65536:
             raise GatewayConfigError(f"gateway_port out of range: {self.gateway_port}")
         if self.gateway_url is not None:
-            if not self.gateway_url.startswith(("http://", "https://")):
+            if not isinstance(self.gateway_url, str) or not self.gateway_url.startswith(
+                ("http://", "https://")
+            ):
                 raise GatewayConfigError(
                     f"gateway_url must be an http(s) URL, got {self.gateway_url!r}"
                 )
             object.__setattr__(self, "gateway_url", protocol.gateway_root(self.gateway_url))
-        if self.agent_timeout is not None and not (
-            isinstance(self.agent_timeout, int | float)
-            and math.isfinite(self.agent_timeout)
-            and self.agent_timeout > 0
-        ):
+        if self.agent_timeout is not None and not _is_number(self.agent_timeout, positive=True):
             raise GatewayConfigError(
                 f"agent_timeout must be a positive number of seconds or None, "
                 f"got {self.agent_timeout!r}"
             )
-        if isinstance(self.tunnel_provider, str) and self.tunnel_provider not in TUNNEL_PROVIDERS:
+        if isinstance(self.tunnel_provider, str):
+            if self.tunnel_provider not in TUNNEL_PROVIDERS:
+                raise GatewayConfigError(
+                    f"tunnel_provider must be one of {TUNNEL_PROVIDERS} or a TunnelProvider, "
+                    f"got {self.tunnel_provider!r}"
+                )
+        elif self.tunnel_provider is not None and not isinstance(
+            self.tunnel_provider, TunnelProvider
+        ):
             raise GatewayConfigError(
                 f"tunnel_provider must be one of {TUNNEL_PROVIDERS} or a TunnelProvider, "
-                f"got {self.tunnel_provider!r}"
+                f"got {type(self.tunnel_provider).__name__}"
             )
+        if self.admin_token is not None and not isinstance(self.admin_token, str):
+            raise GatewayConfigError("admin_token must be a string or None")
+        if not isinstance(self.admin_token_env, str):  # "" reads no variable: no token
+            raise GatewayConfigError(
+                f"admin_token_env must be a variable name, got {self.admin_token_env!r}"
+            )
+        object.__setattr__(self, "retry", _policy("retry", self.retry, RetryPolicy))
+        object.__setattr__(self, "poll", _policy("poll", self.poll, PollPolicy))
         for name in (
             "tunnel_health_check_interval",
             "tunnel_liveness_interval",
             "finalize_step_timeout",
         ):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0):
-                raise GatewayConfigError(f"{name} must be a positive number, got {value!r}")
-        if not (isinstance(self.agent_stop_grace, int | float) and self.agent_stop_grace >= 0):
-            raise GatewayConfigError("agent_stop_grace must be a non-negative number")
+            if not _is_number(value, positive=True):
+                raise GatewayConfigError(f"{name} must be a positive finite number, got {value!r}")
+        if not _is_number(self.agent_stop_grace, positive=False):
+            raise GatewayConfigError(
+                f"agent_stop_grace must be a non-negative finite number, "
+                f"got {self.agent_stop_grace!r}"
+            )
+        for name in ("exit_reports", "allow_empty_trajectory"):
+            if not isinstance(getattr(self, name), bool):
+                raise GatewayConfigError(
+                    f"{name} must be true or false, got {getattr(self, name)!r}"
+                )
 
     @classmethod
     def coerce(cls, value: GatewaySettings | Mapping[str, Any] | None) -> GatewaySettings:
@@ -146,10 +175,6 @@ class GatewaySettings:
             raise GatewayConfigError(
                 f"unknown gateway setting(s) {unknown}; known: {sorted(names)}"
             )
-        if isinstance(changes.get("retry"), Mapping):
-            changes["retry"] = RetryPolicy(**changes["retry"])
-        if isinstance(changes.get("poll"), Mapping):
-            changes["poll"] = PollPolicy(**changes["poll"])
         return dataclasses.replace(self, **changes)
 
     def resolve_gateway_url(self, client_base_url: object, *, how_to_set: str) -> str:
@@ -183,6 +208,28 @@ class GatewaySettings:
             return PrimeTunnelProvider()
         assert not isinstance(provider, str)
         return provider
+
+
+def _is_number(value: object, *, positive: bool) -> bool:
+    """A finite int or float (not a bool), > 0 when ``positive`` else >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and (value > 0 if positive else value >= 0)
+
+
+def _policy(name: str, value: object, cls: type[Any]) -> Any:
+    """``value`` as a ``cls`` (a mapping of its fields is built into one), naming ``name``."""
+    if isinstance(value, Mapping):
+        try:
+            return cls(**value)
+        except (TypeError, ValueError) as e:
+            raise GatewayConfigError(f"{name}: {e}") from e
+    if not isinstance(value, cls):
+        raise GatewayConfigError(
+            f"{name} must be a {cls.__name__} or a mapping of its fields, "
+            f"got {type(value).__name__}"
+        )
+    return value
 
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_AGENT_TIMEOUT", "GatewaySettings", "TUNNEL_PROVIDERS"]

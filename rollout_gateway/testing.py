@@ -482,8 +482,10 @@ async def _exit_zero(sandbox: FakeSandbox) -> int:
 class FakeTunnelHandle:
     """A fake tunnel; ``alive = False`` simulates a dead frpc process."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, tunnel_id: str | None = None) -> None:
         self._url = url
+        #: The provider's id of the tunnel (as ``prime_tunnel.Tunnel.tunnel_id``).
+        self.tunnel_id = tunnel_id
         self.alive = True
         self.registered = True
         self.stops = 0
@@ -531,7 +533,8 @@ class FakeTunnelProvider:
             if self.fail_next:
                 raise self.fail_next.pop(0)
             self.opened.append((host, port))
-            handle = FakeTunnelHandle(f"https://tunnel-{len(self.opened)}.example")
+            n = len(self.opened)
+            handle = FakeTunnelHandle(f"https://tunnel-{n}.example", tunnel_id=f"tunnel-{n}")
             self.handles.append(handle)
             return handle
         finally:

@@ -29,7 +29,11 @@ logger = logging.getLogger(__name__)
 
 @runtime_checkable
 class TunnelHandle(Protocol):
-    """A running tunnel (or a direct route) to one gateway."""
+    """A running tunnel (or a direct route) to one gateway.
+
+    A handle may also have a ``tunnel_id`` attribute (the provider's id of the tunnel,
+    ``str`` or ``None``); the 0.3 mixin puts it in ``state["tunnel_id"]``.
+    """
 
     @property
     def url(self) -> str:
@@ -102,6 +106,12 @@ class PrimeTunnelHandle:
         """The tunnel's public URL."""
         return self._url
 
+    @property
+    def tunnel_id(self) -> str | None:
+        """Prime's id of the tunnel (what the earlier mixin put in ``state["tunnel_id"]``)."""
+        tunnel_id = getattr(self._tunnel, "tunnel_id", None)
+        return tunnel_id if isinstance(tunnel_id, str) else None
+
     def is_running(self) -> bool:
         """Whether the frpc process is alive."""
         return not self._stopped and bool(getattr(self._tunnel, "is_running", False))
@@ -157,8 +167,10 @@ class TunnelLease:
     its whole timeout.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, tunnel_id: str | None = None) -> None:
         self.url = url
+        #: The provider's id of the tunnel, when its handle has one (a Prime tunnel's).
+        self.tunnel_id = tunnel_id
         self.reason = ""
         self._is_dead = False
         self._dead: asyncio.Future[str] | None = None
@@ -241,7 +253,7 @@ class TunnelPool:
         """A lease on the tunnel of ``gateway_url``, opening or replacing it as needed."""
         key = gateway_host_port(gateway_url, self.default_port)
         handle = await self._healthy_handle(gateway_url, key)
-        lease = TunnelLease(handle.url)
+        lease = TunnelLease(handle.url, tunnel_id=getattr(handle, "tunnel_id", None))
         self._leases.setdefault(key, weakref.WeakSet()).add(lease)
         return lease
 

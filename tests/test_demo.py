@@ -140,6 +140,16 @@ def test_demo_refuses_bad_options_with_a_clear_message(capsys: pytest.CaptureFix
     assert "--upstream needs --model" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "option,value", [("--timeout", "nan"), ("--temperature", "-1"), ("--temperature", "nan")]
+)
+def test_demo_refuses_non_numbers_naming_the_option(
+    option: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--output", str(tmp_path / "out"), option, value]) == 2
+    assert option in capsys.readouterr().out
+
+
 def test_every_option_has_help_and_there_is_a_version(capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -151,6 +161,8 @@ def test_every_option_has_help_and_there_is_a_version(capsys: pytest.CaptureFixt
     assert capsys.readouterr().out.startswith("rollout-gateway ")
     help_text = subparsers.choices["demo"].format_help()
     assert "bwrap" in help_text and "process-group" in help_text and "results.jsonl" in help_text
+    for text in [parser.format_help(), *(sub.format_help() for sub in subparsers.choices.values())]:
+        assert "``" not in text  # docstring markup never reaches a user's terminal
 
 
 def start_demo(out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:

@@ -295,6 +295,43 @@ def test_settings_reject_bad_values_naming_the_option():
     assert GatewaySettings.coerce({"poll": {"min_interval": 0.5}}).poll.min_interval == 0.5
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"exit_reports": "false"},  # JSON from vf-eval -a: a string is not a flag
+        {"allow_empty_trajectory": 1},
+        {"retry": {"max_attempts": 0}},
+        {"retry": {"no_such_field": 1}},
+        {"retry": 5},
+        {"poll": {"min_interval": 0}},
+        {"poll": "fast"},
+        {"tunnel_liveness_interval": float("inf")},
+        {"tunnel_health_check_interval": True},
+        {"agent_stop_grace": float("inf")},
+        {"agent_timeout": True},
+        {"gateway_url": 8000},
+        {"tunnel_provider": 5},
+        {"admin_token_env": None},
+    ],
+)
+def test_every_setting_is_checked_at_construction_naming_it(bad):
+    from rollout_gateway.errors import GatewayConfigError
+
+    [name] = bad
+    with pytest.raises(GatewayConfigError, match=name):
+        GatewaySettings.coerce(bad)
+    with pytest.raises(GatewayConfigError, match=name):
+        GatewaySettings(**bad)
+
+
+def test_policy_mappings_become_policies():
+    from rollout_gateway import PollPolicy, RetryPolicy
+
+    settings = GatewaySettings(retry={"max_attempts": 2}, poll={"safety_interval": 3.0})
+    assert settings.retry == RetryPolicy(max_attempts=2)
+    assert settings.poll == PollPolicy(safety_interval=3.0)
+
+
 async def test_no_wait_sleep_keeps_polling_hermetic():
     world = World()
     assert world.settings is not None and world.settings.sleep is no_wait

@@ -21,7 +21,12 @@ from verifiers.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
 
 from rollout_gateway.errors import SandboxError
 from rollout_gateway.launch import agent_launch_command, stop_agent_script
-from rollout_gateway.lifecycle import AgentExit, GatewayRollout, agent_environment
+from rollout_gateway.lifecycle import (
+    AGENT_TIMEOUT_VARS,
+    AgentExit,
+    GatewayRollout,
+    agent_environment,
+)
 from rollout_gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -43,8 +48,11 @@ class AgentSandboxSteps(_Base):
     async def build_env_vars(self, state: State) -> dict[str, str]:
         """Sandbox environment: the env's ``environment_vars`` plus the OpenAI settings.
 
-        Nothing from the host's environment is passed; the OpenAI variables always win
-        over ``environment_vars`` so the agent cannot be pointed elsewhere by accident.
+        Nothing from the host's environment is passed. The agent's base URL, key and
+        model always win over ``environment_vars``, so the agent cannot be pointed
+        elsewhere by accident; its client timeouts (``OPENAI_TIMEOUT``,
+        ``OPENAI_REQUEST_TIMEOUT``, ``HTTPX_TIMEOUT``) are defaults that the env's own
+        values override, as with the earlier mixin.
         """
         if not self.use_gateway:
             return await super().build_env_vars(state)
@@ -56,8 +64,11 @@ class AgentSandboxSteps(_Base):
             state["model"],
             self.gateway_settings.agent_timeout,
         )
-        env_vars.update({k: v for k, v in agent_env.items() if k.startswith("OPENAI_")})
-        env_vars.setdefault("HTTPX_TIMEOUT", agent_env["HTTPX_TIMEOUT"])
+        for name, value in agent_env.items():
+            if name in AGENT_TIMEOUT_VARS:
+                env_vars.setdefault(name, value)
+            else:
+                env_vars[name] = value
         return env_vars
 
     async def build_sandbox_request(

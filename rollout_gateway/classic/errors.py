@@ -4,17 +4,21 @@ A trainer on verifiers 0.3 reschedules a rollout whose ``state["error"]`` is a
 ``vf.InfraError``. :func:`to_vf_error` turns a core error into an instance of a class
 that subclasses both the core class (so ``except rollout_gateway.GatewayError`` still
 matches) and the matching verifiers class: ``vf.TunnelError`` for tunnel failures,
-``vf.SandboxError`` for sandbox failures, ``vf.InfraError`` for the rest.
+``vf.SandboxError`` for sandbox failures, ``CliAgentEnv``'s own ``AgentError`` (an
+``InfraError``) for an agent that crashed, ``vf.InfraError`` for the rest.
 """
 
 from __future__ import annotations
 
 import verifiers as vf
+from verifiers.envs.experimental.cli_agent_env import AgentError
 
 from rollout_gateway import errors as core
 
 
 def _vf_base(cls: type[BaseException]) -> type[vf.Error]:
+    if issubclass(cls, core.AgentCrashError):
+        return AgentError
     if issubclass(cls, core.GatewayTunnelError):
         return vf.TunnelError
     if issubclass(cls, core.SandboxError):

@@ -14,7 +14,8 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from rollout_gateway import protocol
-from rollout_gateway.errors import AgentStartError, EmptyTrajectoryError
+from rollout_gateway.classic.errors import to_vf_error
+from rollout_gateway.errors import AgentCrashError, AgentStartError, EmptyTrajectoryError
 from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class ClassicHooks(RolloutHooks):
         state["tunnel_local_addr"] = host
         url = await self.env.get_gateway_tunnel_url(local_addr=host)
         state["tunnel_url"] = url
+        lease = self.rollout.lease  # None when an override found the URL its own way
+        state["tunnel_id"] = lease.tunnel_id if lease is not None else None
         state["rollout_base_url"] = protocol.rollout_base_url(url, state["rollout_id"])
         self.record.tunnel_url = url
         self.record.agent_base_url = state["rollout_base_url"]
@@ -106,9 +109,10 @@ class ClassicHooks(RolloutHooks):
 
             where = "before any model call" if num_turns == 0 else f"after {num_turns} turn(s)"
             stderr_tail = (state.get("agent_stderr") or "")[-2000:]
-            raise make_agent_error(
+            crash = make_agent_error(  # verifiers' message, with the sandbox's context
                 state, f"Agent crashed {where} (exit_code={exit_code}): {stderr_tail}"
             )
+            raise to_vf_error(AgentCrashError(*crash.args))  # both classes: see .errors
         if num_turns == 0 and not env.gateway_settings.allow_empty_trajectory:
             raise EmptyTrajectoryError(
                 f"agent exited (exit_code={exit_code}) without a model call "

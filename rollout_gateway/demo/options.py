@@ -141,8 +141,10 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         raise DemoError("--examples, --rollouts-per-example and --concurrency must be >= 1")
     if args.upstream and not args.model:
         raise DemoError("--upstream needs --model (the model name the upstream serves)")
-    if args.timeout <= 0:
+    if not args.timeout > 0:  # written so that NaN is refused too
         raise DemoError("--timeout must be positive")
+    if not args.temperature >= 0:
+        raise DemoError("--temperature must be >= 0")
     if args.max_tokens < 1:
         raise DemoError("--max-tokens must be >= 1")
     return DemoOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DemoOptions)})

@@ -1,8 +1,9 @@
 """The gateway's Starlette app: protocol v1 routes, bearer-key routes, health and metrics.
 
-See ``/work/shared/DESIGN.md`` (the gateway protocol table) for the contract and the
-README ("Reference gateway: limits and security") for our deviations and additions;
-every route answers errors as ``{"error": {"message", "type", "code"}}``.
+The contract is :mod:`rollout_gateway.protocol` (paths, bodies, answers) and the
+README's "The protocol" table; the README's "Security model" and "Limits and defaults"
+say what this gateway adds and where it deviates. Every route answers errors as
+``{"error": {"message", "type", "code"}}``.
 """
 
 from __future__ import annotations

@@ -118,6 +118,8 @@ class GatewayConfig:
     renderer: str = "auto"
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(f.name, str(f.type), getattr(self, f.name))
         if not self.upstreams:
             raise ValueError("upstreams: at least one upstream base URL is required")
         self.upstreams = [u.strip().rstrip("/") for u in self.upstreams]
@@ -139,14 +141,31 @@ class GatewayConfig:
             raise ValueError(
                 "admin_token: required (or set open_control_plane=True explicitly, loopback only)"
             )
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("default_max_context_tokens", "tokenizer") and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            if not value > 0 or value != value or value == float("inf"):
-                raise ValueError(f"{f.name}: must be a positive finite number, got {value!r}")
+
+
+def _check_field(name: str, kind: str, value: object) -> None:
+    """One field by its annotation: flags are bools, texts strings, sizes and times
+    positive finite numbers (an int where the annotation says so); a bool or a string is
+    never a number."""
+    if value is None and kind.endswith("| None"):
+        return
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: must be true or false, got {value!r}")
+        return
+    base = kind.split("|")[0].strip()
+    if base == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"{name}: must be a string, got {value!r}")
+        return
+    if base not in ("int", "float"):
+        return
+    allowed = int if base == "int" else int | float
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        what = "an integer" if base == "int" else "a number"
+        raise ValueError(f"{name}: must be {what}, got {value!r}")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
 
 
 __all__ = [

@@ -160,6 +160,7 @@ async def test_every_overridden_step_runs_once_per_rollout_with_earlier_signatur
             "gateway_url",
             "tunnel_local_addr",
             "tunnel_url",
+            "tunnel_id",
             "rollout_base_url",
             "agent_start_time",
             "agent_completed",
@@ -175,6 +176,51 @@ async def test_every_overridden_step_runs_once_per_rollout_with_earlier_signatur
             "is_completed",
         ):
             state[key]  # present (State forwards input fields such as "prompt")
+        assert state["tunnel_id"] == "tunnel-1"  # the provider's id, as the earlier mixin set
+    finally:
+        await env._teardown()
+
+
+async def test_the_envs_own_client_timeouts_are_kept_the_route_is_not(
+    gateway, tunnels, model_client
+):
+    """The earlier mixin set the agent's timeouts only where the env had not."""
+    sandboxes = FakeSandboxClient(one_turn(gateway))
+    own = {
+        "OPENAI_TIMEOUT": "30",
+        "OPENAI_REQUEST_TIMEOUT": "31",
+        "HTTPX_TIMEOUT": "32",
+        "OPENAI_BASE_URL": "http://elsewhere.test/v1",
+        "OPENAI_API_KEY": "sk-env",
+        "OPENAI_MODEL": "other-model",
+    }
+    env = build(gateway, sandboxes, tunnels, environment_vars=own)
+    try:
+        state = await env.rollout(task_row(0), model_client, "m", {})
+        assert state["error"] is None
+        env_vars = next(iter(sandboxes.sandboxes.values())).env_vars
+        assert (env_vars["OPENAI_TIMEOUT"], env_vars["OPENAI_REQUEST_TIMEOUT"]) == ("30", "31")
+        assert env_vars["HTTPX_TIMEOUT"] == "32"
+        # Where the agent's calls go, and as whom, stay the gateway's.
+        assert env_vars["OPENAI_BASE_URL"] == state["rollout_base_url"]
+        assert env_vars["OPENAI_API_KEY"] != "sk-env"
+        assert env_vars["OPENAI_MODEL"] == "m"
+    finally:
+        await env._teardown()
+
+
+async def test_without_the_envs_own_timeouts_they_follow_the_agent_timeout(
+    gateway, tunnels, model_client
+):
+    sandboxes = FakeSandboxClient(one_turn(gateway))
+    env = build(gateway, sandboxes, tunnels, timeout_seconds=120)
+    try:
+        state = await env.rollout(task_row(0), model_client, "m", {})
+        assert state["error"] is None
+        env_vars = next(iter(sandboxes.sandboxes.values())).env_vars
+        timeouts = {k: env_vars[k] for k in ("OPENAI_TIMEOUT", "OPENAI_REQUEST_TIMEOUT")}
+        assert timeouts == {"OPENAI_TIMEOUT": "120", "OPENAI_REQUEST_TIMEOUT": "120"}
+        assert env_vars["HTTPX_TIMEOUT"] == "120"
     finally:
         await env._teardown()
 

@@ -12,8 +12,10 @@ import pytest
 import verifiers as vf
 from helpers import GATEWAY_BASE_URL, tokens, two_turn_agent
 from openai import AsyncOpenAI
+from verifiers.envs.experimental.cli_agent_env import AgentError
 
 from rollout_gateway import (
+    AgentCrashError,
     AgentPollError,
     AgentStartError,
     EmptyTrajectoryError,
@@ -354,8 +356,11 @@ async def test_agent_crash_is_a_typed_error_but_keeps_the_trajectory(
 
     sandboxes.agent = crashing
     state = await run(make_env(), model_client)
-    assert isinstance(state["error"], vf.InfraError)
+    # verifiers 0.3's own AgentError (an InfraError) and the core's AgentCrashError.
+    assert isinstance(state["error"], AgentError) and isinstance(state["error"], vf.InfraError)
+    assert isinstance(state["error"], AgentCrashError)
     assert "after 1 turn(s)" in str(state["error"]) and "segfault" in str(state["error"])
+    assert f"rollout_id={state['rollout_id']}" in str(state["error"])  # verifiers' context
     assert len(state["trajectory"]) == 1
     assert_nothing_left(gateway, sandboxes)
 

@@ -33,6 +33,10 @@ TOKEN = "serve-admin-token-0123456789"
         ("--upstream", "http://host:99999/v1"),
         ("--upstream-client", "requests"),
         ("--loop", "trio"),
+        ("--port", "70000"),
+        ("--port", "-1"),
+        ("--port", "http"),
+        ("--log-level", "loud"),
     ],
 )
 def test_invalid_option_is_refused_naming_it(option: str, value: str, capsys) -> None:
@@ -102,6 +106,17 @@ def test_token_from_env_or_file(tmp_path, monkeypatch) -> None:
         ({"admin_token": None}, "admin_token"),
         ({"admin_token": "  "}, "admin_token"),
         ({"upstream_client": "requests"}, "upstream_client"),
+        # A bool or a string is not a number, nor a float an integer (JSON or YAML
+        # config files give such values); a flag is a bool.
+        ({"max_rollouts": True}, "max_rollouts"),
+        ({"max_body_bytes": "1024"}, "max_body_bytes"),
+        ({"max_pending_turns": 2.5}, "max_pending_turns"),
+        ({"rollout_ttl_s": "60"}, "rollout_ttl_s"),
+        ({"default_max_context_tokens": True}, "default_max_context_tokens"),
+        ({"require_rollout_keys": "false"}, "require_rollout_keys"),
+        ({"open_control_plane": 1}, "open_control_plane"),
+        ({"admin_token": 12345678901234567890}, "admin_token"),
+        ({"upstream_mode": None}, "upstream_mode"),
     ],
 )
 def test_config_validation_names_the_field(fields: dict, name: str) -> None:
@@ -161,3 +176,30 @@ def test_client_and_loop_options_reach_the_server(monkeypatch) -> None:
     defaults = build_parser().parse_args(["serve", "--upstream", UP])
     assert (defaults.upstream_client, defaults.loop) == ("aiohttp", "auto")
     assert serve_config(defaults).upstream_client == "aiohttp"
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--port", "70000"), ("--port", "0"), ("--latency-ms", "-5"), ("--latency-ms", "nan")],
+)
+def test_scripted_model_refuses_invalid_options_naming_them(option, value, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["scripted-model", option, value])
+    assert exc.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+def test_log_level_is_case_insensitive() -> None:
+    args = build_parser().parse_args(["serve", "--upstream", UP, "--log-level", "DEBUG"])
+    assert (args.log_level, args.port) == ("debug", 8000)
+
+
+def test_serve_defaults_are_the_gateway_config_defaults(monkeypatch) -> None:
+    # The README's limits table gives one default per option; serve and GatewayConfig
+    # (in code) must not drift apart.
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_UPSTREAM_API_KEY", raising=False)
+    from_serve = serve_config(build_parser().parse_args(["serve", "--upstream", UP]))
+    in_code = GatewayConfig(upstreams=[UP], admin_token=TOKEN)
+    assert from_serve == in_code
