@@ -41,8 +41,9 @@ class AgentRequest:
         self.authorization: str | None = get(_AUTHORIZATION)
         #: The declared body size, unparsed.
         self.content_length: str | None = get(_CONTENT_LENGTH)
-        #: The ``Idempotency-Key`` header's value.
-        self.idempotency_key: str | None = get(_IDEMPOTENCY_KEY)
+        #: The ``Idempotency-Key`` header's value (``None`` when blank: an empty key would
+        #: name every request the same, and each would get the first one's answer).
+        self.idempotency_key: str | None = (get(_IDEMPOTENCY_KEY) or "").strip() or None
         #: The OpenAI SDK's ``x-stainless-retry-count`` header's value.
         self.retry_count: str | None = get(_RETRY_COUNT)
 
@@ -54,8 +55,11 @@ class AgentRequest:
     @property
     def is_retry(self) -> bool:
         """Whether the OpenAI SDK says this is a retry of an earlier request."""
-        count = (self.retry_count or "0").strip()
-        return count.isdigit() and int(count) > 0
+        # No int(): str.isdigit() accepts "²" (a latin-1 header byte) that int() refuses,
+        # and int() refuses more than 4300 digits; any ASCII digit string above zero is
+        # a retry count.
+        count = (self.retry_count or "").strip()
+        return count.isascii() and count.isdigit() and count.strip("0") != ""
 
     async def body(self, max_bytes: int) -> bytes:
         """The body (413 beyond ``max_bytes``; :class:`~.responses.ClientGone` if the

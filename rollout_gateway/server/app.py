@@ -60,6 +60,13 @@ from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
 
+#: Compared against when a path names no registered rollout (no timing difference
+#: between an unknown rollout and a wrong key); matches no key (keys are URL-safe).
+_NO_ROLLOUT_KEY = "\x00 no rollout"
+
+#: Fields of the upstream's model cards that ``/v1/models`` passes on to agents.
+_AGENT_CARD_FIELDS = ("id", "object", "created", "owned_by", "max_model_len")
+
 
 class Gateway:
     """The gateway's state and request handlers (one per app).
@@ -159,10 +166,25 @@ class Gateway:
         return record
 
     def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
-        """The rollout of a path-routed data-plane call, its key (``token``) checked."""
-        record = self.record(checked_rollout_id(rollout_id))
-        if record.api_key is not None and not token_matches(token, record.api_key):
+        """The rollout of a path-routed data-plane call, its key (``token``) checked.
+
+        With per-rollout keys, no key is a 401; a key that is not the rollout's is the
+        same 404 as an unknown rollout, after the same comparison: an agent holding one
+        rollout's key cannot tell whether another rollout id is registered.
+        """
+        rollout_id = checked_rollout_id(rollout_id)
+        if not self.config.require_rollout_keys:
+            return self.record(rollout_id)
+        if token is None:
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
+        record = self.registry.get(rollout_id)
+        expected = record.api_key if record is not None else None
+        if not token_matches(token, expected or _NO_ROLLOUT_KEY) or expected is None:
+            raise ApiError(
+                404, f"rollout {rollout_id} is not registered (or the api key is not its key)",
+                "not_found", code="rollout_not_found",
+            )  # fmt: skip
+        assert record is not None
         return record
 
     def keyed_record(self, token: str | None) -> RolloutRecord:
@@ -225,6 +247,10 @@ class Gateway:
         cards: list[dict[str, Any]] = []
         with contextlib.suppress(Exception):
             cards = await self.pool.models(url)
+        # Only the OpenAI card fields and the context length reach an agent: vLLM's and
+        # SGLang's ``root`` is the model's directory on the engine's host, ``parent`` an
+        # adapter's base, ``permission`` the engine's own records.
+        cards = [{k: card[k] for k in _AGENT_CARD_FIELDS if k in card} for card in cards]
         self._model_cards[url] = (now, cards)
         return cards
 
@@ -237,20 +263,23 @@ class Gateway:
             "enabled": self.config.enabled,
             "active_rollouts": len(self.registry),
         }
-        warnings = [
-            f"upstream {u.label}: {self.engines[u.base_url].describe()['warning']}"
+        admin = self.is_admin(request)
+        problems = [
+            (u.label, self.engines[u.base_url].describe()["warning"])
             for u in self.pool.upstreams
             if self.engines[u.base_url].token_ids is False
         ]
         if self.token_in is not None:
-            warnings += [
-                f"upstream {u.label}: {self.token_in.unserved[u.base_url]}"
+            problems += [
+                (u.label, self.token_in.unserved[u.base_url])
                 for u in self.pool.upstreams
                 if u.base_url in self.token_in.unserved
             ]
-        if warnings:
-            answer["warnings"] = warnings
-        if self.is_admin(request):
+        if problems:
+            # Upstream URLs are the admin's only (the agents reach /health too).
+            warnings = [f"upstream {label}: {text}" if admin else text for label, text in problems]
+            answer["warnings"] = list(dict.fromkeys(warnings))
+        if admin:
             answer["upstreams"] = [
                 {**state, **self.engines[u.base_url].describe()}
                 for u, state in zip(self.pool.upstreams, self.pool.describe(), strict=True)
@@ -381,6 +410,9 @@ def create_app(
         },
         lifespan=gateway.lifespan,
     )
+    # A path with a trailing slash is a 404 like any unknown path, not Starlette's 307 to
+    # the slashless path built from the client's Host header (an empty body, not an error).
+    app.router.redirect_slashes = False
     app.state.gateway = gateway
     return app
 

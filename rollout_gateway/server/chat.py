@@ -47,11 +47,12 @@ from rollout_gateway.server.responses import (
     ApiError,
     ClientGone,
     parse_json_object,
+    validate_answer_flags,
     validate_messages,
 )
 from rollout_gateway.server.sse import DONE_EVENT, error_event, guard_sse, iter_completion_sse
 from rollout_gateway.server.streaming import EventLog
-from rollout_gateway.server.turns import build_upstream_request, dropped_agent_fields
+from rollout_gateway.server.turns import build_upstream_request, dropped_field_facts
 from rollout_gateway.server.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class ChatTurns:
             return Response(status_code=499)
         body = await parse_json_object(raw, self.gateway.body_parser)
         messages = validate_messages(body)
+        validate_answer_flags(body)
         fingerprint = body_fingerprint(raw)
         idempotency_key = request.idempotency_key
         turn = None
@@ -178,6 +180,8 @@ class ChatTurns:
             yield DONE_EVENT
             return
         except Exception:
+            # The stream has started: no 500 to send, but it is counted like one.
+            self.gateway.metrics.internal_errors.inc()
             logger.exception("turn failed")
             yield error_event("internal gateway error", "internal_error")
             yield DONE_EVENT
@@ -223,10 +227,9 @@ class ChatTurns:
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
-        shared, new_bytes = self._admit(record, messages)
+        shared, new_bytes = self._admit(record, messages, body.get("stop"))
         extends = bool(shared)
         gateway.registry.touch(record)
-        dropped = dropped_agent_fields(body)
         upstream_body = build_upstream_request(
             body,
             model=record.model,
@@ -243,7 +246,7 @@ class ChatTurns:
             prepare_upstream_body(upstream_body, record, engine),
             engine,
             shared=shared,
-            extras={"dropped_fields": dropped} if dropped else {},
+            extras=dropped_field_facts(body),
         )
         emit = turn.events.append if turn.events is not None else None
         try:
@@ -272,12 +275,16 @@ class ChatTurns:
             )  # fmt: skip
         return _answer_of(result, body)
 
-    def _admit(self, record: RolloutRecord, messages: list[Any]) -> tuple[int | None, int]:
+    def _admit(
+        self, record: RolloutRecord, messages: list[Any], stop: Any = None
+    ) -> tuple[int | None, int]:
         """Whether the rollout may take this turn (raises the refusal if not).
 
         Returns the number of messages the request shares with the recorded history and
-        the bytes of the new ones as stored. An answer the agent never received (it moved
-        on without it) is taken back first: it is not a turn the agent saw.
+        the bytes the turn stores for the agent: its new messages, and its ``stop``
+        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
+        An answer the agent never received (it moved on without it) is taken back first:
+        it is not a turn the agent saw.
         """
         if not record.live:
             raise ApiError(
@@ -295,6 +302,8 @@ class ChatTurns:
         shared = record.recorder.shared_messages(messages)
         # Counted as stored: only the fields the trajectory keeps.
         new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
+        if stop is not None:
+            new_bytes += len(jsonio.dumps(stop))
         try:
             check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         except ApiError as exc:

@@ -240,7 +240,8 @@ class EngineTurn:
                         if out is not None:
                             emit(sse_event(out))
         except StreamError as exc:
-            raise UpstreamError("protocol", exc.status_code, exc.message, label) from exc
+            detail = f"{label}: {exc.detail}"
+            raise UpstreamError("protocol", exc.status_code, exc.message, detail) from exc
         except UpstreamError:
             raise
         except Exception as exc:

@@ -11,6 +11,11 @@ that
   ``header_timeout_s`` of its first byte (or of the connection's opening);
 * closes a connection whose body is not complete within ``body_timeout_s`` of its headers;
 * closes new connections at once while ``max_connections`` are open;
+* answers 431 and closes a connection whose request line and headers grow past
+  ``max_header_bytes`` (the parser keeps them whole in memory, and nothing else bounds
+  them: one agent could send gigabytes of headers within the header timeout);
+* answers a request it cannot parse (bad chunk sizes, conflicting ``Content-Length``)
+  with the gateway's JSON error shape instead of uvicorn's plain text;
 * sends a response's status line and headers together with the first piece of its body
   (:class:`HeadersWithBody`): one ``send`` instead of two, and one wake-up of the client
   instead of two (on loopback, a send costs the kernel's whole TCP path and the peer's
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from rollout_gateway.server.jsonio import dumps
 
 logger = logging.getLogger("rollout_gateway.server")
 
@@ -77,6 +84,11 @@ class HeadersWithBody:
         return getattr(self._transport, name)
 
 
+#: Seconds a connection refused for its headers is still read (and dropped) before it
+#: is closed, so that the answer reaches a client still sending.
+REFUSED_LINGER_S = 1.0
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     """Bounds of one server's connections (see the module docstring)."""
@@ -84,6 +96,8 @@ class ConnectionLimits:
     header_timeout_s: float = 30.0
     body_timeout_s: float = 120.0
     max_connections: int = 4096
+    #: Request line and headers of one request, in bytes (the OpenAI SDK sends ~1 KiB).
+    max_header_bytes: int = 64 * 1024
 
 
 @dataclass
@@ -93,6 +107,19 @@ class ConnectionStats:
     refused_connections: int = 0
     header_timeouts: int = 0
     body_timeouts: int = 0
+    oversized_headers: int = 0
+
+
+def error_answer(status: int, reason: str, message: str, default_headers: Any = ()) -> bytes:
+    """A whole HTTP/1.1 error answer in the gateway's JSON shape, closing the connection."""
+    body = dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}})
+    head = [f"HTTP/1.1 {status} {reason}\r\n".encode()]
+    head += [name + b": " + value + b"\r\n" for name, value in default_headers]
+    head.append(
+        b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % len(body)
+    )
+    return b"".join(head) + body
 
 
 def limited_protocol(
@@ -103,6 +130,57 @@ def limited_protocol(
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
+        #: Whether the current request's head (request line, headers) is being read.
+        _in_head = True
+        #: Bytes of the current request's head received so far.
+        _head_bytes = 0
+        #: Requests read whole on this connection.
+        _requests = 0
+
+        _refused = False
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused or self.transport.is_closing():
+                return  # refused already: the rest is dropped unparsed
+            in_head, requests = self._in_head, self._requests
+            super().data_received(data)
+            # Counted after parsing, only when the whole piece is still the same head: a
+            # piece that completes a head may carry a body and the next request. The
+            # bound is thus reached at most one read (<= 256 KiB) late.
+            same_head = in_head and self._in_head and self._requests == requests
+            if same_head and not self.transport.is_closing():
+                self._head_bytes += len(data)
+                if self._head_bytes > limits.max_header_bytes:
+                    self._refuse_head()
+
+        def _refuse_head(self) -> None:
+            counters.oversized_headers += 1
+            self._disarm()
+            self._refused = True
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.transport.close()  # an earlier (pipelined) answer is under way
+                return
+            self.transport.write(
+                error_answer(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"request headers exceed {limits.max_header_bytes} bytes",
+                    self.server_state.default_headers,
+                )
+            )
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            # Closing with the client's bytes unread would reset the connection, and the
+            # client could lose the answer: read and drop them for a moment first.
+            self._deadline = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to a request it cannot parse, in the gateway's JSON shape.
+            answer = error_answer(
+                400, "Bad Request", "invalid HTTP request", self.server_state.default_headers
+            )
+            self.transport.write(answer)
+            self.transport.close()
 
         def _arm(self, seconds: float, kind: str) -> None:
             self._disarm()
@@ -140,6 +218,7 @@ def limited_protocol(
             self._arm(limits.header_timeout_s, "header")
 
         def on_headers_complete(self) -> None:
+            self._in_head = False
             self._arm(limits.body_timeout_s, "body")
             super().on_headers_complete()
             if self.cycle is not None:  # its ASGI task has not run yet
@@ -147,6 +226,8 @@ def limited_protocol(
 
         def on_message_complete(self) -> None:
             self._disarm()
+            self._in_head, self._head_bytes = True, 0  # the next request's head
+            self._requests += 1
             super().on_message_complete()
 
     return LimitedHttpToolsProtocol
@@ -173,6 +254,7 @@ __all__ = [
     "HeadersWithBody",
     "ConnectionLimits",
     "ConnectionStats",
+    "error_answer",
     "limited_protocol",
     "uvicorn_options",
 ]

@@ -5,7 +5,8 @@ on the large chat bodies the gateway handles every turn, and it closes a class o
 input by construction: it rejects lone surrogates, ``NaN``/``Infinity`` literals, numbers
 that overflow a double (``1e400``) and nesting deeper than 1024 levels with a
 ``JSONDecodeError`` (the standard library accepts the first three and raises
-``RecursionError`` on the last), and it writes non-finite floats as ``null``.
+``RecursionError`` on the last), and it writes non-finite floats as ``null``. It writes
+at most 254 levels, so request bodies are bounded tighter (:data:`MAX_BODY_DEPTH`).
 """
 
 from __future__ import annotations
@@ -25,17 +26,52 @@ OFF_LOOP_PARSE_BYTES = 256 * 1024
 
 JSONDecodeError = orjson.JSONDecodeError
 
+#: Deepest nesting of containers a request body may have (the body itself is level 1).
+#: orjson reads 1024 levels but writes at most 254, and the gateway writes what it keeps
+#: a few levels deeper than the agent sent it (a message sits 2 levels deeper in a
+#: trajectory, a turn's ``stop`` 4): a body it can read but not write back was a 500 on
+#: the turn, or a trajectory that could not be fetched.
+MAX_BODY_DEPTH = 128
+_ORJSON_MAX_DEPTH = 254
+
+
+class TooDeepError(ValueError):
+    """A request body nests deeper than :data:`MAX_BODY_DEPTH`."""
+
 
 def loads(raw: bytes | str) -> Any:
     """Parse strict JSON (raises :class:`JSONDecodeError`, a ``ValueError``)."""
     return orjson.loads(raw)
 
 
+def loads_body(raw: bytes | str) -> Any:
+    """Parse a request body: strict JSON (:func:`loads`) that the gateway can write back
+    wherever it keeps it (raises :class:`TooDeepError` past :data:`MAX_BODY_DEPTH`)."""
+    value = orjson.loads(raw)
+    check_depth(value)
+    return value
+
+
+def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
+    """Raise :class:`TooDeepError` when ``value`` nests deeper than ``max_depth``.
+
+    Written by orjson inside ``254 - max_depth`` lists, ``value`` fails exactly then: one
+    pass in C (a 170 kB chat body takes ~10 us), not a walk of every node in Python.
+    """
+    wrapped = value
+    for _ in range(_ORJSON_MAX_DEPTH - max_depth):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        raise TooDeepError(f"request body nests deeper than {max_depth} levels") from None
+
+
 async def loads_off_loop(raw: bytes) -> Any:
-    """Like :func:`loads`; bodies over :data:`OFF_LOOP_PARSE_BYTES` parse in a thread."""
+    """Like :func:`loads_body`; bodies over :data:`OFF_LOOP_PARSE_BYTES` parse in a thread."""
     if len(raw) > OFF_LOOP_PARSE_BYTES:
-        return await asyncio.to_thread(orjson.loads, raw)
-    return orjson.loads(raw)
+        return await asyncio.to_thread(loads_body, raw)
+    return loads_body(raw)
 
 
 class BodyParser:
@@ -57,7 +93,7 @@ class BodyParser:
         max_concurrent: int,
         *,
         off_loop_bytes: int = OFF_LOOP_PARSE_BYTES,
-        loads: Callable[[bytes], Any] = orjson.loads,
+        loads: Callable[[bytes], Any] = loads_body,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent: must be at least 1, got {max_concurrent!r}")
@@ -67,7 +103,8 @@ class BodyParser:
         self._slots: asyncio.Semaphore | None = None  # made on first use, in the loop
 
     async def loads(self, raw: bytes) -> Any:
-        """Parse ``raw`` as strict JSON (raises :class:`JSONDecodeError`)."""
+        """Parse ``raw`` as strict JSON (raises :class:`JSONDecodeError`, or
+        :class:`TooDeepError` past :data:`MAX_BODY_DEPTH`)."""
         if len(raw) <= self.off_loop_bytes:
             return self._loads(raw)
         if self._slots is None:
@@ -104,12 +141,16 @@ class JSONBytesResponse(Response):
 
 
 __all__ = [
+    "MAX_BODY_DEPTH",
     "BodyParser",
     "OFF_LOOP_PARSE_BYTES",
     "JSONBytesResponse",
     "JSONDecodeError",
+    "TooDeepError",
+    "check_depth",
     "dumps",
     "loads",
+    "loads_body",
     "loads_lenient",
     "loads_off_loop",
 ]

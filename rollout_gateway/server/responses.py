@@ -18,6 +18,7 @@ from rollout_gateway.server.jsonio import (
     BodyParser,
     JSONBytesResponse,
     JSONDecodeError,
+    TooDeepError,
     loads_off_loop,
 )
 
@@ -107,7 +108,7 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     """The body parsed as a JSON object (400 when it is not one).
 
     Strict JSON (see :mod:`rollout_gateway.server.jsonio`): lone surrogates, ``NaN``,
-    ``1e400`` and nesting deeper than 1024 levels are 400s; big bodies parse off the loop.
+    ``1e400`` and nesting deeper than 128 levels are 400s; big bodies parse off the loop.
     """
     raw = await read_body(request, max_bytes)
     return await parse_json_object(raw)
@@ -120,6 +121,8 @@ async def parse_json_object(raw: bytes, parser: BodyParser | None = None) -> dic
         raise ApiError(400, "request body must be a JSON object", "invalid_request_error")
     try:
         body = await (parser.loads(raw) if parser is not None else loads_off_loop(raw))
+    except TooDeepError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error") from None
     except JSONDecodeError as exc:
         raise ApiError(400, f"malformed JSON body: {exc}", "invalid_request_error") from None
     if not isinstance(body, dict):
@@ -154,7 +157,33 @@ def validate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+#: Boolean fields of a chat request that shape the gateway's answer (streamed or not,
+#: token fields, reasoning). Python reads the string ``"false"`` as true (and the engine,
+#: pydantic, as false): anything but a boolean or null is refused, not guessed.
+ANSWER_FLAGS = ("stream", "logprobs", "return_token_ids", "include_reasoning")
+
+
+def validate_answer_flags(body: Mapping[str, Any]) -> None:
+    """Refuse (400) :data:`ANSWER_FLAGS` and ``stream_options.include_usage`` that are
+    not booleans (or null), and ``stream_options`` that is not an object (or null)."""
+    for key in ANSWER_FLAGS:
+        value = body.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ApiError(400, f"'{key}' must be a boolean", "invalid_request_error")
+    options = body.get("stream_options")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "invalid_request_error")
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise ApiError(
+            400, "'stream_options.include_usage' must be a boolean", "invalid_request_error"
+        )
+
+
 __all__ = [
+    "ANSWER_FLAGS",
     "ApiError",
     "ClientGone",
     "api_error_handler",
@@ -165,5 +194,6 @@ __all__ = [
     "read_json_object",
     "receive_body",
     "until_disconnect",
+    "validate_answer_flags",
     "validate_messages",
 ]

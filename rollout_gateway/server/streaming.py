@@ -23,12 +23,20 @@ KEEPALIVE_EVENT = b": keepalive\n\n"
 
 
 class StreamError(Exception):
-    """The engine reported an error inside the stream (``data: {"error": ...}``)."""
+    """The engine reported an error inside the stream (``data: {"error": ...}``), or sent
+    an event that is not a chat completion chunk.
 
-    def __init__(self, message: str, status_code: int = 502) -> None:
+    ``message`` and ``status_code`` are what the agent gets, mapped as a whole answer's
+    error status is (:func:`~.upstream.raise_for_upstream_status`): an engine error of
+    5xx is a 502 whose message is only its status, the engine's own words going to
+    ``detail`` (the operator's log); of 4xx a 400 (404 and 429 kept) with its message.
+    """
+
+    def __init__(self, message: str, status_code: int = 502, detail: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.status_code = status_code
+        self.detail = detail or message
 
 
 async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
@@ -54,8 +62,10 @@ async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, An
 def _decode(payload: str) -> dict[str, Any]:
     try:
         chunk = json.loads(payload)
-    except ValueError as exc:
-        raise StreamError(f"upstream sent a stream event that is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise StreamError(
+            "upstream sent a stream event that is not JSON", detail=f"{exc}: {payload[:200]!r}"
+        ) from None
     if not isinstance(chunk, dict):
         raise StreamError("upstream sent a stream event that is not an object")
     error = chunk.get("error")
@@ -63,8 +73,18 @@ def _decode(payload: str) -> dict[str, Any]:
         message = error.get("message") if isinstance(error, Mapping) else str(error)
         code = error.get("code") if isinstance(error, Mapping) else None
         status = code if isinstance(code, int) and 400 <= code < 600 else 502
-        raise StreamError(f"upstream error in stream: {message}", status)
+        detail = f"upstream error {status} in stream: {message}"
+        if status >= 500:
+            raise StreamError(f"upstream error {status}", 502, detail)
+        raise StreamError(f"upstream error in stream: {message}"[:2000], _kept_4xx(status), detail)
+    choices = chunk.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise StreamError("upstream sent a stream event that is not a chat completion chunk")
     return chunk
+
+
+def _kept_4xx(status: int) -> int:
+    return status if status in (404, 429) else 400
 
 
 @dataclass
@@ -91,7 +111,8 @@ class _Choice:
                 text = delta.get("reasoning_content")
             if isinstance(text, str):
                 self.reasoning = (self.reasoning or "") + text
-            for call in delta.get("tool_calls") or ():
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
                 if isinstance(call, Mapping):
                     self._feed_call(call)
         ids = choice.get("token_ids")

@@ -252,7 +252,25 @@ class TokenInEngine:
         return await asyncio.to_thread(locked)
 
     async def prompt_ids(self, turn: EngineTurn, tools: list[Any] | None) -> tuple[list[int], bool]:
-        """The turn's prompt ids, and whether they were bridged onto the previous turn's."""
+        """The turn's prompt ids, and whether they were bridged onto the previous turn's.
+
+        Raises :class:`UpstreamError` (400) when the renderer cannot render the agent's
+        messages or tools (a tool call that is not an object, arguments that are not
+        JSON...): the engine's own template would refuse them so in chat mode.
+        """
+        try:
+            return await self._prompt_ids(turn, tools)
+        except Exception as exc:  # the template's error, on the agent's input
+            raise UpstreamError(
+                "http_4xx",
+                400,
+                "the chat template cannot render this request's messages or tools",
+                f"renderer {self.name} failed on rollout {turn.record.rollout_id}: {exc!r}",
+            ) from exc
+
+    async def _prompt_ids(
+        self, turn: EngineTurn, tools: list[Any] | None
+    ) -> tuple[list[int], bool]:
         messages = [recorded_message(m) for m in turn.messages]
         previous = turn.record.recorder.last_turn_ids()
         if previous is not None and turn.shared is not None:

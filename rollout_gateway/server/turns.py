@@ -5,6 +5,7 @@ Reading the engine's answer (token ids, logprobs, finish facts) is :mod:`.answer
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,10 +40,32 @@ AGENT_READ_FIELDS = (
 _AGENT_FIELDS = frozenset((*AGENT_FORWARDED_FIELDS, *AGENT_READ_FIELDS))
 
 
+#: A turn records at most this many names of dropped fields, each cut to this many
+#: characters: the agent chooses them (a 16 MiB body holds a million names) and the step
+#: keeps them for the rollout's life, outside its stored-message budget.
+MAX_DROPPED_FIELDS = 32
+MAX_DROPPED_FIELD_CHARS = 64
+
+
 def dropped_agent_fields(body: Mapping[str, Any]) -> list[str]:
     """Fields of an agent's request the gateway drops (every sampling field, ``n``,
-    ``seed``, ``logit_bias``, engine extras...): sorted names, for the turn's record."""
-    return sorted(k for k in body if k not in _AGENT_FIELDS)
+    ``seed``, ``logit_bias``, engine extras...): sorted names, for the turn's record (the
+    first :data:`MAX_DROPPED_FIELDS`, see :func:`dropped_field_facts`)."""
+    return dropped_field_facts(body).get("dropped_fields", [])
+
+
+def dropped_field_facts(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The turn's ``extras`` about dropped fields: ``dropped_fields`` (sorted names, at
+    most :data:`MAX_DROPPED_FIELDS`, each at most :data:`MAX_DROPPED_FIELD_CHARS`
+    characters) and ``dropped_fields_omitted`` (how many more), when there are any."""
+    names = [k for k in body if k not in _AGENT_FIELDS]
+    if not names:
+        return {}
+    kept = heapq.nsmallest(MAX_DROPPED_FIELDS, names)
+    facts: dict[str, Any] = {"dropped_fields": [n[:MAX_DROPPED_FIELD_CHARS] for n in kept]}
+    if len(names) > len(kept):
+        facts["dropped_fields_omitted"] = len(names) - len(kept)
+    return facts
 
 
 def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -149,6 +172,9 @@ __all__ = [
     "agent_view",
     "assistant_message",
     "build_upstream_request",
+    "MAX_DROPPED_FIELDS",
+    "MAX_DROPPED_FIELD_CHARS",
     "dropped_agent_fields",
+    "dropped_field_facts",
     "flatten_sampling_params",
 ]

@@ -115,21 +115,35 @@ class Upstream:
 
 
 def _upstream_message(response: HTTPAnswer) -> str:
-    """The error message an OpenAI-compatible server put in its answer."""
+    """What an error answer says, whatever its form (for the operator's log)."""
+    return _engine_error_message(response) or response.text[:2000] or response.reason
+
+
+def _engine_error_message(response: HTTPAnswer) -> str | None:
+    """The error message an OpenAI-compatible server put in its JSON answer, if any
+    (``None`` for anything else: a proxy's HTML page, plain text, an odd JSON shape)."""
     try:
         body = jsonio.loads_lenient(response.content)
     except (ValueError, RecursionError):
-        return response.text[:2000] or response.reason
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        for key in ("message", "detail"):
-            if body.get(key):
-                return str(body[key])
-    return response.text[:2000]
+        return None
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
+        return str(error["message"])
+    if isinstance(error, str) and error:
+        return error
+    for key in ("message", "detail"):
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, list):  # FastAPI's validation errors: their "msg"s, no repr
+            texts = [
+                e["msg"] for e in value if isinstance(e, dict) and isinstance(e.get("msg"), str)
+            ]
+            if texts:
+                return "; ".join(texts)
+    return None
 
 
 def raise_for_upstream_status(response: HTTPAnswer, label: str) -> None:
@@ -137,7 +151,10 @@ def raise_for_upstream_status(response: HTTPAnswer, label: str) -> None:
 
     5xx -> 502 with a short message; 4xx -> the engine's own message with 400, except
     404 (an unknown model name stays "not found") and 429 (kept so clients back off).
-    ``label`` (the redacted upstream URL) goes to the operator-only ``detail``.
+    Only a message the engine put in a JSON error reaches the agent: anything else (a
+    proxy's HTML page naming hosts and versions, plain text) is ``upstream error <status>``.
+    ``label`` (the redacted upstream URL) and the whole answer go to the operator-only
+    ``detail``.
     """
     status = response.status_code
     if status >= 500:
@@ -149,8 +166,9 @@ def raise_for_upstream_status(response: HTTPAnswer, label: str) -> None:
         )
     if status >= 400:
         code = status if status in (404, 429) else 400
-        message = _upstream_message(response)[:2000]
-        raise UpstreamError("http_4xx", code, message, f"{label} answered {status}: {message}")
+        message = (_engine_error_message(response) or f"upstream error {status}")[:2000]
+        detail = f"{label} answered {status}: {_upstream_message(response)}"
+        raise UpstreamError("http_4xx", code, message, detail)
 
 
 def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:

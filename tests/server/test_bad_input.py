@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from rollout_gateway.scripted import build_completion
 
-from .conftest import UPSTREAM, GatewayHarness, script
+from .conftest import UPSTREAM, GatewayHarness, RecordingUpstream, script
 
 MESSAGES = [{"role": "user", "content": script({"say": "hi"})}]
 
@@ -167,3 +167,193 @@ async def test_upstream_timeout_bounds_the_whole_request(make_gateway) -> None:
     r = await gw.chat("r1", MESSAGES)
     assert r.status_code == 502 and "timed out" in r.json()["error"]["message"]
     assert asyncio.get_running_loop().time() - start < 5
+
+
+@pytest.mark.parametrize(
+    "count,is_retry",
+    [(b"\xb2", False), (b"9" * 5000, True), (b"-1", False), (b"0x1", False), (b" 00 ", False)],
+    ids=["superscript-two", "5000-digits", "negative", "hex", "zero"],
+)
+async def test_odd_retry_count_header_is_read_not_an_internal_error(
+    gw: GatewayHarness, count: bytes, is_retry: bool
+) -> None:
+    await gw.register("r1")
+    r = await gw.chat("r1", MESSAGES, headers={"x-stainless-retry-count": count})
+    assert r.status_code == 200, r.text
+    # A second identical request: a retry joins the first turn, anything else is new.
+    r = await gw.chat("r1", MESSAGES, headers={"x-stainless-retry-count": count})
+    assert r.status_code == 200, r.text
+    assert (await gw.trajectory("r1")).json()["num_turns"] == (1 if is_retry else 2)
+    assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
+
+
+async def test_health_names_upstreams_to_the_admin_only(make_gateway) -> None:
+    gw = await make_gateway(RecordingUpstream(with_tokens=False).app())
+    await gw.register("r1")
+    assert (await gw.chat("r1", MESSAGES)).status_code == 200  # found: no token ids
+    (warning,) = (await gw.client.get("/health")).json()["warnings"]
+    assert warning.startswith("upstream http://upstream-a/v1: ") and "token ids" in warning
+    for headers in ({"Authorization": ""}, gw.agent_headers("r1")):
+        answer = await gw.client.get("/health", headers=headers)
+        assert answer.json()["warnings"] == [warning.split(": ", 1)[1]]
+        assert "upstream-a" not in answer.text
+
+
+def engine_with_model_card(card: dict[str, object]) -> Starlette:
+    async def models(request: Request) -> Response:
+        return Response(json.dumps({"object": "list", "data": [card]}))
+
+    app = RecordingUpstream().app()
+    app.router.routes.insert(0, Route("/v1/models", models, methods=["GET"]))
+    return app
+
+
+async def test_model_cards_reach_agents_without_the_engines_paths(make_gateway) -> None:
+    card = {
+        "id": "Qwen/Qwen3-8B",
+        "object": "model",
+        "created": 1,
+        "owned_by": "vllm",
+        "root": "/srv/secret-models/qwen3-8b",
+        "parent": "/srv/secret-models/base",
+        "max_model_len": 40960,
+        "permission": [{"id": "modelperm-1", "organization": "*"}],
+    }
+    gw = await make_gateway(engine_with_model_card(card))
+    await gw.register("r1", model="Qwen/Qwen3-8B")
+    for path in ("/v1/rollouts/r1/models", "/v1/models"):
+        r = await gw.client.get(path, headers=gw.agent_headers("r1"))
+        assert r.status_code == 200 and "secret-models" not in r.text, r.text
+        assert r.json()["data"] == [
+            {k: card[k] for k in ("id", "object", "created", "owned_by", "max_model_len")}
+        ]
+
+
+def nested(levels: int) -> str:
+    """JSON text of ``levels`` lists around a string."""
+    return "[" * levels + '"x"' + "]" * levels
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        '{"messages": [{"role": "user", "content": %s}]}',
+        '{"messages": [{"role": "user", "content": "hi", "name": %s}]}',
+        '{"messages": [{"role": "user", "content": "hi"}], "stop": [[%s]]}',
+        '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"a": %s}]}',
+    ],
+    ids=["content", "name", "stop", "tools"],
+)
+async def test_bodies_nested_deeper_than_the_gateway_can_write_back_are_400(
+    gw: GatewayHarness, template: str
+) -> None:
+    # orjson reads 1024 levels but writes 254: a body between the two was a 500 (or a
+    # trajectory nobody could fetch). 128 levels is the bound, with room to write.
+    await gw.register("r1")
+    headers = gw.agent_headers("r1", {"Content-Type": "application/json"})
+    url = "/v1/rollouts/r1/chat/completions"
+    for levels in (126, 300):  # the body is 129 levels deep (all four), and far deeper
+        r = await gw.client.post(url, content=template % nested(levels), headers=headers)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == "request body nests deeper than 128 levels"
+    r = await gw.client.post(url, content=template % nested(125), headers=headers)
+    assert r.status_code == 200, r.text  # 128 levels: served, recorded and fetchable
+    for query in ("", "?format=delta"):
+        assert (await gw.client.get(f"/v1/rollouts/r1/trajectory{query}")).status_code == 200
+    assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
+
+
+async def test_register_refuses_sampling_params_nested_too_deep(gw: GatewayHarness) -> None:
+    raw = '{"model": "m", "sampling_params": {"extra_body": ' + nested(200) + "}}"
+    r = await gw.client.post("/v1/rollouts/r1/register", content=raw)
+    assert r.status_code == 400 and "128 levels" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "/v1/rollouts/r1/chat/completions/"),
+        ("POST", "/v1/chat/completions/"),
+        ("GET", "/v1/rollouts/r1/trajectory/"),
+        ("POST", "/v1/rollouts/r1/cancel/"),
+        ("GET", "/health/"),
+        ("GET", "/metrics/"),
+    ],
+)
+async def test_a_trailing_slash_is_a_json_404_not_a_redirect(
+    gw: GatewayHarness, method: str, path: str
+) -> None:
+    await gw.register("r1")
+    r = await gw.client.request(method, path, headers=gw.agent_headers("r1", {"Host": "evil"}))
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["error"]["type"] == "not_found"
+    assert (await gw.trajectory("r1")).json()["status"] == "active"
+
+
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        ({"stream": "false"}, "stream"),
+        ({"logprobs": "false"}, "logprobs"),
+        ({"return_token_ids": 0}, "return_token_ids"),
+        ({"include_reasoning": "false"}, "include_reasoning"),
+        ({"stream": True, "stream_options": "include_usage"}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": "false"}}, "include_usage"),
+    ],
+)
+async def test_answer_flags_that_are_not_booleans_are_400_not_guessed(
+    gw: GatewayHarness, fields: dict[str, object], named: str
+) -> None:
+    # "false" is true to Python (and false to the engine): the agent would get a stream,
+    # token ids or usage it did not ask for.
+    await gw.register("r1")
+    r = await gw.chat("r1", {"messages": MESSAGES, **fields})
+    assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
+    nulls = {"stream": None, "logprobs": None, "include_reasoning": None, "stream_options": None}
+    r = await gw.chat("r1", {"messages": MESSAGES, **nulls})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert (await gw.trajectory("r1")).json()["num_turns"] == 1
+
+
+def engine_answering(status: int, body: str, media_type: str) -> Starlette:
+    async def chat(request: Request) -> Response:
+        return Response(body, status_code=status, media_type=media_type)
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.mark.parametrize(
+    "status,body,media_type,agent_sees",
+    [
+        (
+            400,
+            "<html><body>Bad Request. Apache/2.4.41 Server at 10.1.2.3 Port 8000</body></html>",
+            "text/html",
+            "upstream error 400",
+        ),
+        (404, "Not found at /srv/engine/app.py", "text/plain", "upstream error 404"),
+        (
+            422,
+            json.dumps({"detail": [{"loc": ["body", "n"], "msg": "Input should be > 0"}]}),
+            "application/json",
+            "Input should be > 0",
+        ),
+        (
+            400,
+            json.dumps({"error": {"message": "'max_tokens' must be at least 1", "code": 400}}),
+            "application/json",
+            "'max_tokens' must be at least 1",
+        ),
+    ],
+    ids=["proxy-html", "plain-text", "fastapi-detail", "engine-json"],
+)
+async def test_only_an_engines_json_error_message_reaches_the_agent(
+    make_gateway, caplog, status: int, body: str, media_type: str, agent_sees: str
+) -> None:
+    gw = await make_gateway(engine_answering(status, body, media_type))
+    await gw.register("r1")
+    r = await gw.chat("r1", MESSAGES)
+    assert r.status_code in (400, 404) and r.json()["error"]["message"] == agent_sees
+    for internal in ("10.1.2.3", "/srv/engine"):
+        assert internal not in r.text
+        assert internal in caplog.text or internal not in body  # the operator's log has it

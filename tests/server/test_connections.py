@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -72,6 +73,59 @@ async def test_connection_cap_refuses_extra_connections_and_recovers() -> None:
         await asyncio.sleep(0.1)
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"{root}/health")).status_code == 200
+
+
+async def answer_to(port: int, request: bytes) -> tuple[bytes, dict[str, Any]]:
+    """Send raw ``request``; the answer's status line and JSON body (the server closes)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    with contextlib.suppress(ConnectionError):  # the server may close before all is sent
+        await writer.drain()
+    raw = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), raw
+    return head.split(b"\r\n")[0], json.loads(body)
+
+
+async def test_oversized_request_headers_are_431_and_the_connection_is_closed() -> None:
+    async with gateway() as (root, port):
+        huge = b"x" * (4 * 1024 * 1024)  # one header past the bound...
+        many = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(2000))  # ...or many
+        for headers in (b"Idempotency-Key: " + huge + b"\r\n", many):
+            request = b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+            status, body = await answer_to(port, request)
+            assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+            assert body["error"]["code"] == 431 and "65536" in body["error"]["message"]
+        async with httpx.AsyncClient() as client:  # ordinary headers still pass
+            r = await client.get(f"{root}/health", headers={"X-Big": "v" * 30_000})
+            assert r.status_code == 200
+        # The bound is per request: pipelined requests' heads do not add up.
+        one = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 40_000 + b"\r\n\r\n"
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(one * 2 + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert raw.count(b"HTTP/1.1 200 OK") == 3, raw
+
+
+async def test_an_unparsable_request_gets_the_json_error_shape() -> None:
+    async with gateway() as (_, port):
+        bad_chunk = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+        )
+        two_lengths = b"GET /health HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
+        for request in (bad_chunk, two_lengths):
+            status, body = await answer_to(port, request)
+            assert status == b"HTTP/1.1 400 Bad Request"
+            assert body == {
+                "error": {
+                    "message": "invalid HTTP request",
+                    "type": "invalid_request_error",
+                    "code": 400,
+                }
+            }
 
 
 async def test_keep_alive_connection_serves_requests_normally() -> None:

@@ -56,6 +56,18 @@ async def test_idempotency_key_identifies_the_turn(make_gateway) -> None:
     assert len(upstream.requests) == 2
 
 
+async def test_a_blank_idempotency_key_identifies_nothing(make_gateway) -> None:
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app())
+    await gw.register("r1")
+    for blank in ("", " "):  # sent on every call by a misconfigured client
+        first = await gw.chat("r1", turn(f"one{blank}"), headers={"Idempotency-Key": blank})
+        second = await gw.chat("r1", turn(f"two{blank}"), headers={"Idempotency-Key": blank})
+        assert first.json()["id"] != second.json()["id"]
+    assert len(upstream.requests) == 4
+    assert (await gw.trajectory("r1")).json()["num_turns"] == 4
+
+
 async def test_same_body_without_retry_marks_after_the_answer_is_a_new_turn(
     make_gateway,
 ) -> None:

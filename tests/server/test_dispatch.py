@@ -75,7 +75,7 @@ async def test_lean_path_refusals_have_the_gateway_error_shape_and_are_counted(
     seen = spy_on_starlette(gw)
     await gw.register("r1")
     cases = [
-        (await gw.chat("r1", MESSAGES, headers={"Authorization": "Bearer wrong"}), 401, None),
+        (await gw.chat("r1", MESSAGES, headers={"Authorization": ""}), 401, None),
         (await gw.chat("nobody", MESSAGES), 404, "rollout_not_found"),
         (await gw.chat("bad.id", MESSAGES), 400, "invalid_rollout_id"),
         (await gw.chat("r1", {"messages": []}), 400, None),

@@ -82,6 +82,29 @@ async def test_stored_message_bytes_are_bounded(make_gateway) -> None:
     assert await truncation(gw, "r1") == (True, "max_rollout_bytes")
 
 
+async def test_stop_strings_count_against_the_stored_bytes(make_gateway) -> None:
+    gw = await make_gateway(max_rollout_message_bytes=3000)
+    await gw.register("r1")
+    # Recorded in each step's extras.sampling: an agent must not store them for free.
+    stop = [f"stop-{i:04d}" for i in range(120)]  # ~1.6 kB of JSON
+    body = {"messages": turn("ok"), "stop": stop}
+    assert (await gw.chat("r1", body)).status_code == 200
+    body["messages"] = [*turn("ok"), {"role": "assistant", "content": "ok"}, *turn("again")]
+    r = await gw.chat("r1", body)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "max_rollout_bytes_reached"
+
+
+async def test_the_dropped_field_names_a_turn_keeps_are_bounded(gw: GatewayHarness) -> None:
+    await gw.register("r1")
+    body: dict = {"messages": turn("hi"), "temperature": 0.5, "a" * 100_000: 1}
+    body.update({f"x{i:05d}": i for i in range(5000)})
+    assert (await gw.chat("r1", body)).status_code == 200
+    extras = (await gw.trajectory("r1")).json()["trajectory"][0]["extras"]
+    names = ["a" * 64, "temperature", *(f"x{i:05d}" for i in range(30))]
+    assert extras["dropped_fields"] == names
+    assert extras["dropped_fields_omitted"] == 5002 - 32
+
+
 async def test_message_fields_the_trajectory_does_not_need_are_not_kept(
     gw: GatewayHarness,
 ) -> None:

@@ -25,8 +25,9 @@ async def test_rollout_keys_are_on_by_default(make_gateway) -> None:
     assert len(key1) >= 40 and key1 != key2
 
     assert (await gw.chat("r1", MESSAGES, headers={"Authorization": ""})).status_code == 401
-    assert (await gw.chat("r1", MESSAGES, headers=bearer("wrong"))).status_code == 401
-    assert (await gw.chat("r1", MESSAGES, headers=bearer(key2))).status_code == 401
+    # A key that is not r1's: the 404 of an unknown rollout (see the test below).
+    assert (await gw.chat("r1", MESSAGES, headers=bearer("wrong"))).status_code == 404
+    assert (await gw.chat("r1", MESSAGES, headers=bearer(key2))).status_code == 404
     r = await gw.chat("r1", MESSAGES, headers={"Authorization": key1})  # no scheme
     assert r.status_code == 401
     assert r.json()["error"]["type"] == "unauthorized"
@@ -61,5 +62,27 @@ async def test_admin_token_does_not_open_chat(make_gateway) -> None:
     gw = await make_gateway(admin_token="s3cret")
     await gw.register("r1")
     r = await gw.chat("r1", MESSAGES, headers=bearer("s3cret"))  # not the rollout's key
-    assert r.status_code == 401
+    assert r.status_code == 404
     assert (await gw.chat("r1", MESSAGES)).status_code == 200
+
+
+async def test_a_rollout_key_cannot_tell_whether_another_rollout_exists(make_gateway) -> None:
+    gw = await make_gateway()
+    key1 = (await gw.register("r1")).json()["api_key"]
+    await gw.register("r2")
+    routes = [
+        ("POST", "/v1/rollouts/{}/chat/completions", {"messages": MESSAGES}),
+        ("GET", "/v1/rollouts/{}/models", None),
+        ("POST", "/v1/rollouts/{}/exit", {"exit_code": 0}),
+    ]
+    for method, path, body in routes:
+        answers = []
+        for rollout_id in ("r2", "nobody"):  # registered, and not
+            for token in (key1, "wrong"):
+                r = await gw.client.request(
+                    method, path.format(rollout_id), json=body, headers=bearer(token)
+                )
+                answers.append((r.status_code, r.text.replace(rollout_id, "ID")))
+        assert len(set(answers)) == 1, (path, answers)
+        assert answers[0][0] == 404
+    assert (await gw.trajectory("r2")).json()["num_turns"] == 0

@@ -128,5 +128,5 @@ async def test_sdk_models_list_shows_the_registered_model(make_gateway) -> None:
     models = await sdk(gw, "r1", api_key=key).models.list()
     # The registered model first, then the upstream's own cards.
     assert [m.id for m in models.data] == ["policy-7b", "scripted"]
-    with pytest.raises(openai.AuthenticationError):
+    with pytest.raises(openai.NotFoundError):  # not r1's key: as if r1 did not exist
         await sdk(gw, "r1", api_key="wrong").models.list()

@@ -395,3 +395,32 @@ def test_generate_logprobs_in_both_shapes_and_mismatch() -> None:
         read_generate_logprobs(vllm_032, [6])
     with pytest.raises(UpstreamError):
         read_generate_logprobs(vllm_032, [5, 6])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"tools": [{"type": "function"}]},
+        {"tools": "run_shell"},
+        {"tool_calls": "run_shell(command='ls')"},
+        {"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{"}}]},
+    ],
+    ids=["tool-without-function", "tools-not-a-list", "tool-calls-not-a-list", "bad-arguments"],
+)
+async def test_messages_the_template_cannot_render_are_400_not_500(
+    make_gateway: GatewayFactory, tokenizer_dir: Path, body: dict[str, Any]
+) -> None:
+    engine = FakeTokenEngine(tokenizer_dir, ["ok"])
+    gw = await token_in_gateway(make_gateway, engine, tokenizer_dir)
+    await gw.register("r1")
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "List the files."}]
+    if "tool_calls" in body:
+        call = {"role": "assistant", "content": None, "tool_calls": body.pop("tool_calls")}
+        messages += [call, {"role": "tool", "tool_call_id": "c1", "content": "a b"}]
+    r = await gw.chat("r1", {"messages": messages, **body})
+    assert r.status_code == 400, r.text
+    assert "cannot render" in r.json()["error"]["message"]
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["num_turns"] == 0 and traj["failed_turns"][0]["error"]["status_code"] == 400
+    assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
+    assert engine.requests == []  # nothing reached the engine

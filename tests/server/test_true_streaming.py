@@ -259,13 +259,14 @@ async def test_agent_disconnect_mid_stream_keeps_the_turn_for_its_retry() -> Non
     assert step["tokens"]["completion_ids"] == engine.answer["choices"][0]["token_ids"]
 
 
-async def test_an_engine_error_mid_stream_reaches_the_agent_and_records_nothing(
-    make_gateway: GatewayFactory,
-) -> None:
+async def stream_after_first_chunk(
+    make_gateway: GatewayFactory, tail: str
+) -> tuple[Any, list[dict[str, Any]], str]:
+    """Stream a turn whose engine sends its first recorded chunk, then ``tail``; the
+    gateway harness, the agent's JSON events and its raw stream."""
     engine = ReplayVLLM("text")
     first_block = engine.raw.split("\n\n")[0]
-    error = {"error": {"message": "KV cache lost", "type": "InternalServerError", "code": 500}}
-    engine.raw = f"{first_block}\n\ndata: {json.dumps(error)}\n\ndata: [DONE]\n\n"
+    engine.raw = f"{first_block}\n\n{tail}"
     gw = await make_gateway(engine.app())
     await gw.register("r1", model="gemma3-270m")
     body = {"model": "a", "messages": engine.request["messages"], "stream": True}
@@ -274,10 +275,44 @@ async def test_an_engine_error_mid_stream_reaches_the_agent_and_records_nothing(
         assert r.status_code == 200  # the first chunk went out before the error
         raw = (await r.aread()).decode()
     events = [json.loads(x[6:]) for x in raw.splitlines() if x.startswith("data: {")]
-    assert "KV cache lost" in events[-1]["error"]["message"]
+    return gw, events, raw
+
+
+async def test_an_engine_error_mid_stream_reaches_the_agent_and_records_nothing(
+    make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    error = {"error": {"message": "KV cache lost in /srv/vllm", "type": "X", "code": 500}}
+    tail = f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n"
+    gw, events, raw = await stream_after_first_chunk(make_gateway, tail)
+    # An engine's 5xx in a stream is told like a whole answer's: its status, not its words.
+    assert events[-1]["error"]["message"] == "upstream error 500"
+    assert "/srv/vllm" not in raw and "KV cache lost in /srv/vllm" in caplog.text
     assert raw.rstrip().endswith("data: [DONE]")
     traj = (await gw.trajectory("r1")).json()
     assert traj["trajectory"] == [] and traj["num_turns"] == 0
+    assert traj["failed_turns"][0]["error"]["type"] == "protocol"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        '{"choices": 5}',
+        '{"choices": [{"index": 0, "delta": {"tool_calls": 5}}]}',
+        "[" * 5000 + "]" * 5000,
+    ],
+    ids=["choices-not-a-list", "tool-calls-not-a-list", "nested-too-deep"],
+)
+async def test_a_malformed_engine_chunk_ends_the_stream_as_an_upstream_error(
+    make_gateway: GatewayFactory, event: str
+) -> None:
+    gw, events, raw = await stream_after_first_chunk(make_gateway, f"data: {event}\n\n")
+    assert events[-1]["error"]["code"] == "upstream_error", events[-1]
+    assert raw.rstrip().endswith("data: [DONE]")
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["num_turns"] == 0 and traj["failed_turns"][0]["error"]["type"] == "protocol"
+    metrics = (await gw.client.get("/metrics")).text
+    assert "rollout_gateway_internal_errors_total 0" in metrics
+    assert 'kind="protocol"} 1' in metrics
 
 
 async def test_sse_parser_reads_what_servers_send() -> None:
