@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import cast
@@ -35,6 +36,13 @@ UNCLAIMED_LIMIT = 10_000
 #: detection target of 50 ms, and cuts the polls of a 500-rollout burst several-fold).
 EXIT_COALESCE = 0.01
 
+#: A rollout's exit reports wake the board's followers (every env's exit stream) at most
+#: once per this many seconds; a repeat within it is stored at once and delivered with the
+#: next wake, at the latest when the interval ends. The agent holds the key a report is
+#: made with: without this bound one agent posting reports in a loop would make every
+#: env's stream carry, and every env parse, a line per post.
+REPORT_WAKE_INTERVAL = 1.0
+
 #: The pause before reopening an exit stream that worked and then ended or broke (a
 #: gateway that drops every stream at once must not make the watcher spin).
 STREAM_REOPEN_PAUSE = 0.05
@@ -47,13 +55,22 @@ class ExitBoard:
     :func:`asyncio.timeout` (a timer), so hundreds of long-polls hold no helper tasks.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        wake_interval: float = REPORT_WAKE_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         # In ``seq`` order (a replaced report moves to the end): the newest are last.
         self._reports: dict[str, ExitReport] = {}
         self._seq = 0
         self._changed = asyncio.Event()
         #: Long-polls and streams waiting for a report now.
         self.waiting = 0
+        self.wake_interval = wake_interval
+        self._clock = clock
+        self._last_wake: dict[str, float] = {}  # per rollout (see REPORT_WAKE_INTERVAL)
+        self._deferred_wake: asyncio.TimerHandle | None = None
 
     @property
     def cursor(self) -> int:
@@ -61,7 +78,8 @@ class ExitBoard:
         return self._seq
 
     def report(self, rollout_id: str, exit_code: int | None) -> None:
-        """Record (or replace) the exit report of ``rollout_id`` and wake the waiters."""
+        """Record (or replace) the exit report of ``rollout_id`` and wake the waiters
+        (a repeat within :data:`REPORT_WAKE_INTERVAL` wakes them when it ends)."""
         self._seq += 1
         self._reports.pop(rollout_id, None)
         self._reports[rollout_id] = {
@@ -69,6 +87,17 @@ class ExitBoard:
             "exit_code": exit_code,
             "seq": self._seq,
         }
+        now = self._clock()
+        last = self._last_wake.get(rollout_id)
+        if last is None or now - last >= self.wake_interval:
+            self._last_wake[rollout_id] = now
+            self.wake()
+        elif self._deferred_wake is None:
+            delay = last + self.wake_interval - now
+            self._deferred_wake = asyncio.get_running_loop().call_later(delay, self._wake_late)
+
+    def _wake_late(self) -> None:
+        self._deferred_wake = None
         self.wake()
 
     def wake(self) -> None:
@@ -79,6 +108,7 @@ class ExitBoard:
     def forget(self, rollout_id: str) -> None:
         """Drop the report of an unregistered rollout (the board holds only live ones)."""
         self._reports.pop(rollout_id, None)
+        self._last_wake.pop(rollout_id, None)
 
     def resume_point(self, after: int) -> int:
         """``after``, or 0 for a cursor from before a gateway restart (beyond ours)."""

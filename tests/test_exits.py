@@ -88,6 +88,35 @@ async def test_the_board_stream_starts_with_the_missed_reports_and_its_cursor():
     await lines.aclose()
 
 
+async def test_an_agent_repeating_its_exit_report_wakes_the_streams_once_per_interval():
+    """One agent posting reports in a loop must not make every env's stream carry a line
+    per post: repeats within the interval are stored and delivered together with the
+    next wake, at the latest when the interval ends; other rollouts are not delayed."""
+    now = [0.0]
+    board = ExitBoard(wake_interval=10.0, clock=lambda: now[0])
+    lines = board.follow(0, keepalive=60)
+
+    async def next_lines() -> list[protocol.ExitStreamLine]:
+        chunk = await asyncio.wait_for(anext(lines), 2)
+        return [protocol.parse_exit_stream_line(raw) for raw in chunk.splitlines()]
+
+    assert await next_lines() == [{"cursor": 0}]
+    board.report("a", 1)
+    assert await next_lines() == [{"rollout_id": "a", "exit_code": 1, "seq": 1}]
+    now[0] = 9.999  # the interval of "a" ends 1 ms (of the loop's time) from here
+    for code in range(2, 102):
+        board.report("a", code)
+    # Had each repeat woken the stream, its next chunk would hold exit code 2.
+    assert await next_lines() == [{"rollout_id": "a", "exit_code": 101, "seq": 101}]
+    board.report("a", 102)  # within the interval again, and "b" comes meanwhile
+    board.report("b", 0)
+    assert await next_lines() == [
+        {"rollout_id": "a", "exit_code": 102, "seq": 102},
+        {"rollout_id": "b", "exit_code": 0, "seq": 103},
+    ]
+    await lines.aclose()
+
+
 async def _settle(predicate, rounds: int = 200) -> None:
     """Yield to the loop until ``predicate()`` (no wall-clock waiting)."""
     for _ in range(rounds):
