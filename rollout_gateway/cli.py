@@ -124,7 +124,8 @@ security model:
 what an agent may set:
   forwarded: messages, tools, tool_choice, parallel_tool_calls, response_format, stop.
   read: max_tokens / max_completion_tokens (used only if registration sets none),
-  stream, stream_options, logprobs, top_logprobs, return_token_ids (shape the answer).
+  stream, stream_options, logprobs, return_token_ids (shape the answer); model and
+  top_logprobs are ignored.
   Every other field (temperature, top_p, top_k, n, seed, logit_bias, ...) is dropped,
   never rejected; the turn's extras list the dropped names. The registered
   sampling_params are what the engine gets.

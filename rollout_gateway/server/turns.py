@@ -25,9 +25,10 @@ AGENT_FORWARDED_FIELDS = (
 )
 #: Request fields an agent may set that the gateway reads but does not forward as sent:
 #: ``max_tokens`` / ``max_completion_tokens`` apply only when registration sets none;
-#: ``stream``, ``stream_options``, ``logprobs``, ``top_logprobs``, ``return_token_ids``
-#: only shape the agent's answer (upstream is always asked for ids and logprobs);
-#: ``model`` is replaced by the registered model.
+#: ``stream``, ``stream_options``, ``logprobs``, ``return_token_ids`` only shape the
+#: agent's answer (upstream is always asked for ids and logprobs); ``model`` is replaced
+#: by the registered model; ``top_logprobs`` is accepted and ignored (upstream is never
+#: asked for alternatives: answers carry the sampled tokens' logprobs only).
 AGENT_READ_FIELDS = (
     *_MAX_TOKEN_KEYS,
     "stream",
