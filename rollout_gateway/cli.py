@@ -241,6 +241,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "turn (bounds the memory of many big bodies at once; default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
+        "--max-messages", type=positive_int, default=defaults.DEFAULT_MAX_MESSAGES,
+        metavar="N",
+        help="messages in one chat request (400 too_many_messages beyond; default: "
+        "%(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
         "--max-exit-streams", type=positive_int,
         default=defaults.DEFAULT_MAX_EXIT_STREAMS, metavar="N",
         help="exit-report streams open at once, one per env process; more get 429 and "
@@ -367,6 +373,7 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         max_body_bytes=args.max_body_bytes,
         max_concurrent_parses=args.max_concurrent_parses,
         max_exit_streams=args.max_exit_streams,
+        max_messages=args.max_messages,
         upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
         default_max_turns=args.max_turns,
         max_total_completion_tokens=args.max_completion_tokens,

@@ -99,7 +99,7 @@ class ChatTurns:
             logger.info("rollout=%s agent disconnected while sending", record.rollout_id)
             return Response(status_code=499)
         body = await parse_json_object(raw, self.gateway.body_parser)
-        messages = validate_messages(body)
+        messages = validate_messages(body, config.max_messages)
         validate_answer_flags(body)
         fingerprint = body_fingerprint(raw)
         idempotency_key = request.idempotency_key

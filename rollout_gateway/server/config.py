@@ -23,6 +23,10 @@ DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_CONCURRENT_PARSES = 2
 #: Exit streams open at once (one per env process; see ``server.exit_stream``).
 DEFAULT_MAX_EXIT_STREAMS = 64
+#: Messages in one chat request. Each costs work on the event loop every turn (the
+#: history check, the stored copy); a long agent run has hundreds to a few thousand,
+#: while 16 MiB of tiny ones (400k) stalled every other rollout for about 0.5 s a turn.
+DEFAULT_MAX_MESSAGES = 8192
 
 
 @dataclass
@@ -63,6 +67,7 @@ class GatewayConfig:
             gateway-wide (each costs several times its size while parsed; more wait).
         max_exit_streams: exit streams open at once, gateway-wide (one per env
             process; more are answered 429 and long-poll meanwhile).
+        max_messages: messages in one chat request (400 ``too_many_messages`` beyond).
         default_max_turns: turn budget of rollouts registered without one (``-1``).
         max_total_completion_tokens: completion tokens per rollout, all turns together.
         default_max_context_tokens: context bound of rollouts registered without a
@@ -98,6 +103,7 @@ class GatewayConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_concurrent_parses: int = DEFAULT_MAX_CONCURRENT_PARSES
     max_exit_streams: int = DEFAULT_MAX_EXIT_STREAMS
+    max_messages: int = DEFAULT_MAX_MESSAGES
     sweep_interval_s: float = 30.0
     probe_interval_s: float = 5.0
     upstream_api_key: str | None = None
@@ -172,6 +178,7 @@ __all__ = [
     "DEFAULT_KEEP_ALIVE_S",
     "DEFAULT_MAX_CONCURRENT_PARSES",
     "DEFAULT_MAX_EXIT_STREAMS",
+    "DEFAULT_MAX_MESSAGES",
     "DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES",
     "DEFAULT_MAX_TOTAL_COMPLETION_TOKENS",
     "DEFAULT_MAX_TURNS",

@@ -142,13 +142,23 @@ def checked_rollout_id(rollout_id: str) -> str:
     return rollout_id
 
 
-def validate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """``body["messages"]``, checked to be a non-empty list of message objects (else 400)."""
+def validate_messages(
+    body: dict[str, Any], max_messages: int | None = None
+) -> list[dict[str, Any]]:
+    """``body["messages"]``, checked to be a non-empty list of message objects, at most
+    ``max_messages`` of them (else 400)."""
     messages = body.get("messages")
     if messages is None:
         raise ApiError(400, "'messages' is required", "invalid_request_error")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "invalid_request_error")
+    if max_messages is not None and len(messages) > max_messages:
+        raise ApiError(
+            400,
+            f"too many messages: {len(messages)} (this gateway takes at most {max_messages})",
+            "invalid_request_error",
+            code="too_many_messages",
+        )
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(

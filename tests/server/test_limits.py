@@ -70,6 +70,21 @@ async def test_context_limit_refuses_a_turn_extending_a_full_context(
     assert await truncation(gw, "r1") == (True, "max_context")
 
 
+async def test_a_request_with_more_messages_than_the_bound_is_400(make_gateway) -> None:
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app(), max_messages=3)
+    await gw.register("r1")
+    filler = [{"role": "user", "content": "context"}] * 2
+    assert (await gw.chat("r1", [*filler, *turn("ok")])).status_code == 200  # 3: taken
+    r = await gw.chat("r1", [*filler, *filler, *turn("ok")])  # 5: refused
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "too_many_messages"
+    assert "at most 3" in r.json()["error"]["message"]
+    assert len(upstream.requests) == 1  # never reached the engine
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["num_turns"] == 1 and traj["status"] == "active"  # the rollout goes on
+
+
 async def test_stored_message_bytes_are_bounded(make_gateway) -> None:
     gw = await make_gateway(max_rollout_message_bytes=3000)
     await gw.register("r1")
