@@ -110,9 +110,12 @@ class ConnectionStats:
     oversized_headers: int = 0
 
 
-def error_answer(status: int, reason: str, message: str, default_headers: Any = ()) -> bytes:
+def error_answer(
+    status: int, reason: str, message: str, code: str, default_headers: Any = ()
+) -> bytes:
     """A whole HTTP/1.1 error answer in the gateway's JSON shape, closing the connection."""
-    body = dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}})
+    error = {"message": message, "type": "invalid_request_error", "code": code}
+    body = dumps({"error": error})
     head = [f"HTTP/1.1 {status} {reason}\r\n".encode()]
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head.append(
@@ -165,6 +168,7 @@ def limited_protocol(
                     431,
                     "Request Header Fields Too Large",
                     f"request headers exceed {limits.max_header_bytes} bytes",
+                    "request_headers_too_large",
                     self.server_state.default_headers,
                 )
             )
@@ -177,7 +181,11 @@ def limited_protocol(
         def send_400_response(self, msg: str) -> None:
             # uvicorn's answer to a request it cannot parse, in the gateway's JSON shape.
             answer = error_answer(
-                400, "Bad Request", "invalid HTTP request", self.server_state.default_headers
+                400,
+                "Bad Request",
+                "invalid HTTP request",
+                "invalid_http_request",
+                self.server_state.default_headers,
             )
             self.transport.write(answer)
             self.transport.close()
