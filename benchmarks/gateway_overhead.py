@@ -16,7 +16,10 @@ through the proxy, (c) through the gateway, and prints side by side:
 * for the gateway at the largest context: trajectory fetch time and size (the table's
   answer and ``?format=delta``);
 * bytes the recorder holds per stored token;
-* gateway RSS: at start, after a burst of ``--burst`` rollouts, after they are unregistered.
+* gateway RSS: at start, after a burst of ``--burst`` rollouts, after they are unregistered;
+* CPU per second of each server process while idle (``--idle-seconds``, after the warm-up):
+  what a quiet server spends on its own timers, which a paced run (``--model-latency-ms``)
+  adds to every turn at low concurrency.
 
 Every request asks for token ids and logprobs in every run, so the model does the same
 work and the differences are the hop's. Example (the figures in the issue's closing note)::
@@ -278,6 +281,15 @@ def _cpu_of(pids: dict[str, int]) -> dict[str, float]:
 
 def _cpu_since(pids: dict[str, int], before: dict[str, float]) -> dict[str, float]:
     return {name: cpu - before[name] for name, cpu in _cpu_of(pids).items()}
+
+
+def _idle_cpu_ms_per_s(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """CPU milliseconds per second each process spends while nothing is sent to it."""
+    if seconds <= 0:
+        return {}
+    before = _cpu_of(pids)
+    time.sleep(seconds)
+    return {name: cpu * 1000 / seconds for name, cpu in _cpu_since(pids, before).items()}
 
 
 @contextlib.asynccontextmanager
@@ -546,6 +558,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=_ints, default=[1, 64], help="concurrent rollouts")
     parser.add_argument("--tool-output-chars", type=int, default=200)
     parser.add_argument("--burst", type=int, default=500, help="rollouts of the RSS burst")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=3.0,
+        help="measure each server's idle CPU this long after the warm-up (0: skip)",
+    )
     parser.add_argument("--burst-turns", type=int, default=5)
     parser.add_argument(
         "--min-turns", type=int, default=640, help="turns measured per cell at least (rounds)"
@@ -650,6 +668,7 @@ def main() -> None:
         for t in targets:  # warm up every path
             asyncio.run(_run(t, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50))
         rss_start = _proc_stat(gateway_pid)[1]
+        idle_ms = _idle_cpu_ms_per_s(pids, args.idle_seconds)
 
         results: dict[tuple[int, int, str], RunResult] = {}
         spread_s = 0.0 if args.lockstep else args.model_latency_ms / 1000
@@ -704,6 +723,9 @@ def main() -> None:
         f"after the runs, {rss_after_burst / 1e6:.1f} MB after {args.burst} rollouts x "
         f"{args.burst_turns} turns were registered, run and unregistered"
     )
+    if idle_ms:
+        shown = ", ".join(f"{name} {ms:.3f}" for name, ms in idle_ms.items())
+        print(f"idle CPU per second over {args.idle_seconds:g} s, ms: {shown}")
     mean_direct = statistics.mean(
         results[(args.contexts[0], args.concurrency[0], "direct")].latencies_s
     )
