@@ -38,6 +38,7 @@ from rollout_gateway.server.registry import (
     RolloutRecord,
 )
 from rollout_gateway.server.responses import ApiError, checked_rollout_id, read_json_object
+from rollout_gateway.server.turns import NOT_REGISTRABLE_FIELDS, flatten_sampling_params
 
 if TYPE_CHECKING:
     from rollout_gateway.server.app import Gateway
@@ -79,6 +80,14 @@ class ControlPlane:
         sampling = {} if sampling is None else sampling
         if not isinstance(sampling, dict):
             raise ApiError(400, "'sampling_params' must be an object", "invalid_request_error")
+        conversation = [k for k in NOT_REGISTRABLE_FIELDS if k in flatten_sampling_params(sampling)]
+        if conversation:
+            raise ApiError(
+                400,
+                f"'sampling_params' may not set {', '.join(conversation)}: the conversation "
+                "is the agent's",
+                "invalid_request_error",
+            )
         max_turns = body.get("max_turns", UNLIMITED_TURNS)
         if max_turns is None:
             max_turns = UNLIMITED_TURNS

@@ -69,6 +69,11 @@ def dropped_field_facts(body: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
+#: Request fields a registration's ``sampling_params`` may not set: the conversation is
+#: the agent's (a registered ``messages`` would replace every turn's prompt).
+NOT_REGISTRABLE_FIELDS = ("messages", "prompt")
+
+
 def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Registered sampling params as top-level request fields.
 
@@ -170,6 +175,7 @@ def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str,
 __all__ = [
     "AGENT_FORWARDED_FIELDS",
     "AGENT_READ_FIELDS",
+    "NOT_REGISTRABLE_FIELDS",
     "agent_view",
     "assistant_message",
     "build_upstream_request",

@@ -110,3 +110,15 @@ def test_remaining_budget_caps_max_tokens() -> None:
         {"messages": []}, model="m", sampling_params={}, max_tokens_bound=40
     )
     assert bounded["max_tokens"] == 40
+
+
+async def test_registered_sampling_params_may_not_set_the_conversation(gw) -> None:
+    for sampling in (
+        {"temperature": 1.0, "messages": [{"role": "user", "content": "hijacked"}]},
+        {"extra_body": {"messages": []}},  # flattened the way the engine would see it
+        {"prompt": "hijacked"},
+    ):
+        r = await gw.register("r1", sampling_params=sampling)
+        assert r.status_code == 400, r.text
+        assert "the conversation is the agent's" in r.json()["error"]["message"]
+    assert (await gw.register("r1", sampling_params={"temperature": 1.0})).status_code == 200
