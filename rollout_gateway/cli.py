@@ -291,7 +291,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )  # fmt: skip
     conns.add_argument(
         "--max-connections", type=positive_int, default=4096, metavar="N",
-        help="open connections at most; more are closed at once (default: %(default)s)",
+        help="open connections at most; a new one closes the longest-idle connection (or "
+        "itself, when all are busy with a request; default: %(default)s)",
     )  # fmt: skip
     conns.add_argument(
         "--upstream-timeout", type=positive_float, default=600.0, metavar="S",

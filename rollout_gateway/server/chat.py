@@ -39,7 +39,11 @@ from rollout_gateway.server.engine_turn import (
     wants_usage,
 )
 from rollout_gateway.server.jsonio import JSONBytesResponse
-from rollout_gateway.server.limits import check_turn_allowed, max_tokens_allowed
+from rollout_gateway.server.limits import (
+    NO_RETRY_HEADERS,
+    check_turn_allowed,
+    max_tokens_allowed,
+)
 from rollout_gateway.server.limits_v1 import turn_token_counts
 from rollout_gateway.server.recorder import recorded_message
 from rollout_gateway.server.registry import RolloutRecord
@@ -59,6 +63,11 @@ if TYPE_CHECKING:
     from rollout_gateway.server.app import Gateway
 
 logger = logging.getLogger("rollout_gateway.server")
+
+#: Requests that may wait for one turn at once: the original and its retries (an SDK
+#: retries two or three times). Each holds a connection until the turn ends, so without
+#: a bound one agent repeating a slow turn could hold every connection of the gateway.
+MAX_TURN_WAITERS = 8
 
 
 def _id_count(ids_json: bytes | None) -> int | None:
@@ -107,6 +116,14 @@ class ChatTurns:
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
             turn = record.turns.match(fingerprint, idempotency_key, is_retry=request.is_retry)
         if turn is not None:
+            if turn.waiters >= MAX_TURN_WAITERS:
+                raise ApiError(
+                    429,
+                    f"this request repeats a turn {turn.waiters} requests already wait for",
+                    "rate_limit_error",
+                    code="too_many_waiters",
+                    headers=NO_RETRY_HEADERS,
+                )
             self.gateway.metrics.deduplicated_requests.inc()
             logger.info("rollout=%s retried request joins its earlier turn", record.rollout_id)
         else:

@@ -10,7 +10,12 @@ that
 * closes a connection whose request line and headers are not complete within
   ``header_timeout_s`` of its first byte (or of the connection's opening);
 * closes a connection whose body is not complete within ``body_timeout_s`` of its headers;
-* closes new connections at once while ``max_connections`` are open;
+* keeps at most ``max_connections`` open: a new connection beyond them closes the one
+  that has been idle longest, i.e. not in the middle of a request the app is answering
+  (silent since it opened, between keep-alive requests, or still sending its request
+  line, headers or body), and is itself closed only when every other connection is busy
+  with a request. Idle sockets held open from inside sandboxes (a slowloris from every
+  sandbox at once) then cannot lock agents out: they are the oldest, and go first;
 * answers 431 and closes a connection whose request line and headers grow past
   ``max_header_bytes`` (the parser keeps them whole in memory, and nothing else bounds
   them: one agent could send gigabytes of headers within the header timeout);
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +111,7 @@ class ConnectionStats:
     """What the limits did (read by the gateway's metrics)."""
 
     refused_connections: int = 0
+    evicted_connections: int = 0
     header_timeouts: int = 0
     body_timeouts: int = 0
     oversized_headers: int = 0
@@ -130,6 +137,20 @@ def limited_protocol(
 ) -> type[HttpToolsProtocol]:
     """A uvicorn HTTP protocol class enforcing ``limits`` (pass it as ``http=``)."""
     counters = stats if stats is not None else ConnectionStats()
+    # Connections not in the middle of a request the app is answering, longest idle first.
+    idle: OrderedDict[HttpToolsProtocol, None] = OrderedDict()
+
+    def make_room(newcomer: HttpToolsProtocol) -> bool:
+        """Close the longest-idle connection other than ``newcomer`` (whether one was)."""
+        while idle:
+            oldest, _ = idle.popitem(last=False)
+            if oldest is newcomer or oldest.transport.is_closing():
+                continue
+            counters.evicted_connections += 1
+            logger.debug("closing the longest-idle connection: the connection cap is reached")
+            oldest.transport.close()
+            return True
+        return False
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -211,15 +232,26 @@ def limited_protocol(
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > limits.max_connections:
+            if len(self.connections) > limits.max_connections and not make_room(self):
                 counters.refused_connections += 1
                 transport.close()
                 return
+            idle[self] = None
             self._arm(limits.header_timeout_s, "header")
 
         def connection_lost(self, exc: Exception | None) -> None:
+            idle.pop(self, None)
             self._disarm()
             super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # Kept alive, and no pipelined request started in its place: idle until the
+            # client sends its next request.
+            cycle = self.cycle
+            if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
+                idle[self] = None
+                idle.move_to_end(self)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -233,6 +265,7 @@ def limited_protocol(
                 self.cycle.transport = HeadersWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
         def on_message_complete(self) -> None:
+            idle.pop(self, None)  # the app answers it now: never closed to make room
             self._disarm()
             self._in_head, self._head_bytes = True, 0  # the next request's head
             self._requests += 1

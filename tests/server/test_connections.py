@@ -62,17 +62,47 @@ async def test_slow_body_is_closed_by_the_body_timeout() -> None:
         writer.close()
 
 
-async def test_connection_cap_refuses_extra_connections_and_recovers() -> None:
+async def test_at_the_cap_the_longest_idle_connection_makes_room() -> None:
+    """Silent sockets (a slowloris from inside sandboxes) cannot lock agents out, and a
+    request being answered is never closed to make room."""
     async with gateway(max_connections=3, header_timeout_s=30) as (root, port):
-        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        assert await closed_within(reader, 5)  # closed at once, not queued
-        writer.close()
-        for _, w in held:
-            w.close()
-        await asyncio.sleep(0.1)
-        async with httpx.AsyncClient() as client:
+        # The oldest connection: a request the app is answering (a 1 s exit long-poll).
+        poll_reader, poll_writer = await asyncio.open_connection("127.0.0.1", port)
+        poll_writer.write(
+            b"GET /v1/rollouts/exits?after=0&timeout=1 HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer " + ADMIN.encode() + b"\r\n\r\n"
+        )
+        await poll_writer.drain()
+        await asyncio.sleep(0.2)  # the request is with the app
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        async with httpx.AsyncClient() as client:  # the cap is reached: it still gets in
             assert (await client.get(f"{root}/health")).status_code == 200
+        assert await closed_within(silent[0][0], 5)  # the longest idle made room
+        # The long-poll was older than all of them, and is answered all the same.
+        answer = await asyncio.wait_for(poll_reader.read(4096), 5)
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        for _, w in [*silent, (poll_reader, poll_writer)]:
+            w.close()
+
+
+async def test_at_the_cap_with_every_connection_busy_a_new_one_is_closed() -> None:
+    async with gateway(max_connections=2, header_timeout_s=30) as (root, port):
+        polls = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"GET /v1/rollouts/exits?after=0&timeout=2 HTTP/1.1\r\nHost: x\r\n"
+                b"Authorization: Bearer " + ADMIN.encode() + b"\r\n\r\n"
+            )
+            await writer.drain()
+            polls.append((reader, writer))
+        await asyncio.sleep(0.2)  # both requests are with the app
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed_within(reader, 1)  # closed at once: nothing idle to close
+        writer.close()
+        for poll_reader, poll_writer in polls:  # both answered
+            assert (await asyncio.wait_for(poll_reader.read(4096), 5)).startswith(b"HTTP/1.1 200")
+            poll_writer.close()
 
 
 async def answer_to(port: int, request: bytes) -> tuple[bytes, dict[str, Any]]:

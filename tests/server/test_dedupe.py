@@ -6,6 +6,8 @@ import asyncio
 import json
 from typing import Any
 
+from rollout_gateway.server.chat import MAX_TURN_WAITERS
+
 from .conftest import GatewayHarness, RecordingUpstream, script
 
 
@@ -29,6 +31,29 @@ async def test_retry_while_the_turn_runs_joins_it(make_gateway) -> None:
     assert len(upstream.requests) == 1
     traj = (await gw.trajectory("r1")).json()
     assert traj["num_turns"] == 1 and len(traj["trajectory"]) == 1
+
+
+async def test_a_turn_takes_a_bounded_number_of_waiting_retries(make_gateway) -> None:
+    """Each waiting request holds a connection: one agent repeating a slow turn must not
+    hold all of them."""
+    upstream = RecordingUpstream(latency_s=0.5)
+    gw = await make_gateway(upstream.app())
+    await gw.register("r1")
+    waiting = [asyncio.create_task(gw.chat("r1", turn("slow")))]
+    await asyncio.sleep(0.05)
+    waiting += [
+        asyncio.create_task(gw.chat("r1", turn("slow"), headers=RETRY))
+        for _ in range(MAX_TURN_WAITERS - 1)
+    ]
+    await asyncio.sleep(0.1)
+    refused = await gw.chat("r1", turn("slow"), headers=RETRY)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "too_many_waiters"
+    assert refused.headers["x-should-retry"] == "false"  # the SDK does not retry it
+    answers = await asyncio.gather(*waiting)
+    assert {a.status_code for a in answers} == {200}
+    assert len({a.json()["id"] for a in answers}) == 1  # one turn, answered to each
+    assert len(upstream.requests) == 1
 
 
 async def test_retry_after_the_answer_replays_it(make_gateway) -> None:
