@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -28,42 +29,34 @@ def subcommand(setup: SubcommandSetup) -> SubcommandSetup:
     return setup
 
 
-def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse type: a positive finite number of ``kind`` (argparse names the option)."""
+def _number(
+    kind: type[int] | type[float], accept: Callable[[int | float], bool], what: str
+) -> Callable[[str], int | float]:
+    """An argparse type: a number of ``kind`` that ``accept`` takes, else "must be
+    ``what``" (argparse names the option). NaN is refused by every bound."""
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
         return value
 
     parse.__name__ = kind.__name__
     return parse
 
 
-def _port(text: str) -> int:
-    """An argparse type: a TCP port, 1-65535 (uvicorn took 70000 and bound another port)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {text}")
-    return value
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a positive finite number of ``kind``."""
+    return _number(kind, lambda v: 0 < v < math.inf, "a positive number")
 
 
-def _non_negative_float(text: str) -> float:
-    """An argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+#: A TCP port (uvicorn took 70000 and bound another port).
+_port = _number(int, lambda v: 0 < v < 65536, "a port from 1 to 65535")
+#: A finite number >= 0.
+_non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 
 
 #: ``--log-level`` values (case-insensitive); anything else failed later with a traceback.
