@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_gateway.server.upstream import agent_status
+
 #: An SSE comment line: clients ignore it, proxies and tunnels see traffic.
 KEEPALIVE_EVENT = b": keepalive\n\n"
 
@@ -27,9 +29,9 @@ class StreamError(Exception):
     an event that is not a chat completion chunk.
 
     ``message`` and ``status_code`` are what the agent gets, mapped as a whole answer's
-    error status is (:func:`~.upstream.raise_for_upstream_status`): an engine error of
-    5xx is a 502 whose message is only its status, the engine's own words going to
-    ``detail`` (the operator's log); of 4xx a 400 (404 and 429 kept) with its message.
+    error status is (:func:`~.upstream.agent_status`): an engine error of 5xx is a 502
+    whose message is only its status, the engine's own words going to ``detail`` (the
+    operator's log); of 4xx a 400 (404 and 429 kept) with its message.
     """
 
     def __init__(self, message: str, status_code: int = 502, detail: str = "") -> None:
@@ -75,16 +77,14 @@ def _decode(payload: str) -> dict[str, Any]:
         status = code if isinstance(code, int) and 400 <= code < 600 else 502
         detail = f"upstream error {status} in stream: {message}"
         if status >= 500:
-            raise StreamError(f"upstream error {status}", 502, detail)
-        raise StreamError(f"upstream error in stream: {message}"[:2000], _kept_4xx(status), detail)
+            raise StreamError(f"upstream error {status}", agent_status(status), detail)
+        raise StreamError(
+            f"upstream error in stream: {message}"[:2000], agent_status(status), detail
+        )
     choices = chunk.get("choices")
     if choices is not None and not isinstance(choices, list):
         raise StreamError("upstream sent a stream event that is not a chat completion chunk")
     return chunk
-
-
-def _kept_4xx(status: int) -> int:
-    return status if status in (404, 429) else 400
 
 
 @dataclass

@@ -146,6 +146,15 @@ def _engine_error_message(response: HTTPAnswer) -> str | None:
     return None
 
 
+def agent_status(upstream_status: int) -> int:
+    """The status an agent gets for an engine's error status: 502 for a 5xx; 400 for a
+    4xx, except 404 (an unknown model stays "not found") and 429 (kept so clients back
+    off). Whole answers and errors inside a stream map alike."""
+    if upstream_status >= 500:
+        return 502
+    return upstream_status if upstream_status in (404, 429) else 400
+
+
 def raise_for_upstream_status(response: HTTPAnswer, label: str) -> None:
     """Raise the :class:`UpstreamError` an error answer maps to (nothing below 400).
 
@@ -160,15 +169,14 @@ def raise_for_upstream_status(response: HTTPAnswer, label: str) -> None:
     if status >= 500:
         raise UpstreamError(
             "http_5xx",
-            502,
+            agent_status(status),
             f"upstream error {status}",
             f"{label} answered {status}: {_upstream_message(response)}",
         )
     if status >= 400:
-        code = status if status in (404, 429) else 400
         message = (_engine_error_message(response) or f"upstream error {status}")[:2000]
         detail = f"{label} answered {status}: {_upstream_message(response)}"
-        raise UpstreamError("http_4xx", code, message, detail)
+        raise UpstreamError("http_4xx", agent_status(status), message, detail)
 
 
 def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
@@ -363,6 +371,7 @@ __all__ = [
     "Upstream",
     "UpstreamClientKind",
     "UpstreamError",
+    "agent_status",
     "connection_failure",
     "UpstreamPool",
     "raise_for_upstream_status",
