@@ -48,17 +48,12 @@ MAX_DROPPED_FIELDS = 32
 MAX_DROPPED_FIELD_CHARS = 64
 
 
-def dropped_agent_fields(body: Mapping[str, Any]) -> list[str]:
-    """Fields of an agent's request the gateway drops (every sampling field, ``n``,
-    ``seed``, ``logit_bias``, engine extras...): sorted names, for the turn's record (the
-    first :data:`MAX_DROPPED_FIELDS`, see :func:`dropped_field_facts`)."""
-    return dropped_field_facts(body).get("dropped_fields", [])
-
-
 def dropped_field_facts(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The turn's ``extras`` about dropped fields: ``dropped_fields`` (sorted names, at
-    most :data:`MAX_DROPPED_FIELDS`, each at most :data:`MAX_DROPPED_FIELD_CHARS`
-    characters) and ``dropped_fields_omitted`` (how many more), when there are any."""
+    """The turn's ``extras`` about the fields of an agent's request the gateway drops
+    (every sampling field, ``n``, ``seed``, ``logit_bias``, engine extras...):
+    ``dropped_fields`` (sorted names, at most :data:`MAX_DROPPED_FIELDS`, each at most
+    :data:`MAX_DROPPED_FIELD_CHARS` characters) and ``dropped_fields_omitted`` (how many
+    more), when there are any."""
     names = [k for k in body if k not in _AGENT_FIELDS]
     if not names:
         return {}
@@ -95,7 +90,7 @@ def build_upstream_request(
 
     An allowlist: only :data:`AGENT_FORWARDED_FIELDS` of the agent's body are forwarded;
     every other field (sampling, ``n``, ``seed``, ``logit_bias``, ``echo``, engine
-    extras...) is dropped (see :func:`dropped_agent_fields`). The registered ``model``
+    extras...) is dropped (see :func:`dropped_field_facts`). The registered ``model``
     and ``sampling_params`` are sent as registered. ``max_tokens`` is the registered value,
     else the agent's ``max_tokens`` / ``max_completion_tokens``, capped by
     ``max_tokens_bound`` (the rollout's remaining budget). The call is never streamed and
@@ -181,7 +176,6 @@ __all__ = [
     "build_upstream_request",
     "MAX_DROPPED_FIELDS",
     "MAX_DROPPED_FIELD_CHARS",
-    "dropped_agent_fields",
     "dropped_field_facts",
     "flatten_sampling_params",
 ]
