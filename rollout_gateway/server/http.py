@@ -40,7 +40,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from rollout_gateway.server.jsonio import dumps
+from rollout_gateway.server.responses import error_response
 
 logger = logging.getLogger("rollout_gateway.server")
 
@@ -120,9 +120,9 @@ class ConnectionStats:
 def error_answer(
     status: int, reason: str, message: str, code: str, default_headers: Any = ()
 ) -> bytes:
-    """A whole HTTP/1.1 error answer in the gateway's JSON shape, closing the connection."""
-    error = {"message": message, "type": "invalid_request_error", "code": code}
-    body = dumps({"error": error})
+    """A whole HTTP/1.1 error answer in the gateway's JSON shape, closing the connection
+    (written on the socket: the request never reached the app)."""
+    body = bytes(error_response(status, message, "invalid_request_error", code=code).body)
     head = [f"HTTP/1.1 {status} {reason}\r\n".encode()]
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head.append(
