@@ -132,25 +132,42 @@ def error_answer(
     return b"".join(head) + body
 
 
+class IdleConnections:
+    """A server's connections that are not in the middle of a request the app is
+    answering, longest idle first: the ones closed to make room at the connection cap."""
+
+    def __init__(self, stats: ConnectionStats) -> None:
+        self._stats = stats
+        self._idle: OrderedDict[asyncio.BaseProtocol, asyncio.BaseTransport] = OrderedDict()
+
+    def idle(self, protocol: asyncio.BaseProtocol, transport: asyncio.BaseTransport) -> None:
+        """``protocol`` is idle from now (new, or its answer was sent)."""
+        self._idle[protocol] = transport
+        self._idle.move_to_end(protocol)
+
+    def busy(self, protocol: asyncio.BaseProtocol) -> None:
+        """``protocol`` has a request for the app to answer, or is gone."""
+        self._idle.pop(protocol, None)
+
+    def make_room(self, newcomer: asyncio.BaseProtocol) -> bool:
+        """Close the longest-idle connection other than ``newcomer`` (whether one was)."""
+        while self._idle:
+            oldest, transport = self._idle.popitem(last=False)
+            if oldest is newcomer or transport.is_closing():
+                continue
+            self._stats.evicted_connections += 1
+            logger.debug("closing the longest-idle connection: the connection cap is reached")
+            transport.close()
+            return True
+        return False
+
+
 def limited_protocol(
     limits: ConnectionLimits, stats: ConnectionStats | None = None
 ) -> type[HttpToolsProtocol]:
     """A uvicorn HTTP protocol class enforcing ``limits`` (pass it as ``http=``)."""
     counters = stats if stats is not None else ConnectionStats()
-    # Connections not in the middle of a request the app is answering, longest idle first.
-    idle: OrderedDict[HttpToolsProtocol, None] = OrderedDict()
-
-    def make_room(newcomer: HttpToolsProtocol) -> bool:
-        """Close the longest-idle connection other than ``newcomer`` (whether one was)."""
-        while idle:
-            oldest, _ = idle.popitem(last=False)
-            if oldest is newcomer or oldest.transport.is_closing():
-                continue
-            counters.evicted_connections += 1
-            logger.debug("closing the longest-idle connection: the connection cap is reached")
-            oldest.transport.close()
-            return True
-        return False
+    idle = IdleConnections(counters)
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -232,15 +249,15 @@ def limited_protocol(
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > limits.max_connections and not make_room(self):
+            if len(self.connections) > limits.max_connections and not idle.make_room(self):
                 counters.refused_connections += 1
                 transport.close()
                 return
-            idle[self] = None
+            idle.idle(self, transport)
             self._arm(limits.header_timeout_s, "header")
 
         def connection_lost(self, exc: Exception | None) -> None:
-            idle.pop(self, None)
+            idle.busy(self)
             self._disarm()
             super().connection_lost(exc)
 
@@ -250,8 +267,7 @@ def limited_protocol(
             # client sends its next request.
             cycle = self.cycle
             if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
-                idle[self] = None
-                idle.move_to_end(self)
+                idle.idle(self, self.transport)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -265,7 +281,7 @@ def limited_protocol(
                 self.cycle.transport = HeadersWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
         def on_message_complete(self) -> None:
-            idle.pop(self, None)  # the app answers it now: never closed to make room
+            idle.busy(self)  # the app answers it now: never closed to make room
             self._disarm()
             self._in_head, self._head_bytes = True, 0  # the next request's head
             self._requests += 1
@@ -295,6 +311,7 @@ __all__ = [
     "HeadersWithBody",
     "ConnectionLimits",
     "ConnectionStats",
+    "IdleConnections",
     "error_answer",
     "limited_protocol",
     "uvicorn_options",
