@@ -53,6 +53,25 @@ def _rollout_id(request: Request) -> str:
     return checked_rollout_id(request.path_params["rollout_id"])
 
 
+def _sampling_params(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Register's ``sampling_params``: an object (``{}`` when absent) that does not set the
+    conversation (registered fields override the agent's request; see
+    :data:`~.turns.NOT_REGISTRABLE_FIELDS`)."""
+    sampling = body.get("sampling_params")
+    sampling = {} if sampling is None else sampling
+    if not isinstance(sampling, dict):
+        raise ApiError(400, "'sampling_params' must be an object", "invalid_request_error")
+    conversation = [k for k in NOT_REGISTRABLE_FIELDS if k in flatten_sampling_params(sampling)]
+    if conversation:
+        raise ApiError(
+            400,
+            f"'sampling_params' may not set {', '.join(conversation)}: the conversation "
+            "is the agent's",
+            "invalid_request_error",
+        )
+    return sampling
+
+
 def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -76,18 +95,7 @@ class ControlPlane:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ApiError(400, "'model' must be a non-empty string", "invalid_request_error")
-        sampling = body.get("sampling_params")
-        sampling = {} if sampling is None else sampling
-        if not isinstance(sampling, dict):
-            raise ApiError(400, "'sampling_params' must be an object", "invalid_request_error")
-        conversation = [k for k in NOT_REGISTRABLE_FIELDS if k in flatten_sampling_params(sampling)]
-        if conversation:
-            raise ApiError(
-                400,
-                f"'sampling_params' may not set {', '.join(conversation)}: the conversation "
-                "is the agent's",
-                "invalid_request_error",
-            )
+        sampling = _sampling_params(body)
         max_turns = body.get("max_turns", UNLIMITED_TURNS)
         if max_turns is None:
             max_turns = UNLIMITED_TURNS
