@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rollout_gateway.demo.options import DEFAULT_OUTPUT_ROOT, DemoError, DemoOptions
-
-#: The demo's exit codes (as :mod:`rollout_gateway.demo.runner`'s).
-_EXIT_OK, _EXIT_FAILED_ROLLOUTS, _EXIT_TIMEOUT = 0, 1, 3
+from rollout_gateway.demo.runner import EXIT_FAILED_ROLLOUTS, EXIT_OK, EXIT_TIMEOUT
 
 
 async def run_v1_demo(options: DemoOptions, out: TextIO) -> int:
@@ -97,6 +95,13 @@ async def run_v1_demo(options: DemoOptions, out: TextIO) -> int:
                     )
             except TimeoutError:
                 timed_out = True
+    return _report(options, traces, total, timed_out, out)
+
+
+def _report(
+    options: DemoOptions, traces: list[Any], total: int, timed_out: bool, out: TextIO
+) -> int:
+    """Write the finished traces, print the summary; the exit code."""
     run_dir = options.output or DEFAULT_OUTPUT_ROOT / f"demo-v1-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(run_dir) / "traces.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,8 +121,8 @@ async def run_v1_demo(options: DemoOptions, out: TextIO) -> int:
             "rollouts finished; their traces are kept",
             file=out,
         )
-        return _EXIT_TIMEOUT
-    return _EXIT_OK if failed == 0 else _EXIT_FAILED_ROLLOUTS
+        return EXIT_TIMEOUT
+    return EXIT_OK if failed == 0 else EXIT_FAILED_ROLLOUTS
 
 
 def _refuse_unsupported(options: DemoOptions) -> None:
