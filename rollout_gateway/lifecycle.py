@@ -82,6 +82,11 @@ class RolloutRecord:
     registered: bool = False
     times: dict[str, float] = field(default_factory=dict)
 
+    def fail(self, error: BaseException) -> None:
+        """Record ``error`` unless an earlier one already explains the rollout."""
+        if self.error is None:
+            self.error = error
+
 
 class RolloutHooks:
     """The steps of one rollout; adapters override them, the core calls each at most once.
@@ -196,7 +201,10 @@ class GatewayRollout:
             self.record.rollout_id,
             finalize_step_timeout=self.settings.finalize_step_timeout,
             is_typed=is_typed,
-            fail=self.fail,
+            # The record's, not ours: a bound method of this rollout held by its own
+            # runner is a reference cycle, and each rollout's trajectory would then wait
+            # for the garbage collector (longer collections under a burst).
+            fail=self.record.fail,
         )
         self._lease: TunnelLease | None = None
         self._proposed_key = protocol.new_rollout_api_key()
@@ -216,8 +224,7 @@ class GatewayRollout:
 
     def fail(self, error: BaseException) -> None:
         """Record ``error`` unless an earlier one already explains the rollout."""
-        if self.record.error is None:
-            self.record.error = error
+        self.record.fail(error)
 
     async def register(
         self,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -51,6 +53,23 @@ async def test_happy_path_runs_each_step_once_in_order():
     }
     await world.resources.aclose()
     assert world.leaks()["tunnels"] == []
+
+
+async def test_a_finished_rollout_is_freed_at_once_not_by_the_garbage_collector():
+    # A reference cycle per rollout keeps its record and trajectory until the collector
+    # runs: under a burst that is memory held for nothing and longer collections.
+    world = World()
+    rollout, hooks = world.rollout()
+    gc.disable()
+    try:
+        await rollout.execute(hooks)
+        assert rollout.record.trajectory is not None
+        refs = [weakref.ref(rollout), weakref.ref(rollout.record), weakref.ref(rollout.steps)]
+        del rollout, hooks
+        assert [ref() for ref in refs] == [None, None, None]
+    finally:
+        gc.enable()
+    await world.resources.aclose()
 
 
 # ---------------------------------------------------------------- the fault matrix

@@ -173,9 +173,11 @@ class TrajectoryRecorder:
         if len(messages) < shared:
             return None
         base, recorded = self._match_base, self._last_messages
+        if messages[:shared] == base:  # one C loop: the usual verbatim echo
+            return shared
         for i in range(shared):
             m, p = messages[i], base[i]
-            if m == p:  # C speed: the usual case
+            if m == p:
                 continue
             trimmed = recorded_message(m)
             if trimmed == p:
