@@ -82,8 +82,11 @@ async def _sleep_or_hint(
     rollout: GatewayRollout, seconds: float, hint: asyncio.Future[int | None] | None
 ) -> None:
     """Sleep ``seconds`` (the settings' sleep), or less if ``hint`` resolves first."""
+    if hint is None or hint.done():
+        await rollout.settings.sleep(seconds)
+        return
     # No helper task: hundreds of rollouts wait here at once (see interrupt.py).
-    async with Interrupt(hint if hint is not None and not hint.done() else None):
+    async with Interrupt(hint):
         await rollout.settings.sleep(seconds)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,24 +276,28 @@ class GatewayRollout:
             record.agent_base_url, record.api_key, model, self.settings.agent_timeout
         )
 
-    async def poll_until_exit(
+    # These two hand back agent_wait's coroutine (no wrapping coroutine of their own):
+    # hundreds of rollouts wait in them at once, each frame costs memory and collector
+    # work, and every wake-up of the wait resumes the whole chain of awaits.
+
+    def poll_until_exit(
         self,
         probe: Callable[[], Awaitable[AgentExit | None]],
         *,
         is_transient: Callable[[BaseException], bool] = lambda e: False,
-    ) -> AgentExit:
+    ) -> Coroutine[Any, Any, AgentExit]:
         """Call ``probe`` (``None`` while the agent runs) until the agent exited.
 
         See :func:`rollout_gateway.agent_wait.poll_until_exit`.
         """
-        return await agent_wait.poll_until_exit(self, probe, is_transient=is_transient)
+        return agent_wait.poll_until_exit(self, probe, is_transient=is_transient)
 
-    async def wait_for_agent(self, until_exit: Awaitable[Any]) -> None:
+    def wait_for_agent(self, until_exit: Awaitable[Any]) -> Coroutine[Any, Any, None]:
         """Wait for ``until_exit``, racing the agent timeout and the tunnel's death.
 
         See :func:`rollout_gateway.agent_wait.wait_for_agent`.
         """
-        await agent_wait.wait_for_agent(self, until_exit)
+        return agent_wait.wait_for_agent(self, until_exit)
 
     @property
     def lease(self) -> TunnelLease | None:
