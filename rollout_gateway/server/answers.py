@@ -112,6 +112,10 @@ def _meta_output(choice: Mapping[str, Any]) -> tuple[list[int] | None, list[floa
 def _sentinels(logprobs: Sequence[float] | None) -> list[int]:
     if not logprobs:
         return []
+    # The usual answer has none: say so in two C loops (a NaN or an infinity makes the
+    # sum non-finite and takes the exact path below, as does an overflowing sum).
+    if math.isfinite(sum(logprobs)) and min(logprobs) > SENTINEL_LOGPROB:
+        return []
     return [i for i, v in enumerate(logprobs) if not (v > SENTINEL_LOGPROB and math.isfinite(v))]
 
 

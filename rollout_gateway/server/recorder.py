@@ -148,6 +148,9 @@ class TrajectoryRecorder:
     _match_base: list[dict[str, Any]] = field(default_factory=list)
     #: History state before the last step (to undo an abandoned turn).
     _before_last: tuple[Any, ...] | None = None
+    #: Where the last check needed more than ``==`` (an entry the agent echoed in another
+    #: form): the prefix before it is checked in one C comparison next time.
+    _echo_hint: int = 0
 
     def __post_init__(self) -> None:
         self._ids = TokenBranches(self.max_seq_len)
@@ -173,18 +176,26 @@ class TrajectoryRecorder:
         if len(messages) < shared:
             return None
         base, recorded = self._match_base, self._last_messages
-        if messages[:shared] == base:  # one C loop: the usual verbatim echo
+        # C comparisons first: the prefix the last check passed by ``==``, then the rest
+        # (the usual verbatim echo); an entry by entry look only from the first mismatch.
+        start = min(self._echo_hint, shared)
+        if messages[:start] != base[:start]:
+            start = 0
+        if messages[start:shared] == base[start:]:
             return shared
-        for i in range(shared):
+        first_slow = shared
+        for i in range(start, shared):
             m, p = messages[i], base[i]
             if m == p:
                 continue
+            first_slow = min(first_slow, i)
             trimmed = recorded_message(m)
             if trimmed == p:
                 continue
             if not same_message(m, recorded[i]):
                 return None
             base[i] = trimmed  # an SDK's re-serialised echo: match it by == next time
+        self._echo_hint = first_slow
         return shared
 
     def last_turn_ids(self) -> tuple[list[int], list[int], int] | None:

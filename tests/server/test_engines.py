@@ -111,6 +111,33 @@ def test_read_answer_takes_sglang_meta_info_when_no_token_ids() -> None:
     assert read.weight_version == "default" and read.cached_tokens == 3
 
 
+@pytest.mark.parametrize(
+    ("logprobs", "sentinels"),
+    [
+        ([-0.5, -1.25, -3.0], []),
+        ([-0.5, -9999.0, -3.0], [1]),
+        ([float("nan"), -0.5, -1.0], [0]),
+        ([-0.5, float("-inf"), -1.0], [1]),
+        ([-0.5, -1.0, float("inf")], [2]),
+        # Finite, but their sum is not: the exact check decides.
+        ([-1.7e308, -1.7e308, -0.5], [0, 1]),
+        ([-9000.0, -0.1], [0]),  # the bound itself is a sentinel
+    ],
+)
+def test_read_answer_flags_exactly_the_sentinel_logprobs(
+    logprobs: list[float], sentinels: list[int]
+) -> None:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "abc"},
+        "token_ids": [97, 98, 99],
+        "logprobs": {"content": [{"token": "x", "logprob": v} for v in logprobs]},
+        "finish_reason": "stop",
+    }
+    first = read_answer({"choices": [choice], "prompt_token_ids": [1, 2]}).first
+    assert first is not None and first.sentinels == sentinels
+
+
 def test_model_cards_name_the_engine_and_its_context() -> None:
     vllm = {"data": [{"id": "g", "owned_by": "vllm", "max_model_len": 4096}]}
     assert read_model_cards(vllm) == ("vllm", 4096)

@@ -159,6 +159,42 @@ def test_recorder_shares_prefixes_and_rebuilds_steps() -> None:
     assert rec.token_storage_bytes() < 16 * final_len
 
 
+def test_history_echoed_in_another_form_is_shared_and_a_rewrite_anywhere_is_caught() -> None:
+    """An SDK that re-serialises each answer (extra fields, arguments re-spaced) still
+    extends the history, turn after turn; a changed message before or after the point
+    the previous turn's check got to is a rewrite."""
+    rec = TrajectoryRecorder("tid")
+    sent: list[dict] = [{"role": "user", "content": "start"}]
+    for turn in range(6):
+        assert rec.shared_messages(sent) == (len(sent) - 1 if turn else 0)
+        answer = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"c{turn}", "type": "function",
+                 "function": {"name": "run", "arguments": f'{{"cmd":"step {turn}"}}'}}
+            ],
+        }  # fmt: skip
+        rec.record(sent, [answer])
+        echo = {
+            **answer,
+            "refusal": None,  # a field the trajectory does not keep
+            "tool_calls": [
+                {**answer["tool_calls"][0],
+                 "function": {"name": "run", "arguments": f'{{"cmd": "step {turn}"}}'}}
+            ],
+        }  # fmt: skip
+        sent = [*sent, echo, {"role": "tool", "tool_call_id": f"c{turn}", "content": "ok"}]
+    assert rec.shared_messages(sent) == len(sent) - 1
+    assert rec.shared_messages(sent) == len(sent) - 1  # the same request checked again
+    for index in (0, 1, len(sent) - 3):
+        changed = [dict(m) for m in sent]
+        changed[index]["content"] = "something else"
+        assert rec.shared_messages(changed) is None, index
+    assert rec.shared_messages(sent[:3]) is None  # shorter than the recorded history
+    assert rec.shared_messages(sent) == len(sent) - 1
+
+
 def test_malformed_token_fields_give_tokens_null() -> None:
     rec = TrajectoryRecorder("tid")
     msgs = [{"role": "user", "content": "x"}]
