@@ -47,6 +47,13 @@ fallback); the machine is shared, so compare ratios of one run. To compare two v
 the gateway in one run (A/B), pass the other version's source tree: ``--compare-source
 /path/to/checkout`` starts a second gateway from it (``base``), measured in the same cells,
 and prints gateway/base ratios.
+
+``--stack-floor`` adds two more paths, each its own process: ``stack``, the gateway's HTTP
+stack alone (uvicorn with httptools on uvloop, the aiohttp client) forwarding the bytes,
+and ``json``, the same plus the JSON work any recording gateway does on a turn (the request
+parsed and written again, the answer parsed without its prompt ids, as the gateway does).
+Their ratios to the proxy say what the stack costs; gateway/json says what the gateway's
+own work per turn (checks, history match, recording, bookkeeping) adds on top.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import httpx
 
@@ -103,6 +111,53 @@ def run_proxy(port: int, upstream_root: str) -> None:
     app.on_cleanup.append(on_cleanup)
     app.router.add_route("*", "/{tail:.*}", forward)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def run_stack_floor(port: int, upstream_root: str, json_work: bool) -> None:
+    """The gateway's HTTP stack alone: uvicorn (httptools, uvloop) and the aiohttp client,
+    forwarding bytes; with ``json_work``, also the JSON work every recording gateway does."""
+    import aiohttp
+    import orjson
+    import uvicorn
+
+    from rollout_gateway.server.prompt_ids import split_prompt_ids
+
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    connector = aiohttp.TCPConnector(limit=0)
+                    sessions.append(aiohttp.ClientSession(upstream_root, connector=connector))
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await sessions[0].close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if json_work and body:
+            body = orjson.dumps(orjson.loads(body))
+        headers = {"content-type": "application/json"}
+        async with sessions[0].request(
+            scope["method"], scope["path"], data=body or None, headers=headers
+        ) as upstream:
+            answer, status = await upstream.read(), upstream.status
+        if json_work and scope["method"] == "POST":
+            orjson.loads(split_prompt_ids(answer)[0])
+        head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
+        await send({"type": "http.response.start", "status": status, "headers": head})
+        await send({"type": "http.response.body", "body": answer})
+
+    uvicorn.run(
+        app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+        log_level="warning", access_log=False,
+    )  # fmt: skip
 
 
 # -- processes ---------------------------------------------------------------------------------
@@ -600,6 +655,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
+    parser.add_argument(
+        "--stack-floor",
+        action="store_true",
+        help="also run the gateway's HTTP stack alone ('stack') and with the JSON work of a "
+        "turn ('json') as paths",
+    )
+    parser.add_argument(
+        "--serve-stack-floor", nargs=3, metavar=("PORT", "UPSTREAM", "JSON"),
+        help=argparse.SUPPRESS,
+    )  # fmt: skip
     parser.add_argument("--load-client", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -610,6 +675,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve_proxy:
         run_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
+        return
+    if args.serve_stack_floor:
+        port, upstream, json_work = args.serve_stack_floor
+        run_stack_floor(int(port), upstream, json_work == "1")
         return
     if args.load_client:
         asyncio.run(_serve_as_client())
@@ -665,6 +734,18 @@ def main() -> None:
                 )
             )  # fmt: skip
             targets.append(Target("base", base_root, pids["base"], gateway=True))
+        if args.stack_floor:
+            for name, json_work in (("stack", "0"), ("json", "1")):
+                port = _free_port()
+                root = f"http://127.0.0.1:{port}"
+                pids[name] = stack.enter_context(
+                    _process(
+                        [sys.executable, __file__, "--serve-stack-floor", str(port), model_root,
+                         json_work],
+                        f"{root}/v1/models",
+                    )
+                )  # fmt: skip
+                targets.append(Target(name, root, pids[name]))
         for t in targets:  # warm up every path
             asyncio.run(_run(t, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50))
         rss_start = _proc_stat(gateway_pid)[1]
@@ -774,6 +855,15 @@ def _print_ratios(
                 print(
                     f"  base/proxy {b / p:.2f}x; gateway/base CPU per turn at {context} tokens, "
                     f"{conc} rollouts: {g / b:.2f}x"
+                )
+            if args.stack_floor:
+                st, js = (
+                    cpu_per_turn[(context, conc, "stack")],
+                    cpu_per_turn[(context, conc, "json")],
+                )
+                print(
+                    f"  stack/proxy {st / p:.2f}x, json/proxy {js / p:.2f}x; gateway/json "
+                    f"{g / js:.2f}x (the gateway's own work per turn: {g - js:.3f} ms)"
                 )
     if len(args.contexts) < 2:
         return

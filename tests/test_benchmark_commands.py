@@ -20,7 +20,7 @@ README_OPTIONS = {
     ],
     "gateway_overhead.py": [
         "--turns", "--contexts", "--concurrency", "--compare-source", "--gateway-option",
-        "--model-latency-ms", "--clients", "--lockstep",
+        "--model-latency-ms", "--clients", "--lockstep", "--stack-floor",
     ],
     "local_sandbox_modes.py": ["--commands", "--sandboxes"],
     "tito_branches.py": ["--upstream"],
