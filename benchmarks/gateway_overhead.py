@@ -43,7 +43,9 @@ figure of the cell is queueing. A real model takes hundreds of ms to seconds per
         --concurrency 1,64 --model-latency-ms 500 --clients 4
 
 CPU is read from Linux's per-process CPU clocks (nanoseconds; ``/proc`` ticks as a
-fallback); the machine is shared, so compare ratios of one run. To compare two versions of
+fallback); the machine is shared, so compare ratios of one run. Within a cell the paths
+take turns round by round (as many rounds as ``--min-turns`` needs), so a drift of the
+machine over the cell's seconds weighs on every path alike. To compare two versions of
 the gateway in one run (A/B), pass the other version's source tree: ``--compare-source
 /path/to/checkout`` starts a second gateway from it (``base``), measured in the same cells,
 and prints gateway/base ratios.
@@ -472,21 +474,33 @@ async def _run(
 ) -> RunResult:
     """``rollouts`` concurrent conversations of ``turns`` turns, in as many back-to-back
     rounds as it takes to measure at least ``min_turns`` turns."""
-    rounds = max(1, -(-min_turns // (rollouts * turns)))
     total = RunResult([], 0.0, {})
-    for _ in range(rounds):
+    for _ in range(rounds_for(min_turns, rollouts, turns)):
         res = await _one_round(
             target, pids, rollouts=rollouts, turns=turns, context_tokens=context_tokens,
             tool_chars=tool_chars, fetch_trajectory=fetch_trajectory, clients=clients,
             start_spread_s=start_spread_s,
         )  # fmt: skip
-        total.latencies_s += res.latencies_s
-        total.wall_s += res.wall_s
-        total.loadgen_cpu_s += res.loadgen_cpu_s
-        for name, cpu in res.cpu_s.items():
-            total.cpu_s[name] = total.cpu_s.get(name, 0.0) + cpu
-        total.trajectory = total.trajectory or res.trajectory
+        merge_run(total, res)
         fetch_trajectory = False
+    return total
+
+
+def rounds_for(min_turns: int, rollouts: int, turns: int) -> int:
+    """Rounds of ``rollouts`` conversations of ``turns`` turns that measure at least
+    ``min_turns`` turns (at least one)."""
+    return max(1, -(-min_turns // (rollouts * turns)))
+
+
+def merge_run(total: RunResult, res: RunResult) -> RunResult:
+    """Add one round's figures to ``total`` (in place; returned): latencies joined, wall
+    and CPU times summed, the first trajectory kept."""
+    total.latencies_s += res.latencies_s
+    total.wall_s += res.wall_s
+    total.loadgen_cpu_s += res.loadgen_cpu_s
+    for name, cpu in res.cpu_s.items():
+        total.cpu_s[name] = total.cpu_s.get(name, 0.0) + cpu
+    total.trajectory = total.trajectory or res.trajectory
     return total
 
 
@@ -755,16 +769,20 @@ def main() -> None:
         spread_s = 0.0 if args.lockstep else args.model_latency_ms / 1000
         for context in args.contexts:
             for conc in args.concurrency:
-                for t in targets:
-                    results[(context, conc, t.name)] = asyncio.run(
-                        _run(
-                            t, pids, rollouts=conc, turns=args.turns, context_tokens=context,
-                            tool_chars=args.tool_output_chars,
-                            fetch_trajectory=conc == args.concurrency[0],
-                            min_turns=args.min_turns, clients=args.clients,
-                            start_spread_s=spread_s,
-                        )
-                    )  # fmt: skip
+                # The paths take turns round by round: a drift of the shared machine over
+                # the cell's seconds weighs on every path alike.
+                for i in range(rounds_for(args.min_turns, conc, args.turns)):
+                    for t in targets:
+                        res = asyncio.run(
+                            _run(
+                                t, pids, rollouts=conc, turns=args.turns, context_tokens=context,
+                                tool_chars=args.tool_output_chars,
+                                fetch_trajectory=conc == args.concurrency[0] and i == 0,
+                                clients=args.clients, start_spread_s=spread_s,
+                            )
+                        )  # fmt: skip
+                        cell = results.setdefault((context, conc, t.name), RunResult([], 0.0, {}))
+                        merge_run(cell, res)
 
         rss_before_burst = _proc_stat(gateway_pid)[1]
         asyncio.run(_burst(gateway_root, args.burst, args.burst_turns, 64))

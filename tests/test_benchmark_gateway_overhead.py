@@ -45,3 +45,23 @@ def test_split_agents_gives_every_agent_to_exactly_one_client() -> None:
 def test_ratio_of_a_non_positive_extra_is_not_a_number() -> None:
     assert bench._ratio(1.5, 1.0) == "1.50x"
     assert bench._ratio(0.2, -0.1) == "n/a"
+
+
+def test_rounds_cover_the_minimum_turns_and_are_never_zero() -> None:
+    assert bench.rounds_for(640, 1, 40) == 16
+    assert bench.rounds_for(640, 64, 40) == 1
+    assert bench.rounds_for(641, 1, 40) == 17
+    assert bench.rounds_for(0, 1, 40) == 1
+
+
+def test_merge_run_adds_a_round_and_keeps_the_first_trajectory() -> None:
+    total = bench.RunResult([], 0.0, {})
+    first = bench.RunResult([0.1], 1.0, {"gateway": 0.5, "model": 0.25}, (0.01, 10, 0.001, 1))
+    second = bench.RunResult([0.2, 0.3], 2.0, {"gateway": 0.5}, (0.02, 20, 0.002, 2), 0.5)
+    bench.merge_run(total, first)
+    assert bench.merge_run(total, second) is total
+    assert total.latencies_s == [0.1, 0.2, 0.3]
+    assert total.wall_s == pytest.approx(3.0)
+    assert total.cpu_s == pytest.approx({"gateway": 1.0, "model": 0.25})
+    assert total.loadgen_cpu_s == pytest.approx(0.5)
+    assert total.trajectory == (0.01, 10, 0.001, 1)
