@@ -459,33 +459,6 @@ async def _serve_as_client() -> None:
     print(json.dumps(report), flush=True)
 
 
-async def _run(
-    target: Target,
-    pids: dict[str, int],
-    *,
-    rollouts: int,
-    turns: int,
-    context_tokens: int,
-    tool_chars: int,
-    fetch_trajectory: bool = False,
-    min_turns: int = 0,
-    clients: int = 1,
-    start_spread_s: float = 0.0,
-) -> RunResult:
-    """``rollouts`` concurrent conversations of ``turns`` turns, in as many back-to-back
-    rounds as it takes to measure at least ``min_turns`` turns."""
-    total = RunResult([], 0.0, {})
-    for _ in range(rounds_for(min_turns, rollouts, turns)):
-        res = await _one_round(
-            target, pids, rollouts=rollouts, turns=turns, context_tokens=context_tokens,
-            tool_chars=tool_chars, fetch_trajectory=fetch_trajectory, clients=clients,
-            start_spread_s=start_spread_s,
-        )  # fmt: skip
-        merge_run(total, res)
-        fetch_trajectory = False
-    return total
-
-
 def rounds_for(min_turns: int, rollouts: int, turns: int) -> int:
     """Rounds of ``rollouts`` conversations of ``turns`` turns that measure at least
     ``min_turns`` turns (at least one)."""
@@ -540,9 +513,9 @@ async def _one_round(
     turns: int,
     context_tokens: int,
     tool_chars: int,
-    fetch_trajectory: bool,
-    clients: int,
-    start_spread_s: float,
+    fetch_trajectory: bool = False,
+    clients: int = 1,
+    start_spread_s: float = 0.0,
 ) -> RunResult:
     """One round: register (gateway), drive every rollout, fetch one trajectory, unregister.
     Rollout ``i`` starts ``i / rollouts`` of ``start_spread_s`` late."""
@@ -749,40 +722,15 @@ def main() -> None:
             )  # fmt: skip
             targets.append(Target("base", base_root, pids["base"], gateway=True))
         if args.stack_floor:
-            for name, json_work in (("stack", "0"), ("json", "1")):
-                port = _free_port()
-                root = f"http://127.0.0.1:{port}"
-                pids[name] = stack.enter_context(
-                    _process(
-                        [sys.executable, __file__, "--serve-stack-floor", str(port), model_root,
-                         json_work],
-                        f"{root}/v1/models",
-                    )
-                )  # fmt: skip
-                targets.append(Target(name, root, pids[name]))
+            targets += _start_stack_floor(stack, model_root, pids)
         for t in targets:  # warm up every path
-            asyncio.run(_run(t, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50))
+            asyncio.run(
+                _one_round(t, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50)
+            )
         rss_start = _proc_stat(gateway_pid)[1]
         idle_ms = _idle_cpu_ms_per_s(pids, args.idle_seconds)
 
-        results: dict[tuple[int, int, str], RunResult] = {}
-        spread_s = 0.0 if args.lockstep else args.model_latency_ms / 1000
-        for context in args.contexts:
-            for conc in args.concurrency:
-                # The paths take turns round by round: a drift of the shared machine over
-                # the cell's seconds weighs on every path alike.
-                for i in range(rounds_for(args.min_turns, conc, args.turns)):
-                    for t in targets:
-                        res = asyncio.run(
-                            _run(
-                                t, pids, rollouts=conc, turns=args.turns, context_tokens=context,
-                                tool_chars=args.tool_output_chars,
-                                fetch_trajectory=conc == args.concurrency[0] and i == 0,
-                                clients=args.clients, start_spread_s=spread_s,
-                            )
-                        )  # fmt: skip
-                        cell = results.setdefault((context, conc, t.name), RunResult([], 0.0, {}))
-                        merge_run(cell, res)
+        results = _measure_cells(args, targets, pids)
 
         rss_before_burst = _proc_stat(gateway_pid)[1]
         asyncio.run(_burst(gateway_root, args.burst, args.burst_turns, 64))
@@ -830,6 +778,51 @@ def main() -> None:
     )
     print(f"(direct mean latency at {args.contexts[0]} tokens: {mean_direct * 1000:.2f} ms)")
     _print_targets(args, results, cpu_per_turn, stored / unique, rss_start, rss_after_burst)
+
+
+def _start_stack_floor(
+    stack: contextlib.ExitStack, model_root: str, pids: dict[str, int]
+) -> list[Target]:
+    """Start the ``stack`` and ``json`` paths (see ``--stack-floor``) in ``stack``; their
+    pids go into ``pids``."""
+    targets = []
+    for name, json_work in (("stack", "0"), ("json", "1")):
+        port = _free_port()
+        root = f"http://127.0.0.1:{port}"
+        pids[name] = stack.enter_context(
+            _process(
+                [sys.executable, __file__, "--serve-stack-floor", str(port), model_root,
+                 json_work],
+                f"{root}/v1/models",
+            )
+        )  # fmt: skip
+        targets.append(Target(name, root, pids[name]))
+    return targets
+
+
+def _measure_cells(
+    args: argparse.Namespace, targets: list[Target], pids: dict[str, int]
+) -> dict[tuple[int, int, str], RunResult]:
+    """Every cell (context x concurrency) on every path: (context, concurrency, path) ->
+    its figures over at least ``--min-turns`` turns. The paths take turns round by round,
+    so a drift of the shared machine over a cell's seconds weighs on every path alike."""
+    results: dict[tuple[int, int, str], RunResult] = {}
+    spread_s = 0.0 if args.lockstep else args.model_latency_ms / 1000
+    for context in args.contexts:
+        for conc in args.concurrency:
+            for i in range(rounds_for(args.min_turns, conc, args.turns)):
+                for t in targets:
+                    res = asyncio.run(
+                        _one_round(
+                            t, pids, rollouts=conc, turns=args.turns, context_tokens=context,
+                            tool_chars=args.tool_output_chars,
+                            fetch_trajectory=conc == args.concurrency[0] and i == 0,
+                            clients=args.clients, start_spread_s=spread_s,
+                        )
+                    )  # fmt: skip
+                    cell = results.setdefault((context, conc, t.name), RunResult([], 0.0, {}))
+                    merge_run(cell, res)
+    return results
 
 
 def _print_cells(
