@@ -177,7 +177,7 @@ class TrajectoryRecorder:
             return None
         base, recorded = self._match_base, self._last_messages
         # C comparisons first: the prefix the last check passed by ``==``, then the rest
-        # (the usual verbatim echo); an entry by entry look only from the first mismatch.
+        # (the usual verbatim echo); if the rest differs, entry by entry from the hint on.
         start = min(self._echo_hint, shared)
         if messages[:start] != base[:start]:
             start = 0
