@@ -38,6 +38,7 @@ from rollout_gateway.server.engine_turn import (
     prepare_upstream_body,
     wants_usage,
 )
+from rollout_gateway.server.history import HistoryMatch, recorded_message
 from rollout_gateway.server.jsonio import JSONBytesResponse
 from rollout_gateway.server.limits import (
     NO_RETRY_HEADERS,
@@ -45,7 +46,6 @@ from rollout_gateway.server.limits import (
     max_tokens_allowed,
 )
 from rollout_gateway.server.limits_v1 import turn_token_counts
-from rollout_gateway.server.recorder import recorded_message
 from rollout_gateway.server.registry import RolloutRecord
 from rollout_gateway.server.responses import (
     ApiError,
@@ -137,7 +137,10 @@ class ChatTurns:
             turn = Turn(fingerprint, idempotency_key)
             if body.get("stream"):
                 turn.events = EventLog()
-            turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages))
+            # Written now, while the parsed body is in the CPU's caches: the history check
+            # and the upstream request both use this text (see :mod:`.history`).
+            text = jsonio.dumps(messages)
+            turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages, text))
             turn.task.add_done_callback(_retrieve)
             record.turns.start(turn)
         turn.waiters += 1
@@ -227,12 +230,17 @@ class ChatTurns:
         return turn.task.result()
 
     async def _run_turn(
-        self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
+        self,
+        record: RolloutRecord,
+        turn: Turn,
+        body: dict[str, Any],
+        messages: list[Any],
+        messages_text: bytes,
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         try:
             async with record.lock:  # turns of one rollout run one at a time, in order
-                return await self._locked_turn(record, turn, body, messages)
+                return await self._locked_turn(record, turn, body, messages, messages_text)
         finally:
             if turn.events is not None:
                 turn.events.close()
@@ -240,18 +248,24 @@ class ChatTurns:
             gateway.registry.touch(record)
 
     async def _locked_turn(
-        self, record: RolloutRecord, turn: Turn, body: dict[str, Any], messages: list[Any]
+        self,
+        record: RolloutRecord,
+        turn: Turn,
+        body: dict[str, Any],
+        messages: list[Any],
+        messages_text: bytes,
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
-        shared, new_bytes = self._admit(record, messages, body.get("stop"))
-        extends = bool(shared)
+        history, new_bytes = self._admit(record, messages, messages_text, body.get("stop"))
+        extends = bool(history.shared)
         gateway.registry.touch(record)
         upstream_body = build_upstream_request(
             body,
             model=record.model,
             sampling_params=record.sampling_params,
             max_tokens_bound=max_tokens_allowed(record, extends_history=extends),
+            messages_text=messages_text,
         )
         upstream = gateway.pool.get(record.upstream)
         engine = await gateway.engine(record.upstream)
@@ -262,7 +276,7 @@ class ChatTurns:
             messages,
             prepare_upstream_body(upstream_body, record, engine),
             engine,
-            shared=shared,
+            history=history,
             extras=dropped_field_facts(body),
         )
         emit = turn.events.append if turn.events is not None else None
@@ -293,11 +307,11 @@ class ChatTurns:
         return _answer_of(result, body)
 
     def _admit(
-        self, record: RolloutRecord, messages: list[Any], stop: Any = None
-    ) -> tuple[int | None, int]:
+        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
+    ) -> tuple[HistoryMatch, int]:
         """Whether the rollout may take this turn (raises the refusal if not).
 
-        Returns the number of messages the request shares with the recorded history and
+        Returns how the request extends the recorded history (the messages it shares) and
         the bytes the turn stores for the agent: its new messages, and its ``stop``
         (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
         An answer the agent never received (it moved on without it) is taken back first:
@@ -316,7 +330,8 @@ class ChatTurns:
             if record.status == "completed" and record.truncation_reason is None:
                 record.status = "active"
             self.gateway.metrics.abandoned_turns.inc()
-        shared = record.recorder.shared_messages(messages)
+        history = record.recorder.match_history(messages, messages_text)
+        shared = history.shared
         # Counted as stored: only the fields the trajectory keeps.
         new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
         if stop is not None:
@@ -326,7 +341,7 @@ class ChatTurns:
         except ApiError as exc:
             self.gateway.metrics.refused_turns.inc(str(exc.code))
             raise
-        return shared, new_bytes
+        return history, new_bytes
 
     @staticmethod
     def _count_turn(

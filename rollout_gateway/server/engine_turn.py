@@ -36,6 +36,7 @@ from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
 from rollout_gateway.server import jsonio
 from rollout_gateway.server.answers import EngineAnswer, read_answer
 from rollout_gateway.server.engines import TOKEN_FLAG_FIELDS, EngineInfo, token_flags
+from rollout_gateway.server.history import HistoryMatch
 from rollout_gateway.server.prompt_ids import split_prompt_ids
 from rollout_gateway.server.responses import ApiError
 from rollout_gateway.server.streaming import (
@@ -162,8 +163,8 @@ class EngineTurn:
     messages: list[Any]
     upstream_body: dict[str, Any]
     engine: EngineInfo
-    #: Leading messages shared with the previous turn (``None``: history rewritten).
-    shared: int | None = -1
+    #: How the request extends the rollout's recorded history (``None``: not checked).
+    history: HistoryMatch | None = None
     #: Facts known before the call (e.g. the agent fields the allowlist dropped).
     extras: dict[str, Any] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
@@ -208,6 +209,12 @@ class EngineTurn:
             raise
         self._record(read_answer(result.completion), first_chunk_s, result.prompt_ids_json)
         return result
+
+    @property
+    def shared(self) -> int | None:
+        """Leading messages shared with the previous turn (``None``: history rewritten,
+        or not checked)."""
+        return self.history.shared if self.history is not None else None
 
     def upstream_seconds(self) -> float:
         """Seconds since the turn went upstream."""
@@ -358,7 +365,7 @@ class EngineTurn:
             completion_logprobs=first.completion_logprobs if first else None,
             finish_reason=first.finish_reason if first else None,
             total_tokens=total if isinstance(total, int) else None,
-            shared=self.shared,
+            history=self.history,
             extras=extras,
             prompt_ids_json=prompt_ids_json,
         )

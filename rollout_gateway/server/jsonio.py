@@ -12,6 +12,7 @@ at most 254 levels, so request bodies are bounded tighter (:data:`MAX_BODY_DEPTH
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -58,13 +59,37 @@ def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
     Written by orjson inside ``254 - max_depth`` lists, ``value`` fails exactly then: one
     pass in C (a 170 kB chat body takes ~10 us), not a walk of every node in Python.
     """
-    wrapped = value
-    for _ in range(_ORJSON_MAX_DEPTH - max_depth):
-        wrapped = [wrapped]
+    chain = None
+    if max_depth == MAX_BODY_DEPTH:
+        with contextlib.suppress(IndexError):  # none free: a new one
+            chain = _wrapper_chains.pop()
+    if chain is None:
+        chain = _wrapper_chain(_ORJSON_MAX_DEPTH - max_depth)
+    outer, inner = chain
+    inner[0] = value
     try:
-        orjson.dumps(wrapped)
+        orjson.dumps(outer)
     except orjson.JSONEncodeError:
         raise TooDeepError(f"request body nests deeper than {max_depth} levels") from None
+    finally:
+        inner[0] = None
+        if max_depth == MAX_BODY_DEPTH:
+            _wrapper_chains.append(chain)
+
+
+def _wrapper_chain(levels: int) -> tuple[list[Any], list[Any]]:
+    """``levels`` nested one-element lists: the outermost and the innermost."""
+    inner: list[Any] = [None]
+    outer = inner
+    for _ in range(levels - 1):
+        outer = [outer]
+    return outer, inner
+
+
+#: Wrapper chains of :func:`check_depth` for the default depth, reused: building one is
+#: half its cost on a chat body. Each is taken by one call at a time (``list.pop`` and
+#: ``append`` are atomic), so bodies parsed in worker threads get their own.
+_wrapper_chains: list[tuple[list[Any], list[Any]]] = []
 
 
 async def loads_off_loop(raw: bytes) -> Any:

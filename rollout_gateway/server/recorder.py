@@ -11,7 +11,6 @@ the trajectory is fetched.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,104 +18,15 @@ from typing import Any
 
 from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
 from rollout_gateway.server.answers import TRUNCATING_FINISH_REASONS
-from rollout_gateway.server.token_branches import StepIds, TokenBranches
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(part.get("text", "")) if isinstance(part, Mapping) else str(part)
-            for part in content
-        )
-    return json.dumps(content, sort_keys=True)
-
-
-def message_key(message: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What makes two chat messages "the same" when checking that history is extended.
-
-    SDKs re-serialise assistant messages with cosmetic differences (``content: null`` vs
-    ``""``, extra ``refusal: null``, text parts vs string); those must not count as a
-    rewritten history.
-    """
-    calls = tuple(
-        (
-            str(c.get("id", "")),
-            str((c.get("function") or {}).get("name", "")),
-            _canonical_arguments((c.get("function") or {}).get("arguments", "")),
-        )
-        for c in (message.get("tool_calls") or ())
-        if isinstance(c, Mapping)
-    )
-    return (
-        message.get("role"),
-        _text(message.get("content")),
-        calls,
-        message.get("tool_call_id") or "",
-        message.get("name") or "",
-    )
-
-
-def same_message(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """``message_key(a) == message_key(b)``, without the JSON work where it cannot matter.
-
-    Tool-call arguments that are the very same text need no canonical form: in the usual
-    echo the agent repeats them verbatim, and canonicalising both sides was most of the
-    cost of checking a turn's history.
-    """
-    if (
-        a.get("role") != b.get("role")
-        or (a.get("tool_call_id") or "") != (b.get("tool_call_id") or "")
-        or (a.get("name") or "") != (b.get("name") or "")
-        or _text(a.get("content")) != _text(b.get("content"))
-    ):
-        return False
-    calls_a = [c for c in (a.get("tool_calls") or ()) if isinstance(c, Mapping)]
-    calls_b = [c for c in (b.get("tool_calls") or ()) if isinstance(c, Mapping)]
-    if len(calls_a) != len(calls_b):
-        return False
-    for call_a, call_b in zip(calls_a, calls_b, strict=True):
-        function_a, function_b = call_a.get("function") or {}, call_b.get("function") or {}
-        if str(call_a.get("id", "")) != str(call_b.get("id", "")) or str(
-            function_a.get("name", "")
-        ) != str(function_b.get("name", "")):
-            return False
-        args_a, args_b = function_a.get("arguments", ""), function_b.get("arguments", "")
-        if isinstance(args_a, str) and args_a == args_b:
-            continue
-        if _canonical_arguments(args_a) != _canonical_arguments(args_b):
-            return False
-    return True
-
-
-def _canonical_arguments(arguments: Any) -> str:
-    if isinstance(arguments, str):
-        try:
-            return json.dumps(json.loads(arguments), sort_keys=True)
-        except ValueError:
-            return arguments
-    return json.dumps(arguments, sort_keys=True)
-
-
-#: Message fields the trajectory keeps; everything else an agent sends (vendor extras,
-#: cache hints, ids...) is dropped when the message is stored, so it costs no memory.
-RECORDED_MESSAGE_FIELDS = (
-    "role",
-    "content",
-    "name",
-    "tool_calls",
-    "tool_call_id",
-    "reasoning_content",
-    "reasoning",
+from rollout_gateway.server.history import (
+    RECORDED_MESSAGE_FIELDS,
+    HistoryMatch,
+    MessageHistory,
+    message_key,
+    recorded_message,
+    same_message,
 )
-
-
-def recorded_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a chat message the trajectory keeps (see :data:`RECORDED_MESSAGE_FIELDS`)."""
-    return {k: message[k] for k in RECORDED_MESSAGE_FIELDS if k in message}
+from rollout_gateway.server.token_branches import StepIds, TokenBranches
 
 
 @dataclass(slots=True)
@@ -142,18 +52,12 @@ class TrajectoryRecorder:
     trajectory_id: str
     max_seq_len: int | None = None
     _steps: list[_Step] = field(default_factory=list)
-    _last_messages: list[dict[str, Any]] = field(default_factory=list)
-    #: ``_last_messages`` as the agent last sent them (trimmed): what its next request
-    #: repeats byte for byte, so that a plain ``==`` matches most of its history.
-    _match_base: list[dict[str, Any]] = field(default_factory=list)
     #: History state before the last step (to undo an abandoned turn).
     _before_last: tuple[Any, ...] | None = None
-    #: Where the last check needed more than ``==`` (an entry the agent echoed in another
-    #: form): the prefix before it is checked in one C comparison next time.
-    _echo_hint: int = 0
 
     def __post_init__(self) -> None:
         self._ids = TokenBranches(self.max_seq_len)
+        self._history = MessageHistory()
 
     @property
     def num_steps(self) -> int:
@@ -165,38 +69,20 @@ class TrajectoryRecorder:
         """Prompt + completion ids of the last turn (0 when it had no ids)."""
         return len(self._ids.last_ids)
 
+    def match_history(
+        self, messages: Sequence[Mapping[str, Any]], text: bytes | None = None
+    ) -> HistoryMatch:
+        """How ``messages`` extend the last turn's prompt + completion: pass it to
+        :meth:`record` for the turn (see :class:`~.history.MessageHistory`). ``text`` is
+        ``messages`` as JSON, when the caller has it."""
+        return self._history.match(messages, text)
+
     def shared_messages(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
         """How many leading ``messages`` the last turn's prompt + completion holds already.
 
         ``None`` when ``messages`` does not extend that history (it was rewritten).
         """
-        shared = len(self._last_messages)
-        if not self._steps:
-            return 0
-        if len(messages) < shared:
-            return None
-        base, recorded = self._match_base, self._last_messages
-        # C comparisons first: the prefix the last check passed by ``==``, then the rest
-        # (the usual verbatim echo); if the rest differs, entry by entry from the hint on.
-        start = min(self._echo_hint, shared)
-        if messages[:start] != base[:start]:
-            start = 0
-        if messages[start:shared] == base[start:]:
-            return shared
-        first_slow = shared
-        for i in range(start, shared):
-            m, p = messages[i], base[i]
-            if m == p:
-                continue
-            first_slow = min(first_slow, i)
-            trimmed = recorded_message(m)
-            if trimmed == p:
-                continue
-            if not same_message(m, recorded[i]):
-                return None
-            base[i] = trimmed  # an SDK's re-serialised echo: match it by == next time
-        self._echo_hint = first_slow
-        return shared
+        return self._history.match(messages).shared
 
     def last_turn_ids(self) -> tuple[list[int], list[int], int] | None:
         """The last turn's prompt ids, completion ids, and how many messages its prompt
@@ -207,14 +93,16 @@ class TrajectoryRecorder:
         tokens = self._steps[-1].tokens
         if tokens is None or tokens.completion_end <= tokens.prompt_end:
             return None
-        return tokens.prompt_ids.tolist(), tokens.completion_ids.tolist(), len(self._last_messages)
+        held = len(self._history.messages)
+        return tokens.prompt_ids.tolist(), tokens.completion_ids.tolist(), held
 
     def abandon_last(self) -> None:
         """Mark the last step abandoned (its answer reached nobody) and forget it as the
         history the next turn extends."""
         if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
             self._steps[-1].abandoned = True
-            self._last_messages, self._match_base, ids = self._before_last
+            history, ids = self._before_last
+            self._history.restore(history)
             self._ids.restore(ids)  # drop what the abandoned step appended
             self._before_last = None
 
@@ -233,7 +121,7 @@ class TrajectoryRecorder:
         completion_logprobs: Sequence[float] | None = None,
         finish_reason: str | None = None,
         total_tokens: int | None = None,
-        shared: int | None = -1,
+        history: HistoryMatch | None = None,
         extras: Mapping[str, Any] | None = None,
         prompt_ids_json: bytes | None = None,
         truncated: bool = False,
@@ -252,8 +140,9 @@ class TrajectoryRecorder:
         previous step's prompt + completion ids.
         """
         step_extras: dict[str, Any] = dict(extras or {})
-        if shared == -1:  # not computed by the caller
-            shared = self.shared_messages(messages)
+        if history is None:  # not matched by the caller
+            history = self._history.match(messages)
+        shared = history.shared
         if shared is None:
             step_extras["history_rewritten"] = True
             shared = 0
@@ -261,7 +150,7 @@ class TrajectoryRecorder:
         truncated = truncated or finish_reason in TRUNCATING_FINISH_REASONS
         extras = step_extras
         previous_ids = len(self._ids.last_ids)
-        before = (self._last_messages, list(self._match_base), self._ids.snapshot())
+        before = (self._history.snapshot(), self._ids.snapshot())
 
         tokens: StepIds | None = None
         have_prompt = prompt_ids is not None or prompt_ids_json is not None
@@ -293,8 +182,7 @@ class TrajectoryRecorder:
 
         completion_list = [dict(m) for m in completion]
         self._steps.append(_Step(shared, new_messages, completion_list, tokens, truncated, extras))
-        self._last_messages = [*self._last_messages[:shared], *new_messages, *completion_list]
-        self._match_base = [*self._match_base[:shared], *new_messages, *completion_list]
+        self._history.advance(history, new_messages, completion_list)
         self._before_last = before
 
     def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:
@@ -380,7 +268,7 @@ class TrajectoryRecorder:
         if not kept:
             return [], [], False
         first = kept[0].new_messages  # the first kept step extends nothing
-        completion = self._last_messages[len(first) :]
+        completion = self._history.messages[len(first) :]
         return list(first), list(completion), any(s.is_truncated for s in kept)
 
     def summary(
@@ -418,4 +306,10 @@ class TrajectoryRecorder:
         )
 
 
-__all__ = ["TrajectoryRecorder", "message_key", "same_message"]
+__all__ = [
+    "RECORDED_MESSAGE_FIELDS",
+    "TrajectoryRecorder",
+    "message_key",
+    "recorded_message",
+    "same_message",
+]

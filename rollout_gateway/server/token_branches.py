@@ -48,6 +48,23 @@ class StepIds:
         return self.segment[self.prompt_end : self.completion_end]
 
 
+@dataclass(slots=True)
+class PromptIds:
+    """A turn's prompt ids, as :meth:`TokenBranches.prompt` read them: the first
+    ``known`` ids of ``branch`` (known equal without comparing them), then ``tail``."""
+
+    branch: array
+    known: int
+    tail: array
+
+    def __len__(self) -> int:
+        return self.known + len(self.tail)
+
+    def tolist(self) -> list[int]:
+        """All the prompt's ids."""
+        return [*self.branch[: self.known].tolist(), *self.tail.tolist()]
+
+
 class TokenBranches:
     """The current branch of ids and what the next turn's prompt is checked against.
 
@@ -76,7 +93,7 @@ class TokenBranches:
         self.last_ids = array("i")
         self._last_prompt_text = None
 
-    def prompt(self, ids: Sequence[int] | None, text: bytes | None) -> array:
+    def prompt(self, ids: Sequence[int] | None, text: bytes | None) -> PromptIds:
         """The prompt's ids, from ``text`` (JSON array) when given, else from ``ids``.
 
         Raises ``TypeError`` / ``ValueError`` / ``OverflowError`` for ids that are not
@@ -84,46 +101,55 @@ class TokenBranches:
         """
         if text is None:
             self._last_prompt_text = None
-            return array("i", ids)  # type: ignore[arg-type]
+            return PromptIds(self.last_ids, 0, array("i", ids))  # type: ignore[arg-type]
         body = memoryview(text)[:-1]  # without "]"
         last = self._last_prompt_text
-        prompt: array | None = None
+        prompt: PromptIds | None = None
         hasher = None
         if last is not None:
             digest, length, count = last
             if len(body) >= length and text[length : length + 1] in (b",", b"]"):
                 hasher = prefix_hasher(body[:length])  # one pass: check, then extend
                 if hasher.digest() == digest:
-                    prompt = self.last_ids[:count]
+                    tail = array("i")
                     if text[length : length + 1] == b",":
-                        prompt.extend(orjson.loads(b"[" + text[length + 1 :]))
+                        tail.extend(orjson.loads(b"[" + text[length + 1 :]))
+                    prompt = PromptIds(self.last_ids, count, tail)
                     hasher.update(body[length:])
         if prompt is None:
-            prompt = array("i", orjson.loads(text))
+            prompt = PromptIds(self.last_ids, 0, array("i", orjson.loads(text)))
             hasher = prefix_hasher(body)
         assert hasher is not None
         self._last_prompt_text = (hasher.digest(), len(body), len(prompt))
         return prompt
 
     def add(
-        self, prompt: array, completion_ids: Sequence[int], logprobs: Sequence[float]
+        self, prompt: PromptIds, completion_ids: Sequence[int], logprobs: Sequence[float]
     ) -> StepIds:
         """Store one turn's ids on the branch its prompt extends (or a new one)."""
         comp = array("i", completion_ids)
         lps = array("f", logprobs)
         last = self.last_ids
-        prefix = common_prefix_len(last, prompt)
-        overlong = self.max_seq_len is not None and len(prompt) > self.max_seq_len
-        too_long = self.max_seq_len is not None and len(prompt) + len(comp) > self.max_seq_len
+        known = prompt.known if prompt.branch is last else 0
+        tail = prompt.tail
+        # Only what follows the ids known to be the branch's (usually the previous
+        # completion, as the engine tokenized it again) is compared.
+        prefix = known + common_prefix_len(last[known:] if known else last, tail)
+        prompt_len = known + len(tail)
+        overlong = self.max_seq_len is not None and prompt_len > self.max_seq_len
+        too_long = self.max_seq_len is not None and prompt_len + len(comp) > self.max_seq_len
         if last and prefix == len(last):
             segment = last  # the prompt extends the branch: append in place
-            segment.extend(prompt[prefix:])
+            segment.extend(tail[prefix - known :])
+        elif known:
+            segment = last[:known]  # a new branch that starts with the branch's first ids
+            segment.extend(tail)
         else:
-            segment = prompt  # a new branch (first turn, or a rewritten history)
+            segment = tail  # a new branch (first turn, or a rewritten history)
         prompt_end = len(segment)
         segment.extend(comp)
         self.last_ids = segment  # the next turn's prompt usually extends this
         return StepIds(segment, prefix, prompt_end, len(segment), lps, overlong, too_long)
 
 
-__all__ = ["BranchSnapshot", "StepIds", "TokenBranches"]
+__all__ = ["BranchSnapshot", "PromptIds", "StepIds", "TokenBranches"]

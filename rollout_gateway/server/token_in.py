@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollout_gateway.server import jsonio
-from rollout_gateway.server.recorder import recorded_message
+from rollout_gateway.server.history import recorded_message
 from rollout_gateway.server.responses import ApiError
 from rollout_gateway.server.upstream import (
     UpstreamError,

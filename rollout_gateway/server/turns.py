@@ -9,6 +9,8 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from rollout_gateway import protocol
 
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
@@ -85,6 +87,7 @@ def build_upstream_request(
     model: str,
     sampling_params: Mapping[str, Any],
     max_tokens_bound: int | None = None,
+    messages_text: bytes | None = None,
 ) -> dict[str, Any]:
     """The upstream request for an agent's chat ``body``.
 
@@ -95,9 +98,13 @@ def build_upstream_request(
     else the agent's ``max_tokens`` / ``max_completion_tokens``, capped by
     ``max_tokens_bound`` (the rollout's remaining budget). The call is never streamed and
     always asks for token ids and logprobs (vLLM's ``return_token_ids`` / ``logprobs``).
+    ``messages_text`` (``body["messages"]`` as :func:`orjson.dumps` writes it) is sent as
+    it is, not written again.
     """
     registered = flatten_sampling_params(sampling_params)
     request = {k: body[k] for k in AGENT_FORWARDED_FIELDS if k in body}
+    if messages_text is not None and "messages" in request:
+        request["messages"] = orjson.Fragment(messages_text)
     max_tokens = _first_set(registered, _MAX_TOKEN_KEYS)
     if max_tokens is None:
         max_tokens = _first_set(body, _MAX_TOKEN_KEYS)

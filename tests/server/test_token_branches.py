@@ -63,3 +63,19 @@ def test_ids_that_are_not_32_bit_integers_raise():
         ids.prompt([2**40], None)
     with pytest.raises(TypeError):
         ids.prompt(None, b'["a"]')
+
+
+def test_a_text_prompt_that_copies_the_completion_differently_branches_at_the_difference():
+    # The engine tokenized the previous completion again, differently ([4, 9], not [4, 5]):
+    # the ids known from the previous prompt's text are shared, the rest is compared.
+    ids = TokenBranches()
+    first = ids.add(ids.prompt(None, b"[1,2,3]"), [4, 5], [0.0, 0.0])
+    step = ids.add(ids.prompt(None, b"[1,2,3,4,9,6]"), [7], [0.0])
+    assert step.prefix_len == 4 and step.prompt_ids.tolist() == [1, 2, 3, 4, 9, 6]
+    assert step.segment is not first.segment and first.segment.tolist() == [1, 2, 3, 4, 5]
+    after = ids.add(ids.prompt(None, b"[1,2,3,4,9,6,7,8]"), [0], [0.0])
+    assert after.segment is step.segment and after.prefix_len == 7
+    assert after.prompt_ids.tolist() == [1, 2, 3, 4, 9, 6, 7, 8]
+    # A prompt that is exactly the previous prompt (no completion echoed) shares it.
+    again = ids.add(ids.prompt(None, b"[1,2,3,4,9,6,7,8]"), [5], [0.0])
+    assert again.prefix_len == 8 and again.prompt_ids.tolist() == [1, 2, 3, 4, 9, 6, 7, 8]
