@@ -51,7 +51,8 @@ the gateway in one run (A/B), pass the other version's source tree: ``--compare-
 and prints gateway/base ratios.
 
 ``--stack-floor`` adds two more paths, each its own process: ``stack``, the gateway's HTTP
-stack alone (uvicorn with httptools on uvloop, the aiohttp client) forwarding the bytes,
+stack alone (uvicorn with httptools on uvloop, the gateway's upstream client,
+``Http1Upstream``) forwarding the bytes,
 and ``json``, the same plus the JSON work any recording gateway does on a turn (the request
 parsed and written again, the answer parsed without its prompt ids, as the gateway does).
 Their ratios to the proxy say what the stack costs; gateway/json says what the gateway's
@@ -116,26 +117,26 @@ def run_proxy(port: int, upstream_root: str) -> None:
 
 
 def run_stack_floor(port: int, upstream_root: str, json_work: bool) -> None:
-    """The gateway's HTTP stack alone: uvicorn (httptools, uvloop) and the aiohttp client,
-    forwarding bytes; with ``json_work``, also the JSON work every recording gateway does."""
-    import aiohttp
+    """The gateway's HTTP stack alone: uvicorn (httptools, uvloop) and the gateway's
+    upstream client (:class:`Http1Upstream`), forwarding bytes; with ``json_work``, also
+    the JSON work every recording gateway does."""
     import orjson
     import uvicorn
 
     from rollout_gateway.server.prompt_ids import split_prompt_ids
+    from rollout_gateway.server.upstream_http1 import Http1Upstream
 
-    sessions: list[aiohttp.ClientSession] = []
+    clients: list[Http1Upstream] = []
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    connector = aiohttp.TCPConnector(limit=0)
-                    sessions.append(aiohttp.ClientSession(upstream_root, connector=connector))
+                    clients.append(Http1Upstream(upstream_root))
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
-                    await sessions[0].close()
+                    await clients[0].aclose()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         body, more = b"", True
@@ -145,11 +146,11 @@ def run_stack_floor(port: int, upstream_root: str, json_work: bool) -> None:
             more = message.get("more_body", False)
         if json_work and body:
             body = orjson.dumps(orjson.loads(body))
-        headers = {"content-type": "application/json"}
-        async with sessions[0].request(
-            scope["method"], scope["path"], data=body or None, headers=headers
-        ) as upstream:
-            answer, status = await upstream.read(), upstream.status
+        if scope["method"] == "POST":
+            upstream = await clients[0].post(scope["path"], body)
+        else:
+            upstream = await clients[0].get(scope["path"], timeout_s=60)
+        answer, status = upstream.content, upstream.status_code
         if json_work and scope["method"] == "POST":
             orjson.loads(split_prompt_ids(answer)[0])
         head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]

@@ -46,9 +46,11 @@ class GatewayConfig:
         upstream_timeout_s: total deadline of one upstream chat completion.
         upstream_connect_timeout_s: connect timeout to an upstream (fail fast when down).
         upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
-        upstream_client: HTTP client library of the upstream calls: ``"aiohttp"`` (the
-            default, the cheaper per turn) or ``"httpx"`` (always used when a test
-            injects an httpx transport). See :mod:`rollout_gateway.server.upstream_http`.
+        upstream_client: HTTP client of the upstream calls: ``"httptools"`` (the default:
+            the whole-answer POST on lean HTTP/1.1 connections, everything else through
+            aiohttp; :mod:`~rollout_gateway.server.upstream_http1`), ``"aiohttp"``, or
+            ``"httpx"`` (always used when a test injects an httpx transport). See
+            :mod:`rollout_gateway.server.upstream_http`.
         max_connections_per_upstream: size of each upstream's HTTP connection pool.
         probe_interval_s: period of the re-probe of unhealthy upstreams.
         stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
@@ -99,7 +101,7 @@ class GatewayConfig:
     max_rollouts: int = 10_000
     upstream_timeout_s: float = 600.0
     upstream_connect_timeout_s: float = 5.0
-    upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    upstream_client: Literal["httptools", "aiohttp", "httpx"] = "httptools"
     max_body_bytes: int = 16 * 1024 * 1024
     max_concurrent_parses: int = DEFAULT_MAX_CONCURRENT_PARSES
     max_exit_streams: int = DEFAULT_MAX_EXIT_STREAMS
@@ -139,8 +141,10 @@ class GatewayConfig:
                 raise ValueError(f"upstreams: not an http(s) base URL: {url!r}")
         if self.upstream_mode not in ("chat", "token-in"):
             raise ValueError(f"upstream_mode: 'chat' or 'token-in', not {self.upstream_mode!r}")
-        if self.upstream_client not in ("aiohttp", "httpx"):
-            raise ValueError(f"upstream_client: 'aiohttp' or 'httpx', got {self.upstream_client!r}")
+        if self.upstream_client not in ("httptools", "aiohttp", "httpx"):
+            raise ValueError(
+                f"upstream_client: 'httptools', 'aiohttp' or 'httpx', got {self.upstream_client!r}"
+            )
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token: must not be empty")
         if self.admin_token is None and not self.open_control_plane:

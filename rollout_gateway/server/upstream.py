@@ -24,13 +24,14 @@ from rollout_gateway.server.upstream_http import (
     HttpxUpstream,
     UpstreamHTTP,
 )
+from rollout_gateway.server.upstream_http1 import Http1Upstream
 
 logger = logging.getLogger("rollout_gateway.server")
 
 ErrorKind = Literal["connect", "timeout", "transport", "http_4xx", "http_5xx", "protocol"]
 
 #: The HTTP client library of the upstream calls (see :mod:`.upstream_http`).
-UpstreamClientKind = Literal["aiohttp", "httpx"]
+UpstreamClientKind = Literal["httptools", "aiohttp", "httpx"]
 
 
 class UpstreamError(Exception):
@@ -222,7 +223,8 @@ class UpstreamPool:
         api_key: bearer token sent upstream.
         max_connections: connection pool size per upstream.
         pool_shards: number of client shards per upstream (httpx only).
-        client: the HTTP client library (``aiohttp``, the default, or ``httpx``).
+        client: the HTTP client (``httptools``, the default: :mod:`.upstream_http1`;
+            ``aiohttp``; or ``httpx``).
     """
 
     def __init__(
@@ -235,7 +237,7 @@ class UpstreamPool:
         api_key: str | None = None,
         max_connections: int = 1024,
         pool_shards: int = 16,
-        client: UpstreamClientKind = "aiohttp",
+        client: UpstreamClientKind = "httptools",
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
@@ -250,6 +252,13 @@ class UpstreamPool:
                     connect_timeout_s=connect_timeout_s,
                     max_connections=max_connections,
                     shards=pool_shards,
+                )
+            elif client == "httptools":
+                http = Http1Upstream(
+                    url,
+                    headers=headers,
+                    connect_timeout_s=connect_timeout_s,
+                    max_connections=max_connections,
                 )
             else:
                 http = AiohttpUpstream(

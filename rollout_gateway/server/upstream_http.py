@@ -2,9 +2,11 @@
 
 Everything the gateway asks of an upstream over HTTP goes through :class:`UpstreamHTTP`:
 ``post`` (a whole chat completion), ``stream`` (a streamed one, read line by line) and
-``get`` (``/models``, vLLM's ``/server_info``). Two implementations:
+``get`` (``/models``, vLLM's ``/server_info``). Two implementations here, and a third,
+the default, in :mod:`.upstream_http1` (``Http1Upstream``: the whole-answer POST on lean
+HTTP/1.1 connections over httptools, every other call through :class:`AiohttpUpstream`):
 
-* :class:`AiohttpUpstream` (the default): aiohttp's client, whose C HTTP parser and
+* :class:`AiohttpUpstream`: aiohttp's client, whose C HTTP parser and
   connection pool cost a third of httpx's CPU per turn on this gateway
   (``benchmarks/gateway_overhead.py``; the upstream client was the largest share of a
   turn's CPU). One pool per upstream; connections are reused most-recent first, so a

@@ -174,8 +174,8 @@ def test_client_and_loop_options_reach_the_server(monkeypatch) -> None:
     assert (args.upstream_client, args.loop) == ("httpx", "asyncio")
     assert serve_config(args).upstream_client == "httpx"
     defaults = build_parser().parse_args(["serve", "--upstream", UP])
-    assert (defaults.upstream_client, defaults.loop) == ("aiohttp", "auto")
-    assert serve_config(defaults).upstream_client == "aiohttp"
+    assert (defaults.upstream_client, defaults.loop) == ("httptools", "auto")
+    assert serve_config(defaults).upstream_client == "httptools"
 
 
 @pytest.mark.parametrize(

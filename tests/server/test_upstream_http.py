@@ -29,7 +29,7 @@ from rollout_gateway.server.upstream_http import AiohttpUpstream, HttpxUpstream,
 from .test_true_streaming import ReplayVLLM
 
 ADMIN = "test-admin-token-0123456789"
-CLIENTS = ["aiohttp", "httpx"]
+CLIENTS = ["httptools", "aiohttp", "httpx"]
 
 
 @contextlib.asynccontextmanager

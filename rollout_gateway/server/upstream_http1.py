@@ -1,0 +1,298 @@
+"""A lean HTTP/1.1 client for the upstream call of every turn: the whole-answer POST.
+
+A non-streamed turn makes one upstream call, ``POST /chat/completions``, and needs little
+of an HTTP client: a keep-alive connection, the request's bytes written, the answer's
+status and body read. aiohttp's client runs a good deal of Python around that on every
+call (its request and response objects, header multidicts, cookie and tracing hooks,
+its own timeout handles): at 64 rollouts in flight it was the largest piece of the
+gateway's own CPU per turn (``benchmarks/gateway_overhead.py``). :class:`Http1Upstream`
+does that one call over asyncio's transports (uvloop's, under ``serve``) with httptools'
+response parser, the C parser uvicorn serves the agents with; everything else (streamed
+turns, GETs, a URL on another host, a base URL with credentials in it) goes to the
+:class:`~.upstream_http.AiohttpUpstream` it holds.
+
+Connections are reused most recent first (a rollout that runs alone keeps one warm). One
+that idled longer than ``keepalive_s`` is closed rather than reused: the engines' HTTP
+servers (uvicorn, for vLLM and SGLang) close idle connections after 5 s, and a request
+written just as the server closes its connection is lost (a POST is not retried). A
+connection whose call did not end with a whole answer (cancelled, timed out, broken) is
+closed, never reused: closing is also what tells the engine to stop generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import httptools
+
+from rollout_gateway.server.upstream_http import (
+    AiohttpUpstream,
+    ConnectionFailureKind,
+    HTTPAnswer,
+    UpstreamStream,
+)
+
+#: Idle connections older than this are closed, not reused (below uvicorn's 5 s).
+DEFAULT_KEEPALIVE_S = 4.0
+
+
+class Http1ConnectError(ConnectionError):
+    """The upstream could not be reached (refused, unresolvable, connect timeout)."""
+
+
+class Http1TransportError(ConnectionError):
+    """The connection broke, or the upstream's answer was not HTTP/1.1."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to the upstream; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reusable = False
+        self.idle_since = 0.0
+        self._parser = httptools.HttpResponseParser(self)
+        self._answer: asyncio.Future[HTTPAnswer] | None = None
+        self._body: list[bytes] = []
+        self._reason = b""
+        self._framed = False  # the answer says its length (Content-Length or chunked)
+        self._headers_done = False
+
+    async def request(self, data: bytes) -> HTTPAnswer:
+        """Write one request's bytes; its whole answer."""
+        assert self.transport is not None
+        self.reusable = False
+        self._answer = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        try:
+            return await self._answer
+        finally:
+            self._answer = None
+
+    def close(self) -> None:
+        """Close the connection (an answer still awaited fails)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:  # noqa: D102
+        if self._answer is None:  # bytes nobody asked for: the connection is unusable
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(Http1TransportError(f"the upstream's answer is not HTTP/1.1: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool | None:  # noqa: D102
+        if self._answer is not None and self._headers_done and not self._framed:
+            self._complete()  # an answer delimited by the end of the connection
+        return None  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+        self.closed = True
+        self._fail(Http1TransportError(f"the upstream closed the connection: {exc or 'EOF'}"))
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:  # noqa: D102
+        self._body = []
+        self._reason = b""
+        self._framed = False
+        self._headers_done = False
+
+    def on_status(self, status: bytes) -> None:  # noqa: D102
+        self._reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:  # noqa: D102
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:  # noqa: D102
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:  # noqa: D102
+        self.reusable = self._parser.should_keep_alive()
+        self._complete()
+
+    def _complete(self) -> None:
+        if self._answer is not None and not self._answer.done():
+            status = self._parser.get_status_code()
+            reason = self._reason.decode("latin-1")
+            self._answer.set_result(HTTPAnswer(status, b"".join(self._body), reason))
+
+    def _fail(self, exc: Exception) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_exception(exc)
+
+
+class Http1Upstream:
+    """:class:`~.upstream_http.UpstreamHTTP` whose whole-answer POSTs to the upstream's
+    host run on :class:`_Connection` (see the module docstring); every other call goes
+    to an :class:`~.upstream_http.AiohttpUpstream`.
+
+    Args:
+        base_url: the upstream's OpenAI base URL (``http`` or ``https``).
+        headers: sent with every request (the upstream's API key).
+        connect_timeout_s: connect timeout (a dead upstream fails fast).
+        max_connections: connections open at once (a call waits for one beyond).
+        keepalive_s: an idle connection older than this is closed, not reused.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 1024,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url: an http(s) URL with a host, got {base_url!r}")
+        for name, value in (headers or {}).items():
+            if any(c in f"{name}{value}" for c in "\r\n\0"):
+                raise ValueError(f"headers: {name!r} holds a line break or NUL")
+        #: A base URL with credentials in it: every call through aiohttp (which sends them).
+        self._lean = not (parts.username or parts.password)
+        self._host = parts.hostname
+        self._tls = parts.scheme == "https"
+        self._port = parts.port or (443 if self._tls else 80)
+        self._origin = f"{parts.scheme}://{parts.netloc}"
+        self._path = parts.path
+        fields = {
+            "Host": parts.netloc,
+            **(headers or {}),
+            "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
+        }
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode("latin-1")
+        self._connect_timeout_s = connect_timeout_s
+        self._keepalive_s = keepalive_s
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
+        self._ssl: ssl.SSLContext | None = None
+        self.fallback = AiohttpUpstream(
+            base_url,
+            headers=headers,
+            connect_timeout_s=connect_timeout_s,
+            max_connections=max_connections,
+        )
+
+    async def post(self, path: str, content: bytes, *, key: str | None = None) -> HTTPAnswer:
+        """See :meth:`~.upstream_http.UpstreamHTTP.post`."""
+        if not self._lean:
+            return await self.fallback.post(path, content, key=key)
+        if "://" in path:
+            if not path.startswith(self._origin + "/"):
+                return await self.fallback.post(path, content, key=key)
+            target = path[len(self._origin) :]
+        else:
+            target = self._path + "/" + path.lstrip("/")
+        head = b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (
+            target.encode("ascii"),
+            self._head,
+            len(content),
+        )
+        async with self._slots:
+            conn = self._reuse() or await self._connect()
+            self._busy.add(conn)
+            try:
+                answer = await conn.request(head + content)
+            except BaseException:
+                conn.close()  # no whole answer: its state is unknown (and the engine stops)
+                raise
+            finally:
+                self._busy.discard(conn)
+            if conn.reusable and not conn.closed:
+                conn.idle_since = asyncio.get_running_loop().time()
+                self._idle.append(conn)
+            else:
+                conn.close()
+        return answer
+
+    def stream(
+        self, path: str, content: bytes, *, key: str | None = None
+    ) -> contextlib.AbstractAsyncContextManager[UpstreamStream]:
+        """See :meth:`~.upstream_http.UpstreamHTTP.stream` (aiohttp's client)."""
+        return self.fallback.stream(path, content, key=key)
+
+    async def get(
+        self, url: str, *, timeout_s: float, params: Mapping[str, str] | None = None
+    ) -> HTTPAnswer:
+        """See :meth:`~.upstream_http.UpstreamHTTP.get` (aiohttp's client)."""
+        return await self.fallback.get(url, timeout_s=timeout_s, params=params)
+
+    def failure_kind(self, exc: BaseException) -> ConnectionFailureKind | None:
+        """See :meth:`~.upstream_http.UpstreamHTTP.failure_kind`."""
+        if isinstance(exc, Http1ConnectError):
+            return "connect"
+        if isinstance(exc, Http1TransportError):
+            return "transport"
+        return self.fallback.failure_kind(exc)
+
+    async def aclose(self) -> None:
+        """See :meth:`~.upstream_http.UpstreamHTTP.aclose`."""
+        for conn in [*self._idle, *self._busy]:
+            conn.close()
+        self._idle.clear()
+        await self.fallback.aclose()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now (idle or answering)."""
+        return sum(1 for c in self._idle if not c.closed) + len(self._busy)
+
+    def _reuse(self) -> _Connection | None:
+        now = asyncio.get_running_loop().time()
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and now - conn.idle_since <= self._keepalive_s:
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if self._tls and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    _Connection,
+                    self._host,
+                    self._port,
+                    ssl=self._ssl if self._tls else None,
+                    server_hostname=self._host if self._tls else None,
+                )
+        except (OSError, TimeoutError) as exc:
+            raise Http1ConnectError(
+                f"cannot connect to {self._host}:{self._port}: {exc or 'timed out'}"
+            ) from exc
+        return conn
+
+
+__all__ = [
+    "DEFAULT_KEEPALIVE_S",
+    "Http1ConnectError",
+    "Http1TransportError",
+    "Http1Upstream",
+]
