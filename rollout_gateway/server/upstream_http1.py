@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -49,9 +49,14 @@ class Http1TransportError(ConnectionError):
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection to the upstream; one request at a time."""
+    """One keep-alive connection to the upstream; one request at a time.
 
-    def __init__(self) -> None:
+    Args:
+        on_lost: called once the connection is closed (the pool forgets it).
+    """
+
+    def __init__(self, on_lost: Callable[[_Connection], None]) -> None:
+        self._on_lost = on_lost
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False
@@ -63,12 +68,13 @@ class _Connection(asyncio.Protocol):
         self._framed = False  # the answer says its length (Content-Length or chunked)
         self._headers_done = False
 
-    async def request(self, data: bytes) -> HTTPAnswer:
-        """Write one request's bytes; its whole answer."""
+    async def request(self, head: bytes, body: bytes) -> HTTPAnswer:
+        """Write one request (its head, then its body: no copy of the two joined); its
+        whole answer."""
         assert self.transport is not None
         self.reusable = False
         self._answer = asyncio.get_running_loop().create_future()
-        self.transport.write(data)
+        self.transport.writelines((head, body))
         try:
             return await self._answer
         finally:
@@ -103,6 +109,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
         self.closed = True
         self._fail(Http1TransportError(f"the upstream closed the connection: {exc or 'EOF'}"))
+        self._on_lost(self)
 
     # -- httptools callbacks ---------------------------------------------------------------
 
@@ -131,10 +138,11 @@ class _Connection(asyncio.Protocol):
         self._complete()
 
     def _complete(self) -> None:
+        body, self._body = self._body, []  # an idle connection keeps no answer alive
         if self._answer is not None and not self._answer.done():
             status = self._parser.get_status_code()
             reason = self._reason.decode("latin-1")
-            self._answer.set_result(HTTPAnswer(status, b"".join(self._body), reason))
+            self._answer.set_result(HTTPAnswer(status, b"".join(body), reason))
 
     def _fail(self, exc: Exception) -> None:
         if self._answer is not None and not self._answer.done():
@@ -189,6 +197,7 @@ class Http1Upstream:
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
         self._ssl: ssl.SSLContext | None = None
         self.fallback = AiohttpUpstream(
             base_url,
@@ -216,7 +225,7 @@ class Http1Upstream:
             conn = self._reuse() or await self._connect()
             self._busy.add(conn)
             try:
-                answer = await conn.request(head + content)
+                answer = await conn.request(head, content)
             except BaseException:
                 conn.close()  # no whole answer: its state is unknown (and the engine stops)
                 raise
@@ -225,6 +234,7 @@ class Http1Upstream:
             if conn.reusable and not conn.closed:
                 conn.idle_since = asyncio.get_running_loop().time()
                 self._idle.append(conn)
+                self._sweep_later()
             else:
                 conn.close()
         return answer
@@ -251,6 +261,9 @@ class Http1Upstream:
 
     async def aclose(self) -> None:
         """See :meth:`~.upstream_http.UpstreamHTTP.aclose`."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for conn in [*self._idle, *self._busy]:
             conn.close()
         self._idle.clear()
@@ -260,6 +273,31 @@ class Http1Upstream:
     def open_connections(self) -> int:
         """Connections open now (idle or answering)."""
         return sum(1 for c in self._idle if not c.closed) + len(self._busy)
+
+    @property
+    def idle_connections(self) -> int:
+        """Connections kept for reuse (a closed one is not kept)."""
+        return len(self._idle)
+
+    def _forget(self, conn: _Connection) -> None:
+        # Closed (by either side): an idle connection leaves the pool at once.
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    def _sweep_later(self) -> None:
+        """Close idle connections once they are too old to reuse, even when no call
+        comes to find them (one timer per pool at a time)."""
+        if self._sweep is None:
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(self._keepalive_s + 0.05, self._close_stale)
+
+    def _close_stale(self) -> None:
+        self._sweep = None
+        now = asyncio.get_running_loop().time()
+        while self._idle and now - self._idle[0].idle_since > self._keepalive_s:
+            self._idle.pop(0).close()  # oldest first: reuse takes the newest
+        if self._idle:
+            self._sweep_later()
 
     def _reuse(self) -> _Connection | None:
         now = asyncio.get_running_loop().time()
@@ -277,7 +315,7 @@ class Http1Upstream:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    _Connection,
+                    lambda: _Connection(self._forget),
                     self._host,
                     self._port,
                     ssl=self._ssl if self._tls else None,

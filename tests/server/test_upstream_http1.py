@@ -36,9 +36,16 @@ class RawServer:
     most_open: int = 0
     heads: list[bytes] = field(default_factory=list)
     disconnects: int = 0
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
+
+    def close_all(self) -> None:
+        """Close every connection, as a server does with idle keep-alive ones."""
+        for writer in self.writers:
+            writer.close()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.writers.append(writer)
         self.open_now += 1
         self.most_open = max(self.most_open, self.open_now)
         try:
@@ -216,3 +223,33 @@ def test_header_values_that_could_split_the_request_are_refused() -> None:
         Http1Upstream("http://engine/v1", headers={"Authorization": "Bearer k\r\nX-Evil: 1"})
     with pytest.raises(ValueError, match="http"):
         Http1Upstream("ftp://engine/v1")
+
+
+async def test_idle_connections_are_closed_when_too_old_even_with_no_more_calls() -> None:
+    server = RawServer()
+    async with serving(server) as url:
+        client = Http1Upstream(url, keepalive_s=0.05)
+        await asyncio.gather(*(client.post("/chat/completions", b"{}") for _ in range(3)))
+        assert client.open_connections == 3
+        for _ in range(100):
+            if client.open_connections == 0 and server.open_now == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (client.open_connections, server.open_now) == (0, 0)
+        await client.aclose()
+
+
+async def test_a_connection_the_server_closes_while_idle_leaves_the_pool() -> None:
+    server = RawServer()
+    async with serving(server) as url:
+        client = Http1Upstream(url)
+        await asyncio.gather(*(client.post("/chat/completions", b"{}") for _ in range(3)))
+        assert client.idle_connections == 3
+        server.close_all()
+        for _ in range(100):
+            if client.idle_connections == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert client.idle_connections == 0  # nothing kept of them
+        assert (await client.post("/chat/completions", b"{}")).status_code == 200
+        await client.aclose()
