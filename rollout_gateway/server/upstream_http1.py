@@ -1,14 +1,14 @@
-"""A lean HTTP/1.1 client for the upstream call of every turn: the whole-answer POST.
+"""A lean HTTP/1.1 client for the upstream call of every turn: ``POST /chat/completions``.
 
-A non-streamed turn makes one upstream call, ``POST /chat/completions``, and needs little
-of an HTTP client: a keep-alive connection, the request's bytes written, the answer's
-status and body read. aiohttp's client runs a good deal of Python around that on every
-call (its request and response objects, header multidicts, cookie and tracing hooks,
-its own timeout handles): at 64 rollouts in flight it was the largest piece of the
+Every turn makes one upstream call, the chat POST (its answer whole, or streamed), and
+needs little of an HTTP client: a keep-alive connection, the request's bytes written, the
+answer's status and body read. aiohttp's client runs a good deal of Python around that on
+every call (its request and response objects, header multidicts, cookie and tracing
+hooks, its own timeout handles): at 64 rollouts in flight it was the largest piece of the
 gateway's own CPU per turn (``benchmarks/gateway_overhead.py``). :class:`Http1Upstream`
-does that one call over asyncio's transports (uvloop's, under ``serve``) with httptools'
-response parser, the C parser uvicorn serves the agents with; everything else (streamed
-turns, GETs, a URL on another host, a base URL with credentials in it) goes to the
+makes those POSTs over asyncio's transports (uvloop's, under ``serve``) with httptools'
+response parser, the C parser uvicorn serves the agents with; everything else (GETs, a
+URL on another host, a base URL with credentials in it) goes to the
 :class:`~.upstream_http.AiohttpUpstream` it holds.
 
 Connections are reused most recent first (a rollout that runs alone keeps one warm). One
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -34,6 +34,7 @@ from rollout_gateway.server.upstream_http import (
     ConnectionFailureKind,
     HTTPAnswer,
     UpstreamStream,
+    split_lines,
 )
 
 #: Idle connections older than this are closed, not reused (below uvicorn's 5 s).
@@ -63,22 +64,69 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._answer: asyncio.Future[HTTPAnswer] | None = None
+        self._expecting = False  # a request is out and its answer not complete
         self._body: list[bytes] = []
         self._reason = b""
         self._framed = False  # the answer says its length (Content-Length or chunked)
         self._headers_done = False
+        self.status_code = 0
+        # A streamed answer: its head awaited, then its chunks as they come.
+        self._head: asyncio.Future[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._ended = False
+        self._error: Exception | None = None
 
     async def request(self, head: bytes, body: bytes) -> HTTPAnswer:
         """Write one request (its head, then its body: no copy of the two joined); its
         whole answer."""
         assert self.transport is not None
         self.reusable = False
+        self._expecting = True
         self._answer = asyncio.get_running_loop().create_future()
         self.transport.writelines((head, body))
         try:
             return await self._answer
         finally:
             self._answer = None
+
+    async def open_stream(self, head: bytes, body: bytes) -> None:
+        """Write one request; return once its answer's head is in (``status_code``). The
+        body comes from :meth:`chunks`; :meth:`end_stream` when done with it."""
+        assert self.transport is not None
+        self.reusable = False
+        self._expecting = True
+        self._ended = False
+        self._error = None
+        self._wake = asyncio.Event()
+        self._head = asyncio.get_running_loop().create_future()
+        self.transport.writelines((head, body))
+        try:
+            await self._head
+        finally:
+            self._head = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The streamed answer's body as it arrives (raises if the connection breaks)."""
+        assert self._wake is not None
+        while True:
+            if self._body:
+                body, self._body = self._body, []
+                yield b"".join(body)
+            elif self._error is not None:
+                raise self._error
+            elif self._ended:
+                return
+            else:
+                self._wake.clear()
+                await self._wake.wait()
+
+    def end_stream(self) -> bool:
+        """Done with a streamed answer: whether it arrived whole (the connection can be
+        reused if ``reusable``)."""
+        whole = self._ended and self._error is None and not self._body
+        self._wake = None
+        self._body = []
+        return whole
 
     def close(self) -> None:
         """Close the connection (an answer still awaited fails)."""
@@ -92,7 +140,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:  # noqa: D102
-        if self._answer is None:  # bytes nobody asked for: the connection is unusable
+        if not self._expecting:  # bytes nobody asked for: the connection is unusable
             self.close()
             return
         try:
@@ -102,7 +150,7 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def eof_received(self) -> bool | None:  # noqa: D102
-        if self._answer is not None and self._headers_done and not self._framed:
+        if self._expecting and self._headers_done and not self._framed:
             self._complete()  # an answer delimited by the end of the connection
         return None  # close
 
@@ -129,30 +177,66 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:  # noqa: D102
         self._headers_done = True
+        self.status_code = self._parser.get_status_code()
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:  # noqa: D102
         self._body.append(body)
+        if self._wake is not None:
+            self._wake.set()
 
     def on_message_complete(self) -> None:  # noqa: D102
         self.reusable = self._parser.should_keep_alive()
         self._complete()
 
+    @property
+    def reason(self) -> str:
+        """The answer's reason phrase."""
+        return self._reason.decode("latin-1")
+
     def _complete(self) -> None:
+        self._expecting = False
+        if self._wake is not None:  # streamed: chunks() takes what is left, then ends
+            self._ended = True
+            self._wake.set()
+            return
         body, self._body = self._body, []  # an idle connection keeps no answer alive
         if self._answer is not None and not self._answer.done():
-            status = self._parser.get_status_code()
-            reason = self._reason.decode("latin-1")
-            self._answer.set_result(HTTPAnswer(status, b"".join(body), reason))
+            answer = HTTPAnswer(self.status_code, b"".join(body), self.reason)
+            self._answer.set_result(answer)
 
     def _fail(self, exc: Exception) -> None:
         if self._answer is not None and not self._answer.done():
             self._answer.set_exception(exc)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc)
+        if self._wake is not None and not self._ended:
+            self._error = exc
+            self._wake.set()
+
+
+class _Http1Stream:
+    """A streamed answer on a :class:`_Connection` (:class:`~.upstream_http.UpstreamStream`)."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self.status_code = conn.status_code
+
+    async def read(self) -> HTTPAnswer:
+        """The rest of the body, whole (error answers)."""
+        parts = [chunk async for chunk in self._conn.chunks()]
+        return HTTPAnswer(self.status_code, b"".join(parts), self._conn.reason)
+
+    def lines(self) -> AsyncIterator[str]:
+        """The body's lines as they arrive."""
+        return split_lines(self._conn.chunks())
 
 
 class Http1Upstream:
-    """:class:`~.upstream_http.UpstreamHTTP` whose whole-answer POSTs to the upstream's
-    host run on :class:`_Connection` (see the module docstring); every other call goes
-    to an :class:`~.upstream_http.AiohttpUpstream`.
+    """:class:`~.upstream_http.UpstreamHTTP` whose POSTs to the upstream's host (whole or
+    streamed answers) run on :class:`_Connection` (see the module docstring); every other
+    call goes to an :class:`~.upstream_http.AiohttpUpstream`.
 
     Args:
         base_url: the upstream's OpenAI base URL (``http`` or ``https``).
@@ -208,19 +292,9 @@ class Http1Upstream:
 
     async def post(self, path: str, content: bytes, *, key: str | None = None) -> HTTPAnswer:
         """See :meth:`~.upstream_http.UpstreamHTTP.post`."""
-        if not self._lean:
+        head = self._request_head(path, len(content))
+        if head is None:
             return await self.fallback.post(path, content, key=key)
-        if "://" in path:
-            if not path.startswith(self._origin + "/"):
-                return await self.fallback.post(path, content, key=key)
-            target = path[len(self._origin) :]
-        else:
-            target = self._path + "/" + path.lstrip("/")
-        head = b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (
-            target.encode("ascii"),
-            self._head,
-            len(content),
-        )
         async with self._slots:
             conn = self._reuse() or await self._connect()
             self._busy.add(conn)
@@ -231,19 +305,29 @@ class Http1Upstream:
                 raise
             finally:
                 self._busy.discard(conn)
-            if conn.reusable and not conn.closed:
-                conn.idle_since = asyncio.get_running_loop().time()
-                self._idle.append(conn)
-                self._sweep_later()
-            else:
-                conn.close()
+            self._release(conn, whole=True)
         return answer
 
-    def stream(
+    @contextlib.asynccontextmanager
+    async def stream(
         self, path: str, content: bytes, *, key: str | None = None
-    ) -> contextlib.AbstractAsyncContextManager[UpstreamStream]:
-        """See :meth:`~.upstream_http.UpstreamHTTP.stream` (aiohttp's client)."""
-        return self.fallback.stream(path, content, key=key)
+    ) -> AsyncIterator[UpstreamStream]:
+        """See :meth:`~.upstream_http.UpstreamHTTP.stream`. Leaving it before the answer's
+        end closes the connection (the engine stops generating)."""
+        head = self._request_head(path, len(content))
+        if head is None:
+            async with self.fallback.stream(path, content, key=key) as answer:
+                yield answer
+            return
+        async with self._slots:
+            conn = self._reuse() or await self._connect()
+            self._busy.add(conn)
+            try:
+                await conn.open_stream(head, content)
+                yield _Http1Stream(conn)
+            finally:
+                self._busy.discard(conn)
+                self._release(conn, whole=conn.end_stream())
 
     async def get(
         self, url: str, *, timeout_s: float, params: Mapping[str, str] | None = None
@@ -278,6 +362,33 @@ class Http1Upstream:
     def idle_connections(self) -> int:
         """Connections kept for reuse (a closed one is not kept)."""
         return len(self._idle)
+
+    def _request_head(self, path: str, length: int) -> bytes | None:
+        """A POST's head for ``path`` (under the base URL, or absolute on its origin);
+        ``None`` when the call goes through aiohttp (another host, credentials)."""
+        if not self._lean:
+            return None
+        if "://" in path:
+            if not path.startswith(self._origin + "/"):
+                return None
+            target = path[len(self._origin) :]
+        else:
+            target = self._path + "/" + path.lstrip("/")
+        return b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (
+            target.encode("ascii"),
+            self._head,
+            length,
+        )
+
+    def _release(self, conn: _Connection, *, whole: bool) -> None:
+        """A call is done with ``conn``: kept for reuse when its answer came whole and
+        the server keeps it open, else closed."""
+        if whole and conn.reusable and not conn.closed:
+            conn.idle_since = asyncio.get_running_loop().time()
+            self._idle.append(conn)
+            self._sweep_later()
+        else:
+            conn.close()
 
     def _forget(self, conn: _Connection) -> None:
         # Closed (by either side): an idle connection leaves the pool at once.

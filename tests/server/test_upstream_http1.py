@@ -253,3 +253,94 @@ async def test_a_connection_the_server_closes_while_idle_leaves_the_pool() -> No
         assert client.idle_connections == 0  # nothing kept of them
         assert (await client.post("/chat/completions", b"{}")).status_code == 200
         await client.aclose()
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+@dataclass
+class StreamingServer(RawServer):
+    """Answers with the head and a first event, then the rest once ``more`` is set (or
+    ``rest`` is None: never, the connection held until the client leaves)."""
+
+    more: asyncio.Event = field(default_factory=asyncio.Event)
+    rest: bytes | None = chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(SSE_HEAD + chunk(b'data: {"n": 1}\n\n'))
+                await writer.drain()
+                if self.rest is None:
+                    await reader.read()
+                    self.disconnects += 1
+                    return
+                await self.more.wait()
+                writer.write(self.rest)
+                await writer.drain()
+                self.more.clear()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+async def test_a_streamed_answer_arrives_as_sent_and_its_connection_is_reused() -> None:
+    server = StreamingServer()
+    async with serving(server) as url:
+        client = Http1Upstream(url)
+        for _ in range(2):
+            async with client.stream("/chat/completions", b"{}") as answer:
+                assert answer.status_code == 200
+                lines = answer.lines()
+                assert await lines.__anext__() == 'data: {"n": 1}'  # before the rest is sent
+                server.more.set()
+                assert [line async for line in lines] == ["", "data: [DONE]", ""]
+        assert server.connections == 1
+        assert b"POST /v1/chat/completions HTTP/1.1" in server.heads[0]
+        await client.aclose()
+
+
+async def test_leaving_a_stream_before_its_end_closes_the_connection() -> None:
+    server = StreamingServer(rest=None)
+    async with serving(server) as url:
+        client = Http1Upstream(url)
+        async with client.stream("/chat/completions", b"{}") as answer:
+            assert await answer.lines().__anext__() == 'data: {"n": 1}'
+        for _ in range(100):
+            if server.disconnects:
+                break
+            await asyncio.sleep(0.01)
+        assert server.disconnects == 1 and client.open_connections == 0
+        await client.aclose()
+
+
+async def test_a_streamed_error_is_read_whole_and_a_broken_stream_is_a_transport_failure() -> None:
+    server = RawServer(reply=lambda body: answer(b'{"error": "bad"}', status="400 Bad Request"))
+    async with serving(server) as url:
+        client = Http1Upstream(url)
+        async with client.stream("/chat/completions", b"{}") as got:
+            whole = await got.read()
+        assert (got.status_code, whole.content, whole.reason) == (
+            400,
+            b'{"error": "bad"}',
+            "Bad Request",
+        )
+        server.reply = lambda body: SSE_HEAD + chunk(b"data: {}\n\n")  # then the server leaves
+        with pytest.raises(ConnectionError) as caught:
+            async with client.stream("/chat/completions", b"{}") as got:
+                server.close_all()
+                [line async for line in got.lines()]
+        assert client.failure_kind(caught.value) == "transport"
+        await client.aclose()
