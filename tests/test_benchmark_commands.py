@@ -24,6 +24,7 @@ README_OPTIONS = {
     ],
     "local_sandbox_modes.py": ["--commands", "--sandboxes"],
     "tito_branches.py": ["--upstream"],
+    "upstream_client.py": ["--calls", "--concurrency", "--rounds", "--stream"],
     "v1_interception_cpu.py": ["--rollouts", "--concurrency", "--repeat", "--turns"],
 }  # fmt: skip
 #: Benchmarks that import verifiers 0.4 at start (the README says so for each).

@@ -1,0 +1,147 @@
+"""CPU per upstream call of each of the gateway's upstream clients, side by side.
+
+The gateway's one upstream call per turn is ``POST /chat/completions``. This benchmark
+makes that call through each ``UpstreamHTTP`` implementation the gateway can use
+(``httptools``: ``Http1Upstream``, the default; ``aiohttp``: ``AiohttpUpstream``;
+``httpx``: ``HttpxUpstream``) against the scripted model in its own process, and prints
+this process's CPU per call for each, with ratios to aiohttp's. Whole answers by default;
+``--stream`` also measures streamed answers (read line by line, as the gateway relays
+them). The clients take turns round by round (``--rounds``), so a drift of the shared
+machine weighs on each alike::
+
+    python benchmarks/upstream_client.py --calls 2000 --concurrency 1,64 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import uvloop
+
+from rollout_gateway.server.upstream_http import AiohttpUpstream, HttpxUpstream, UpstreamHTTP
+from rollout_gateway.server.upstream_http1 import Http1Upstream
+
+CLIENTS = ("httptools", "aiohttp", "httpx")
+
+
+def _client(kind: str, base_url: str) -> UpstreamHTTP:
+    if kind == "httptools":
+        return Http1Upstream(base_url)
+    if kind == "aiohttp":
+        return AiohttpUpstream(base_url)
+    return HttpxUpstream(base_url)
+
+
+def _body(context_chars: int, stream: bool) -> bytes:
+    # The first turn of a benchmark conversation: a system prompt padded to the context.
+    script = json.dumps([{"say": "finished"}])
+    messages = [
+        {"role": "system", "content": "You are a CLI agent. " + "context " * (context_chars // 8)},
+        {"role": "user", "content": f"Benchmark task. <script>{script}</script>"},
+    ]
+    body = {"model": "scripted", "messages": messages, "return_token_ids": True, "logprobs": True}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+async def _cpu_per_call(
+    kind: str, base_url: str, body: bytes, calls: int, concurrency: int, stream: bool
+) -> float:
+    client = _client(kind, base_url)
+
+    async def call() -> None:
+        if stream:
+            async with client.stream("/chat/completions", body) as answer:
+                assert answer.status_code == 200
+                async for _ in answer.lines():
+                    pass
+        else:
+            answer = await client.post("/chat/completions", body)
+            assert answer.status_code == 200, answer.content[:200]
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            await call()
+
+    await worker(3)  # connections open, first-call costs paid
+    per_worker = max(1, calls // concurrency)
+    start = time.process_time()
+    await asyncio.gather(*(worker(per_worker) for _ in range(concurrency)))
+    cpu = time.process_time() - start
+    await client.aclose()
+    return cpu / (per_worker * concurrency)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _scripted_model() -> Iterator[str]:
+    port = _free_port()
+    cli = [sys.executable, "-m", "rollout_gateway.cli", "scripted-model", "--port", str(port)]
+    proc = subprocess.Popen([*cli, "--log-level", "warning"])
+    root = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{root}/v1/models", timeout=1).close()
+                break
+            time.sleep(0.05)
+        yield f"{root}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000, help="calls per client per round")
+    parser.add_argument("--concurrency", type=_ints, default=[1, 64], help="calls in flight")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (clients take turns)")
+    parser.add_argument("--context", type=int, default=1000, help="system prompt characters")
+    parser.add_argument("--stream", action="store_true", help="also measure streamed answers")
+    args = parser.parse_args()
+    modes = [False, True] if args.stream else [False]
+    with _scripted_model() as base_url:
+        print(f"{'answer':8s} {'conc':>5s} " + " ".join(f"{k:>10s}" for k in CLIENTS)
+              + "   (CPU us per call, median of rounds)")  # fmt: skip
+        for stream in modes:
+            body = _body(args.context, stream)
+            for concurrency in args.concurrency:
+                samples: dict[str, list[float]] = {k: [] for k in CLIENTS}
+                for _ in range(args.rounds):
+                    for kind in CLIENTS:
+                        cpu = uvloop.run(
+                            _cpu_per_call(kind, base_url, body, args.calls, concurrency, stream)
+                        )
+                        samples[kind].append(cpu * 1e6)
+                medians = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+                row = " ".join(f"{medians[k]:10.1f}" for k in CLIENTS)
+                ratios = ", ".join(
+                    f"{k}/aiohttp {medians[k] / medians['aiohttp']:.2f}x"
+                    for k in CLIENTS
+                    if k != "aiohttp"
+                )
+                label = "streamed" if stream else "whole"
+                print(f"{label:8s} {concurrency:5d} {row}   {ratios}")
+
+
+if __name__ == "__main__":
+    main()
