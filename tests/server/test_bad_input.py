@@ -43,6 +43,28 @@ async def test_hostile_json_is_400_on_chat_and_register(gw: GatewayHarness, raw:
 
 
 @pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "x"}, 5],
+        [{"role": "user", "content": "x"}, ["role", "user"]],
+        [{"role": "user", "content": "x"}, {"content": "no role"}],
+        [{"role": "user", "content": "x"}, {"role": 5, "content": "x"}],
+        [{"role": None, "content": "x"}],
+        [None],
+    ],
+    ids=["number", "list", "no-role", "role-number", "role-null", "null"],
+)
+async def test_a_message_that_is_not_an_object_with_a_role_is_400(
+    gw: GatewayHarness, messages: list
+) -> None:
+    await gw.register("r1")
+    r = await gw.chat("r1", messages)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "each message must be an object with a 'role'"
+    assert (await gw.chat("r1", MESSAGES)).status_code == 200  # still serving
+
+
+@pytest.mark.parametrize(
     "path",
     [
         "/v1/rollouts/r1%2Fx/chat/completions",
