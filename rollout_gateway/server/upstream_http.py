@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -143,6 +144,7 @@ class AiohttpUpstream:
         connect_timeout_s: connect timeout (a dead upstream fails fast).
         max_connections: connection pool size.
         keepalive_s: idle connections are closed after this.
+        ssl_context: TLS settings for ``https`` URLs (default: the system's trust store).
     """
 
     def __init__(
@@ -153,6 +155,7 @@ class AiohttpUpstream:
         connect_timeout_s: float = 5.0,
         max_connections: int = 1024,
         keepalive_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = {**(headers or {}), "Content-Type": "application/json"}
@@ -160,6 +163,7 @@ class AiohttpUpstream:
         self._connect_timeout_s = connect_timeout_s
         self._max_connections = max_connections
         self._keepalive_s = keepalive_s
+        self._ssl_context = ssl_context
         self._session: Any = None
 
     def _client(self) -> Any:
@@ -168,7 +172,10 @@ class AiohttpUpstream:
             import aiohttp
 
             connector = aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=0, keepalive_timeout=self._keepalive_s
+                limit=self._max_connections,
+                limit_per_host=0,
+                keepalive_timeout=self._keepalive_s,
+                ssl=self._ssl_context if self._ssl_context is not None else True,
             )
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
             self._session = aiohttp.ClientSession(

@@ -244,6 +244,8 @@ class Http1Upstream:
         connect_timeout_s: connect timeout (a dead upstream fails fast).
         max_connections: connections open at once (a call waits for one beyond).
         keepalive_s: an idle connection older than this is closed, not reused.
+        ssl_context: TLS settings for an ``https`` base URL (default: the system's
+            trust store, the host name checked).
     """
 
     def __init__(
@@ -254,6 +256,7 @@ class Http1Upstream:
         connect_timeout_s: float = 5.0,
         max_connections: int = 1024,
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
@@ -282,12 +285,13 @@ class Http1Upstream:
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self._sweep: asyncio.TimerHandle | None = None
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = ssl_context
         self.fallback = AiohttpUpstream(
             base_url,
             headers=headers,
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
+            ssl_context=ssl_context,
         )
 
     async def post(self, path: str, content: bytes, *, key: str | None = None) -> HTTPAnswer:

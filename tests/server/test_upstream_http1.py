@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
+import ipaddress
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -344,3 +348,63 @@ async def test_a_streamed_error_is_read_whole_and_a_broken_stream_is_a_transport
                 [line async for line in got.lines()]
         assert client.failure_kind(caught.value) == "transport"
         await client.aclose()
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "engine")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_an_https_upstream_is_reached_over_tls_and_its_certificate_is_checked(
+    tmp_path: Path,
+) -> None:
+    cert, key = _self_signed(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    server = RawServer()
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=served)
+    url = f"https://127.0.0.1:{listener.sockets[0].getsockname()[1]}/v1"
+    trusting = ssl.create_default_context(cafile=str(cert))
+    client = Http1Upstream(url, ssl_context=trusting)
+    for _ in range(2):
+        assert (await client.post("/chat/completions", b"{}")).status_code == 200
+    assert server.connections == 1
+    await client.aclose()
+    untrusting = Http1Upstream(url)  # the system's trust store does not know this certificate
+    with pytest.raises(ConnectionError) as caught:
+        await untrusting.post("/chat/completions", b"{}")
+    assert untrusting.failure_kind(caught.value) == "connect"
+    await untrusting.aclose()
+    listener.close()
