@@ -1,7 +1,9 @@
-"""Digests the gateway compares every turn: request bodies (retries) and prompt-id texts.
+"""Digests the gateway compares every turn: request bodies (retries), and the JSON array
+texts of a request's messages and of a prompt's ids.
 
-Both are only ever compared within this process, within one rollout: a retry's body with
-the turn it repeats (:mod:`.dedupe`), a prompt's id-array text with the previous prompt's
+All are only ever compared within this process, within one rollout: a retry's body with
+the turn it repeats (:mod:`.dedupe`); a request's messages with the last recorded
+request's (:mod:`.history`); a prompt's id-array text with the previous prompt's
 (:mod:`.prompt_ids`, which the recorder only consults for a turn whose messages it has
 checked to extend the previous ones). They are 128-bit XXH3 with a secret seed drawn per
 process, so an agent cannot aim at a collision. XXH3 instead of SHA-256 because the
@@ -19,7 +21,7 @@ import xxhash
 _SEED = secrets.randbits(64)
 
 
-def fingerprint(data: bytes) -> bytes:
+def fingerprint(data: bytes | memoryview) -> bytes:
     """The 16-byte digest of ``data``."""
     return xxhash.xxh3_128_digest(data, seed=_SEED)
 
@@ -30,4 +32,25 @@ def prefix_hasher(data: bytes | memoryview) -> xxhash.xxh3_128:
     return xxhash.xxh3_128(data, seed=_SEED)
 
 
-__all__ = ["fingerprint", "prefix_hasher"]
+#: A JSON array's text as the next array's text is checked against it: the digest of the
+#: text without its closing ``]``, that length, and how many elements the array holds.
+ArrayText = tuple[bytes, int, int]
+
+
+def shared_elements(text: bytes, last: ArrayText | None) -> tuple[int, bytes, int]:
+    """How many leading elements the JSON array ``text`` shares with the array ``last``
+    describes (all of them, when ``last``'s text up to its ``]`` is a prefix of ``text``
+    ending at an element boundary; else 0), then ``text``'s own digest and length without
+    its ``]``. One pass over ``text``: the prefix is checked, then the hash extended."""
+    body = memoryview(text)[:-1]
+    if last is not None:
+        digest, length, count = last
+        if len(body) >= length and text[length : length + 1] in (b",", b"]"):
+            hasher = prefix_hasher(body[:length])
+            same = hasher.digest() == digest
+            hasher.update(body[length:])
+            return (count if same else 0), hasher.digest(), len(body)
+    return 0, fingerprint(body), len(body)
+
+
+__all__ = ["ArrayText", "fingerprint", "prefix_hasher", "shared_elements"]

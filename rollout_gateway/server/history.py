@@ -25,11 +25,10 @@ from typing import Any
 
 import orjson
 
-from rollout_gateway.server.digests import prefix_hasher
+from rollout_gateway.server.digests import ArrayText, shared_elements
 
-#: The text of a request's messages, for the next request's check: the XXH3 digest of
-#: the JSON array without its closing ``]``, that length, and how many messages it holds.
-SentText = tuple[bytes, int, int]
+#: The text of a request's messages, for the next request's check.
+SentText = ArrayText
 
 
 def _text(content: Any) -> str:
@@ -201,20 +200,8 @@ class MessageHistory:
                 text = orjson.dumps(messages)
             except TypeError:  # not JSON (only a caller in Python can pass that)
                 return None, 0
-        body = memoryview(text)[:-1]  # without "]"
-        known = 0
-        hasher = None
-        last = self._sent
-        if last is not None:
-            digest, length, count = last
-            if len(body) >= length and text[length : length + 1] in (b",", b"]"):
-                hasher = prefix_hasher(body[:length])  # one pass: check, then extend
-                if hasher.digest() == digest:
-                    known = count
-                hasher.update(body[length:])
-        if hasher is None:
-            hasher = prefix_hasher(body)
-        return (hasher.digest(), len(body), len(messages)), known
+        known, digest, length = shared_elements(text, self._sent)
+        return (digest, length, len(messages)), known
 
     def _shared(self, messages: Sequence[Mapping[str, Any]], known: int) -> int | None:
         shared = len(self.messages)

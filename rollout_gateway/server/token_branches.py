@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import orjson
 
 from rollout_gateway.protocol import common_prefix_len
-from rollout_gateway.server.digests import prefix_hasher
+from rollout_gateway.server.digests import ArrayText, shared_elements
 
 #: What :meth:`TokenBranches.snapshot` saves: the branch, its length, the prompt text state.
-BranchSnapshot = tuple[array, int, "tuple[bytes, int, int] | None"]
+BranchSnapshot = tuple[array, int, "ArrayText | None"]
 
 
 @dataclass(slots=True)
@@ -77,7 +77,7 @@ class TokenBranches:
         #: The last turn's prompt + completion ids (the branch the next turn extends).
         self.last_ids = array("i")
         #: The last prompt's id-array text, as (digest without "]", its length, id count).
-        self._last_prompt_text: tuple[bytes, int, int] | None = None
+        self._last_prompt_text: ArrayText | None = None
 
     def snapshot(self) -> BranchSnapshot:
         """What :meth:`restore` needs to undo the next turn."""
@@ -102,25 +102,18 @@ class TokenBranches:
         if text is None:
             self._last_prompt_text = None
             return PromptIds(self.last_ids, 0, array("i", ids))  # type: ignore[arg-type]
-        body = memoryview(text)[:-1]  # without "]"
         last = self._last_prompt_text
-        prompt: PromptIds | None = None
-        hasher = None
-        if last is not None:
-            digest, length, count = last
-            if len(body) >= length and text[length : length + 1] in (b",", b"]"):
-                hasher = prefix_hasher(body[:length])  # one pass: check, then extend
-                if hasher.digest() == digest:
-                    tail = array("i")
-                    if text[length : length + 1] == b",":
-                        tail.extend(orjson.loads(b"[" + text[length + 1 :]))
-                    prompt = PromptIds(self.last_ids, count, tail)
-                    hasher.update(body[length:])
-        if prompt is None:
+        known, digest, length = shared_elements(text, last)
+        if known:
+            assert last is not None
+            end = last[1]  # where the known ids' text ends: "," before new ids, or "]"
+            tail = array("i")
+            if text[end : end + 1] == b",":
+                tail.extend(orjson.loads(b"[" + text[end + 1 :]))
+            prompt = PromptIds(self.last_ids, known, tail)
+        else:
             prompt = PromptIds(self.last_ids, 0, array("i", orjson.loads(text)))
-            hasher = prefix_hasher(body)
-        assert hasher is not None
-        self._last_prompt_text = (hasher.digest(), len(body), len(prompt))
+        self._last_prompt_text = (digest, length, len(prompt))
         return prompt
 
     def add(
