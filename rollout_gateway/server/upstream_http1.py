@@ -73,7 +73,6 @@ class _Connection(asyncio.Protocol):
         # A streamed answer: its head awaited, then its chunks as they come.
         self._head: asyncio.Future[None] | None = None
         self._wake: asyncio.Event | None = None
-        self._ended = False
         self._error: Exception | None = None
 
     async def request(self, head: bytes, body: bytes) -> HTTPAnswer:
@@ -91,11 +90,10 @@ class _Connection(asyncio.Protocol):
 
     async def open_stream(self, head: bytes, body: bytes) -> None:
         """Write one request; return once its answer's head is in (``status_code``). The
-        body comes from :meth:`chunks`; :meth:`end_stream` when done with it."""
+        body comes from :meth:`chunks`."""
         assert self.transport is not None
         self.reusable = False
         self._expecting = True
-        self._ended = False
         self._error = None
         self._wake = asyncio.Event()
         self._head = asyncio.get_running_loop().create_future()
@@ -114,18 +112,18 @@ class _Connection(asyncio.Protocol):
                 yield b"".join(body)
             elif self._error is not None:
                 raise self._error
-            elif self._ended:
+            elif not self._expecting:  # the answer is complete
                 return
             else:
                 self._wake.clear()
                 await self._wake.wait()
 
-    def end_stream(self) -> bool:
-        """Done with a streamed answer: whether it arrived whole (the connection can be
-        reused if ``reusable``)."""
-        whole = self._ended and self._error is None and not self._body
+    def finish(self) -> bool:
+        """The call is done with the connection: whether its answer arrived whole and was
+        all taken (then the connection may be reused, if ``reusable``)."""
+        whole = not self._expecting and self._error is None and not self._body
         self._wake = None
-        self._body = []
+        self._body = []  # an idle connection keeps no answer alive
         return whole
 
     def close(self) -> None:
@@ -198,7 +196,6 @@ class _Connection(asyncio.Protocol):
     def _complete(self) -> None:
         self._expecting = False
         if self._wake is not None:  # streamed: chunks() takes what is left, then ends
-            self._ended = True
             self._wake.set()
             return
         body, self._body = self._body, []  # an idle connection keeps no answer alive
@@ -211,7 +208,7 @@ class _Connection(asyncio.Protocol):
             self._answer.set_exception(exc)
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc)
-        if self._wake is not None and not self._ended:
+        if self._wake is not None and self._expecting:
             self._error = exc
             self._wake.set()
 
@@ -278,7 +275,7 @@ class Http1Upstream:
             "Content-Type": "application/json",
             "Accept-Encoding": "identity",
         }
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode("latin-1")
+        self._header_lines = "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode("latin-1")
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
         self._slots = asyncio.Semaphore(max_connections)
@@ -300,17 +297,11 @@ class Http1Upstream:
         if head is None:
             return await self.fallback.post(path, content, key=key)
         async with self._slots:
-            conn = self._reuse() or await self._connect()
-            self._busy.add(conn)
+            conn = await self._take()
             try:
-                answer = await conn.request(head, content)
-            except BaseException:
-                conn.close()  # no whole answer: its state is unknown (and the engine stops)
-                raise
+                return await conn.request(head, content)
             finally:
-                self._busy.discard(conn)
-            self._release(conn, whole=True)
-        return answer
+                self._give(conn)
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -324,14 +315,12 @@ class Http1Upstream:
                 yield answer
             return
         async with self._slots:
-            conn = self._reuse() or await self._connect()
-            self._busy.add(conn)
+            conn = await self._take()
             try:
                 await conn.open_stream(head, content)
                 yield _Http1Stream(conn)
             finally:
-                self._busy.discard(conn)
-                self._release(conn, whole=conn.end_stream())
+                self._give(conn)
 
     async def get(
         self, url: str, *, timeout_s: float, params: Mapping[str, str] | None = None
@@ -380,14 +369,23 @@ class Http1Upstream:
             target = self._path + "/" + path.lstrip("/")
         return b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (
             target.encode("ascii"),
-            self._head,
+            self._header_lines,
             length,
         )
 
-    def _release(self, conn: _Connection, *, whole: bool) -> None:
+    async def _take(self) -> _Connection:
+        """A connection for one call (a call slot is held): the newest idle one, or a new
+        one."""
+        conn = self._reuse() or await self._connect()
+        self._busy.add(conn)
+        return conn
+
+    def _give(self, conn: _Connection) -> None:
         """A call is done with ``conn``: kept for reuse when its answer came whole and
-        the server keeps it open, else closed."""
-        if whole and conn.reusable and not conn.closed:
+        the server keeps it open; else closed (its state is unknown, and closing tells
+        the engine to stop)."""
+        self._busy.discard(conn)
+        if conn.finish() and conn.reusable and not conn.closed:
             conn.idle_since = asyncio.get_running_loop().time()
             self._idle.append(conn)
             self._sweep_later()
