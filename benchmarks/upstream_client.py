@@ -18,14 +18,12 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import uvloop
+from gateway_overhead import _first_messages, _free_port, _process
 
 from rollout_gateway.server.upstream_http import AiohttpUpstream, HttpxUpstream, UpstreamHTTP
 from rollout_gateway.server.upstream_http1 import Http1Upstream
@@ -41,13 +39,9 @@ def _client(kind: str, base_url: str) -> UpstreamHTTP:
     return HttpxUpstream(base_url)
 
 
-def _body(context_chars: int, stream: bool) -> bytes:
-    # The first turn of a benchmark conversation: a system prompt padded to the context.
-    script = json.dumps([{"say": "finished"}])
-    messages = [
-        {"role": "system", "content": "You are a CLI agent. " + "context " * (context_chars // 8)},
-        {"role": "user", "content": f"Benchmark task. <script>{script}</script>"},
-    ]
+def _body(context_tokens: int, stream: bool) -> bytes:
+    # The first turn of gateway_overhead.py's conversation, padded to the context.
+    messages = _first_messages(1, context_tokens)
     body = {"model": "scripted", "messages": messages, "return_token_ids": True, "logprobs": True}
     if stream:
         body["stream"] = True
@@ -82,28 +76,13 @@ async def _cpu_per_call(
     return cpu / (per_worker * concurrency)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _scripted_model() -> Iterator[str]:
     port = _free_port()
     cli = [sys.executable, "-m", "rollout_gateway.cli", "scripted-model", "--port", str(port)]
-    proc = subprocess.Popen([*cli, "--log-level", "warning"])
     root = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"{root}/v1/models", timeout=1).close()
-                break
-            time.sleep(0.05)
+    with _process([*cli, "--log-level", "warning"], f"{root}/v1/models"):
         yield f"{root}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _ints(text: str) -> list[int]:
@@ -115,7 +94,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls per client per round")
     parser.add_argument("--concurrency", type=_ints, default=[1, 64], help="calls in flight")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (clients take turns)")
-    parser.add_argument("--context", type=int, default=1000, help="system prompt characters")
+    parser.add_argument("--context", type=int, default=1000, help="context tokens (bytes)")
     parser.add_argument("--stream", action="store_true", help="also measure streamed answers")
     args = parser.parse_args()
     modes = [False, True] if args.stream else [False]
