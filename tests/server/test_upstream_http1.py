@@ -177,11 +177,13 @@ async def test_garbage_and_a_dead_upstream_are_transport_and_connect_failures() 
         with pytest.raises(ConnectionError) as caught:
             await client.post("/chat/completions", b"{}")
         assert client.failure_kind(caught.value) == "transport"
+        assert client.open_connections == 0  # the broken connection is not kept
         await client.aclose()
     dead = Http1Upstream(url)  # the listener is closed now
     with pytest.raises(ConnectionError) as caught:
         await dead.post("/chat/completions", b"{}")
     assert dead.failure_kind(caught.value) == "connect"
+    assert dead.open_connections == 0
     await dead.aclose()
 
 
@@ -347,6 +349,7 @@ async def test_a_streamed_error_is_read_whole_and_a_broken_stream_is_a_transport
                 server.close_all()
                 [line async for line in got.lines()]
         assert client.failure_kind(caught.value) == "transport"
+        assert client.open_connections == 0  # the broken connection is not kept
         await client.aclose()
 
 
