@@ -294,8 +294,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     conns.add_argument(
         "--upstream-client", choices=("httptools", "aiohttp", "httpx"), default="httptools",
         help="HTTP client of the upstream calls (default: %(default)s, the cheapest per "
-        "turn: lean HTTP/1.1 connections for whole answers, aiohttp for the rest; "
-        "httpx is kept for injected test transports)",
+        "turn: lean HTTP/1.1 connections for the chat POST, whole or streamed, aiohttp for "
+        "the rest; httpx is kept for injected test transports)",
     )  # fmt: skip
     conns.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto",

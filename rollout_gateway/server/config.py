@@ -47,8 +47,8 @@ class GatewayConfig:
         upstream_connect_timeout_s: connect timeout to an upstream (fail fast when down).
         upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
         upstream_client: HTTP client of the upstream calls: ``"httptools"`` (the default:
-            the whole-answer POST on lean HTTP/1.1 connections, everything else through
-            aiohttp; :mod:`~rollout_gateway.server.upstream_http1`), ``"aiohttp"``, or
+            the chat POST, whole or streamed, on lean HTTP/1.1 connections, everything else
+            through aiohttp; :mod:`~rollout_gateway.server.upstream_http1`), ``"aiohttp"``, or
             ``"httpx"`` (always used when a test injects an httpx transport). See
             :mod:`rollout_gateway.server.upstream_http`.
         max_connections_per_upstream: size of each upstream's HTTP connection pool.

@@ -3,8 +3,9 @@
 Everything the gateway asks of an upstream over HTTP goes through :class:`UpstreamHTTP`:
 ``post`` (a whole chat completion), ``stream`` (a streamed one, read line by line) and
 ``get`` (``/models``, vLLM's ``/server_info``). Two implementations here, and a third,
-the default, in :mod:`.upstream_http1` (``Http1Upstream``: the whole-answer POST on lean
-HTTP/1.1 connections over httptools, every other call through :class:`AiohttpUpstream`):
+the default, in :mod:`.upstream_http1` (``Http1Upstream``: the chat POST, whole or
+streamed, on lean HTTP/1.1 connections over httptools, every other call through
+:class:`AiohttpUpstream`):
 
 * :class:`AiohttpUpstream`: aiohttp's client, whose C HTTP parser and
   connection pool cost a third of httpx's CPU per turn on this gateway

@@ -58,6 +58,9 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, on_lost: Callable[[_Connection], None]) -> None:
         self._on_lost = on_lost
+        # The connection's loop, kept: asyncio.get_running_loop() costs a getpid()
+        # system call each time (CPython 3.11 checks for a fork), several per turn.
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False
@@ -81,7 +84,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.reusable = False
         self._expecting = True
-        self._answer = asyncio.get_running_loop().create_future()
+        self._answer = self.loop.create_future()
         self.transport.writelines((head, body))
         try:
             return await self._answer
@@ -96,7 +99,7 @@ class _Connection(asyncio.Protocol):
         self._expecting = True
         self._error = None
         self._wake = asyncio.Event()
-        self._head = asyncio.get_running_loop().create_future()
+        self._head = self.loop.create_future()
         self.transport.writelines((head, body))
         try:
             await self._head
@@ -386,9 +389,9 @@ class Http1Upstream:
         the engine to stop)."""
         self._busy.discard(conn)
         if conn.finish() and conn.reusable and not conn.closed:
-            conn.idle_since = asyncio.get_running_loop().time()
+            conn.idle_since = conn.loop.time()
             self._idle.append(conn)
-            self._sweep_later()
+            self._sweep_later(conn.loop)
         else:
             conn.close()
 
@@ -397,26 +400,24 @@ class Http1Upstream:
         if conn in self._idle:
             self._idle.remove(conn)
 
-    def _sweep_later(self) -> None:
+    def _sweep_later(self, loop: asyncio.AbstractEventLoop) -> None:
         """Close idle connections once they are too old to reuse, even when no call
         comes to find them (one timer per pool at a time)."""
         if self._sweep is None:
-            loop = asyncio.get_running_loop()
-            self._sweep = loop.call_later(self._keepalive_s + 0.05, self._close_stale)
+            self._sweep = loop.call_later(self._keepalive_s + 0.05, self._close_stale, loop)
 
-    def _close_stale(self) -> None:
+    def _close_stale(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweep = None
-        now = asyncio.get_running_loop().time()
+        now = loop.time()
         while self._idle and now - self._idle[0].idle_since > self._keepalive_s:
             self._idle.pop(0).close()  # oldest first: reuse takes the newest
         if self._idle:
-            self._sweep_later()
+            self._sweep_later(loop)
 
     def _reuse(self) -> _Connection | None:
-        now = asyncio.get_running_loop().time()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed and now - conn.idle_since <= self._keepalive_s:
+            if not conn.closed and conn.loop.time() - conn.idle_since <= self._keepalive_s:
                 return conn
             conn.close()
         return None
