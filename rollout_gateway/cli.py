@@ -137,9 +137,6 @@ refused turns:
 @subcommand
 def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``rollout-gateway serve``: the reference rollout gateway."""
-    from rollout_gateway.server import config as defaults
-
-    positive_int, positive_float = _positive(int), _positive(float)
     p = subparsers.add_parser(
         "serve",
         help="run the rollout gateway in front of OpenAI-compatible upstreams",
@@ -163,6 +160,24 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument(
         "--port", type=_port, default=8000, help="port to listen on (default: %(default)s)"
     )
+    _add_access_options(p)
+    p.add_argument(
+        "--upstream-api-key",
+        action=_RefuseOnCommandLine,
+        metavar="$ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
+        help=argparse.SUPPRESS,  # refused: a key on the command line shows in ps
+    )
+    _add_token_options(p)
+    _add_limit_options(p)
+    _add_connection_options(p)
+    _add_registry_options(p)
+    p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
+    _add_log_level(p)
+    p.set_defaults(func=run_serve)
+
+
+def _add_access_options(p: argparse.ArgumentParser) -> None:
+    """``serve``: who may drive the gateway (admin token, per-rollout keys)."""
     access = p.add_argument_group("access (see the security model below)")
     access.add_argument(
         "--admin-token-file",
@@ -193,12 +208,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         action="store_false",
         help="do not issue per-rollout api keys (any agent can then drive any rollout)",
     )
-    p.add_argument(
-        "--upstream-api-key",
-        action=_RefuseOnCommandLine,
-        metavar="$ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
-        help=argparse.SUPPRESS,  # refused: a key on the command line shows in ps
-    )
+
+
+def _add_token_options(p: argparse.ArgumentParser) -> None:
+    """``serve``: how turns are tokenized (chat or token-in mode)."""
     tokens = p.add_argument_group("how turns are tokenized (see README: token-in mode)")
     tokens.add_argument(
         "--upstream-mode",
@@ -222,6 +235,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="token-in: a renderers renderer name (qwen3, glm5...), 'module:factory' (a "
         "callable taking the tokenizer), or auto (default: %(default)s)",
     )
+
+
+def _add_limit_options(p: argparse.ArgumentParser) -> None:
+    """``serve``: limits per request and per rollout."""
+    from rollout_gateway.server import config as defaults
+
+    positive_int, positive_float = _positive(int), _positive(float)
     limits = p.add_argument_group("limits per request and per rollout")
     limits.add_argument(
         "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, metavar="N",
@@ -269,6 +289,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="an identical request this soon after a turn's answer is a retry "
         "(default: %(default)s)",
     )  # fmt: skip
+
+
+def _add_connection_options(p: argparse.ArgumentParser) -> None:
+    """``serve``: connections, timeouts, upstream client and event loop."""
+    from rollout_gateway.server import config as defaults
+
+    positive_int, positive_float = _positive(int), _positive(float)
     conns = p.add_argument_group("connections and time")
     conns.add_argument(
         "--header-timeout", type=positive_float, default=30.0, metavar="S",
@@ -302,6 +329,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="event loop (default: %(default)s = uvloop when installed, it is a "
         "dependency; asyncio: the standard library's)",
     )  # fmt: skip
+
+
+def _add_registry_options(p: argparse.ArgumentParser) -> None:
+    """``serve``: how many rollouts are kept, and how long."""
+    positive_int, positive_float = _positive(int), _positive(float)
     registry = p.add_argument_group("registry")
     registry.add_argument(
         "--rollout-ttl", type=positive_float, default=3600.0, metavar="SECONDS",
@@ -311,9 +343,6 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "--max-rollouts", type=positive_int, default=10_000, metavar="N",
         help="registered rollouts at most (default: %(default)s)",
     )  # fmt: skip
-    p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
-    _add_log_level(p)
-    p.set_defaults(func=run_serve)
 
 
 def serve_config(args: argparse.Namespace) -> GatewayConfig:
