@@ -19,8 +19,8 @@ last one. Under that load those are mostly the steps recorded meanwhile (about 1
 objects each), so one takes 5-10 ms of CPU (about 17k objects, measured with
 ``gc.callbacks`` in ``serve``, 64 rollouts at 1k context for 25 s). Each such run also
 had one full collection, of 8-22 ms. With the default threshold, young pauses stayed under
-2 ms. But a run then had 16 full collections (up to 34 ms each), and the collector's CPU
-was 7x higher.
+2 ms of CPU. But a run then had 16 full collections (up to 34 ms each), and the collector's CPU
+per turn was 6x higher.
 
 Only ``rollout-gateway serve`` calls it, for its own process: the library never changes
 the collector of a process it is embedded in (tests, demos, an env serving in-process).
