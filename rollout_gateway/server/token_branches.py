@@ -60,10 +60,6 @@ class PromptIds:
     def __len__(self) -> int:
         return self.known + len(self.tail)
 
-    def tolist(self) -> list[int]:
-        """All the prompt's ids."""
-        return [*self.branch[: self.known].tolist(), *self.tail.tolist()]
-
 
 class TokenBranches:
     """The current branch of ids and what the next turn's prompt is checked against.
