@@ -1,12 +1,16 @@
-"""The Redis backend's atomic steps against a real Redis: claims, commits, leases, exits,
-policy versions, layout checks and an unreachable server."""
+"""The Redis store against a real Redis, as several gateways share it: one turn of a
+rollout at a time across stores, a dead gateway's lease taken over, a late commit
+refused, exit reports numbered once for all, policy versions forward only, another
+layout refused, an unreachable server reported. (What every backend does alike is in
+the backend contract tests.)"""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import time
+from array import array
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,12 +20,25 @@ from .redis_fixtures import redis_server
 
 pytest.importorskip("redis")
 
-from rollout_gateway.server.state.redis_backend.client import (  # noqa: E402
-    SCHEMA,
-    RedisState,
-    StateVersionError,
-    StoreUnavailable,
+from rollout_gateway.server.recording.steps import RecordedStep, StepDelta  # noqa: E402
+from rollout_gateway.server.state.store import (  # noqa: E402
+    AnswerKey,
+    RolloutExistsError,
+    RolloutRow,
+    StoreUnavailableError,
+    StoreVersionError,
+    TurnAnswer,
+    TurnCommit,
+    TurnConflictError,
+    UnknownRolloutError,
 )
+
+from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
+from rollout_gateway.server.state.redis_backend.codec import (  # noqa: E402
+    decode_step,
+    encode_step,
+)
+from rollout_gateway.server.state.redis_backend.store import RedisStore  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,146 +50,197 @@ _prefixes = iter(range(1_000_000))
 
 
 @pytest.fixture
-async def state(server: RedisServer) -> AsyncIterator[RedisState]:
-    # A prefix per test: the tests share one server, never each other's keys.
-    s = RedisState.from_url(server.url, prefix=f"t{next(_prefixes)}:", lease_ms=2000, ttl_ms=60_000)
-    await s.open()
-    yield s
-    await s.aclose()
+async def gateways(server: RedisServer) -> AsyncIterator[list[RedisStore]]:
+    """Two gateways' stores on one Redis, under a prefix of this test's own."""
+    prefix = f"t{next(_prefixes)}:"
+    stores = [RedisStore(server.url, prefix=prefix, lease_s=2.0) for _ in range(2)]
+    for store in stores:
+        await store.open()
+    yield stores
+    for store in stores:
+        await store.close()
 
 
-async def _claim(state: RedisState, owner: str, fp: bytes = b"fp1", idem: str | None = None,
-                 held: int = 0, retry: bool = False):  # fmt: skip
-    return await state.claim(
-        "r1", owner, fp, idem, held=held, window_ms=120_000, is_retry=retry
-    )
+def _row(rollout_id: str = "r1", key_digest: str | None = "kd") -> RolloutRow:
+    registration: Any = {
+        "rollout_id": rollout_id, "model": "m", "sampling_params": {}, "max_turns": 10,
+        "max_seq_len": None, "upstream": "http://u/v1", "key_digest": key_digest,
+        "trajectory_id": "traj", "token_caps": None,
+    }  # fmt: skip
+    return RolloutRow(registration, {"status": "active", "num_turns": 0}, revision=0, steps=0)
 
 
-async def test_one_turn_at_a_time_and_a_retry_gets_the_answer(state: RedisState) -> None:
-    assert await state.create("r1", b'{"model": "m"}', b"{}", "keydigest")
-    assert not await state.create("r1", b"{}", b"{}", None)  # registered already
-    assert await state.rollout_for_key("keydigest") == "r1"
-    first = await _claim(state, "gw-a")
-    assert (first.outcome, first.ver, first.events) == ("claimed", 0, [])
-    assert (await _claim(state, "gw-b")).outcome == "running"  # the same body: same turn
-    assert (await _claim(state, "gw-b", fp=b"other")).outcome == "busy"
-    outcome = await state.commit(
-        "r1", "gw-a", 0, b'{"num_turns": 1}', [b"step0"], answer=b"ANSWER", fingerprint=b"fp1",
-        delivered=False,
+def _step(n: int) -> RecordedStep:
+    segment = array("i", range(10 + n))
+    tokens = StepIds(segment, 0, 8 + n, 10 + n, array("f", [-0.5, -0.25]), False, False)
+    user, assistant = {"role": "user", "content": f"u{n}"}, {"role": "assistant", "content": "a"}
+    return RecordedStep(0, [user], [assistant], tokens, False, {"n": n})
+
+
+def _commit(index: int, answer: bytes | None = b'{"id": "x"}') -> TurnCommit:
+    key = AnswerKey(b"\x01" * 16, None, time.time(), index)
+    return TurnCommit(
+        index, _step(index), {"status": "active", "num_turns": index + 1},
+        TurnAnswer(key, answer) if answer is not None else None,
     )  # fmt: skip
-    assert outcome == ("ok", 1)
-    # The racing retry now gets the original's answer, not a second turn.
-    retry = await _claim(state, "gw-b")
-    assert (retry.outcome, retry.answer) == ("answered", b"ANSWER")
-    # Once delivered, the same body without retry marks is a new turn; with them, a replay.
-    await state.delivered("r1", b"fp1", None)
-    assert (await _claim(state, "gw-b", retry=True)).outcome == "answered"
-    second = await _claim(state, "gw-b", held=0)
-    assert (second.outcome, second.ver, second.counters) == ("claimed", 1, b'{"num_turns": 1}')
-    assert second.events == [b"step0"]  # what gw-b's cache lacked
 
 
-async def test_idempotency_keys_decide_when_both_sides_carry_one(state: RedisState) -> None:
-    await state.create("r1", b"{}", b"{}", None)
-    assert (await _claim(state, "a", fp=b"x", idem="k1")).outcome == "claimed"
-    assert (await _claim(state, "b", fp=b"y", idem="k1")).outcome == "running"
-    assert (await _claim(state, "b", fp=b"x", idem="k2")).outcome == "busy"
-    await state.commit("r1", "a", 0, b"{}", [b"s"], answer=b"A", fingerprint=b"x",
-                       idempotency_key="k1", delivered=True)  # fmt: skip
-    assert (await _claim(state, "b", fp=b"z", idem="k1")).answer == b"A"
+def test_a_step_is_stored_in_its_delta_form_and_read_back_whole() -> None:
+    delta = _step(3).delta()
+    back = decode_step(encode_step(delta))
+    assert isinstance(back, StepDelta)
+    assert (back.shared_messages, back.new_messages, back.completion, back.extras) == (
+        delta.shared_messages, delta.new_messages, delta.completion, delta.extras,
+    )  # fmt: skip
+    assert back.tokens is not None and delta.tokens is not None
+    assert back.tokens.prompt_new_ids == delta.tokens.prompt_new_ids
+    assert back.tokens.completion_ids == delta.tokens.completion_ids
+    assert back.tokens.completion_logprobs == delta.tokens.completion_logprobs
+    with pytest.raises(ValueError):
+        decode_step(encode_step(delta)[:-3])  # truncated
 
 
-async def test_a_commit_needs_the_lease_and_the_version_it_claimed(state: RedisState) -> None:
-    await state.create("r1", b"{}", b"{}", None)
-    await _claim(state, "a")
-    assert (await state.commit("r1", "b", 0, b"{}", [b"s"]))[0] == "lost"  # not b's lease
-    assert (await state.commit("r1", "a", 5, b"{}", [b"s"]))[0] == "stale"
-    assert await state.commit("r1", "a", 0, b"{}", [b"s"]) == ("ok", 1)
-    assert (await state.commit("r1", "a", 1, b"{}", [b"s"]))[0] == "lost"  # released
-    assert (await state.load("r1"))[1] == [b"s"]  # type: ignore[index]  # recorded once
+async def test_one_turn_of_a_rollout_at_a_time_across_gateways(
+    gateways: list[RedisStore],
+) -> None:
+    a, b = gateways
+    await a.create_rollout(_row())
+    with pytest.raises(RolloutExistsError):
+        await b.create_rollout(_row())
+    assert await b.rollout_for_key("kd") == "r1"
+    assert await a.claim_turn("r1", "gw-a", 2.0) == 0
+    waiting = asyncio.ensure_future(b.claim_turn("r1", "gw-b", 2.0))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # gateway b waits while a's turn runs
+    assert await a.commit_turn("r1", _commit(0)) == 1
+    await a.release_turn("r1", "gw-a")
+    assert await asyncio.wait_for(waiting, 5) == 1  # woken; sees a's turn (revision 1)
+    steps = await b.load_steps("r1")
+    assert [s.extras for s in steps] == [{"n": 0}]
+    answer = await b.load_answer("r1")
+    assert answer is not None and answer.body == b'{"id": "x"}'
+    row = await b.load_rollout("r1")
+    assert row is not None and (row.revision, row.steps, row.counters["num_turns"]) == (1, 1, 1)
+    assert row.answer_key is not None and row.answer_key.fingerprint == b"\x01" * 16
+    # A commit on a step count that is not the stored one writes nothing.
+    with pytest.raises(TurnConflictError):
+        await b.commit_turn("r1", _commit(0))
+    assert await b.commit_turn("r1", _commit(1)) == 2
+    assert len(await a.load_steps("r1", 1)) == 1
 
 
-async def test_an_expired_lease_is_taken_over_and_the_late_owner_cannot_commit(
+async def test_a_dead_gateways_turn_is_taken_over_and_its_late_commit_refused(
     server: RedisServer,
 ) -> None:
-    state = RedisState.from_url(server.url, prefix="lease:", lease_ms=200, ttl_ms=60_000)
-    await state.open()
+    prefix = f"t{next(_prefixes)}:"
+    dead, alive = (RedisStore(server.url, prefix=prefix, lease_s=0.3) for _ in range(2))
+    for store in (dead, alive):
+        await store.open()
     try:
-        await state.create("r1", b"{}", b"{}", None)
-        await _claim(state, "dead")
-        assert (await _claim(state, "b")).outcome == "running"
-        assert await state.renew("r1", "dead")
-        await asyncio.sleep(0.4)  # the owner died: its lease ran out
-        assert (await _claim(state, "b")).outcome == "claimed"
-        assert not await state.renew("r1", "dead")
-        assert (await state.commit("r1", "dead", 0, b"{}", [b"s"]))[0] == "lost"
-        assert await state.commit("r1", "b", 0, b"{}", [b"s"]) == ("ok", 1)
+        await dead.create_rollout(_row())
+        await dead.claim_turn("r1", "dead", 0.3)
+        dead._stop_renewing("r1")  # as if its process was killed: nobody renews
+        started = time.monotonic()
+        await alive.claim_turn("r1", "alive", 0.3)
+        assert time.monotonic() - started >= 0.15  # it waited for the lease to run out
+        with pytest.raises(TurnConflictError, match="expired"):
+            await dead.commit_turn("r1", _commit(0))
+        assert await alive.commit_turn("r1", _commit(0)) == 1
+        assert len(await alive.load_steps("r1")) == 1  # recorded once
     finally:
-        await state.aclose()
+        for store in (dead, alive):
+            await store.close()
 
 
-async def test_removed_and_cancelled_rollouts(state: RedisState) -> None:
-    await state.create("r1", b"{}", b'{"status": "active"}', "kd")
-    assert await state.cancel("r1")
-    assert (await _claim(state, "a")).cancelled
-    assert await state.delete("r1", "kd") == b'{"status": "active"}'
-    assert await state.rollout_for_key("kd") is None
-    assert (await _claim(state, "a")).outcome == "gone"
-    assert await state.delete("r1", "kd") is None
-    assert not await state.cancel("r1")
-
-
-async def test_exit_reports_are_numbered_once_for_every_gateway(state: RedisState) -> None:
-    other = RedisState.from_url(_url(state), prefix=state.prefix, lease_ms=1000, ttl_ms=1000)
-    await other.open()
+async def test_a_lease_is_renewed_while_a_long_turn_runs(server: RedisServer) -> None:
+    prefix = f"t{next(_prefixes)}:"
+    a, b = (RedisStore(server.url, prefix=prefix, lease_s=0.3) for _ in range(2))
+    for store in (a, b):
+        await store.open()
     try:
-        assert await state.report_exit("r1", 0) == 1
-        assert await other.report_exit("r2", None) == 2
-        entries = await other.read_exits(b"0-0", None)
-        assert [(e[1][b"rid"], e[1][b"code"]) for e in entries] == [(b"r1", b"0"), (b"r2", b"")]
-        waiter = asyncio.ensure_future(state.read_exits(entries[-1][0], 5000))
-        await asyncio.sleep(0.05)
-        assert not waiter.done()
-        await other.report_exit("r3", 1)
-        assert [e[1][b"rid"] for e in await waiter] == [b"r3"]
+        await a.create_rollout(_row())
+        await a.claim_turn("r1", "a", 0.3)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(b.claim_turn("r1", "b", 0.3), 1.0)  # 3 leases long
+        assert await a.commit_turn("r1", _commit(0)) == 1
     finally:
-        await other.aclose()
+        for store in (a, b):
+            await store.close()
 
 
-def _url(state: RedisState) -> str:
-    kw = state.client.connection_pool.connection_kwargs
-    return f"redis://{kw['host']}:{kw['port']}/0"
+async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[RedisStore]) -> None:
+    a, b = gateways
+    await a.create_rollout(_row())
+    assert await a.cancel_rollout("r1", {"status": "cancelled"}) == 1
+    assert await b.save_rollout("r1", {"status": "completed"}) == 2
+    row = await b.load_rollout("r1")
+    assert row is not None and row.cancelled  # no later write clears it
+    await a.save_exit({"rollout_id": "r1", "exit_code": 0, "seq": 1})
+    assert await b.delete_rollout("r1")
+    assert await a.load_rollout("r1") is None and await a.rollout_for_key("kd") is None
+    assert (await a.open()).exits == []  # its exit report went with it
+    assert not await b.delete_rollout("r1")
+    with pytest.raises(UnknownRolloutError):
+        await a.claim_turn("r1", "a", 1.0)
+    with pytest.raises(UnknownRolloutError):
+        await a.save_rollout("r1", {})
 
 
-async def test_policy_versions_only_move_forward(state: RedisState) -> None:
-    assert await state.policy() == (None, None, 0)
-    accepted, version, at, epoch = await state.announce_policy(3)
-    assert (accepted, version, epoch) == (True, 3, 1) and at is not None
-    assert (await state.announce_policy(3))[3] == 1  # the same one again: no new epoch
-    assert (await state.announce_policy(2))[:2] == (False, 3)
-    assert (await state.policy())[0::2] == (3, 1)
+async def test_exit_reports_are_numbered_once_for_every_gateway(
+    gateways: list[RedisStore],
+) -> None:
+    a, b = gateways
+    assert await a.report_exit("r1", 0) == 1
+    assert await b.report_exit("r2", None) == 2
+    feed = b.follow_exits(0)
+    seen = [await anext(feed), await anext(feed)]
+    assert [(r["rollout_id"], r["exit_code"], r["seq"]) for r in seen] == [
+        ("r1", 0, 1), ("r2", None, 2),
+    ]  # fmt: skip
+    later = asyncio.ensure_future(anext(feed))
+    await asyncio.sleep(0.05)
+    assert not later.done()  # waits for the next report
+    await a.report_exit("r3", 1)
+    assert (await asyncio.wait_for(later, 5))["seq"] == 3
+    await feed.aclose()
+    contents = await b.open()
+    assert contents.exit_cursor == 3 and [r["seq"] for r in contents.exits] == [1, 2, 3]
 
 
-async def test_state_of_another_layout_is_refused(state: RedisState) -> None:
-    await state.call("HSET", f"{state.prefix}meta", "schema", SCHEMA + 1)
-    with pytest.raises(StateVersionError, match="layout"):
-        await state.open()
-    await state.call("HSET", f"{state.prefix}meta", "schema", SCHEMA)
-    await state.call("HSET", f"{state.prefix}r:old", "reg", json.dumps({}), "v", "0")
-    with pytest.raises(StateVersionError, match="rollout old"):
-        await state.load("old")
+async def test_policy_versions_only_move_forward(gateways: list[RedisStore]) -> None:
+    a, b = gateways
+    announced: list[int | None] = []
+    b.on_policy = lambda state: announced.append(state.version)
+    assert (await a.load_policy()).version is None
+    assert (await a.announce_policy(3, 100.0)).version == 3
+    assert (await b.announce_policy(2, 200.0)).version == 3  # older: refused
+    state = await b.load_policy()
+    assert (state.version, state.updated_at) == (3, 100.0)
+    for _ in range(50):  # gateway b hears of a's announcement
+        if announced:
+            break
+        await asyncio.sleep(0.02)
+    assert announced == [3]
 
 
-async def test_an_unreachable_redis_is_store_unavailable(tmp_path: Path) -> None:
-    state = RedisState.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1.0,
-                                lease_ms=1000, ttl_ms=1000)  # fmt: skip
-    with pytest.raises(StoreUnavailable):
-        await state.open()
-    await state.aclose()
+async def test_the_secret_is_shared_by_every_gateway(gateways: list[RedisStore]) -> None:
+    a, b = gateways
+    assert a.secret == b.secret and len(a.secret) == 32
 
 
-async def test_the_secret_is_shared_by_every_gateway(state: RedisState) -> None:
-    other = RedisState.from_url(_url(state), prefix=state.prefix, lease_ms=1000, ttl_ms=1000)
-    await other.open()
-    assert other.secret == state.secret and len(state.secret) == 32
-    await other.aclose()
+async def test_state_of_another_layout_is_refused(gateways: list[RedisStore]) -> None:
+    a, _ = gateways
+    await a._cmd("HSET", f"{a.prefix}meta", "layout", 99)
+    with pytest.raises(StoreVersionError, match="layout 99"):
+        await a.open()
+    await a._cmd("HSET", f"{a.prefix}meta", "layout", 1)
+    await a._cmd("HSET", f"{a.prefix}r:old", "reg", "{}", "v", "0")
+    with pytest.raises(StoreVersionError, match="rollout old"):
+        await a.load_rollout("old")
+
+
+async def test_an_unreachable_redis_is_unavailable_not_a_hang() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1.0)
+    with pytest.raises(StoreUnavailableError, match="redis at 127.0.0.1"):
+        await store.open()
+    await store.close()

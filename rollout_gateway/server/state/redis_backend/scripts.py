@@ -1,205 +1,141 @@
-"""The Lua scripts of the Redis backend: each is one atomic step of the gateways' protocol.
+"""The Lua scripts of the Redis store: each is one atomic step the gateways share.
 
 Redis runs a script alone (no other client's command in between), so a claim cannot race
-another claim, nor a commit a removal. Every script takes the rollout's keys in ``KEYS``
-(see :class:`~.keys.RolloutKeys`) and answers a flat array whose first element says what
-happened. Times come from Redis's own clock (``TIME``), the one clock every gateway shares.
+another claim, nor a commit a removal. Every script takes one rollout's keys in ``KEYS``
+(rollout hash, steps list, lease; see :meth:`~.store.RedisStore._keys`) and answers a
+flat array whose first element says what happened (``ok``, ``gone``, ``busy``,
+``conflict``, ``lost``).
+
+The rollout hash holds ``reg`` and ``counters`` (JSON), ``rev`` (bumped by every write),
+``steps`` (their count), ``cancelled``, ``v`` (the layout), and the last answer:
+``a_key`` (JSON of its :class:`~rollout_gateway.server.state.store.AnswerKey`),
+``a_body``, ``a_pstep`` (the step whose prompt ids were cut out of the body, or "").
 """
 
 from __future__ import annotations
 
-#: Shared by the scripts: Redis's clock in milliseconds.
-_NOW = """
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+#: KEYS: rollout, steps, lease, key index (the rollout again without a key).
+#: ARGV: reg, counters, ttl ms, layout, rollout id. Answers {"ok"} or {"exists"}.
+CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+redis.call('HSET', KEYS[1], 'reg', ARGV[1], 'counters', ARGV[2], 'rev', 0, 'steps', 0,
+           'v', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+if KEYS[4] ~= KEYS[1] then
+  redis.call('HSET', KEYS[1], 'kidx', KEYS[4])
+  redis.call('SET', KEYS[4], ARGV[5], 'PX', tonumber(ARGV[3]))
+end
+return {'ok'}
+"""
+
+#: Postpones the expiry of a rollout's keys (KEYS: rollout, steps; its key index is
+#: named in the rollout's ``kidx``).
+_TOUCH = """
+local function touch(ttl)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  local kidx = redis.call('HGET', KEYS[1], 'kidx')
+  if kidx then redis.call('PEXPIRE', kidx, ttl) end
 end
 """
 
-#: Whether a request (fingerprint ``fp``, Idempotency-Key ``idem``, "" for none) repeats a
-#: turn: the same key when both carry one, else the same body (the dedupe rules of
-#: ``state/dedupe.py``).
-_SAME_TURN = """
-local function same_turn(fp, idem, turn_fp, turn_idem)
-  if idem ~= '' and turn_idem ~= '' then return idem == turn_idem end
-  return fp == turn_fp
-end
-"""
-
-#: KEYS: rollout hash, lease, events list.
-#: ARGV: owner, fingerprint, idempotency key, lease ms, events held, window ms, is retry
-#: ("1"/"0"), ttl ms.
-#: Answers: {"gone"} | {"running"} (the same turn runs elsewhere) | {"busy"} (another turn
-#: runs) | {"answered", body} | {"claimed", ver, counters, cancelled, event...}.
-CLAIM = (
-    _NOW
-    + _SAME_TURN
+#: KEYS: rollout, steps, lease. ARGV: counters, ttl ms, cancel ("1"/"0"),
+#: channel, rollout id. Answers {"ok", rev} or {"gone"}.
+SAVE = (
+    _TOUCH
     + """
-local r, lease, events = KEYS[1], KEYS[2], KEYS[3]
-local owner, fp, idem = ARGV[1], ARGV[2], ARGV[3]
-local lease_ms, held, window_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local is_retry, ttl_ms = ARGV[7] == '1', tonumber(ARGV[8])
-if redis.call('EXISTS', r) == 0 then return {'gone'} end
-local running = redis.call('HMGET', lease, 'owner', 'fp', 'idem')
-if running[1] then
-  if same_turn(fp, idem, running[2], running[3]) then return {'running'} end
-  return {'busy'}
-end
-local a = redis.call('HMGET', r, 'a_fp', 'a_idem', 'a_at', 'a_delivered', 'a_body')
-if a[1] and a[5] and same_turn(fp, idem, a[1], a[2]) then
-  local keyed = idem ~= '' and a[2] ~= ''
-  local recent = now_ms() - tonumber(a[3]) <= window_ms
-  if keyed or (recent and (is_retry or a[4] ~= '1')) then return {'answered', a[5]} end
-end
-redis.call('HSET', lease, 'owner', owner, 'fp', fp, 'idem', idem)
-redis.call('PEXPIRE', lease, lease_ms)
-redis.call('PEXPIRE', r, ttl_ms)
-redis.call('PEXPIRE', events, ttl_ms)
-local f = redis.call('HMGET', r, 'ver', 'counters', 'cancelled')
-local out = {'claimed', f[1] or '0', f[2] or '', f[3] or ''}
-if held < tonumber(f[1] or '0') then
-  for _, e in ipairs(redis.call('LRANGE', events, held, -1)) do out[#out + 1] = e end
-end
-return out
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
+redis.call('HSET', KEYS[1], 'counters', ARGV[1])
+if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'cancelled', '1') end
+local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
+touch(tonumber(ARGV[2]))
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return {'ok', rev}
 """
 )
 
-#: KEYS: lease. ARGV: owner, lease ms. Answers 1 when the lease is still the owner's.
+#: KEYS: rollout, steps, lease. ARGV: owner, lease ms, ttl ms.
+#: Answers {"ok", rev} (the lease is ours), {"busy", ms left}, or {"gone"}.
+CLAIM = (
+    _TOUCH
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[1] then return {'busy', redis.call('PTTL', KEYS[3])} end
+redis.call('SET', KEYS[3], ARGV[1], 'PX', tonumber(ARGV[2]))
+touch(tonumber(ARGV[3]))
+return {'ok', redis.call('HGET', KEYS[1], 'rev')}
+"""
+)
+
+#: KEYS: lease. ARGV: owner, lease ms. Answers 1 while the lease is the owner's.
 RENEW = """
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 return 1
 """
 
-#: KEYS: lease. ARGV: owner. Drops the lease if it is the owner's; publishes on the
-#: channel ARGV[2] the rollout id ARGV[3].
+#: KEYS: lease. ARGV: owner, channel, rollout id. Drops the lease if it is the owner's
+#: and tells the gateways waiting for it.
 RELEASE = """
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return 1
-end
-return 0
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
 """
 
-#: KEYS: rollout hash, lease, events list.
-#: ARGV: owner, expected ver, counters JSON, answer body ("" for none), fingerprint,
-#: idempotency key, delivered ("1"/"0"), ttl ms, channel, rollout id, then the events.
-#: Answers {"ok", ver} | {"gone"} | {"lost"} (the lease is not ours any more) |
-#: {"stale", ver} (someone else committed since the claim).
+#: KEYS: rollout, steps, lease.
+#: ARGV: owner ("" when the store has no leases), index, step, counters, ttl ms,
+#: answer key JSON ("" for none), answer body, the answer's prompt-ids step ("" for none).
+#: Answers {"ok", rev}, {"gone"}, {"lost"} (the lease is not the owner's) or
+#: {"conflict", steps}.
 COMMIT = (
-    _NOW
+    _TOUCH
     + """
-local r, lease, events = KEYS[1], KEYS[2], KEYS[3]
-local owner, expected = ARGV[1], ARGV[2]
-if redis.call('EXISTS', r) == 0 then
-  redis.call('DEL', lease)
-  return {'gone'}
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
+if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lost'} end
+local steps = redis.call('HGET', KEYS[1], 'steps')
+if steps ~= ARGV[2] then return {'conflict', steps} end
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('HSET', KEYS[1], 'counters', ARGV[4], 'steps', tonumber(steps) + 1)
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[1], 'a_key', ARGV[6], 'a_body', ARGV[7], 'a_pstep', ARGV[8])
 end
-if redis.call('HGET', lease, 'owner') ~= owner then return {'lost'} end
-local ver = redis.call('HGET', r, 'ver') or '0'
-if ver ~= expected then return {'stale', ver} end
-local n = tonumber(ver)
-for i = 11, #ARGV do
-  redis.call('RPUSH', events, ARGV[i])
-  n = n + 1
-end
-redis.call('HSET', r, 'ver', n, 'counters', ARGV[3])
-if ARGV[4] ~= '' then
-  redis.call('HSET', r, 'a_body', ARGV[4], 'a_fp', ARGV[5], 'a_idem', ARGV[6],
-             'a_delivered', ARGV[7], 'a_at', now_ms())
-end
-redis.call('DEL', lease)
-redis.call('PEXPIRE', r, tonumber(ARGV[8]))
-redis.call('PEXPIRE', events, tonumber(ARGV[8]))
-redis.call('PUBLISH', ARGV[9], ARGV[10])
-return {'ok', tostring(n)}
+local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
+touch(tonumber(ARGV[5]))
+return {'ok', rev}
 """
 )
 
-#: KEYS: rollout hash. ARGV: fingerprint, idempotency key. Marks the last answer handed to
-#: a connected client (when it is still that turn's).
-DELIVERED = """
-local a = redis.call('HMGET', KEYS[1], 'a_fp', 'a_idem')
-if a[1] == ARGV[1] and a[2] == ARGV[2] then redis.call('HSET', KEYS[1], 'a_delivered', '1') end
-return 1
-"""
-
-#: KEYS: rollout hash, key index (or the hash again when there is no key).
-#: ARGV: registration JSON, counters JSON, ttl ms, schema, rollout id.
-#: Answers 1, or 0 when the rollout exists.
-CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'reg', ARGV[1], 'counters', ARGV[2], 'ver', '0', 'v', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-if KEYS[2] ~= KEYS[1] then
-  redis.call('SET', KEYS[2], ARGV[5], 'PX', tonumber(ARGV[3]))
-end
-return 1
-"""
-
-#: KEYS: rollout hash, events list, lease, key index (or the hash again).
-#: ARGV: channel, rollout id. Answers the counters JSON of the removed rollout, or false.
+#: KEYS: rollout, steps, lease, exits hash. ARGV: channel, rollout id.
+#: Answers 1 when the rollout was stored.
 DELETE = """
-local counters = redis.call('HGET', KEYS[1], 'counters')
-if not counters then return false end
+local existed = redis.call('EXISTS', KEYS[1])
+local kidx = redis.call('HGET', KEYS[1], 'kidx')
+if kidx then redis.call('DEL', kidx) end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-if KEYS[4] ~= KEYS[1] then redis.call('DEL', KEYS[4]) end
+redis.call('HDEL', KEYS[4], ARGV[2])
 redis.call('PUBLISH', ARGV[1], ARGV[2])
-return counters
+return existed
 """
 
-#: KEYS: rollout hash. ARGV: channel, rollout id. Marks the rollout cancelled; 0 when unknown.
-CANCEL = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'cancelled', '1')
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return 1
-"""
-
-#: KEYS: rollout hash, events list. ARGV: ttl ms. Postpones the rollout's expiry.
-TOUCH = """
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[1]))
-return 1
-"""
-
-#: KEYS: exits stream, its sequence counter. ARGV: rollout id, exit code ("" for none),
-#: kind ("exit" / "forget"), max length. Answers the report's number.
+#: KEYS: exits hash, exits stream, seq counter. ARGV: rollout id, exit code ("" for none),
+#: max stream length. Numbers the report once for every gateway; answers its number.
 EXIT = """
-local seq = redis.call('INCR', KEYS[2])
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], seq .. '-1',
-           'rid', ARGV[1], 'code', ARGV[2], 'kind', ARGV[3])
+local seq = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[1], ARGV[1], seq .. ' ' .. ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], seq .. '-1', 'rid', ARGV[1], 'code', ARGV[2])
 return seq
 """
 
-#: KEYS: policy hash. ARGV: version, channel. Forward-only: answers {"ok", version,
-#: updated_at ms, epoch} or {"stale", current version}.
-ANNOUNCE = (
-    _NOW
-    + """
-local p = redis.call('HMGET', KEYS[1], 'version', 'updated_at', 'epoch')
-local version = tonumber(ARGV[1])
-if p[1] and version < tonumber(p[1]) then return {'stale', p[1]} end
-if p[1] and version == tonumber(p[1]) then return {'ok', p[1], p[2], p[3]} end
-local epoch = tonumber(p[3] or '0') + 1
-local at = now_ms()
-redis.call('HSET', KEYS[1], 'version', version, 'updated_at', at, 'epoch', epoch)
-redis.call('PUBLISH', ARGV[2], 'policy')
-return {'ok', tostring(version), tostring(at), tostring(epoch)}
+#: KEYS: policy hash. ARGV: version, wall time (s), channel. Forward only; answers
+#: {version, updated_at} in effect afterwards.
+ANNOUNCE = """
+local p = redis.call('HMGET', KEYS[1], 'version', 'updated_at')
+if p[1] and tonumber(ARGV[1]) <= tonumber(p[1]) then return p end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'updated_at', ARGV[2])
+redis.call('PUBLISH', ARGV[3], '')
+return {ARGV[1], ARGV[2]}
 """
-)
 
-__all__ = [
-    "ANNOUNCE",
-    "CANCEL",
-    "CLAIM",
-    "COMMIT",
-    "CREATE",
-    "DELETE",
-    "DELIVERED",
-    "EXIT",
-    "RELEASE",
-    "RENEW",
-    "TOUCH",
-]
+__all__ = ["ANNOUNCE", "CLAIM", "COMMIT", "CREATE", "DELETE", "EXIT", "RELEASE", "RENEW", "SAVE"]
