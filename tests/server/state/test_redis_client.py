@@ -19,6 +19,9 @@ from rollout_gateway.local_cluster import RedisServer, free_port
 from .redis_fixtures import redis_server
 
 pytest.importorskip("redis")
+# The store seam (GatewayStore) comes from branch i26-store; until it is merged here the
+# backend has no interface to implement.
+pytest.importorskip("rollout_gateway.server.state.store", reason="store seam not merged yet")
 
 from rollout_gateway.server.recording.steps import RecordedStep, StepDelta  # noqa: E402
 from rollout_gateway.server.state.store import (  # noqa: E402
