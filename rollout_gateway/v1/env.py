@@ -8,7 +8,9 @@ single-agent env (select it with ``--env.id rollout-gateway-env``).
 
 What the mixin overrides, and why:
 
-- ``serving()``: builds a :class:`GatewayInterception` for the gateway type (v1's
+- ``serving()``: first checks that agents on the ``local_sandbox`` runtime can get
+  sandboxes on this host (a typed error before any rollout); builds a
+  :class:`GatewayInterception` for the gateway type (v1's
   ``make_interception`` sends unknown types to its elastic pool); it refuses, before any
   rollout, a taskset whose tool servers need the env's ``/state`` channel, unless
   ``fallback`` is set, in which case v1's own interception (built by v1's
@@ -32,11 +34,17 @@ from verifiers.v1.interception import (
     make_interception,
 )
 
-from rollout_gateway.v1.config import GatewayInterceptionConfig, InterceptionChoice
+from rollout_gateway.v1.config import (
+    GatewayInterceptionConfig,
+    InterceptionChoice,
+    LocalSandboxAgentConfig,
+    LocalSandboxRuntimeConfig,
+)
 from rollout_gateway.v1.errors import GatewayFeatureError
 from rollout_gateway.v1.features import toolset_features
 from rollout_gateway.v1.harness_sync import gateway_synced
 from rollout_gateway.v1.interception import GatewayInterception
+from rollout_gateway.v1.runtime import check_local_sandbox
 
 if TYPE_CHECKING:
     from verifiers.v1.env import Env as _Base
@@ -69,6 +77,7 @@ class GatewayEnvMixin(_Base):
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
         """v1's ``serving()``; in gateway mode with a :class:`GatewayInterception`."""
+        await self._check_local_sandboxes()
         config = self._gateway_config()
         if config is None:
             async with super().serving():
@@ -111,6 +120,13 @@ class GatewayEnvMixin(_Base):
                         self._shared_tools = {}
                         self._interception = None
 
+    async def _check_local_sandboxes(self) -> None:
+        """Before any rollout: every agent on the ``local_sandbox`` runtime can get its
+        sandboxes here (else :class:`~rollout_gateway.v1.LocalSandboxStartError`)."""
+        for spec in agent_config_fields(self.config).values():
+            if isinstance(spec.runtime, LocalSandboxRuntimeConfig):
+                await check_local_sandbox(spec.runtime)
+
     def _episode_agents(self, *args: Any, **kwargs: Any) -> Any:
         agents = super()._episode_agents(*args, **kwargs)
         interception = self.gateway_interception
@@ -122,9 +138,11 @@ class GatewayEnvMixin(_Base):
 
 
 class GatewayEnvConfig(SingleAgentEnvConfig):
-    """``SingleAgentEnvConfig`` whose ``interception`` also accepts ``type = "gateway"``."""
+    """``SingleAgentEnvConfig`` whose ``interception`` also accepts ``type = "gateway"``
+    and whose agent's ``runtime`` also accepts ``type = "local_sandbox"``."""
 
     interception: InterceptionChoice = ElasticInterceptionPoolConfig()
+    agent: LocalSandboxAgentConfig = LocalSandboxAgentConfig()
 
 
 class GatewayEnv(GatewayEnvMixin, SingleAgentEnv, Env[GatewayEnvConfig]):
