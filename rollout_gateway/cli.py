@@ -107,7 +107,9 @@ security model:
   details of /health) needs "Authorization: Bearer <admin token>". The token is read
   from $ROLLOUT_GATEWAY_ADMIN_TOKEN or from a file (--admin-token-file or
   $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE), never from the command line (it would show in ps),
-  and has at least 16 characters. Without a token, serve refuses to start unless
+  and has at least 16 characters. --create-admin-token writes a fresh one to that file
+  (mode 0600) when it does not exist; the env reads the same file through
+  $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE. Without a token, serve refuses to start unless
   --open-control-plane is given, which only binds to a loopback address.
   Register hands out a per-rollout api_key (on by default, --no-rollout-keys to turn
   off): an agent presents it as its bearer token and reaches only its own rollout, on
@@ -184,6 +186,13 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="file holding the control-plane admin token "
         "(default: $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE, else $ROLLOUT_GATEWAY_ADMIN_TOKEN)",
+    )
+    access.add_argument(
+        "--create-admin-token",
+        action="store_true",
+        help="write a fresh admin token to --admin-token-file (mode 0600) when that file "
+        "does not exist, and say where it is; hand the env the same file with "
+        "$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE",
     )
     access.add_argument(
         "--open-control-plane",
@@ -345,6 +354,43 @@ def _add_registry_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def prepare_admin_token_file(args: argparse.Namespace) -> str | None:
+    """Create the admin token file for ``--create-admin-token``; what to tell the user.
+
+    Sets ``args.admin_token_file`` to the file used. Raises :class:`ServeOptionError`
+    naming the option when no file is named or it cannot be created.
+    """
+    from rollout_gateway.admin_token import (
+        ADMIN_TOKEN_FILE_ENV,
+        AdminTokenFileError,
+        create_admin_token_file,
+        readable_by_others,
+    )
+
+    path = args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV) or None
+    if not args.create_admin_token:
+        if path and readable_by_others(path):
+            return f"warning: the admin token file {path} is readable by other users"
+        return None
+    if path is None:
+        raise ServeOptionError(
+            "--create-admin-token: name the file to write with --admin-token-file PATH "
+            f"(or ${ADMIN_TOKEN_FILE_ENV})"
+        )
+    try:
+        created = create_admin_token_file(path)
+    except AdminTokenFileError as e:
+        raise ServeOptionError(f"--create-admin-token: {e}") from None
+    args.admin_token_file = path = os.path.abspath(os.path.expanduser(path))
+    hand_over = f"give the env the same token with {ADMIN_TOKEN_FILE_ENV}={path}"
+    if created:
+        return f"admin token written to {path} (mode 0600); {hand_over}"
+    note = f"admin token read from {path} (it exists: kept); {hand_over}"
+    if readable_by_others(path):
+        note += f"\nwarning: the admin token file {path} is readable by other users"
+    return note
+
+
 def serve_config(args: argparse.Namespace) -> GatewayConfig:
     """The :class:`GatewayConfig` of parsed ``serve`` arguments.
 
@@ -438,10 +484,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from rollout_gateway.server.token_in import TokenInUnavailable
 
     try:
+        notice = prepare_admin_token_file(args)
         config = serve_config(args)
     except ValueError as e:  # ServeOptionError, or GatewayConfig's own checks
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
+    for line in (notice or "").splitlines():
+        print(f"rollout-gateway serve: {line}", file=sys.stderr, flush=True)
     _setup_logging(args.log_level)
     try:
         app = create_app(config)
