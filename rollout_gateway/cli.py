@@ -574,9 +574,42 @@ def _isolation_help() -> str:
     return "\n".join(lines)
 
 
+#: ``demo`` on an install without a verifiers stack (``pip install rollout-gateway``).
+DEMO_NEEDS_A_STACK = (
+    "the demo runs an example env of verifiers, which this install lacks (core only: the "
+    "gateway server and the scripted model). Install a verifiers stack: pip install "
+    "'rollout-gateway[v1]' (verifiers 0.4) or 'rollout-gateway[classic]' (verifiers 0.3), "
+    "in separate virtualenvs"
+)
+
+
+def _add_demo_needs_a_stack(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``demo`` where no verifiers stack is installed: its help and its run say which
+    extra it needs; nothing is probed, imported or created."""
+    p = subparsers.add_parser(
+        "demo",
+        help="run the example env end to end on this machine (needs a verifiers extra)",
+        description=f"Run the example env end to end on this machine: {DEMO_NEEDS_A_STACK}.",
+    )
+
+    def refuse(args: argparse.Namespace) -> int:
+        print(f"rollout-gateway demo: error: {DEMO_NEEDS_A_STACK}", file=sys.stderr)
+        return 2
+
+    # Any demo option is taken (and ignored): the missing extra is the error to report.
+    p.set_defaults(func=refuse, takes_any_options=True)
+
+
 @subcommand
 def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``rollout-gateway demo``: the whole system on one machine."""
+    from rollout_gateway.verifiers_stack import installed_stack
+
+    if installed_stack() is None:
+        _add_demo_needs_a_stack(subparsers)
+        return
     from rollout_gateway.demo import add_demo_arguments
 
     p = subparsers.add_parser(
@@ -641,7 +674,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rollout-gateway`` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_any_options", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.func(args) or 0)
 
 

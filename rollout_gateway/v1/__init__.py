@@ -9,6 +9,12 @@
   :class:`GatewayFeatureError` (a ``TaskError``) refuses tasks with per-turn env hooks.
 """
 
+from rollout_gateway.verifiers_stack import V1, require_stack
+
+# Before any verifiers.v1 import, which fails on verifiers 0.3 with a message about
+# verifiers' internals: name the extra to install instead.
+require_stack(V1, "rollout_gateway.v1")
+
 from rollout_gateway.v1.config import (
     DEFAULT_ADMIN_TOKEN_VAR,
     GatewayInterceptionConfig,
