@@ -221,7 +221,7 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
 
 def _add_token_options(p: argparse.ArgumentParser) -> None:
     """``serve``: how turns are tokenized (chat or token-in mode)."""
-    tokens = p.add_argument_group("how turns are tokenized (see README: token-in mode)")
+    tokens = p.add_argument_group("how turns are tokenized (see the docs: token-in mode)")
     tokens.add_argument(
         "--upstream-mode",
         choices=("chat", "token-in"),
