@@ -18,8 +18,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import cast
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from typing import Protocol, cast
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
@@ -48,11 +48,25 @@ REPORT_WAKE_INTERVAL = 1.0
 STREAM_REOPEN_PAUSE = 0.05
 
 
+class ExitJournal(Protocol):
+    """Where a board's reports are kept beyond the process (the gateway's state store)."""
+
+    def exit_saved(self, report: ExitReport) -> None:
+        """``report`` (numbered) is its rollout's report now."""
+        ...
+
+    def exit_forgotten(self, rollout_id: str) -> None:
+        """The rollout's report was dropped."""
+        ...
+
+
 class ExitBoard:
     """Exit reports of registered rollouts, numbered, with waiters for new ones.
 
     Waiting costs no task: a waiter awaits the board's event under
     :func:`asyncio.timeout` (a timer), so hundreds of long-polls hold no helper tasks.
+    ``journal`` (optional) is told of every report and every dropped one; a restarted
+    board is filled again with :meth:`restore`.
     """
 
     def __init__(
@@ -60,6 +74,7 @@ class ExitBoard:
         *,
         wake_interval: float = REPORT_WAKE_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        journal: ExitJournal | None = None,
     ) -> None:
         # In ``seq`` order (a replaced report moves to the end): the newest are last.
         self._reports: dict[str, ExitReport] = {}
@@ -71,6 +86,15 @@ class ExitBoard:
         self._clock = clock
         self._last_wake: dict[str, float] = {}  # per rollout (see REPORT_WAKE_INTERVAL)
         self._deferred_wake: asyncio.TimerHandle | None = None
+        self._journal = journal
+
+    def restore(self, reports: Iterable[ExitReport], cursor: int) -> None:
+        """Hold ``reports`` (oldest first) again, numbering on from ``cursor`` (a restart:
+        an env's cursor from before it stays valid)."""
+        for report in sorted(reports, key=lambda r: r["seq"]):
+            self._reports.pop(report["rollout_id"], None)
+            self._reports[report["rollout_id"]] = report
+        self._seq = max(self._seq, cursor, *(r["seq"] for r in self._reports.values()))
 
     @property
     def cursor(self) -> int:
@@ -87,6 +111,8 @@ class ExitBoard:
             "exit_code": exit_code,
             "seq": self._seq,
         }
+        if self._journal is not None:
+            self._journal.exit_saved(self._reports[rollout_id])
         now = self._clock()
         last = self._last_wake.get(rollout_id)
         if last is None or now - last >= self.wake_interval:
@@ -107,7 +133,8 @@ class ExitBoard:
 
     def forget(self, rollout_id: str) -> None:
         """Drop the report of an unregistered rollout (the board holds only live ones)."""
-        self._reports.pop(rollout_id, None)
+        if self._reports.pop(rollout_id, None) is not None and self._journal is not None:
+            self._journal.exit_forgotten(rollout_id)
         self._last_wake.pop(rollout_id, None)
 
     def resume_point(self, after: int) -> int:
@@ -348,4 +375,11 @@ class ExitWatcher:
             self._unclaimed.popitem(last=False)
 
 
-__all__ = ["EXIT_COALESCE", "STREAM_REOPEN_PAUSE", "UNCLAIMED_LIMIT", "ExitBoard", "ExitWatcher"]
+__all__ = [
+    "EXIT_COALESCE",
+    "STREAM_REOPEN_PAUSE",
+    "UNCLAIMED_LIMIT",
+    "ExitBoard",
+    "ExitJournal",
+    "ExitWatcher",
+]
