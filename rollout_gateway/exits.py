@@ -67,6 +67,11 @@ class ExitBoard:
     :func:`asyncio.timeout` (a timer), so hundreds of long-polls hold no helper tasks.
     ``journal`` (optional) is told of every report and every dropped one; a restarted
     board is filled again with :meth:`restore`.
+
+    Several gateways on one shared store number reports once for all of them: each
+    gateway's board then takes the store's reports with :meth:`adopt`
+    (``shared_numbering``), and a cursor beyond this board's is one this board has not
+    caught up with yet (another gateway gave it), not one from before a restart.
     """
 
     def __init__(
@@ -75,6 +80,7 @@ class ExitBoard:
         wake_interval: float = REPORT_WAKE_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         journal: ExitJournal | None = None,
+        shared_numbering: bool = False,
     ) -> None:
         # In ``seq`` order (a replaced report moves to the end): the newest are last.
         self._reports: dict[str, ExitReport] = {}
@@ -87,6 +93,7 @@ class ExitBoard:
         self._last_wake: dict[str, float] = {}  # per rollout (see REPORT_WAKE_INTERVAL)
         self._deferred_wake: asyncio.TimerHandle | None = None
         self._journal = journal
+        self.shared_numbering = shared_numbering
 
     def restore(self, reports: Iterable[ExitReport], cursor: int) -> None:
         """Hold ``reports`` (oldest first) again, numbering on from ``cursor`` (a restart:
@@ -113,6 +120,25 @@ class ExitBoard:
         }
         if self._journal is not None:
             self._journal.exit_saved(self._reports[rollout_id])
+        self._woken_by(rollout_id)
+
+    def adopt(self, report: ExitReport) -> None:
+        """Hold ``report``, numbered by the shared store (any gateway's report), and wake
+        the waiters; a report not newer than the one held for its rollout is ignored (the
+        same report heard twice)."""
+        rollout_id, seq = report["rollout_id"], report["seq"]
+        held = self._reports.get(rollout_id)
+        if held is not None and held["seq"] >= seq:
+            return
+        self._reports.pop(rollout_id, None)
+        self._reports[rollout_id] = report
+        if seq < self._seq:  # heard after a newer one: put the board back in seq order
+            ordered = sorted(self._reports.values(), key=lambda r: r["seq"])
+            self._reports = {r["rollout_id"]: r for r in ordered}
+        self._seq = max(self._seq, seq)
+        self._woken_by(rollout_id)
+
+    def _woken_by(self, rollout_id: str) -> None:
         now = self._clock()
         last = self._last_wake.get(rollout_id)
         if last is None or now - last >= self.wake_interval:
@@ -138,8 +164,9 @@ class ExitBoard:
         self._last_wake.pop(rollout_id, None)
 
     def resume_point(self, after: int) -> int:
-        """``after``, or 0 for a cursor from before a gateway restart (beyond ours)."""
-        return 0 if after > self._seq else after
+        """``after``, or 0 for a cursor from before a gateway restart (beyond ours; with
+        ``shared_numbering``, the store's numbers never restart: ``after`` stays)."""
+        return 0 if after > self._seq and not self.shared_numbering else after
 
     def after(self, after: int) -> list[ExitReport]:
         """Reports numbered above ``after``, oldest first (in time of the new ones only)."""
@@ -156,7 +183,8 @@ class ExitBoard:
 
         A cursor beyond ours comes from before a gateway restart: everything is new to it.
         """
-        return {"exits": self.after(self.resume_point(after)), "cursor": self._seq}
+        start = self.resume_point(after)
+        return {"exits": self.after(start), "cursor": max(self._seq, start)}
 
     async def changed(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the next report (or :meth:`wake`); whether it came."""
@@ -196,11 +224,11 @@ class ExitBoard:
         """
         cursor = self.resume_point(after)
         reports = self.after(cursor)
-        cursor = self._seq
+        cursor = max(self._seq, cursor)
         yield b"".join(map(exit_stream_line, reports)) + exit_stream_line({"cursor": cursor})
         while not closed():
             reports = self.after(cursor)
-            cursor = self._seq
+            cursor = max(self._seq, cursor)
             if reports:
                 yield b"".join(map(exit_stream_line, reports))
             elif not await self.changed(keepalive):

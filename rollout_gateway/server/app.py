@@ -39,6 +39,7 @@ from rollout_gateway.protocol import (
     BEARER_MODELS_PATH,
     EXITS_PATH,
     POLICY_VERSION_PATH,
+    ExitReport,
 )
 from rollout_gateway.server.agents.chat import ChatTurns, store_refusal
 from rollout_gateway.server.agents.endpoint import ChatEndpoint
@@ -69,7 +70,12 @@ from rollout_gateway.server.state.registry import (
     key_digest,
     key_matches,
 )
-from rollout_gateway.server.state.store import GatewayStore, StoreContents, StoreError
+from rollout_gateway.server.state.store import (
+    GatewayStore,
+    PolicyState,
+    StoreContents,
+    StoreError,
+)
 from rollout_gateway.server.state.stored import StoredRollouts
 
 logger = logging.getLogger("rollout_gateway.server")
@@ -145,6 +151,7 @@ class Gateway:
             retry_window_s=config.retry_dedupe_window_s,
             clock=clock,
             wall_clock=_wall_clock(clock),
+            on_load=self._pin_loaded,
         )
         #: The policy version in effect (announced by the trainer).
         self.policy = PolicyClock()
@@ -155,16 +162,59 @@ class Gateway:
         self.body_parser = BodyParser(config.max_concurrent_parses)
         self.trimmer = MemoryTrimmer()
         #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`).
-        self.exit_board = ExitBoard(journal=self.rollouts)
+        #: On a shared store the store numbers them for every gateway (:meth:`report_exit`).
+        shared = self.store.shared
+        self.exit_board = ExitBoard(
+            journal=None if shared else self.rollouts, shared_numbering=shared
+        )
         #: The open exit streams (capped; ended on shutdown).
         self.exit_streams = ExitStreams(self.exit_board, max_streams=config.max_exit_streams)
+        self.store.watch(self)
 
     def _on_remove(self, record: RolloutRecord) -> None:
         self.pool.release(record.upstream)
-        self.exit_board.forget(record.rollout_id)
+        if not self.store.shared:  # shared: a record dropped here may live on elsewhere
+            self.exit_board.forget(record.rollout_id)
         self.trimmer.removed()
 
+    def _pin_loaded(self, record: RolloutRecord) -> None:
+        """A record read back from the store: pin it to its upstream, or to another one
+        when this gateway does not have that upstream."""
+        if record.upstream in self.engines:
+            self.pool.get(record.upstream).pinned += 1
+        else:
+            record.upstream = self.pool.pin().base_url
+
+    # -- what other gateways on a shared store changed (StoreEvents) ----------------------
+
+    def exit_reported(self, report: ExitReport) -> None:
+        """An exit report numbered by the shared store."""
+        self.exit_board.adopt(report)
+
+    def rollout_removed(self, rollout_id: str) -> None:
+        """A rollout was unregistered at some gateway: drop it here too."""
+        self.registry.remove(rollout_id)
+        self.exit_board.forget(rollout_id)
+
+    def policy_announced(self, state: PolicyState) -> None:
+        """A policy version was announced at some gateway."""
+        if state.version is not None:
+            self.policy.adopt(state.version, state.updated_at)
+
+    async def report_exit(self, rollout_id: str, exit_code: int | None) -> None:
+        """Keep an agent's exit report: numbered by this gateway's board, or, on a shared
+        store, once for every gateway by the store."""
+        if self.store.shared:
+            self.exit_board.adopt(await self.store.report_exit(rollout_id, exit_code))
+        else:
+            self.exit_board.report(rollout_id, exit_code)
+
     def _on_expire(self, record: RolloutRecord) -> None:
+        if self.store.shared:  # idle here only: the store expires the rollout itself
+            logger.debug(
+                "rollout=%s idle on this gateway: dropped from its cache", record.rollout_id
+            )
+            return
         self.rollouts.expired(record)
         self.metrics.expired_rollouts.inc()
         logger.info("rollout=%s expired after %.0f s idle", record.rollout_id, self.registry.ttl_s)
@@ -288,10 +338,7 @@ class Gateway:
         for problem in contents.damage:
             logger.error("state store %s: %s", self.store.name, problem)
         for record in self.rollouts.restore(contents.rollouts):
-            if record.upstream in self.engines:
-                self.pool.get(record.upstream).pinned += 1
-            else:
-                record.upstream = self.pool.pin().base_url
+            self._pin_loaded(record)
         self.exit_board.restore(contents.exits, contents.exit_cursor)
         if contents.policy.version is not None:
             self.policy.adopt(contents.policy.version, contents.policy.updated_at)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rollout_gateway.server.ops.metrics import GatewayMetrics
     from rollout_gateway.server.state.policy import PolicyClock
     from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
-    from rollout_gateway.server.state.store import GatewayStore
+    from rollout_gateway.server.state.store import GatewayStore, PolicyState
     from rollout_gateway.server.state.stored import StoredRollouts
 
 
@@ -66,6 +66,14 @@ class GatewayContext(Protocol):
 
     async def keyed_record(self, token: str | None) -> RolloutRecord:
         """The rollout of a call routed by its key (``token``)."""
+        ...
+
+    def policy_announced(self, state: PolicyState) -> None:
+        """Adopt the policy version a store holds (announced at any gateway)."""
+        ...
+
+    async def report_exit(self, rollout_id: str, exit_code: int | None) -> None:
+        """Keep an agent's exit report (numbered for every gateway on a shared store)."""
         ...
 
     def check_admin(self, request: Request) -> None:

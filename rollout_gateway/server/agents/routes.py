@@ -50,7 +50,7 @@ class AgentRoutes:
             isinstance(exit_code, bool) or not isinstance(exit_code, int)
         ):
             raise ApiError(400, "'exit_code' must be an integer or null", "invalid_request_error")
-        self.gateway.exit_board.report(record.rollout_id, exit_code)
+        await self.gateway.report_exit(record.rollout_id, exit_code)
         return JSONBytesResponse({"rollout_id": record.rollout_id, "status": "exit_reported"})
 
     async def models(self, request: Request) -> Response:

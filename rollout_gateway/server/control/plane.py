@@ -230,6 +230,7 @@ class ControlPlane:
                 404, f"rollout {rollout_id} is not registered", "not_found",
                 code="rollout_not_found",
             )  # fmt: skip
+        self.gateway.exit_board.forget(rollout_id)  # (a shared store's board keeps it till now)
         logger.info("rollout=%s unregistered turns=%d", rollout_id, record.num_turns)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": record.status}
         return JSONBytesResponse(answer)
@@ -269,6 +270,8 @@ class ControlPlane:
     async def get_policy_version(self, request: Request) -> Response:
         """``GET /v1/policy/version``: the version new turns are stamped with."""
         self.gateway.check_admin(request)
+        if self.gateway.store.shared:  # announced at any gateway: ask the store
+            self.gateway.policy_announced(await self.gateway.store.load_policy())
         return self._policy_answer()
 
     async def set_policy_version(self, request: Request) -> Response:

@@ -5,8 +5,10 @@ references, not copies (a step is the recorder's own object, an answer the bytes
 got), so a turn costs what it cost before the store seam: a few dictionary operations.
 
 ``MemoryStore(shared=True)`` is one store several gateways in one process share, as
-gateways share Redis: turn slots are claimed and waited for, and each gateway reloads
-what another one changed. The tests of the shared path run on it.
+gateways share Redis: turn slots are claimed and waited for, each gateway reloads what
+another one changed, exit reports are numbered once for all, and every gateway hears of
+reports, removals and policy announcements (:meth:`~MemoryStore.watch`). The tests of the
+shared path run on it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rollout_gateway.server.state.store import (
     RolloutRow,
     StoreContents,
     StoredAnswer,
+    StoreEvents,
     TurnAnswer,
     TurnCommit,
     TurnConflictError,
@@ -67,6 +70,8 @@ class MemoryStore(GatewayStore):
         self._by_key: dict[str, str] = {}
         self._exits: dict[str, ExitReport] = {}
         self._policy = PolicyState()
+        self._exit_seq = 0
+        self._watchers: list[StoreEvents] = []
 
     @property
     def secret(self) -> bytes:
@@ -80,7 +85,7 @@ class MemoryStore(GatewayStore):
             rollouts=[] if self.shared else [self._row(r) for r in self._rollouts.values()],
             policy=PolicyState(self._policy.version, self._policy.updated_at),
             exits=[dict(r) for r in exits],  # type: ignore[misc]
-            exit_cursor=exits[-1]["seq"] if exits else 0,
+            exit_cursor=max(self._exit_seq, exits[-1]["seq"] if exits else 0),
         )
 
     async def close(self) -> None:
@@ -151,6 +156,8 @@ class MemoryStore(GatewayStore):
             del self._by_key[digest]
         if rollout.released is not None:
             rollout.released.set()  # waiting claims find it gone
+        for watcher in self._watchers:
+            watcher.rollout_removed(rollout_id)
         return True
 
     # -- turns ---------------------------------------------------------------------------
@@ -227,11 +234,36 @@ class MemoryStore(GatewayStore):
         current = self._policy
         if current.version is None or version > current.version:
             self._policy = PolicyState(version, at)
+            for watcher in self._watchers:
+                watcher.policy_announced(PolicyState(version, at))
         return PolicyState(self._policy.version, self._policy.updated_at)
 
     async def load_policy(self) -> PolicyState:
         """The version in effect."""
         return PolicyState(self._policy.version, self._policy.updated_at)
+
+    # -- shared ----------------------------------------------------------------------------
+
+    async def report_exit(self, rollout_id: str, exit_code: int | None) -> ExitReport:
+        """Number the report once for every gateway sharing this store and tell them."""
+        if not self.shared:
+            return await super().report_exit(rollout_id, exit_code)
+        self._get(rollout_id)
+        self._exit_seq += 1
+        report: ExitReport = {
+            "rollout_id": rollout_id,
+            "exit_code": exit_code,
+            "seq": self._exit_seq,
+        }
+        self._exits[rollout_id] = report
+        for watcher in self._watchers:
+            watcher.exit_reported(dict(report))  # type: ignore[arg-type]
+        return report
+
+    def watch(self, events: StoreEvents) -> None:
+        """Tell ``events`` of reports, removals and announcements (when shared)."""
+        if self.shared:
+            self._watchers.append(events)
 
 
 __all__ = ["MemoryStore"]

@@ -20,6 +20,9 @@ back when the records are not current:
 * **exit reports** (:meth:`~GatewayStore.save_exit`, :meth:`~GatewayStore.forget_exit`,
   :meth:`~GatewayStore.load_exits`) and the **policy version**
   (:meth:`~GatewayStore.announce_policy`, :meth:`~GatewayStore.load_policy`);
+* for a **shared** store only: :meth:`~GatewayStore.report_exit` numbers an exit report
+  once for every gateway, and :meth:`~GatewayStore.watch` tells a gateway what the others
+  changed (:class:`StoreEvents`: a report, a removed rollout, a policy announcement);
 * the **secret** shared by every gateway on the store and by restarts
   (:attr:`~GatewayStore.secret`): request fingerprints are keyed with it, so that a
   retry after a restart, or on another gateway, matches its original.
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
@@ -211,6 +214,23 @@ class StoreContents:
     damage: list[str] = field(default_factory=list)
 
 
+class StoreEvents(Protocol):
+    """What a shared store tells a gateway about the other gateways' changes (see
+    :meth:`GatewayStore.watch`). Called on the gateway's event loop; must not block."""
+
+    def exit_reported(self, report: ExitReport) -> None:
+        """An exit report numbered by the store (by any gateway, this one included)."""
+        ...
+
+    def rollout_removed(self, rollout_id: str) -> None:
+        """A rollout was unregistered (by any gateway): drop what is held of it."""
+        ...
+
+    def policy_announced(self, state: PolicyState) -> None:
+        """The policy version in effect changed."""
+        ...
+
+
 class GatewayStore(abc.ABC):
     """Where a gateway keeps what it must not lose (see the module doc).
 
@@ -329,6 +349,19 @@ class GatewayStore(abc.ABC):
     async def load_policy(self) -> PolicyState:
         """The policy version in effect as stored."""
 
+    # -- shared stores only ----------------------------------------------------------------
+
+    async def report_exit(self, rollout_id: str, exit_code: int | None) -> ExitReport:
+        """Keep an exit report numbered once for every gateway on the store, and return it
+        (every gateway's :meth:`watch` hears of it). Only a :attr:`shared` store is asked:
+        a gateway alone numbers reports itself and keeps them with :meth:`save_exit`.
+        Raises :class:`UnknownRolloutError`."""
+        raise NotImplementedError(f"the {self.name} store is not shared")
+
+    def watch(self, events: StoreEvents) -> None:  # noqa: B027 - a hook most stores skip
+        """Tell ``events`` what other gateways change, from :meth:`open` on (a shared
+        store; the others have nothing to tell and ignore it)."""
+
 
 def answer_matches(
     key: AnswerKey,
@@ -360,6 +393,7 @@ __all__ = [
     "StoreContents",
     "StoreCorruptError",
     "StoreError",
+    "StoreEvents",
     "StoreUnavailableError",
     "StoreVersionError",
     "StoredAnswer",

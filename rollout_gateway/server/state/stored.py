@@ -53,6 +53,8 @@ class StoredRollouts:
         retry_window_s: how long after its answer a turn still matches a retry.
         clock: the registry's monotonic clock.
         wall_clock: Unix time (stored times).
+        on_load: called with each record read back from a shared store (the gateway pins
+            it to an upstream).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class StoredRollouts:
         retry_window_s: float,
         clock: Clock = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        on_load: Callable[[RolloutRecord], None] | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -73,6 +76,7 @@ class StoredRollouts:
         self.retry_window_s = retry_window_s
         self.clock = clock
         self.wall_clock = wall_clock
+        self.on_load = on_load
         #: Deletions of expired rollouts under way (a new registration of the id waits).
         self._deleting: dict[str, asyncio.Task[bool]] = {}
         #: Exit-report writes under way (fire and forget: a report is a hint).
@@ -121,6 +125,8 @@ class StoredRollouts:
             if row is not None and self.registry.get(rollout_id) is None:
                 record = record_of(row, clock=self.clock, wall_clock=self.wall_clock)
                 self.registry.hold(record)
+                if self.on_load is not None:
+                    self.on_load(record)
             record = self.registry.get(rollout_id)
         return record
 

@@ -132,3 +132,95 @@ async def test_registering_one_id_twice_across_gateways_is_a_conflict(count: int
         ).status_code == 200
         r = await b.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
         assert r.status_code == 409
+
+
+async def test_exit_reports_are_numbered_once_and_seen_at_every_gateway() -> None:
+    async with gateways(RecordingUpstream().app(), MemoryStore(shared=True), 3) as (a, b, c):
+        keys = []
+        for rollout_id in ("r1", "r2"):
+            r = await a.post(
+                f"/v1/rollouts/{rollout_id}/register", json={"model": "m"}, headers=ADMIN
+            )
+            keys.append({"Authorization": f"Bearer {r.json()['api_key']}"})
+        # A long-poll at c waits for the report an agent posts at b.
+        waiting = asyncio.ensure_future(
+            c.get("/v1/rollouts/exits?after=0&timeout=10", headers=ADMIN)
+        )
+        await asyncio.sleep(0.05)
+        assert (
+            await b.post("/v1/rollouts/r1/exit", json={"exit_code": 3}, headers=keys[0])
+        ).status_code == 200
+        first = (await asyncio.wait_for(waiting, 10)).json()
+        assert first == {"exits": [{"rollout_id": "r1", "exit_code": 3, "seq": 1}], "cursor": 1}
+        assert (
+            await a.post("/v1/rollouts/r2/exit", json={"exit_code": 0}, headers=keys[1])
+        ).status_code == 200
+        # One numbering: every gateway answers the same reports for the same cursor.
+        for client in (a, b, c):
+            answer = (await client.get("/v1/rollouts/exits?after=1", headers=ADMIN)).json()
+            assert answer == {
+                "exits": [{"rollout_id": "r2", "exit_code": 0, "seq": 2}],
+                "cursor": 2,
+            }
+        # Unregistered at one gateway: its report is gone at all of them.
+        assert (await c.post("/v1/rollouts/r1/unregister", headers=ADMIN)).status_code == 200
+        for client in (a, b, c):
+            answer = (await client.get("/v1/rollouts/exits?after=0", headers=ADMIN)).json()
+            assert [r["rollout_id"] for r in answer["exits"]] == ["r2"]
+            # Each gateway pins the rollouts it holds (read back or registered) to its upstream.
+            health = (await client.get("/health", headers=ADMIN)).json()
+            assert health["upstreams"][0]["pinned"] == health["active_rollouts"]
+
+
+async def test_a_cursor_another_gateway_gave_is_not_taken_for_a_restart() -> None:
+    from rollout_gateway.exits import ExitBoard
+
+    board = ExitBoard(shared_numbering=True)
+    board.adopt({"rollout_id": "r1", "exit_code": 0, "seq": 1})
+    # The env saw report 3 at another gateway; this board has not heard of 2 and 3 yet.
+    assert board.since(3) == {"exits": [], "cursor": 3}
+    board.adopt({"rollout_id": "r3", "exit_code": 0, "seq": 3})
+    board.adopt({"rollout_id": "r2", "exit_code": 1, "seq": 2})  # heard late
+    board.adopt({"rollout_id": "r2", "exit_code": 1, "seq": 2})  # heard twice
+    assert [r["seq"] for r in board.since(1)["exits"]] == [2, 3]
+    assert board.since(2) == {
+        "exits": [{"rollout_id": "r3", "exit_code": 0, "seq": 3}],
+        "cursor": 3,
+    }
+
+
+async def test_a_policy_version_announced_at_one_gateway_stamps_turns_at_the_others() -> None:
+    async with gateways(RecordingUpstream().app(), MemoryStore(shared=True), 2) as (a, b):
+        assert (
+            await a.post("/v1/policy/version", json={"version": 7}, headers=ADMIN)
+        ).status_code == 200
+        assert (await b.get("/v1/policy/version", headers=ADMIN)).json()["version"] == 7
+        stale = await b.post("/v1/policy/version", json={"version": 6}, headers=ADMIN)
+        assert stale.status_code == 409
+        r = await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        body = {"model": "m", "messages": [{"role": "user", "content": script({"say": "hi"})}]}
+        assert (
+            await b.post("/v1/rollouts/r1/chat/completions", json=body, headers=key)
+        ).status_code == 200
+        trajectory = (await a.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).json()
+        assert trajectory["trajectory"][0]["extras"]["policy_version"] == 7
+
+
+async def test_a_rollout_idle_at_one_gateway_lives_on_at_the_others() -> None:
+    store = MemoryStore(shared=True)
+    upstream = RecordingUpstream().app()
+    config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=0.2)
+    idle_app = create_app(config, upstream_transport=httpx.ASGITransport(upstream), store=store)
+    async with gateways(upstream, store, 1) as (busy,), idle_app.router.lifespan_context(idle_app):
+        idle = httpx.AsyncClient(transport=httpx.ASGITransport(idle_app), base_url="http://gw")
+        r = await idle.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        await asyncio.sleep(0.3)  # idle at this gateway; its turns go to the other one
+        assert idle_app.state.gateway.sweep() == 1  # dropped from this gateway's cache...
+        body = {"model": "m", "messages": [{"role": "user", "content": script({"say": "hi"})}]}
+        r = await busy.post("/v1/rollouts/r1/chat/completions", json=body, headers=key)
+        assert r.status_code == 200  # ...not from the store
+        trajectory = await idle.get("/v1/rollouts/r1/trajectory", headers=ADMIN)
+        assert trajectory.json()["num_turns"] == 1
+        await idle.aclose()
