@@ -122,13 +122,17 @@ class TrajectoryRecorder:
         """Indexes of the steps recorded as abandoned (a copy)."""
         return list(self._abandoned)
 
-    def replay(self, steps: Sequence[StepDelta], abandoned: Collection[int] = ()) -> None:
-        """Hold ``steps`` again (a store's copy of this rollout's steps, in order; those
-        whose index is in ``abandoned`` were abandoned): steps, branches and history come
-        out as recording them made them. Call on an empty recorder."""
-        if self._steps:
-            raise ValueError("replay into a recorder that holds steps already")
-        for index, delta in enumerate(steps):
+    def replay(
+        self, steps: Sequence[StepDelta], abandoned: Collection[int] = (), *, start: int = 0
+    ) -> None:
+        """Hold ``steps`` again (a store's copy of this rollout's steps, in order, from
+        index ``start``; those whose index is in ``abandoned`` were abandoned): steps,
+        branches and history come out as recording them made them. ``start`` is the
+        number of steps held already (0: an empty recorder; more: catching up with steps
+        another gateway recorded after these)."""
+        if start != len(self._steps):
+            raise ValueError(f"replay from step {start} into a recorder of {len(self._steps)}")
+        for index, delta in enumerate(steps, start):
             before = (self._history.snapshot(), self._ids.snapshot())
             tokens = None
             if delta.tokens is not None:

@@ -304,12 +304,38 @@ class StoredRollouts:
         if row is None:
             self.registry.remove(record.rollout_id)
             raise UnknownRolloutError(record.rollout_id)
-        steps = await self.store.load_steps(record.rollout_id)
+        abandoned = set(row.counters.get("abandoned") or ())
+        if not await self._catch_up(record, row, abandoned):
+            steps = await self.store.load_steps(record.rollout_id)
+            record.reset_recorder()
+            record.recorder.replay(steps[: row.steps], abandoned)
         apply_row(record, row)
-        record.reset_recorder()
-        record.recorder.replay(steps, set(row.counters.get("abandoned") or ()))
         record.loaded = True
         record.turns.last = None  # this process's last turn may not be the last one now
+
+    async def _catch_up(self, record: RolloutRecord, row: RolloutRow, abandoned: set[int]) -> bool:
+        """Bring a current copy up to ``row`` with only the steps stored since (gateways
+        sharing a store take turns of one rollout in any order: reloading every step
+        each time would cost a turn the whole trajectory). Whether it could: not when the
+        copy is not current, or the row abandoned a step before the copy's last."""
+        recorder = record.recorder
+        held = recorder.num_steps
+        known = set(recorder.abandoned_indexes())
+        fresh = abandoned - known
+        if (
+            not record.loaded
+            or record.revision < 0
+            or row.steps < held
+            or not known <= abandoned
+            or any(index < held - 1 for index in fresh)
+        ):
+            return False
+        if held - 1 in fresh and recorder.abandon_last() is None:
+            return False
+        if row.steps > held:
+            steps = await self.store.load_steps(record.rollout_id, held)
+            recorder.replay(steps[: row.steps - held], abandoned, start=held)
+        return True
 
     @staticmethod
     def _stale(record: RolloutRecord) -> None:

@@ -18,6 +18,8 @@ import pytest
 
 from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.state.memory import MemoryStore
+from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
+from rollout_gateway.server.state.stored import StoredRollouts
 
 from ..conftest import ADMIN_TOKEN, UPSTREAM, RecordingUpstream, script
 
@@ -207,6 +209,29 @@ async def test_a_policy_version_announced_at_one_gateway_stamps_turns_at_the_oth
         assert trajectory["trajectory"][0]["extras"]["policy_version"] == 7
 
 
+class CountingStore(MemoryStore):
+    """The shared memory store, counting the steps each gateway reads back."""
+
+    def __init__(self) -> None:
+        super().__init__(shared=True)
+        self.steps_read = 0
+
+    async def load_steps(self, rollout_id: str, start: int = 0) -> Any:
+        steps = await super().load_steps(rollout_id, start)
+        self.steps_read += len(steps)
+        return steps
+
+
+async def test_a_gateway_catches_up_with_only_the_steps_stored_since_its_copy() -> None:
+    store = CountingStore()
+    async with gateways(RecordingUpstream().app(), store, 2) as clients:
+        await run_rollout(clients, "r1")
+    # Turn i at gateway i % 2 reads the one step the other gateway recorded since its
+    # last turn, and so does the trajectory read at the end: each step is read back once,
+    # by the gateway that did not record it (reloading whole copies would read 15).
+    assert store.steps_read == len(STEPS)
+
+
 async def test_a_rollout_idle_at_one_gateway_lives_on_at_the_others() -> None:
     store = MemoryStore(shared=True)
     upstream = RecordingUpstream().app()
@@ -224,3 +249,43 @@ async def test_a_rollout_idle_at_one_gateway_lives_on_at_the_others() -> None:
         trajectory = await idle.get("/v1/rollouts/r1/trajectory", headers=ADMIN)
         assert trajectory.json()["num_turns"] == 1
         await idle.aclose()
+
+
+async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None:
+    """A gateway's copy brought up to date turn by turn (the other gateway recording one
+    step at a time, abandoning one of its answers once this copy held it) holds the
+    recording gateway's trajectory, ids and branches included."""
+    store = MemoryStore(shared=True)
+    writer, reader = (
+        StoredRollouts(
+            RolloutRegistry(max_rollouts=10, ttl_s=60), store, owner=name, lease_s=10,
+            retry_window_s=60,
+        )
+        for name in ("writer", "reader")
+    )  # fmt: skip
+    record = RolloutRecord("r1", "m", {}, 10, None, UPSTREAM, last_activity=0.0)
+    await writer.register(record)
+    copy = await reader.find("r1")
+    assert copy is not None
+    sys_user = [{"role": "user", "content": "task"}]
+    history = list(sys_user)
+    for turn in range(4):
+        await writer.claim(record)
+        if turn == 3:  # the answer of turn 2 reached nobody; the reader holds that step
+            record.recorder.abandon_last()
+            history = history[:-1]
+        answer = {"role": "assistant", "content": f"a{turn}"}
+        prompt = list(range(1, 3 + 2 * turn))
+        record.recorder.record(
+            history, [answer], prompt_ids=prompt, completion_ids=[100 + turn],
+            completion_logprobs=[-0.5],
+        )  # fmt: skip
+        record.num_turns += 1
+        await writer.commit(record, None)
+        await writer.release(record)
+        history = [*history, answer]
+        await reader.claim(copy)  # catches up
+        await reader.release(copy)
+        assert copy.recorder.steps() == record.recorder.steps()
+        assert copy.recorder.overview() == record.recorder.overview()
+    assert copy.recorder.abandoned_indexes() == [2]
