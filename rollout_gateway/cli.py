@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from rollout_gateway.server import GatewayConfig
@@ -173,6 +174,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     _add_limit_options(p)
     _add_connection_options(p)
     _add_registry_options(p)
+    _add_state_options(p)
     p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
     _add_log_level(p)
     p.set_defaults(func=run_serve)
@@ -354,6 +356,32 @@ def _add_registry_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _add_state_options(p: argparse.ArgumentParser) -> None:
+    """``serve``: where the gateway keeps its state (see docs/state.md)."""
+    state = p.add_argument_group(
+        "state (default: in memory, lost with the process; see docs/state.md)"
+    )
+    state.add_argument(
+        "--redis", metavar="URL",
+        help="keep rollouts, recorded turns, keys, limits, exit reports and the policy "
+        "version in Redis (redis://[user:password@]host:port/db, rediss:// or unix://), "
+        "shared by every gateway given the same URL: run several behind a load balancer "
+        "(round robin, no stickiness) and any request of any rollout may go to any of "
+        "them. Needs the redis extra. Unreachable, or holding another version's state: "
+        "serve exits with status 2",
+    )  # fmt: skip
+    state.add_argument(
+        "--redis-prefix", default="rg:", metavar="PREFIX",
+        help="with --redis, put before every key (deployments sharing one Redis; "
+        "default: %(default)s)",
+    )  # fmt: skip
+    state.add_argument(
+        "--redis-lease", type=_positive(float), default=10.0, metavar="SECONDS",
+        help="with --redis, how long a gateway that died mid-turn holds up that "
+        "rollout's next turn (a running turn renews it; default: %(default)s)",
+    )  # fmt: skip
+
+
 def prepare_admin_token_file(args: argparse.Namespace) -> str | None:
     """Create the admin token file for ``--create-admin-token``; what to tell the user.
 
@@ -416,6 +444,18 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
             "no admin token: set $ROLLOUT_GATEWAY_ADMIN_TOKEN or --admin-token-file "
             "(or --open-control-plane on loopback, for local use)"
         )
+    redis_url = getattr(args, "redis", None)
+    if redis_url is not None:
+        if getattr(args, "state_dir", None) is not None:
+            raise ServeOptionError(
+                "--redis and --state-dir: choose one (Redis for several gateways, a state "
+                "directory for one)"
+            )
+        scheme = urlsplit(redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ServeOptionError(
+                f"--redis: a redis://, rediss:// or unix:// URL, not {scheme or 'no'}://"
+            )
     tokenizer = getattr(args, "tokenizer", None)
     mode = getattr(args, "upstream_mode", "chat")
     if mode != "token-in" and tokenizer is not None:
@@ -454,6 +494,9 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
         max_connections=args.max_connections,
+        redis_url=redis_url,
+        redis_prefix=getattr(args, "redis_prefix", "rg:"),
+        redis_lease_s=getattr(args, "redis_lease", 10.0),
     )
 
 
@@ -479,9 +522,13 @@ def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
+    import asyncio
+
     from rollout_gateway.server import create_app, serve
     from rollout_gateway.server.engines.token_in import TokenInUnavailable
     from rollout_gateway.server.ops.gc_tuning import tune_for_serving
+    from rollout_gateway.server.state.backends import store_for
+    from rollout_gateway.server.state.store import StoreError
 
     try:
         notice = prepare_admin_token_file(args)
@@ -493,7 +540,16 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"rollout-gateway serve: {line}", file=sys.stderr, flush=True)
     _setup_logging(args.log_level)
     try:
-        app = create_app(config)
+        store = store_for(config)
+        # Opened before serving: a store that cannot be used is refused here, with its
+        # reason, instead of a gateway that starts and fails its first turn.
+        asyncio.run(store.open())
+    except StoreError as e:
+        option = "--redis" if config.redis_url is not None else "--state-dir"
+        print(f"rollout-gateway serve: error: {option}: {e}", file=sys.stderr)
+        return 2
+    try:
+        app = create_app(config, store=store)
     except TokenInUnavailable as e:  # the message names the option
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2

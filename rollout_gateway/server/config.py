@@ -93,6 +93,12 @@ class GatewayConfig:
         state_sync: when a turn is on disk before its answer goes out: ``"normal"``
             (written to the database's log: survives the process being killed) or
             ``"full"`` (also flushed to the device: survives power loss).
+        redis_url: keep the state in Redis, shared by every gateway given the same URL
+            and prefix (several gateways behind a load balancer): ``redis://``,
+            ``rediss://`` or ``unix://``. Not with ``state_dir``.
+        redis_prefix: put before every key in Redis (deployments sharing one Redis).
+        redis_lease_s: how long a gateway that died mid-turn holds up its rollout's
+            next turn (a running turn renews its lease).
 
     Connections (enforced by the HTTP server, :mod:`rollout_gateway.server.http.connections`):
         header_timeout_s: a connection must send a request's headers within this time.
@@ -135,6 +141,9 @@ class GatewayConfig:
     renderer: str = "auto"
     state_dir: str | None = None
     state_sync: str = "normal"
+    redis_url: str | None = None
+    redis_prefix: str = "rg:"
+    redis_lease_s: float = 10.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -160,6 +169,19 @@ class GatewayConfig:
             raise ValueError(f"state_sync: 'normal' or 'full', not {self.state_sync!r}")
         if self.state_dir is not None and not self.state_dir.strip():
             raise ValueError("state_dir: must not be empty")
+        if self.redis_url is not None:
+            if self.state_dir is not None:
+                raise ValueError(
+                    "redis_url and state_dir: choose one (Redis for several gateways, a "
+                    "state directory for one)"
+                )
+            scheme = urlsplit(self.redis_url).scheme
+            if scheme not in ("redis", "rediss", "unix"):
+                raise ValueError(
+                    f"redis_url: a redis://, rediss:// or unix:// URL, not {scheme or 'no'}://"
+                )
+        if not self.redis_prefix:
+            raise ValueError("redis_prefix: must not be empty")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token: must not be empty")
         if self.admin_token is None and not self.open_control_plane:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -203,3 +204,73 @@ def test_serve_defaults_are_the_gateway_config_defaults(monkeypatch) -> None:
     from_serve = serve_config(build_parser().parse_args(["serve", "--upstream", UP]))
     in_code = GatewayConfig(upstreams=[UP], admin_token=TOKEN)
     assert from_serve == in_code
+
+
+# -- --redis (several gateways on one Redis, docs/state.md) ---------------------------------
+
+
+def test_redis_options_reach_the_config(monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    args = build_parser().parse_args(
+        ["serve", "--upstream", UP, "--redis", "redis://:pw@10.0.0.5:6380/2",
+         "--redis-prefix", "train-7:", "--redis-lease", "3"]
+    )  # fmt: skip
+    config = serve_config(args)
+    assert (config.redis_url, config.redis_prefix, config.redis_lease_s) == (
+        "redis://:pw@10.0.0.5:6380/2", "train-7:", 3.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--redis", "http://:secret@host:6379"], "--redis: a redis://, rediss:// or unix:// URL"),
+        (["--redis", "redis://h", "--redis-lease", "0"], "--redis-lease"),
+    ],
+)
+def test_unusable_redis_options_are_refused_naming_them(
+    argv: list[str], message: str, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    with contextlib.suppress(SystemExit):
+        assert main(["serve", "--upstream", UP, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "secret" not in err
+
+
+def test_a_redis_url_with_a_state_dir_is_refused() -> None:
+    with pytest.raises(ValueError, match="redis_url and state_dir: choose one"):
+        GatewayConfig(upstreams=[UP], admin_token=TOKEN, redis_url="redis://h", state_dir="/x")
+
+
+def test_serve_exits_with_one_line_when_redis_is_unreachable(monkeypatch, capsys) -> None:
+    from rollout_gateway.local_cluster import free_port
+
+    pytest.importorskip("redis")
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    port = free_port()  # nothing listens there
+    assert main(["serve", "--upstream", UP, "--redis", f"redis://127.0.0.1:{port}/0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rollout-gateway serve: error: --redis: redis at 127.0.0.1:")
+    assert str(port) in err and "\n" not in err
+
+
+def test_serve_refuses_redis_holding_another_versions_state(monkeypatch, capsys) -> None:
+    redis = pytest.importorskip("redis")
+    from .state.redis_fixtures import shared_redis_url
+
+    url = shared_redis_url()
+    redis.Redis.from_url(url).hset("other-version:meta", mapping={"layout": 99, "secret": "ab"})
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    argv = ["serve", "--upstream", UP, "--redis", url, "--redis-prefix", "other-version:"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--redis: Redis at 127.0.0.1:" in err and "layout 99" in err and "\n" not in err
+
+
+def test_serve_help_describes_the_redis_options(capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--redis URL" in out and "load balancer" in out and "status 2" in out
+    assert "--redis-prefix PREFIX" in out and "--redis-lease SECONDS" in out

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.state.memory import MemoryStore
-from rollout_gateway.server.state.store import GatewayStore
+from rollout_gateway.server.state.store import GatewayStore, StoreUnavailableError
 
 
 def store_for(config: GatewayConfig) -> GatewayStore:
-    """The store ``config`` names: SQLite in ``config.state_dir`` when set (one gateway,
-    durable), else memory (this process only)."""
+    """The store ``config`` names: Redis at ``config.redis_url`` when set (several
+    gateways, shared), SQLite in ``config.state_dir`` when set (one gateway, durable),
+    else memory (this process only)."""
+    if config.redis_url is not None:
+        try:
+            from rollout_gateway.server.state.redis_backend.store import RedisStore
+        except ImportError as exc:
+            raise StoreUnavailableError(
+                f"Redis needs the redis extra: pip install 'rollout-gateway[redis]' ({exc})"
+            ) from None
+
+        return RedisStore(
+            config.redis_url,
+            prefix=config.redis_prefix,
+            ttl_s=config.rollout_ttl_s,
+            lease_s=config.redis_lease_s,
+        )
     if config.state_dir is not None:
         from rollout_gateway.server.state.sqlite import SQLiteStore
 

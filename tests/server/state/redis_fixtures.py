@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,3 +32,24 @@ def redis_server(directory: Path) -> Iterator[RedisServer]:
     pytest.importorskip("redis")
     with RedisServer(directory) as server:
         yield server
+
+
+_shared: RedisServer | None = None
+
+
+def shared_redis_url() -> str:
+    """The URL of one Redis server for the whole test session (started on first use,
+    stopped when the session's process exits); tests keep apart by key prefix."""
+    global _shared
+    require_redis_server()
+    if _shared is None:
+        directory = Path(tempfile.mkdtemp(prefix="rollout-gateway-redis-"))
+        _shared = RedisServer(directory, fsync="everysec").start()
+        atexit.register(_stop_shared, directory)
+    return _shared.url
+
+
+def _stop_shared(directory: Path) -> None:
+    if _shared is not None:
+        _shared.stop()
+    shutil.rmtree(directory, ignore_errors=True)

@@ -19,13 +19,18 @@ from rollout_gateway.local_cluster import RedisServer, free_port
 from .redis_fixtures import redis_server
 
 pytest.importorskip("redis")
-# The store seam (GatewayStore) comes from branch i26-store; until it is merged here the
-# backend has no interface to implement.
-pytest.importorskip("rollout_gateway.server.state.store", reason="store seam not merged yet")
 
+from rollout_gateway.protocol import ExitReport  # noqa: E402
 from rollout_gateway.server.recording.steps import RecordedStep, StepDelta  # noqa: E402
+from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
+from rollout_gateway.server.state.redis_backend.codec import (  # noqa: E402
+    decode_step,
+    encode_step,
+)
+from rollout_gateway.server.state.redis_backend.store import RedisStore  # noqa: E402
 from rollout_gateway.server.state.store import (  # noqa: E402
     AnswerKey,
+    PolicyState,
     RolloutExistsError,
     RolloutRow,
     StoreUnavailableError,
@@ -36,12 +41,40 @@ from rollout_gateway.server.state.store import (  # noqa: E402
     UnknownRolloutError,
 )
 
-from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
-from rollout_gateway.server.state.redis_backend.codec import (  # noqa: E402
-    decode_step,
-    encode_step,
-)
-from rollout_gateway.server.state.redis_backend.store import RedisStore  # noqa: E402
+
+async def reopened(store: RedisStore) -> Any:
+    """What a new gateway's store on the same Redis and prefix finds at open."""
+    again = RedisStore(store.url, prefix=store.prefix)
+    try:
+        return await again.open()
+    finally:
+        await again.close()
+
+
+class Heard:
+    """What a gateway's store tells it (``StoreEvents``)."""
+
+    def __init__(self) -> None:
+        self.exits: list[ExitReport] = []
+        self.removed: list[str] = []
+        self.policies: list[int | None] = []
+
+    def exit_reported(self, report: ExitReport) -> None:
+        self.exits.append(report)
+
+    def rollout_removed(self, rollout_id: str) -> None:
+        self.removed.append(rollout_id)
+
+    def policy_announced(self, state: PolicyState) -> None:
+        self.policies.append(state.version)
+
+
+async def eventually(check: Any, timeout_s: float = 10.0) -> None:
+    """Wait until ``check()`` is true (what another connection hears takes a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not heard in time"
+        await asyncio.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +91,7 @@ async def gateways(server: RedisServer) -> AsyncIterator[list[RedisStore]]:
     prefix = f"t{next(_prefixes)}:"
     stores = [RedisStore(server.url, prefix=prefix, lease_s=2.0) for _ in range(2)]
     for store in stores:
+        store.watch(Heard())
         await store.open()
     yield stores
     for store in stores:
@@ -173,6 +207,7 @@ async def test_a_lease_is_renewed_while_a_long_turn_runs(server: RedisServer) ->
 
 async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[RedisStore]) -> None:
     a, b = gateways
+    heard: Heard = b._events  # type: ignore[assignment]
     await a.create_rollout(_row())
     assert await a.cancel_rollout("r1", {"status": "cancelled"}) == 1
     assert await b.save_rollout("r1", {"status": "completed"}) == 2
@@ -181,7 +216,8 @@ async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[RedisS
     await a.save_exit({"rollout_id": "r1", "exit_code": 0, "seq": 1})
     assert await b.delete_rollout("r1")
     assert await a.load_rollout("r1") is None and await a.rollout_for_key("kd") is None
-    assert (await a.open()).exits == []  # its exit report went with it
+    assert (await reopened(a)).exits == []  # its exit report went with it
+    await eventually(lambda: heard.removed == ["r1"])  # the other gateway drops its copy
     assert not await b.delete_rollout("r1")
     with pytest.raises(UnknownRolloutError):
         await a.claim_turn("r1", "a", 1.0)
@@ -193,37 +229,90 @@ async def test_exit_reports_are_numbered_once_for_every_gateway(
     gateways: list[RedisStore],
 ) -> None:
     a, b = gateways
-    assert await a.report_exit("r1", 0) == 1
-    assert await b.report_exit("r2", None) == 2
-    feed = b.follow_exits(0)
-    seen = [await anext(feed), await anext(feed)]
+    for rollout_id in ("r1", "r2", "r3"):
+        await a.create_rollout(_row(rollout_id, key_digest=None))
+    assert await a.report_exit("r1", 0) == {"rollout_id": "r1", "exit_code": 0, "seq": 1}
+    assert (await b.report_exit("r2", None))["seq"] == 2
+    with pytest.raises(UnknownRolloutError):
+        await b.report_exit("unknown", 0)  # nothing kept, no number used
+    seen = await b.exits_after(0)
     assert [(r["rollout_id"], r["exit_code"], r["seq"]) for r in seen] == [
         ("r1", 0, 1), ("r2", None, 2),
     ]  # fmt: skip
-    later = asyncio.ensure_future(anext(feed))
-    await asyncio.sleep(0.05)
-    assert not later.done()  # waits for the next report
     await a.report_exit("r3", 1)
-    assert (await asyncio.wait_for(later, 5))["seq"] == 3
-    await feed.aclose()
-    contents = await b.open()
+    assert [r["seq"] for r in await b.exits_after(2)] == [3]
+    # Every gateway's watcher hears every report, its own included, in order.
+    for store in (a, b):
+        heard: Heard = store._events  # type: ignore[assignment]
+        await eventually(lambda heard=heard: len(heard.exits) == 3)
+        assert [r["seq"] for r in heard.exits] == [1, 2, 3]
+    contents = await reopened(b)  # a gateway started now
     assert contents.exit_cursor == 3 and [r["seq"] for r in contents.exits] == [1, 2, 3]
 
 
 async def test_policy_versions_only_move_forward(gateways: list[RedisStore]) -> None:
     a, b = gateways
-    announced: list[int | None] = []
-    b.on_policy = lambda state: announced.append(state.version)
+    heard: Heard = b._events  # type: ignore[assignment]
     assert (await a.load_policy()).version is None
     assert (await a.announce_policy(3, 100.0)).version == 3
     assert (await b.announce_policy(2, 200.0)).version == 3  # older: refused
     state = await b.load_policy()
     assert (state.version, state.updated_at) == (3, 100.0)
-    for _ in range(50):  # gateway b hears of a's announcement
-        if announced:
-            break
-        await asyncio.sleep(0.02)
-    assert announced == [3]
+    await eventually(lambda: 3 in heard.policies)  # gateway b hears of a's announcement
+
+
+async def test_a_release_is_published_only_when_a_gateway_waits(
+    gateways: list[RedisStore], server: RedisServer
+) -> None:
+    import redis.asyncio as aioredis
+
+    a, b = gateways
+    await a.create_rollout(_row())
+    listener = aioredis.Redis.from_url(server.url)
+    pubsub = listener.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(a.channel)
+    try:
+        for _ in range(3):  # turns nobody waits for: no message at all
+            await a.claim_turn("r1", "gw-a", 2.0)
+            await a.release_turn("r1", "gw-a")
+        assert await pubsub.get_message(timeout=0.2) is None
+        await a.claim_turn("r1", "gw-a", 2.0)
+        waiting = asyncio.ensure_future(b.claim_turn("r1", "gw-b", 2.0))
+        await asyncio.sleep(0.1)
+        await a.release_turn("r1", "gw-a")
+        message = await pubsub.get_message(timeout=5)
+        assert message is not None and message["data"] == b"w:r1"
+        await asyncio.wait_for(waiting, 5)
+    finally:
+        await pubsub.aclose()
+        await listener.aclose()
+
+
+def test_open_again_on_another_event_loop(server: RedisServer) -> None:
+    """``serve`` opens the store to check it, then its server's loop opens it again."""
+    store = RedisStore(server.url, prefix=f"t{next(_prefixes)}:")
+    first = asyncio.run(store.open())
+    second = asyncio.run(_open_and_use(store))
+    assert first.exit_cursor == second.exit_cursor == 0
+
+
+async def _open_and_use(store: RedisStore) -> Any:
+    contents = await store.open()
+    assert await store.open() is contents  # idempotent on one loop
+    await store.create_rollout(_row())
+    await store.close()
+    return contents
+
+
+async def test_a_full_redis_is_unavailable_not_an_error(gateways: list[RedisStore]) -> None:
+    a, _ = gateways
+    await a._cmd("CONFIG", "SET", "maxmemory", "1")
+    try:
+        with pytest.raises(StoreUnavailableError, match="maxmemory"):
+            await a.create_rollout(_row())
+    finally:
+        await a._cmd("CONFIG", "SET", "maxmemory", "0")
+    await a.create_rollout(_row())
 
 
 async def test_the_secret_is_shared_by_every_gateway(gateways: list[RedisStore]) -> None:
@@ -235,7 +324,7 @@ async def test_state_of_another_layout_is_refused(gateways: list[RedisStore]) ->
     a, _ = gateways
     await a._cmd("HSET", f"{a.prefix}meta", "layout", 99)
     with pytest.raises(StoreVersionError, match="layout 99"):
-        await a.open()
+        await reopened(a)
     await a._cmd("HSET", f"{a.prefix}meta", "layout", 1)
     await a._cmd("HSET", f"{a.prefix}r:old", "reg", "{}", "v", "0")
     with pytest.raises(StoreVersionError, match="rollout old"):

@@ -1,16 +1,22 @@
-"""Several gateways on one shared store (``MemoryStore(shared=True)``, as gateways share
-Redis): any turn of a rollout may land on any gateway, round robin with no stickiness.
+"""Several gateways on one shared store: any turn of a rollout may land on any gateway,
+round robin with no stickiness.
 
-Trajectories equal one gateway's; a retry sent to another gateway while its original runs
-gets the original's answer (no second engine call); cancel and unregister at one gateway
-hold at the others.
+The gateways run in this process on ``MemoryStore(shared=True)`` and on a real Redis
+(``RedisStore``, one per gateway, on one ``redis-server``): trajectories equal one
+gateway's; a retry sent to another gateway while its original runs gets the original's
+answer (no second engine call); cancel, unregister, exit reports and policy versions at
+one gateway hold at the others. (Separate gateway processes behind HAProxy, killed with
+``kill -9``: ``tests/test_scaleout.py``.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import importlib.util
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -19,21 +25,56 @@ import pytest
 from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
+from rollout_gateway.server.state.store import GatewayStore
 from rollout_gateway.server.state.stored import StoredRollouts
 
 from ..conftest import ADMIN_TOKEN, UPSTREAM, RecordingUpstream, script
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+_prefixes = itertools.count()
+
+#: Makes each gateway's handle on one shared store.
+Shared = Callable[[], GatewayStore]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def shared(request: pytest.FixtureRequest) -> Shared:
+    """One shared store, as each gateway's handle: the shared memory store (one object
+    for all), or a RedisStore per gateway on one Redis under a prefix of this test."""
+    if request.param == "memory":
+        store = MemoryStore(shared=True)
+        return lambda: store
+    if importlib.util.find_spec("redis") is None:
+        pytest.skip("redis-py is not installed (the redis extra)")
+    from rollout_gateway.server.state.redis_backend.store import RedisStore
+
+    from .redis_fixtures import shared_redis_url
+
+    url, prefix = shared_redis_url(), f"gateways{next(_prefixes)}:"
+    return lambda: RedisStore(url, prefix=prefix)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    """Wait until ``check()`` holds (a shared store's news reach a gateway in a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "did not hold in time"
+        await asyncio.sleep(0.02)
+
+
 STEPS = [{"tool": "run", "arguments": {"cmd": f"step {i}"}} for i in range(4)] + [{"say": "done"}]
 
 
 @contextlib.asynccontextmanager
 async def gateways(upstream: Any, store: Any, count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """``count`` gateways on ``store`` (a store, or a maker of each gateway's handle)."""
     async with contextlib.AsyncExitStack() as stack:
         clients = []
         for _ in range(count):
             config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN)
-            app = create_app(config, upstream_transport=httpx.ASGITransport(upstream), store=store)
+            handle = store() if callable(store) else store
+            transport = httpx.ASGITransport(upstream)
+            app = create_app(config, upstream_transport=transport, store=handle)
             await stack.enter_async_context(app.router.lifespan_context(app))
             clients.append(
                 await stack.enter_async_context(
@@ -73,11 +114,11 @@ def comparable(trajectory: dict[str, Any]) -> list[Any]:
     ]
 
 
-async def test_round_robin_turns_record_one_gateways_trajectory() -> None:
+async def test_round_robin_turns_record_one_gateways_trajectory(shared: Shared) -> None:
     upstream = RecordingUpstream().app()
     async with gateways(upstream, MemoryStore(), 1) as one:
         alone = await run_rollout(one, "r1")
-    async with gateways(upstream, MemoryStore(shared=True), 3) as three:
+    async with gateways(upstream, shared, 3) as three:
         shared = await run_rollout(three, "r1")
         assert shared["num_turns"] == len(STEPS)
         assert comparable(shared) == comparable(alone)
@@ -87,9 +128,9 @@ async def test_round_robin_turns_record_one_gateways_trajectory() -> None:
             assert comparable(r.json()) == comparable(alone)
 
 
-async def test_a_retry_at_another_gateway_gets_the_originals_answer() -> None:
+async def test_a_retry_at_another_gateway_gets_the_originals_answer(shared: Shared) -> None:
     upstream = RecordingUpstream(latency_s=0.3)
-    async with gateways(upstream.app(), MemoryStore(shared=True), 2) as (a, b):
+    async with gateways(upstream.app(), shared, 2) as (a, b):
         r = await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
         key = {"Authorization": f"Bearer {r.json()['api_key']}"}
         body = {"model": "m", "messages": [{"role": "user", "content": script({"say": "hi"})}]}
@@ -105,8 +146,8 @@ async def test_a_retry_at_another_gateway_gets_the_originals_answer() -> None:
         assert trajectory["num_turns"] == 1
 
 
-async def test_cancel_and_unregister_at_one_gateway_hold_at_the_others() -> None:
-    async with gateways(RecordingUpstream().app(), MemoryStore(shared=True), 2) as (a, b):
+async def test_cancel_and_unregister_at_one_gateway_hold_at_the_others(shared: Shared) -> None:
+    async with gateways(RecordingUpstream().app(), shared, 2) as (a, b):
         r = await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
         key = {"Authorization": f"Bearer {r.json()['api_key']}"}
         body = {"model": "m", "messages": [{"role": "user", "content": script({"say": "hi"})}]}
@@ -127,8 +168,10 @@ async def test_cancel_and_unregister_at_one_gateway_hold_at_the_others() -> None
 
 
 @pytest.mark.parametrize("count", [2])
-async def test_registering_one_id_twice_across_gateways_is_a_conflict(count: int) -> None:
-    async with gateways(RecordingUpstream().app(), MemoryStore(shared=True), count) as (a, b):
+async def test_registering_one_id_twice_across_gateways_is_a_conflict(
+    count: int, shared: Shared
+) -> None:
+    async with gateways(RecordingUpstream().app(), shared, count) as (a, b):
         assert (
             await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
         ).status_code == 200
@@ -136,8 +179,8 @@ async def test_registering_one_id_twice_across_gateways_is_a_conflict(count: int
         assert r.status_code == 409
 
 
-async def test_exit_reports_are_numbered_once_and_seen_at_every_gateway() -> None:
-    async with gateways(RecordingUpstream().app(), MemoryStore(shared=True), 3) as (a, b, c):
+async def test_exit_reports_are_numbered_once_and_seen_at_every_gateway(shared: Shared) -> None:
+    async with gateways(RecordingUpstream().app(), shared, 3) as (a, b, c):
         keys = []
         for rollout_id in ("r1", "r2"):
             r = await a.post(
@@ -159,7 +202,8 @@ async def test_exit_reports_are_numbered_once_and_seen_at_every_gateway() -> Non
         ).status_code == 200
         # One numbering: every gateway answers the same reports for the same cursor.
         for client in (a, b, c):
-            answer = (await client.get("/v1/rollouts/exits?after=1", headers=ADMIN)).json()
+            answer = await client.get("/v1/rollouts/exits?after=1&timeout=10", headers=ADMIN)
+            answer = answer.json()
             assert answer == {
                 "exits": [{"rollout_id": "r2", "exit_code": 0, "seq": 2}],
                 "cursor": 2,
@@ -167,8 +211,12 @@ async def test_exit_reports_are_numbered_once_and_seen_at_every_gateway() -> Non
         # Unregistered at one gateway: its report is gone at all of them.
         assert (await c.post("/v1/rollouts/r1/unregister", headers=ADMIN)).status_code == 200
         for client in (a, b, c):
-            answer = (await client.get("/v1/rollouts/exits?after=0", headers=ADMIN)).json()
-            assert [r["rollout_id"] for r in answer["exits"]] == ["r2"]
+
+            async def only_r2(client: httpx.AsyncClient = client) -> bool:
+                answer = (await client.get("/v1/rollouts/exits?after=0", headers=ADMIN)).json()
+                return [r["rollout_id"] for r in answer["exits"]] == ["r2"]
+
+            await eventually(only_r2)
             # Each gateway pins the rollouts it holds (read back or registered) to its upstream.
             health = (await client.get("/health", headers=ADMIN)).json()
             assert health["upstreams"][0]["pinned"] == health["active_rollouts"]
@@ -191,8 +239,10 @@ async def test_a_cursor_another_gateway_gave_is_not_taken_for_a_restart() -> Non
     }
 
 
-async def test_a_policy_version_announced_at_one_gateway_stamps_turns_at_the_others() -> None:
-    async with gateways(RecordingUpstream().app(), MemoryStore(shared=True), 2) as (a, b):
+async def test_a_policy_version_announced_at_one_gateway_stamps_turns_at_the_others(
+    shared: Shared,
+) -> None:
+    async with gateways(RecordingUpstream().app(), shared, 3) as (a, b, c):
         assert (
             await a.post("/v1/policy/version", json={"version": 7}, headers=ADMIN)
         ).status_code == 200
@@ -203,10 +253,14 @@ async def test_a_policy_version_announced_at_one_gateway_stamps_turns_at_the_oth
         key = {"Authorization": f"Bearer {r.json()['api_key']}"}
         body = {"model": "m", "messages": [{"role": "user", "content": script({"say": "hi"})}]}
         assert (
-            await b.post("/v1/rollouts/r1/chat/completions", json=body, headers=key)
+            await a.post("/v1/policy/version", json={"version": 8}, headers=ADMIN)
+        ).status_code == 200
+        # At once at a gateway that was not asked: its turn is stamped with the new version.
+        assert (
+            await c.post("/v1/rollouts/r1/chat/completions", json=body, headers=key)
         ).status_code == 200
         trajectory = (await a.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).json()
-        assert trajectory["trajectory"][0]["extras"]["policy_version"] == 7
+        assert trajectory["trajectory"][0]["extras"]["policy_version"] == 8
 
 
 class CountingStore(MemoryStore):

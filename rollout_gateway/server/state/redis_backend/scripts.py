@@ -7,9 +7,14 @@ flat array whose first element says what happened (``ok``, ``gone``, ``busy``,
 ``conflict``, ``lost``).
 
 The rollout hash holds ``reg`` and ``counters`` (JSON), ``rev`` (bumped by every write),
-``steps`` (their count), ``cancelled``, ``v`` (the layout), and the last answer:
-``a_key`` (JSON of its :class:`~rollout_gateway.server.state.store.AnswerKey`),
-``a_body``, ``a_pstep`` (the step whose prompt ids were cut out of the body, or "").
+``steps`` (their count), ``cancelled``, ``v`` (the layout), ``waiting`` (a gateway waits
+for the lease: its release is published), and the last answer: ``a_key`` (JSON of its
+:class:`~rollout_gateway.server.state.store.AnswerKey`), ``a_body``, ``a_pstep`` (the step
+whose prompt ids were cut out of the body, or "").
+
+Messages on the events channel: ``w:{id}`` (the lease of a rollout somebody waits for was
+released), ``d:{id}`` (the rollout was removed), ``e`` (an exit report was added to the
+stream), ``p`` (a policy version was announced).
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ local function touch(ttl)
 end
 """
 
-#: KEYS: rollout, steps, lease. ARGV: counters, ttl ms, cancel ("1"/"0"),
-#: channel, rollout id. Answers {"ok", rev} or {"gone"}.
+#: KEYS: rollout, steps, lease. ARGV: counters, ttl ms, cancel ("1"/"0").
+#: Answers {"ok", rev} or {"gone"}.
 SAVE = (
     _TOUCH
     + """
@@ -49,22 +54,27 @@ redis.call('HSET', KEYS[1], 'counters', ARGV[1])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'cancelled', '1') end
 local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
 touch(tonumber(ARGV[2]))
-redis.call('PUBLISH', ARGV[4], ARGV[5])
 return {'ok', rev}
 """
 )
 
-#: KEYS: rollout, steps, lease. ARGV: owner, lease ms, ttl ms.
-#: Answers {"ok", rev} (the lease is ours), {"busy", ms left}, or {"gone"}.
+#: KEYS: rollout, steps, lease, policy. ARGV: owner, lease ms, ttl ms.
+#: Answers {"ok", rev, policy version, its time} (the lease is ours; the policy version
+#: in effect comes along, so a turn is stamped with the latest one whichever gateway it
+#: was announced at), {"busy", ms left} (the release will be published), or {"gone"}.
 CLAIM = (
     _TOUCH
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
 local holder = redis.call('GET', KEYS[3])
-if holder and holder ~= ARGV[1] then return {'busy', redis.call('PTTL', KEYS[3])} end
+if holder and holder ~= ARGV[1] then
+  redis.call('HSET', KEYS[1], 'waiting', '1')
+  return {'busy', redis.call('PTTL', KEYS[3])}
+end
 redis.call('SET', KEYS[3], ARGV[1], 'PX', tonumber(ARGV[2]))
 touch(tonumber(ARGV[3]))
-return {'ok', redis.call('HGET', KEYS[1], 'rev')}
+local policy = redis.call('HMGET', KEYS[4], 'version', 'updated_at')
+return {'ok', redis.call('HGET', KEYS[1], 'rev'), policy[1], policy[2]}
 """
 )
 
@@ -75,12 +85,15 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 return 1
 """
 
-#: KEYS: lease. ARGV: owner, channel, rollout id. Drops the lease if it is the owner's
-#: and tells the gateways waiting for it.
+#: KEYS: lease, rollout. ARGV: owner, channel, rollout id. Drops the lease if it is the
+#: owner's and, when a gateway waits for it, tells the gateways (no message otherwise: a
+#: turn nobody waits for costs no publish).
 RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+if redis.call('HDEL', KEYS[2], 'waiting') == 1 then
+  redis.call('PUBLISH', ARGV[2], 'w:' .. ARGV[3])
+end
 return 1
 """
 
@@ -115,16 +128,20 @@ local kidx = redis.call('HGET', KEYS[1], 'kidx')
 if kidx then redis.call('DEL', kidx) end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HDEL', KEYS[4], ARGV[2])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+if existed == 1 then redis.call('PUBLISH', ARGV[1], 'd:' .. ARGV[2]) end
 return existed
 """
 
-#: KEYS: exits hash, exits stream, seq counter. ARGV: rollout id, exit code ("" for none),
-#: max stream length. Numbers the report once for every gateway; answers its number.
+#: KEYS: exits hash, exits stream, seq counter, rollout. ARGV: rollout id, exit code (""
+#: for none), max stream length, channel. Numbers the report once for every gateway,
+#: appends it to the stream and tells the gateways; answers its number (0: the rollout is
+#: not stored).
 EXIT = """
+if redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
 local seq = redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[1], ARGV[1], seq .. ' ' .. ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], seq .. '-1', 'rid', ARGV[1], 'code', ARGV[2])
+redis.call('PUBLISH', ARGV[4], 'e')
 return seq
 """
 
@@ -134,8 +151,29 @@ ANNOUNCE = """
 local p = redis.call('HMGET', KEYS[1], 'version', 'updated_at')
 if p[1] and tonumber(ARGV[1]) <= tonumber(p[1]) then return p end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'updated_at', ARGV[2])
-redis.call('PUBLISH', ARGV[3], '')
+redis.call('PUBLISH', ARGV[3], 'p')
 return {ARGV[1], ARGV[2]}
 """
 
-__all__ = ["ANNOUNCE", "CLAIM", "COMMIT", "CREATE", "DELETE", "EXIT", "RELEASE", "RENEW", "SAVE"]
+#: KEYS: exits hash, seq counter. ARGV: rollout id, seq, exit code ("" for none). Keeps a
+#: report numbered already (numbers on from it).
+KEEP_EXIT = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+"""
+
+__all__ = [
+    "ANNOUNCE",
+    "KEEP_EXIT",
+    "CLAIM",
+    "COMMIT",
+    "CREATE",
+    "DELETE",
+    "EXIT",
+    "RELEASE",
+    "RENEW",
+    "SAVE",
+]

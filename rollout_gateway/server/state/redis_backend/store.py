@@ -13,7 +13,13 @@ A rollout idle for the TTL expires in Redis itself (its keys' ``PEXPIRE``, renew
 every write and claim). A turn's lease lasts ``lease_s`` and is renewed while its turn
 runs: a gateway killed mid-turn leaves it to expire, and the rollout's next request, on
 any gateway, then claims it. A lost connection is :class:`StoreUnavailableError` (the
-request gets a 503 its client retries); the client reconnects on the next call.
+request gets a 503 its client retries); the client reconnects on the next call, the
+event listener by itself.
+
+Each gateway listens on the events channel (one connection): a released lease wakes the
+claims waiting for it, a removal or a policy announcement is passed on, and an exit
+report makes it read the reports added to the stream since the last it read (and so does
+every reconnection: nothing published meanwhile is missed).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -31,7 +36,6 @@ from redis import exceptions as redis_errors
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
-from rollout_gateway.server.state import store as seam
 from rollout_gateway.server.state.redis_backend import codec, scripts
 from rollout_gateway.server.state.store import (
     AnswerKey,
@@ -41,7 +45,9 @@ from rollout_gateway.server.state.store import (
     RolloutExistsError,
     RolloutRow,
     StoreContents,
+    StoreCorruptError,
     StoredAnswer,
+    StoreEvents,
     StoreUnavailableError,
     StoreVersionError,
     TurnCommit,
@@ -58,7 +64,28 @@ LAYOUT = 1
 RECHECK_S = 0.25
 #: Exit reports kept in the stream other gateways follow (approximately).
 EXITS_STREAM_LEN = 100_000
-_REDIS_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+#: The event listener looks whether it is asked to stop at least this often.
+_LISTEN_POLL_S = 1.0
+#: Exit reports read from the stream at once.
+_EXITS_BATCH = 1000
+#: Redis cannot serve now (not reachable, loading its data, out of memory, read-only, or
+#: its disk full: ``MISCONF``): the request gets a 503 its client retries.
+_UNAVAILABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    OSError,
+)
+_UNAVAILABLE_REPLIES = ("MISCONF", "OOM", "LOADING", "READONLY", "MASTERDOWN")
+#: The rollout hash's fields a row is made of (not the stored answer's body).
+_ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key")
+
+
+def _unavailable(exc: Exception) -> bool:
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_UNAVAILABLE_REPLIES)
 
 
 class RedisStore(GatewayStore):
@@ -68,8 +95,9 @@ class RedisStore(GatewayStore):
         url: ``redis://[user:password@]host:port/db``, ``rediss://`` (TLS) or ``unix://``.
         prefix: put before every key (several deployments may share one Redis).
         ttl_s: a rollout idle this long expires (the gateway's ``--rollout-ttl``).
-        lease_s: a claimed turn stays claimed this long without renewal (a dead gateway's
-            turn is taken over after it).
+        lease_s: a claimed turn stays claimed this long without renewal: how long a
+            gateway that died mid-turn holds up its rollout. Renewed every third of it
+            while the turn runs.
         timeout_s: connect and reply timeout of one call.
     """
 
@@ -90,39 +118,72 @@ class RedisStore(GatewayStore):
         self.prefix = prefix
         self.ttl_ms = int(ttl_s * 1000)
         self.lease_s = lease_s
-        self.client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
-        self._scripts = {
-            name: self.client.register_script(getattr(scripts, name)) for name in scripts.__all__
-        }
+        self.timeout_s = timeout_s
         self.channel = f"{prefix}events"
         self._secret = b""
-        self._wakers: dict[str, asyncio.Event] = {}
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._contents: StoreContents | None = None
+        self._events: StoreEvents | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: The newest policy version passed on to the watcher.
+        self._policy_version: int | None = None
+        #: The number of the last exit report handed to the watcher.
+        self._exits_read = 0
+        self._wakers: dict[str, asyncio.Event] = {}
         self._renewers: dict[str, asyncio.TimerHandle] = {}
         #: The owner holding each rollout's lease from this process (commit checks it).
         self._owners: dict[str, str] = {}
-        #: Called with the new policy state when another gateway announces one.
-        self.on_policy: Callable[[PolicyState], None] | None = None
 
     # -- plumbing ------------------------------------------------------------------------
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The connection pool of this event loop (made on first use)."""
+        if self._client is None:
+            self._client = self._new_client()
+            self._scripts = {
+                name: self._client.register_script(getattr(scripts, name))
+                for name in scripts.__all__
+            }
+        return self._client
+
+    def _new_client(self, **options: Any) -> aioredis.Redis:
+        settings: dict[str, Any] = {
+            "socket_timeout": self.timeout_s,
+            "socket_connect_timeout": self.timeout_s,
+        }
+        return aioredis.Redis.from_url(self.url, **{**settings, **options})
+
+    def _down(self, exc: Exception) -> StoreUnavailableError:
+        return StoreUnavailableError(f"redis at {self.where}: {exc}")
+
     async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        client = self.client
         try:
-            return await self._scripts[name](keys=keys, args=args)
-        except _REDIS_DOWN as exc:
-            raise StoreUnavailableError(f"redis at {self._where()}: {exc}") from exc
+            return await self._scripts[name](keys=keys, args=args, client=client)
+        except Exception as exc:
+            if _unavailable(exc):
+                raise self._down(exc) from exc
+            raise
 
     async def _cmd(self, *command: Any) -> Any:
         try:
             return await self.client.execute_command(*command)
-        except _REDIS_DOWN as exc:
-            raise StoreUnavailableError(f"redis at {self._where()}: {exc}") from exc
+        except Exception as exc:
+            if _unavailable(exc):
+                raise self._down(exc) from exc
+            raise
 
-    def _where(self) -> str:
+    @property
+    def where(self) -> str:
+        """Where the Redis is, for messages (no password)."""
         kw = self.client.connection_pool.connection_kwargs
-        return f"{kw.get('host', kw.get('path', '?'))}:{kw.get('port', '')}"
+        if "path" in kw:
+            return str(kw["path"])
+        return f"{kw.get('host', '?')}:{kw.get('port', '')}/{kw.get('db', 0)}"
 
     def _keys(self, rollout_id: str) -> list[str]:
         """The rollout's hash, steps list and lease, in the order the scripts take them."""
@@ -133,64 +194,143 @@ class RedisStore(GatewayStore):
 
     @property
     def secret(self) -> bytes:
+        """The secret in Redis's ``meta`` (made by the first gateway to open it)."""
         return self._secret
 
     async def open(self) -> StoreContents:
+        """Check the layout, read the secret, the policy version and the exit reports,
+        and start following the other gateways' changes (when watched). Idempotent on one
+        event loop; on another (``serve`` checks the store before its server's loop runs)
+        it starts over with new connections."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._contents is not None:
+            return self._contents
+        if self._loop is not None:
+            self._forget_loop()
+        self._loop = loop
         meta = f"{self.prefix}meta"
         await self._cmd("HSETNX", meta, "layout", LAYOUT)
         await self._cmd("HSETNX", meta, "secret", secrets.token_hex(32))
         layout, secret = await self._cmd("HMGET", meta, "layout", "secret")
-        if int(layout) != LAYOUT:
+        if layout is None or not layout.isdigit() or int(layout) != LAYOUT:
             raise StoreVersionError(
-                f"Redis holds gateway state of layout {int(layout)} under prefix "
-                f"{self.prefix!r}; this gateway reads layout {LAYOUT} only (use another "
-                "--redis-prefix or database, or the gateway version that wrote it)"
+                f"Redis at {self.where} holds gateway state of layout "
+                f"{(layout or b'?').decode(errors='replace')} under prefix {self.prefix!r}; "
+                f"this gateway reads layout {LAYOUT} only (use another --redis-prefix or "
+                "database, or the gateway version that wrote it)"
             )
         self._secret = bytes.fromhex(secret.decode())
         exits, cursor = await self._load_exits()
-        contents = StoreContents(policy=await self.load_policy(), exits=exits, exit_cursor=cursor)
-        self._listener = asyncio.create_task(self._listen())
-        return contents
+        self._contents = StoreContents(
+            policy=await self.load_policy(), exits=exits, exit_cursor=cursor
+        )
+        self._exits_read = cursor
+        if self._events is not None:  # a gateway's store: it follows the others' changes
+            self._stopping = False
+            self._listener = loop.create_task(self._listen(), name="redis-events")
+        return self._contents
 
-    async def close(self) -> None:
+    def _forget_loop(self) -> None:
+        """Drop what belongs to an event loop that has ended (its tasks are gone with it;
+        its connections cannot be used by another loop)."""
         for handle in self._renewers.values():
             handle.cancel()
         self._renewers.clear()
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
-            self._listener = None
-        with contextlib.suppress(Exception):
-            await self.client.aclose()
+        self._owners.clear()
+        self._wakers.clear()
+        self._listener = None
+        self._client = None
+        self._contents = None
+
+    async def close(self) -> None:
+        """Stop following changes and close the connections."""
+        for handle in self._renewers.values():
+            handle.cancel()
+        self._renewers.clear()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            # Asked to stop, and cancelled: a cancellation redis-py's read swallows (it
+            # happens) still ends the listener at its next look at the flag.
+            self._stopping = True
+            listener.cancel()
+            await asyncio.wait([listener], timeout=2 * _LISTEN_POLL_S)
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        self._contents = None
+        self._loop = None
+
+    def watch(self, events: StoreEvents) -> None:
+        """Tell ``events`` of exit reports, removed rollouts and policy announcements
+        (from :meth:`open` on: call before it). A store nobody watches (``serve``'s
+        start-up check) does not listen, and runs no task of its own."""
+        self._events = events
 
     async def _listen(self) -> None:
         """Wake the claims waiting on a rollout when its lease is released, and pass on
-        policy announcements; reconnects after Redis comes back."""
-        while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                async for message in pubsub.listen():
-                    data = message.get("data")
-                    if not data:
-                        if self.on_policy is not None:
-                            self.on_policy(await self.load_policy())
-                        continue
-                    event = self._wakers.pop(data.decode(), None)
-                    if event is not None:
-                        event.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("redis pub/sub lost (%s); reconnecting", exc)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-            await asyncio.sleep(RECHECK_S)
+        removals and policy announcements; reconnects after Redis comes back (then reads
+        the policy again: an announcement may have come meanwhile)."""
+        # No reply timeout: the channel may be quiet for hours; health checks find a dead
+        # connection instead.
+        client = self._new_client(socket_timeout=None, health_check_interval=self.timeout_s)
+        try:
+            while not self._stopping:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                try:
+                    await pubsub.subscribe(self.channel)
+                    if self._events is not None:  # what was published while away
+                        self._policy_seen(await self.load_policy())
+                        await self._read_exits()
+                    while not self._stopping:
+                        message = await pubsub.get_message(timeout=_LISTEN_POLL_S)
+                        if message is not None and message.get("type") == "message":
+                            await self._heard(message.get("data") or b"")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    logger.warning("redis events lost (%s); reconnecting", exc)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+                await asyncio.sleep(RECHECK_S)
+        finally:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    async def _heard(self, data: bytes) -> None:
+        kind, _, rollout_id = data.decode().partition(":")
+        waker = self._wakers.pop(rollout_id, None) if rollout_id else None
+        if waker is not None:
+            waker.set()
+        if self._events is None:
+            return
+        if kind == "d":
+            self._events.rollout_removed(rollout_id)
+        elif kind == "e":
+            await self._read_exits()
+        elif kind == "p":
+            self._policy_seen(await self.load_policy())
+
+    def _policy_seen(self, state: PolicyState) -> None:
+        """Pass on a policy version newer than the last one passed on."""
+        if state.version is None or self._events is None:
+            return
+        if self._policy_version is None or state.version > self._policy_version:
+            self._policy_version = state.version
+            self._events.policy_announced(state)
+
+    async def _read_exits(self) -> None:
+        """Hand the exit reports numbered after the last one read to the watcher."""
+        for report in await self.exits_after(self._exits_read):
+            self._exits_read = max(self._exits_read, report["seq"])
+            if self._events is not None:
+                self._events.exit_reported(report)
 
     # -- rollouts ------------------------------------------------------------------------
 
     async def create_rollout(self, row: RolloutRow) -> None:
+        """Store a new rollout and its key's index, unless its id is taken."""
         reg = row.registration
         digest = reg.get("key_digest")
         keys = self._keys(reg["rollout_id"])
@@ -201,45 +341,50 @@ class RedisStore(GatewayStore):
             raise RolloutExistsError(reg["rollout_id"])
 
     async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
-        fields = await self._cmd("HGETALL", self._keys(rollout_id)[0])
-        if not fields:
+        """The stored rollout (its answer's body is read by :meth:`load_answer` only)."""
+        values = await self._cmd("HMGET", self._keys(rollout_id)[0], *_ROW_FIELDS)
+        layout, reg, counters, rev, steps, cancelled, a_key = values
+        if reg is None:
             return None
-        if int(fields.get(b"v", b"0")) != LAYOUT:
+        if layout != str(LAYOUT).encode():
             raise StoreVersionError(
-                f"rollout {rollout_id} is stored in layout {fields.get(b'v')!r}, not {LAYOUT}"
+                f"rollout {rollout_id} is stored in layout {layout!r}, not {LAYOUT}"
             )
         answer_key = None
-        if fields.get(b"a_key"):
-            fp, idem, at, step = orjson.loads(fields[b"a_key"])
+        if a_key:
+            fp, idem, at, step = orjson.loads(a_key)
             answer_key = AnswerKey(bytes.fromhex(fp), idem, at, step)
         return RolloutRow(
-            orjson.loads(fields[b"reg"]),
-            orjson.loads(fields[b"counters"]),
-            revision=int(fields[b"rev"]),
-            steps=int(fields[b"steps"]),
+            orjson.loads(reg),
+            orjson.loads(counters),
+            revision=int(rev),
+            steps=int(steps),
             answer_key=answer_key,
-            cancelled=fields.get(b"cancelled") == b"1",
+            cancelled=cancelled == b"1",
         )
 
     async def rollout_for_key(self, key_digest: str) -> str | None:
+        """The rollout id the key digest's index names."""
         value = await self._cmd("GET", f"{self.prefix}k:{key_digest}")
         return value.decode() if value is not None else None
 
     async def _save(self, rollout_id: str, counters: RolloutCounters, cancel: bool) -> int:
-        args = [orjson.dumps(counters), self.ttl_ms, "1" if cancel else "0", self.channel,
-                rollout_id]  # fmt: skip
+        args = [orjson.dumps(counters), self.ttl_ms, "1" if cancel else "0"]
         reply = await self._run("SAVE", self._keys(rollout_id), args)
         if reply[0] == b"gone":
             raise UnknownRolloutError(rollout_id)
         return int(reply[1])
 
     async def save_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Replace the counters (one script)."""
         return await self._save(rollout_id, counters, cancel=False)
 
     async def cancel_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Mark cancelled for good and replace the counters (one script)."""
         return await self._save(rollout_id, counters, cancel=True)
 
     async def delete_rollout(self, rollout_id: str) -> bool:
+        """Drop the rollout's keys and exit report; every gateway hears of it."""
         keys = [*self._keys(rollout_id), f"{self.prefix}exits"]
         existed = await self._run("DELETE", keys, [self.channel, rollout_id])
         self._stop_renewing(rollout_id)
@@ -248,17 +393,23 @@ class RedisStore(GatewayStore):
     # -- turns ---------------------------------------------------------------------------
 
     async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
-        lease_ms = int((lease_s or self.lease_s) * 1000)
-        keys = self._keys(rollout_id)
+        """Take the lease (at most ``lease_s``, at most the store's own lease, renewed
+        while held), waiting while another gateway holds it."""
+        lease_ms = max(1, int(min(lease_s, self.lease_s) * 1000))
+        keys = [*self._keys(rollout_id), f"{self.prefix}policy"]
         while True:
-            # Subscribed before asking: a release between the answer and the wait wakes it.
+            # Made before asking: a release between the answer and the wait wakes it.
             waker = self._wakers.setdefault(rollout_id, asyncio.Event())
             reply = await self._run("CLAIM", keys, [owner, lease_ms, self.ttl_ms])
             if reply[0] == b"gone":
                 raise UnknownRolloutError(rollout_id)
             if reply[0] == b"ok":
+                if self._wakers.get(rollout_id) is waker and not waker.is_set():
+                    del self._wakers[rollout_id]
                 self._owners[rollout_id] = owner
                 self._renew_later(rollout_id, owner, lease_ms)
+                if reply[2] is not None:
+                    self._policy_seen(PolicyState(int(reply[2]), float(reply[3])))
                 return int(reply[1])
             left_s = max(0.0, int(reply[1]) / 1000)
             with contextlib.suppress(TimeoutError):
@@ -281,9 +432,11 @@ class RedisStore(GatewayStore):
         if self._owners.get(rollout_id) != owner:
             return
         keys = [self._keys(rollout_id)[2]]
-        with contextlib.suppress(StoreUnavailableError):
+        try:
             if not await self._run("RENEW", keys, [owner, lease_ms]):
                 return  # lost: the commit says so
+        except StoreUnavailableError:
+            pass  # tried again a third of a lease later; the commit fails if it ran out
         if self._owners.get(rollout_id) == owner:
             self._renew_later(rollout_id, owner, lease_ms)
 
@@ -293,12 +446,16 @@ class RedisStore(GatewayStore):
             handle.cancel()
 
     async def release_turn(self, rollout_id: str, owner: str) -> None:
+        """Drop the lease if ``owner`` holds it (a waiting gateway is told)."""
         if self._owners.get(rollout_id) == owner:
             del self._owners[rollout_id]
             self._stop_renewing(rollout_id)
-        await self._run("RELEASE", [self._keys(rollout_id)[2]], [owner, self.channel, rollout_id])
+        keys = [self._keys(rollout_id)[2], self._keys(rollout_id)[0]]
+        await self._run("RELEASE", keys, [owner, self.channel, rollout_id])
 
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
+        """Append the step, write the counters and the answer, while the lease is this
+        gateway's and the step count is ``commit.index`` (one script)."""
         step = codec.encode_step(commit.step.delta())
         answer_key, body, prompt_step = "", b"", ""
         if commit.answer is not None:
@@ -330,13 +487,19 @@ class RedisStore(GatewayStore):
         )
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
-        raw = await self._cmd("LRANGE", self._keys(rollout_id)[1], start, -1)
+        """The stored steps from ``start`` (one ``LRANGE``; and, when there are none, a
+        look whether the rollout is stored at all)."""
+        keys = self._keys(rollout_id)
+        raw = await self._cmd("LRANGE", keys[1], start, -1)
+        if not raw and not await self._cmd("EXISTS", keys[0]):
+            raise UnknownRolloutError(rollout_id)
         try:
             return [codec.decode_step(entry) for entry in raw]
         except (ValueError, KeyError, TypeError) as exc:
-            raise seam.StoreCorruptError(f"rollout {rollout_id}: damaged step ({exc})") from exc
+            raise StoreCorruptError(f"rollout {rollout_id}: damaged step ({exc})") from exc
 
     async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
+        """The last answer's bytes (and the step whose prompt ids it lacks)."""
         body, prompt_step = await self._cmd("HMGET", self._keys(rollout_id)[0], "a_body", "a_pstep")
         if not body:
             return None
@@ -344,18 +507,28 @@ class RedisStore(GatewayStore):
 
     # -- exit reports and the policy version ---------------------------------------------
 
-    async def save_exit(self, report: ExitReport) -> None:
-        """Kept by :meth:`report_exit`, which numbers reports for every gateway."""
-        await self.report_exit(report["rollout_id"], report["exit_code"])
-
-    async def report_exit(self, rollout_id: str, exit_code: int | None) -> int:
-        """Keep an exit report, numbered once for every gateway; its number."""
+    async def report_exit(self, rollout_id: str, exit_code: int | None) -> ExitReport:
+        """Keep an exit report, numbered once for every gateway (one script); every
+        gateway's listener hands it to its watcher."""
         p = self.prefix
-        keys = [f"{p}exits", f"{p}exits:stream", f"{p}exits:seq"]
+        keys = [f"{p}exits", f"{p}exits:stream", f"{p}exits:seq", self._keys(rollout_id)[0]]
         code = "" if exit_code is None else str(exit_code)
-        return int(await self._run("EXIT", keys, [rollout_id, code, EXITS_STREAM_LEN]))
+        args = [rollout_id, code, EXITS_STREAM_LEN, self.channel]
+        seq = int(await self._run("EXIT", keys, args))
+        if seq == 0:
+            raise UnknownRolloutError(rollout_id)
+        return {"rollout_id": rollout_id, "exit_code": exit_code, "seq": seq}
+
+    async def save_exit(self, report: ExitReport) -> None:
+        """Keep a report numbered already (the gateways number theirs with
+        :meth:`report_exit`)."""
+        p = self.prefix
+        code = "" if report["exit_code"] is None else str(report["exit_code"])
+        keys = [f"{p}exits", f"{p}exits:seq"]
+        await self._run("KEEP_EXIT", keys, [report["rollout_id"], report["seq"], code])
 
     async def forget_exit(self, rollout_id: str) -> None:
+        """Drop the rollout's report."""
         await self._cmd("HDEL", f"{self.prefix}exits", rollout_id)
 
     async def _load_exits(self) -> tuple[list[ExitReport], int]:
@@ -371,53 +544,40 @@ class RedisStore(GatewayStore):
         reports.sort(key=lambda r: r["seq"])
         return reports, int(cursor or 0)
 
-    async def follow_exits(self, after: int) -> AsyncIterator[ExitReport]:
-        """Every exit report numbered above ``after``, as gateways keep them (waits for
-        new ones; reconnects after Redis comes back). Deleted rollouts' reports may come
-        too: the reader drops reports of rollouts it does not know."""
-        last = f"{after}-1".encode() if after else b"0-0"
+    async def exits_after(self, after: int) -> list[ExitReport]:
+        """The exit reports numbered above ``after``, oldest first, as gateways kept them
+        (those of rollouts removed since included; the stream keeps about
+        :data:`EXITS_STREAM_LEN`)."""
         stream = f"{self.prefix}exits:stream"
+        last = f"{after}-1".encode() if after else b"0-0"
+        reports: list[ExitReport] = []
         while True:
-            try:
-                reply = await self.client.execute_command(
-                    "XREAD", "COUNT", 1000, "BLOCK", 5000, "STREAMS", stream, last
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("redis exit stream lost (%s); reconnecting", exc)
-                await asyncio.sleep(RECHECK_S * 2)
-                continue
-            for entry_id, fields in reply[0][1] if reply else ():
+            reply = await self._cmd("XREAD", "COUNT", _EXITS_BATCH, "STREAMS", stream, last)
+            entries = reply[0][1] if reply else []
+            for entry_id, fields in entries:
                 last = entry_id
                 code = fields[b"code"]
-                yield {
-                    "rollout_id": fields[b"rid"].decode(),
-                    "exit_code": int(code) if code else None,
-                    "seq": int(entry_id.split(b"-")[0]),
-                }
+                reports.append(
+                    {"rollout_id": fields[b"rid"].decode(),
+                     "exit_code": int(code) if code else None,
+                     "seq": int(entry_id.split(b"-")[0])}
+                )  # fmt: skip
+            if len(entries) < _EXITS_BATCH:
+                return reports
 
     async def announce_policy(self, version: int, at: float) -> PolicyState:
+        """Forward only (one script); every gateway hears of a new version."""
         reply = await self._run(
             "ANNOUNCE", [f"{self.prefix}policy"], [version, repr(at), self.channel]
         )
         return PolicyState(int(reply[0]), float(reply[1]))
 
     async def load_policy(self) -> PolicyState:
+        """The version in effect."""
         version, at = await self._cmd("HMGET", f"{self.prefix}policy", "version", "updated_at")
         if version is None:
             return PolicyState()
         return PolicyState(int(version), float(at))
 
 
-async def check_redis(url: str, *, prefix: str = "rg:", timeout_s: float = 5.0) -> None:
-    """Open and close the store at ``url`` (``serve --redis`` does it before serving).
-    Raises :class:`StoreUnavailableError` or :class:`StoreVersionError`."""
-    store = RedisStore(url, prefix=prefix, timeout_s=timeout_s)
-    try:
-        await store.open()
-    finally:
-        await store.close()
-
-
-__all__ = ["LAYOUT", "RECHECK_S", "RedisStore", "check_redis"]
+__all__ = ["LAYOUT", "RECHECK_S", "RedisStore"]
