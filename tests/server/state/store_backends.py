@@ -1,10 +1,11 @@
 """The state backends the contract tests run on, and how each is made and reopened.
 
 A backend is a :class:`Backend`: ``make(directory)`` builds a fresh, unopened store;
-``reopen(store, directory)`` closes it and builds another on what the first one stored (a
-restart; ``None`` when nothing survives the process); ``peer(store, directory)`` is
-another gateway's handle on a shared store (``None`` when it is not shared). A new backend joins the contract
-suite (``test_store_contract.py``) by adding itself to :data:`BACKENDS`.
+``reopen(store, directory)`` closes it and builds another on what the first one stored
+(a restart; ``None`` when nothing survives the process); ``peer(store, directory)`` is
+another gateway's handle on a shared store (``None`` when it is not shared). A new
+backend joins the contract suite (``test_store_contract.py``) by adding itself to
+:data:`BACKENDS`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_gateway.server.state.memory import MemoryStore
+from rollout_gateway.server.state.sqlite import SQLiteStore
 from rollout_gateway.server.state.store import GatewayStore
 
 
@@ -35,9 +37,19 @@ def _shared_memory(directory: Path) -> GatewayStore:
     return MemoryStore(shared=True)
 
 
+def _sqlite(directory: Path) -> GatewayStore:
+    return SQLiteStore(directory / "state")
+
+
+async def _sqlite_reopen(store: GatewayStore, directory: Path) -> GatewayStore:
+    await store.close()
+    return _sqlite(directory)
+
+
 BACKENDS: list[Backend] = [
     Backend("memory", _memory),
     Backend("memory-shared", _shared_memory, peer=lambda store, directory: store),
+    Backend("sqlite", _sqlite, reopen=_sqlite_reopen),
 ]
 
 
