@@ -23,6 +23,7 @@ README_OPTIONS = {
         "--model-latency-ms", "--clients", "--lockstep", "--stack-floor",
     ],
     "local_sandbox_modes.py": ["--commands", "--sandboxes"],
+    "state_store.py": ["--quick", "--contexts", "--compare-source", "--clients", "--skip"],
     "tito_branches.py": ["--upstream"],
     "upstream_client.py": ["--calls", "--concurrency", "--rounds", "--stream"],
     "v1_interception_cpu.py": ["--rollouts", "--concurrency", "--repeat", "--turns"],

@@ -46,6 +46,19 @@ def seal(payload: bytes) -> bytes:
     return payload + xxhash.xxh3_64_digest(payload)
 
 
+def seal_parts(*parts: bytes | memoryview) -> bytes:
+    """The parts joined and sealed, copied once (a step's token arrays are large)."""
+    hasher = xxhash.xxh3_64()
+    for part in parts:
+        hasher.update(part)
+    return b"".join((*parts, hasher.digest()))
+
+
+def sealed(blob: bytes) -> bool:
+    """Whether ``blob``'s checksum matches (no copy: for a scan of many records)."""
+    return len(blob) >= 8 and xxhash.xxh3_64_digest(memoryview(blob)[:-8]) == blob[-8:]
+
+
 def unseal(blob: bytes, what: str) -> bytes:
     """The payload of a sealed ``blob`` (raises :class:`StoreCorruptError` naming
     ``what`` when its checksum does not match)."""
@@ -67,11 +80,13 @@ def decode_json(blob: bytes, what: str) -> Any:
         raise StoreCorruptError(f"{what}: not JSON ({exc})") from None
 
 
-def _packed(values: array) -> bytes:
+def _packed(values: array, start: int = 0, end: int | None = None) -> bytes | memoryview:
+    """``values[start:end]`` as little-endian bytes (a view, no copy, on this byte order)."""
     if _BIG_ENDIAN:
-        values = array(values.typecode, values)
+        values = values[start:end]
         values.byteswap()
-    return values.tobytes()
+        return values.tobytes()
+    return memoryview(values)[start:end].cast("B")
 
 
 def _unpacked(typecode: str, data: bytes | memoryview) -> array:
@@ -85,8 +100,8 @@ def _unpacked(typecode: str, data: bytes | memoryview) -> array:
 def encode_step(step: RecordedStep) -> bytes:
     """A step's sealed bytes: only its ids beyond the prefix it shares (see the module doc)."""
     flags = _TRUNCATED if step.is_truncated else 0
-    ids = b""
-    logprobs = b""
+    ids: bytes | memoryview = b""
+    logprobs: bytes | memoryview = b""
     prefix = new = completion = 0
     tokens = step.tokens
     if tokens is not None:
@@ -96,13 +111,18 @@ def encode_step(step: RecordedStep) -> bytes:
         prefix = tokens.prefix_len
         new = tokens.prompt_end - prefix
         completion = tokens.completion_end - tokens.prompt_end
-        ids = _packed(tokens.segment[prefix : tokens.completion_end])
+        ids = _packed(tokens.segment, prefix, tokens.completion_end)
         logprobs = _packed(tokens.completion_logprobs)
         if len(tokens.completion_logprobs) != completion:
             raise ValueError("a step's logprobs and completion ids differ in length")
     header = _STEP_HEADER.pack(FORMAT_VERSION, flags, step.shared_messages, prefix, new, completion)
     body = orjson.dumps({"m": step.new_messages, "c": step.completion, "x": step.extras})
-    return seal(b"".join((header, ids, logprobs, body)))
+    try:
+        return seal_parts(header, ids, logprobs, body)
+    finally:  # views of the arrays must not outlive this call (the branch grows in place)
+        for view in (ids, logprobs):
+            if isinstance(view, memoryview):
+                view.release()
 
 
 def decode_step(blob: bytes, what: str) -> StepDelta:
@@ -152,7 +172,7 @@ def encode_answer(answer: TurnAnswer) -> bytes:
         data, flags = orjson.dumps({**body, "prompt_token_ids": None}), _WITHOUT_PROMPT_IDS
     else:
         data = orjson.dumps(body)
-    return seal(bytes((FORMAT_VERSION, flags)) + data)
+    return seal_parts(bytes((FORMAT_VERSION, flags)), data)
 
 
 def decode_answer(blob: bytes, what: str) -> tuple[bytes, bool]:
@@ -165,22 +185,30 @@ def decode_answer(blob: bytes, what: str) -> tuple[bytes, bool]:
     return payload[2:], bool(payload[1] & _WITHOUT_PROMPT_IDS)
 
 
+_ANSWER_KEY = struct.Struct("<B16sdIH")  # version, fingerprint, finished_at, step, key length
+
+
 def encode_answer_key(key: AnswerKey) -> bytes:
     """What identifies an answered turn, sealed."""
-    return encode_json(
-        {"f": key.fingerprint.hex(), "k": key.idempotency_key, "t": key.finished_at, "s": key.step}
-    )
+    idempotency = (key.idempotency_key or "").encode()
+    flag = FORMAT_VERSION if key.idempotency_key is not None else FORMAT_VERSION | 0x80
+    head = _ANSWER_KEY.pack(flag, key.fingerprint, key.finished_at, key.step, len(idempotency))
+    return seal(head + idempotency)
 
 
 def decode_answer_key(blob: bytes, what: str) -> AnswerKey:
     """An answered turn's identity from its sealed bytes."""
-    value = decode_json(blob, what)
-    try:
-        return AnswerKey(
-            bytes.fromhex(value["f"]), value.get("k"), float(value["t"]), int(value["s"])
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StoreCorruptError(f"{what}: not an answer key ({exc!r})") from None
+    payload = unseal(blob, what)
+    if len(payload) < _ANSWER_KEY.size:
+        raise StoreCorruptError(f"{what}: shorter than an answer key")
+    flag, fingerprint, finished_at, step, length = _ANSWER_KEY.unpack_from(payload)
+    if flag & 0x7F != FORMAT_VERSION:
+        raise StoreVersionError(f"{what}: answer key format {flag & 0x7F}, this gateway reads 1")
+    raw = payload[_ANSWER_KEY.size : _ANSWER_KEY.size + length]
+    if len(raw) != length:
+        raise StoreCorruptError(f"{what}: its idempotency key is cut short")
+    idempotency = None if flag & 0x80 else raw.decode()
+    return AnswerKey(fingerprint, idempotency, finished_at, step)
 
 
 __all__ = [
@@ -194,5 +222,7 @@ __all__ = [
     "encode_json",
     "encode_step",
     "seal",
+    "seal_parts",
+    "sealed",
     "unseal",
 ]

@@ -1,15 +1,17 @@
 """The SQLite backend: one gateway's state, durable across restarts (``serve --state-dir``).
 
 One database file (``state.db``) in WAL mode, in a directory one gateway holds (a lock
-file: a second gateway on the same directory is refused). Writes go through one writer
-thread with group commit (:mod:`.sqlite_writer`); a turn's write is committed before the
-agent gets its answer. Reads (a rollout reloaded, its steps replayed at first use after a
+file: a second gateway on the same directory is refused). Writes go through one
+writer with group commit (:mod:`.sqlite_writer`: on the event loop, or with
+``synchronous="full"`` on a thread); a turn's write is committed before the agent gets
+its answer. Reads (a rollout reloaded, its steps replayed at first use after a
 restart) use a connection of their own on the event loop's thread.
 
-Tables: ``meta`` (schema version, secret, exit cursor, policy version), ``rollouts`` (one
-row per rollout: sealed registration and counters, revision, step count, cancelled flag,
-the last answer), ``steps`` (one row per step, keyed ``rollout row id << 32 | index``,
-sealed :func:`~.codec.encode_step` bytes) and ``exits``. Every record is checksummed
+Tables (:mod:`.sqlite_schema`): ``meta`` (secret, exit cursor, policy version),
+``rollouts`` (a row per rollout: sealed registration and counters, revision, cancelled
+flag), ``steps`` (a row per step in commit order: its :func:`~.codec.encode_step` bytes
+and the rollout's counters and revision after it), ``answers`` (each rollout's last
+answer) and ``exits``. Every record is checksummed
 (:mod:`.codec`). At open the database's structure is checked (``PRAGMA quick_check``) and
 every rollout and step read and checked; damage is reported with what was kept (see
 :mod:`.sqlite_recovery`), never served.
@@ -22,7 +24,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import secrets
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +32,14 @@ from typing import Any
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
 from rollout_gateway.server.state import codec
-from rollout_gateway.server.state.sqlite_recovery import (
-    ROLLOUT_COLUMNS,
-    check_and_load,
-    rollout_row,
-    salvage,
-)
+from rollout_gateway.server.state.sqlite_recovery import check_and_load, load_row, salvage
 from rollout_gateway.server.state.sqlite_schema import (
     DATABASE_FILE,
     LOCK_FILE,
     connect,
     prepare,
 )
-from rollout_gateway.server.state.sqlite_writer import GroupCommitWriter
+from rollout_gateway.server.state.sqlite_writer import LoopWriter, ThreadWriter, Writer
 from rollout_gateway.server.state.store import (
     GatewayStore,
     PolicyState,
@@ -64,13 +60,6 @@ logger = logging.getLogger("rollout_gateway.server")
 #: Free space the state directory must have at start (a full disk is refused then,
 #: not found at the first turn).
 MIN_FREE_BYTES = 16 * 1024 * 1024
-
-_STEP_KEY_BITS = 32
-
-
-def step_key(row_id: int, index: int) -> int:
-    """The ``steps`` table key of step ``index`` of the rollout in row ``row_id``."""
-    return (row_id << _STEP_KEY_BITS) | index
 
 
 @dataclass(slots=True)
@@ -105,7 +94,7 @@ class SQLiteStore(GatewayStore):
         self._secret = b""
         self._lock_fd: int | None = None
         self._reader: sqlite3.Connection | None = None
-        self._writer: GroupCommitWriter | None = None
+        self._writer: Writer | None = None
         self._held: dict[str, _Held] = {}
         self._contents: StoreContents | None = None
 
@@ -143,9 +132,14 @@ class SQLiteStore(GatewayStore):
                 finally:
                     conn.close()
             self._reader = connect(self.path, self.synchronous)
-            self._writer = GroupCommitWriter(
-                lambda: connect(self.path, self.synchronous), name="rollout-gateway-state"
-            )
+
+            def connection() -> sqlite3.Connection:
+                return connect(self.path, self.synchronous)
+
+            if self.synchronous == "full":
+                self._writer = ThreadWriter(connection)
+            else:
+                self._writer = LoopWriter(connection, Path(f"{self.path}-wal"))
             self._writer.start()
         except BaseException:
             self._release()
@@ -193,8 +187,10 @@ class SQLiteStore(GatewayStore):
     async def close(self) -> None:
         """Commit what is queued, checkpoint the log into the database, release it."""
         writer, self._writer = self._writer, None
-        if writer is not None:
+        if isinstance(writer, ThreadWriter):
             await asyncio.get_running_loop().run_in_executor(None, writer.close)
+        elif writer is not None:
+            writer.close()  # its last commit runs here, on the loop
         if self._reader is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._reader.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -234,7 +230,7 @@ class SQLiteStore(GatewayStore):
     # -- rollouts ------------------------------------------------------------------------
 
     async def create_rollout(self, row: RolloutRow) -> None:
-        """Insert the rollout's row."""
+        """Insert the rollout's row (and its empty answer)."""
         rollout_id = row.registration["rollout_id"]
         if rollout_id in self._held:
             raise RolloutExistsError(rollout_id)
@@ -243,28 +239,26 @@ class SQLiteStore(GatewayStore):
         digest = row.registration.get("key_digest")
 
         def write(conn: sqlite3.Connection) -> int:
-            try:
-                cursor = conn.execute(
-                    "INSERT INTO rollouts (rollout_id, key_digest, registration, counters, "
-                    "revision, steps, cancelled) VALUES (?, ?, ?, ?, 0, 0, 0)",
-                    (rollout_id, digest, registration, counters),
-                )
-            except sqlite3.IntegrityError:
-                raise RolloutExistsError(rollout_id) from None
-            assert cursor.lastrowid is not None
-            return cursor.lastrowid
+            # Checked first: a write must fail before it changes anything (no savepoints).
+            taken = "SELECT 1 FROM rollouts WHERE rollout_id = ?"
+            if conn.execute(taken, (rollout_id,)).fetchone() is not None:
+                raise RolloutExistsError(rollout_id)
+            cursor = conn.execute(
+                "INSERT INTO rollouts (rollout_id, key_digest, registration, counters, revision, "
+                "cancelled) VALUES (?, ?, ?, ?, 0, 0)",
+                (rollout_id, digest, registration, counters),
+            )
+            row_id = cursor.lastrowid
+            assert row_id is not None
+            conn.execute("INSERT INTO answers (rollout) VALUES (?)", (row_id,))
+            return row_id
 
         row_id = await self._write(write)
         self._held[rollout_id] = _Held(row_id, 0, 0)
 
     async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
-        """Read the rollout's row back."""
-        found = (
-            self._read()
-            .execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-            .fetchone()
-        )
-        return rollout_row(found)[1] if found is not None else None
+        """Read the rollout's row back (with its last step's counters)."""
+        return load_row(self._read(), rollout_id)
 
     async def rollout_for_key(self, key_digest: str) -> str | None:
         """The rollout whose key has this digest."""
@@ -285,34 +279,28 @@ class SQLiteStore(GatewayStore):
 
     async def _update(self, rollout_id: str, counters: bytes, *, cancel: bool) -> int:
         held = self._get(rollout_id)
-        row_id = held.row_id
-        sql = (
-            "UPDATE rollouts SET counters = ?, revision = revision + 1"
-            + (", cancelled = 1" if cancel else "")
-            + " WHERE id = ? RETURNING revision"
+        row_id, revision = held.row_id, held.revision + 1
+        held.revision = revision  # the next write goes on from it (writes run in order)
+        sql = "UPDATE rollouts SET counters = ?, revision = ?" + (
+            ", cancelled = 1" if cancel else ""
         )
 
-        def write(conn: sqlite3.Connection) -> int:
-            found = conn.execute(sql, (counters, row_id)).fetchone()
-            if found is None:
-                raise UnknownRolloutError(rollout_id)
-            return int(found[0])
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(sql + " WHERE id = ?", (counters, revision, row_id))
 
-        held.revision = await self._write(write)
-        return held.revision
+        await self._written(rollout_id, write)
+        return revision
 
     async def delete_rollout(self, rollout_id: str) -> bool:
-        """Delete the rollout's row, steps and exit report."""
+        """Delete the rollout's row, steps, answer and exit report."""
         held = self._held.pop(rollout_id, None)
 
         def write(conn: sqlite3.Connection) -> bool:
             conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
             if held is None:
                 return False
-            conn.execute(
-                "DELETE FROM steps WHERE id BETWEEN ? AND ?",
-                (step_key(held.row_id, 0), step_key(held.row_id, (1 << _STEP_KEY_BITS) - 1)),
-            )
+            conn.execute("DELETE FROM steps WHERE rollout = ?", (held.row_id,))
+            conn.execute("DELETE FROM answers WHERE rollout = ?", (held.row_id,))
             conn.execute("DELETE FROM rollouts WHERE id = ?", (held.row_id,))
             return True
 
@@ -333,41 +321,50 @@ class SQLiteStore(GatewayStore):
         """Nothing to release."""
 
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
-        """The step, the counters and the answer in one write, if the step is next."""
+        """The step with the counters, and the answer, if the step is next."""
         held = self._get(rollout_id)
         if commit.index != held.steps:
             raise TurnConflictError(
                 f"rollout {rollout_id}: step {commit.index} committed on {held.steps}"
             )
-        row_id, index = held.row_id, commit.index
-        step = codec.encode_step(commit.step)
-        counters = codec.encode_json(commit.counters)
-        if commit.answer is None:
-            sql = (
-                "UPDATE rollouts SET counters = ?, revision = revision + 1, steps = steps + 1 "
-                "WHERE id = ? AND steps = ? RETURNING revision"
-            )
-            args: tuple[Any, ...] = (counters, row_id, index)
-        else:
-            sql = (
-                "UPDATE rollouts SET counters = ?, revision = revision + 1, steps = steps + 1, "
-                "answer_key = ?, answer = ? WHERE id = ? AND steps = ? RETURNING revision"
-            )
+        row_id, index, revision = held.row_id, commit.index, held.revision + 1
+        step = (
+            row_id, index, revision, codec.encode_json(commit.counters),
+            codec.encode_step(commit.step),
+        )  # fmt: skip
+        answer = None
+        if commit.answer is not None:
             key = codec.encode_answer_key(commit.answer.key)
-            args = (counters, key, codec.encode_answer(commit.answer), row_id, index)
+            answer = (key, codec.encode_answer(commit.answer), row_id)
+        held.revision, held.steps = revision, index + 1  # the next turn goes on from them
 
-        def write(conn: sqlite3.Connection) -> int:
-            found = conn.execute(sql, args).fetchone()
-            if found is None:
-                raise TurnConflictError(f"rollout {rollout_id}: step {index} is not next")
+        def write(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO steps (id, body) VALUES (?, ?)", (step_key(row_id, index), step)
+                "INSERT INTO steps (rollout, idx, revision, counters, body) VALUES (?, ?, ?, ?, ?)",
+                step,
             )
-            return int(found[0])
+            if answer is not None:
+                conn.execute(
+                    "UPDATE answers SET answer_key = ?, answer = ? WHERE rollout = ?", answer
+                )
 
-        revision = await self._write(write)
-        held.revision, held.steps = revision, index + 1
-        return int(revision)
+        await self._written(rollout_id, write)
+        return revision
+
+    async def _written(self, rollout_id: str, write: Any) -> None:
+        """Run ``write``; when it fails, the rollout's held figures are read back from the
+        database (what the failed write counted on was not written)."""
+        try:
+            await self._write(write)
+        except BaseException:
+            if rollout_id in self._held:
+                found = load_row(self._read(), rollout_id)
+                if found is None:
+                    self._held.pop(rollout_id, None)
+                else:
+                    held = self._held[rollout_id]
+                    held.revision, held.steps = found.revision, found.steps
+            raise
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
         """Read the steps back, each checked."""
@@ -375,18 +372,16 @@ class SQLiteStore(GatewayStore):
         found = (
             self._read()
             .execute(
-                "SELECT id, body FROM steps WHERE id BETWEEN ? AND ? ORDER BY id",
-                (step_key(held.row_id, start), step_key(held.row_id, (1 << _STEP_KEY_BITS) - 1)),
+                "SELECT idx, body FROM steps WHERE rollout = ? AND idx >= ? ORDER BY idx",
+                (held.row_id, start),
             )
             .fetchall()
         )
         steps = []
-        for expected, (key, body) in enumerate(found, start):
-            index = key & ((1 << _STEP_KEY_BITS) - 1)
-            what = f"rollout {rollout_id} step {index}"
+        for expected, (index, body) in enumerate(found, start):
             if index != expected:
                 raise StoreCorruptError(f"rollout {rollout_id}: step {expected} is missing")
-            steps.append(codec.decode_step(body, what))
+            steps.append(codec.decode_step(body, f"rollout {rollout_id} step {index}"))
         if start + len(steps) != held.steps:
             raise StoreCorruptError(
                 f"rollout {rollout_id}: {start + len(steps)} steps stored, {held.steps} committed"
@@ -395,9 +390,12 @@ class SQLiteStore(GatewayStore):
 
     async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
         """The last answer (without the prompt's ids when it had them)."""
+        held = self._held.get(rollout_id)
+        if held is None:
+            return None
         found = (
             self._read()
-            .execute("SELECT answer_key, answer FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+            .execute("SELECT answer_key, answer FROM answers WHERE rollout = ?", (held.row_id,))
             .fetchone()
         )
         if found is None or found[1] is None:
@@ -462,9 +460,4 @@ def _policy(conn: sqlite3.Connection) -> PolicyState:
     )
 
 
-def new_secret() -> bytes:
-    """A store's secret (see :attr:`GatewayStore.secret`)."""
-    return secrets.token_bytes(32)
-
-
-__all__ = ["MIN_FREE_BYTES", "SQLiteStore", "new_secret", "step_key"]
+__all__ = ["MIN_FREE_BYTES", "SQLiteStore"]

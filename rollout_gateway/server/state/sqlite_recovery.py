@@ -27,10 +27,7 @@ from rollout_gateway.server.state.store import (
     StoreCorruptError,
 )
 
-#: The columns :func:`rollout_row` reads.
-ROLLOUT_COLUMNS = "id, rollout_id, registration, counters, revision, steps, cancelled, answer_key"
-
-_INDEX_MASK = (1 << 32) - 1
+_ROLLOUT_COLUMNS = "id, rollout_id, registration, counters, revision, cancelled"
 
 
 @dataclass
@@ -46,17 +43,51 @@ class Loaded:
     damage: list[str] = field(default_factory=list)
 
 
-def rollout_row(found: Any) -> tuple[int, RolloutRow]:
-    """A ``rollouts`` row (:data:`ROLLOUT_COLUMNS`) as (row id, :class:`RolloutRow`)."""
-    row_id, rollout_id, registration, counters, revision, steps, cancelled, answer_key = found
+@dataclass
+class _Last:
+    """A rollout's steps as a scan finds them: how many, and the last one's revision and
+    counters (the rollout's, after that turn)."""
+
+    count: int = 0
+    revision: int = -1
+    counters: bytes = b""
+    #: The highest step index seen.
+    top: int = -1
+
+
+def _row(found: Any, last: _Last, answer_key: bytes | None) -> tuple[int, RolloutRow]:
+    """A rollout's :class:`RolloutRow` from its row (:data:`_ROLLOUT_COLUMNS`), its last
+    step and its answer's key: the newer counters of the row's and the last step's."""
+    row_id, rollout_id, registration, counters, revision, cancelled = found
     what = f"rollout {rollout_id}"
     reg = codec.decode_json(registration, f"{what} registration")
     if not isinstance(reg, dict) or reg.get("rollout_id") != rollout_id:
         raise StoreCorruptError(f"{what}: its registration names another rollout")
+    if last.revision > revision:
+        counters, revision = last.counters, last.revision
     state = codec.decode_json(counters, f"{what} counters")
     key = codec.decode_answer_key(answer_key, f"{what} answer") if answer_key else None
-    registration = cast(Registration, reg)
-    return row_id, RolloutRow(registration, state, int(revision), int(steps), key, bool(cancelled))
+    return row_id, RolloutRow(
+        cast(Registration, reg), state, int(revision), last.count, key, bool(cancelled)
+    )
+
+
+def load_row(conn: sqlite3.Connection, rollout_id: str) -> RolloutRow | None:
+    """The stored rollout ``rollout_id`` (``None``: not stored)."""
+    found = conn.execute(
+        f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)
+    ).fetchone()
+    if found is None:
+        return None
+    last = _Last()
+    step = conn.execute(
+        "SELECT idx, revision, counters FROM steps WHERE rollout = ? ORDER BY idx DESC LIMIT 1",
+        (found[0],),
+    ).fetchone()
+    if step is not None:
+        last = _Last(step[0] + 1, step[1], step[2])
+    key = conn.execute("SELECT answer_key FROM answers WHERE rollout = ?", (found[0],)).fetchone()
+    return _row(found, last, key[0] if key is not None else None)[1]
 
 
 def check_and_load(conn: sqlite3.Connection) -> Loaded:
@@ -67,27 +98,30 @@ def check_and_load(conn: sqlite3.Connection) -> Loaded:
         problems = [r[0] for r in conn.execute("PRAGMA quick_check(20)").fetchall()]
         if problems != ["ok"]:
             raise StoreCorruptError(f"structure check failed: {'; '.join(problems[:5])}")
+        bad: dict[int, str] = {}
+        lasts = _check_steps(conn, bad)
+        keys: dict[int, bytes | None] = {}
+        for row_id, key, answer in conn.execute("SELECT rollout, answer_key, answer FROM answers"):
+            keys[row_id] = key
+            if answer is not None:
+                try:
+                    codec.unseal(answer, "its last answer")
+                except StoreCorruptError as exc:
+                    bad[row_id] = str(exc)
         loaded = Loaded()
-        bad: dict[str, tuple[int, str]] = {}
-        rows: dict[int, RolloutRow] = {}
-        for found in conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY id"):
+        names: dict[int, str] = {}
+        for found in conn.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts ORDER BY id"):
+            row_id = found[0]
+            names[row_id] = found[1]
+            if row_id in bad:
+                continue
+            last = lasts.get(row_id, _Last())
             try:
-                row_id, row = rollout_row(found)
+                loaded.rollouts.append(_row(found, last, keys.get(row_id)))
             except StoreCorruptError as exc:
-                bad[found[1]] = (found[0], str(exc))
-                continue
-            rows[row_id] = row
-        counts = _check_steps(conn, rows, bad)
-        for row_id, row in rows.items():
-            rollout_id = row.registration["rollout_id"]
-            if rollout_id in bad:
-                continue
-            if counts.get(row_id, 0) != row.steps:
-                found_steps = counts.get(row_id, 0)
-                bad[rollout_id] = (row_id, f"{found_steps} steps stored, {row.steps} committed")
-                continue
-            loaded.rollouts.append((row_id, row))
-        _drop(conn, bad, loaded.damage)
+                bad[row_id] = str(exc)
+        named = {row_id: (names.get(row_id, f"row {row_id}"), why) for row_id, why in bad.items()}
+        _drop(conn, named, loaded.damage)
         loaded.policy, loaded.exit_cursor = _meta(conn)
         loaded.exits = _exits(conn, loaded.damage)
     except sqlite3.DatabaseError as exc:
@@ -95,41 +129,36 @@ def check_and_load(conn: sqlite3.Connection) -> Loaded:
     return loaded
 
 
-def _check_steps(
-    conn: sqlite3.Connection, rows: dict[int, RolloutRow], bad: dict[str, tuple[int, str]]
-) -> dict[int, int]:
-    """Every step's checksum and index; returns the steps found per rollout row."""
-    counts: dict[int, int] = {}
-    for key, body in conn.execute("SELECT id, body FROM steps ORDER BY id"):
-        row_id, index = key >> 32, key & _INDEX_MASK
-        row = rows.get(row_id)
-        if row is None:
-            continue  # its rollout's row is damaged (reported there)
-        rollout_id = row.registration["rollout_id"]
-        if rollout_id in bad:
+def _check_steps(conn: sqlite3.Connection, bad: dict[int, str]) -> dict[int, _Last]:
+    """Every step's checksums, in the table's order; each rollout's steps counted (the
+    unique index makes their indexes distinct: all there when the last is count - 1)."""
+    lasts: dict[int, _Last] = {}
+    sealed = codec.sealed
+    for row_id, index, revision, counters, body in conn.execute(
+        "SELECT rollout, idx, revision, counters, body FROM steps"
+    ):
+        if not (sealed(body) and sealed(counters)):
+            bad.setdefault(row_id, f"step {index}: checksum mismatch (damaged or truncated record)")
             continue
-        expected = counts.get(row_id, 0)
-        if index != expected:
-            bad[rollout_id] = (row_id, f"step {expected} is missing")
-            continue
-        try:
-            codec.unseal(body, f"rollout {rollout_id} step {index}")
-        except StoreCorruptError as exc:
-            bad[rollout_id] = (row_id, str(exc))
-            continue
-        counts[row_id] = index + 1
-    return counts
+        last = lasts.get(row_id)
+        if last is None:
+            last = lasts[row_id] = _Last()
+        last.count += 1
+        if index >= last.top:
+            last.top, last.revision, last.counters = index, revision, counters
+    for row_id, last in lasts.items():
+        if row_id not in bad and last.top != last.count - 1:
+            bad[row_id] = f"{last.top + 1 - last.count} of its {last.top + 1} steps missing"
+    return lasts
 
 
-def _drop(conn: sqlite3.Connection, bad: dict[str, tuple[int, str]], damage: list[str]) -> None:
+def _drop(conn: sqlite3.Connection, bad: dict[int, tuple[str, str]], damage: list[str]) -> None:
     if not bad:
         return
     conn.execute("BEGIN IMMEDIATE")
-    for rollout_id, (row_id, reason) in sorted(bad.items()):
-        conn.execute(
-            "DELETE FROM steps WHERE id BETWEEN ? AND ?",
-            (row_id << 32, (row_id << 32) | _INDEX_MASK),
-        )
+    for row_id, (rollout_id, reason) in sorted(bad.items()):
+        conn.execute("DELETE FROM steps WHERE rollout = ?", (row_id,))
+        conn.execute("DELETE FROM answers WHERE rollout = ?", (row_id,))
         conn.execute("DELETE FROM rollouts WHERE id = ?", (row_id,))
         conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
         damage.append(f"rollout {rollout_id} is damaged ({reason}): dropped, not served")
@@ -165,7 +194,7 @@ def salvage(path: Path, synchronous: str, reason: str) -> tuple[list[str], Loade
         source = Path(f"{path}{suffix}")
         if source.exists():
             source.rename(f"{damaged}{suffix}")
-    kept: list[tuple[str, Any, list[tuple[int, bytes]]]] = []
+    kept: list[_Readable] = []
     lost: list[str] = []
     secret: bytes | None = None
     meta: dict[str, Any] = {}
@@ -192,19 +221,18 @@ def salvage(path: Path, synchronous: str, reason: str) -> tuple[list[str], Loade
         for key in ("exit_cursor", "policy_version", "policy_updated_at"):
             if key in meta:
                 new.execute("UPDATE meta SET value = ? WHERE key = ?", (meta[key], key))
-        for found, _, steps in kept:
-            cursor = new.execute(
+        for rollout in kept:
+            row_id = new.execute(
                 "INSERT INTO rollouts (rollout_id, key_digest, registration, counters, revision, "
-                "steps, cancelled, answer_key, answer) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                found,
-            )
-            row_id = cursor.lastrowid
-            assert row_id is not None
+                "cancelled) VALUES (?, ?, ?, ?, ?, ?)",
+                rollout.row,
+            ).lastrowid
             new.executemany(
-                "INSERT INTO steps (id, body) VALUES (?, ?)",
-                [((row_id << 32) | index, body) for index, body in steps],
+                "INSERT INTO steps (rollout, idx, revision, counters, body) VALUES (?, ?, ?, ?, ?)",
+                [(row_id, *step) for step in rollout.steps],
             )
-        kept_ids = {found[0] for found, _, _ in kept}
+            new.execute("INSERT INTO answers VALUES (?, ?, ?)", (row_id, *rollout.answer))
+        kept_ids = {rollout.row[0] for rollout in kept}
         new.executemany(
             "INSERT INTO exits (rollout_id, seq, report) VALUES (?, ?, ?)",
             [e for e in exits if e[0] in kept_ids],
@@ -213,7 +241,7 @@ def salvage(path: Path, synchronous: str, reason: str) -> tuple[list[str], Loade
         loaded = check_and_load(new)
     finally:
         new.close()
-    steps_kept = sum(len(steps) for _, _, steps in kept)
+    steps_kept = sum(len(rollout.steps) for rollout in kept)
     report = [
         f"the state database was damaged ({reason}); it is kept as {damaged}",
         f"recovered {len(kept)} rollouts ({steps_kept} steps) into a new {path.name}",
@@ -227,6 +255,15 @@ def salvage(path: Path, synchronous: str, reason: str) -> tuple[list[str], Loade
     return [*report, *loaded.damage], loaded
 
 
+@dataclass
+class _Readable:
+    """A rollout read whole out of a damaged database, as rows to insert again."""
+
+    row: tuple[Any, ...]  # rollout_id, key_digest, registration, counters, revision, cancelled
+    steps: list[tuple[int, int, bytes, bytes]]  # idx, revision, counters, body
+    answer: tuple[bytes | None, bytes | None]  # answer_key, answer
+
+
 def _old_meta(old: sqlite3.Connection) -> tuple[bytes | None, dict[str, Any]]:
     try:
         values = dict(old.execute("SELECT key, value FROM meta").fetchall())
@@ -238,53 +275,45 @@ def _old_meta(old: sqlite3.Connection) -> tuple[bytes | None, dict[str, Any]]:
     return secret, values
 
 
-def _readable_rollouts(
-    old: sqlite3.Connection,
-) -> tuple[list[tuple[Any, RolloutRow, list[tuple[int, bytes]]]], list[str]]:
-    """Every rollout whose row and steps read back whole (rows as insertable tuples)."""
+def _readable_rollouts(old: sqlite3.Connection) -> tuple[list[_Readable], list[str]]:
+    """Every rollout whose row, steps and answer read back whole."""
     ids: list[int] = []
     try:
         for found_id in old.execute("SELECT id FROM rollouts"):
             ids.append(found_id[0])
     except sqlite3.DatabaseError:
         pass  # the rows past the damage: not found, so not kept
-    kept: list[tuple[Any, RolloutRow, list[tuple[int, bytes]]]] = []
+    kept: list[_Readable] = []
     lost: list[str] = []
     for row_id in ids:
         name = f"row {row_id}"
         try:
             found = old.execute(
-                f"SELECT {ROLLOUT_COLUMNS}, key_digest, answer FROM rollouts WHERE id = ?",
+                "SELECT rollout_id, key_digest, registration, counters, revision, cancelled "
+                "FROM rollouts WHERE id = ?",
                 (row_id,),
             ).fetchone()
-            name = str(found[1])
-            _, row = rollout_row(found[:8])
+            name = str(found[0])
             steps = old.execute(
-                "SELECT id, body FROM steps WHERE id BETWEEN ? AND ? ORDER BY id",
-                (row_id << 32, (row_id << 32) | _INDEX_MASK),
+                "SELECT idx, revision, counters, body FROM steps WHERE rollout = ? ORDER BY idx",
+                (row_id,),
             ).fetchall()
-            indexed = [(key & _INDEX_MASK, bytes(body)) for key, body in steps]
-            if [i for i, _ in indexed] != list(range(row.steps)):
+            if [step[0] for step in steps] != list(range(len(steps))):
                 raise StoreCorruptError("steps are missing")
-            for index, body in indexed:
+            for index, _, counters, body in steps:
                 codec.unseal(body, f"step {index}")
-            if found[9] is not None:
-                codec.decode_answer(found[9], "answer")
+                codec.unseal(counters, f"step {index}'s counters")
+            answer = old.execute(
+                "SELECT answer_key, answer FROM answers WHERE rollout = ?", (row_id,)
+            ).fetchone() or (None, None)
+            if answer[1] is not None:
+                codec.decode_answer(answer[1], "answer")
+            last = _Last(len(steps), *steps[-1][1:3]) if steps else _Last()
+            _row((row_id, *found[:1], *found[2:]), last, answer[0])
         except (sqlite3.DatabaseError, StoreCorruptError, TypeError):
             lost.append(name)
             continue
-        insertable = (
-            found[1],
-            found[8],
-            found[2],
-            found[3],
-            found[4],
-            found[5],
-            found[6],
-            found[7],
-            found[9],
-        )
-        kept.append((insertable, row, indexed))
+        kept.append(_Readable(tuple(found), [tuple(step) for step in steps], tuple(answer)))
     return kept, lost
 
 
@@ -295,4 +324,4 @@ def _readable_exits(old: sqlite3.Connection) -> list[tuple[str, int, bytes]]:
         return []
 
 
-__all__ = ["ROLLOUT_COLUMNS", "Loaded", "check_and_load", "rollout_row", "salvage"]
+__all__ = ["Loaded", "check_and_load", "load_row", "salvage"]

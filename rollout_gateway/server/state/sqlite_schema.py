@@ -26,7 +26,15 @@ LOCK_FILE = "lock"
 APPLICATION_ID = 0x52477374
 #: ``PRAGMA user_version``: the schema this gateway writes and reads.
 SCHEMA_VERSION = 1
+#: Page cache of a connection, KiB.
+CACHE_KIB = 16 * 1024
+#: Page size of a new database: steps of a few kB pack densely (at 4 KiB, one to a page).
+PAGE_SIZE = 16384
 
+#: Steps are appended in commit order (an append to the table's last page, the cheapest
+#: write a B-tree has) and found by the (rollout, idx) index; a step row carries the
+#: rollout's counters and revision after its turn, so a turn is one insert (and the
+#: answer's update) and the rollout's row is only written when something else changes.
 _TABLES = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
 CREATE TABLE rollouts (
@@ -36,13 +44,19 @@ CREATE TABLE rollouts (
     registration BLOB NOT NULL,
     counters BLOB NOT NULL,
     revision INTEGER NOT NULL,
-    steps INTEGER NOT NULL,
-    cancelled INTEGER NOT NULL,
-    answer_key BLOB,
-    answer BLOB
+    cancelled INTEGER NOT NULL
 );
 CREATE INDEX rollouts_by_key ON rollouts (key_digest);
-CREATE TABLE steps (id INTEGER PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE steps (
+    id INTEGER PRIMARY KEY,
+    rollout INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    revision INTEGER NOT NULL,
+    counters BLOB NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE UNIQUE INDEX steps_by_rollout ON steps (rollout, idx);
+CREATE TABLE answers (rollout INTEGER PRIMARY KEY, answer_key BLOB, answer BLOB);
 CREATE TABLE exits (rollout_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, report BLOB NOT NULL);
 """
 
@@ -64,10 +78,15 @@ def connect(path: Path, synchronous: str) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise _unavailable(path, exc) from None
     try:
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new database's (before WAL)
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode != "wal":
             raise StoreUnavailableError(f"{path}: the database cannot use a write-ahead log")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        # The pages a turn's write descends through (the tables' right edges, the index,
+        # the answers of the rollouts in flight) stay cached as the database grows.
+        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        conn.execute("PRAGMA cache_size = -65536")  # EXPERIMENT
     except sqlite3.DatabaseError as exc:
         conn.close()
         if "not a database" in str(exc) or "malformed" in str(exc):
