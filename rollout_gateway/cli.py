@@ -362,6 +362,21 @@ def _add_state_options(p: argparse.ArgumentParser) -> None:
         "state (default: in memory, lost with the process; see docs/state.md)"
     )
     state.add_argument(
+        "--state-dir", metavar="DIR",
+        help="keep rollouts, recorded turns, keys, limits, exit reports and the policy "
+        "version in a SQLite database in DIR (created 0700; one gateway per directory): a "
+        "gateway restarted on DIR, even after kill -9, goes on with every rollout, and a "
+        "retry of a turn answered before the restart gets that answer. Unwritable, full, "
+        "or written by another version: serve exits with status 2",
+    )  # fmt: skip
+    state.add_argument(
+        "--state-sync", choices=("normal", "full"), default="normal",
+        help="with --state-dir, when a turn counts as stored before its answer is sent: "
+        "normal = in the database's log (survives the gateway's process being killed), "
+        "full = flushed to the device too (survives power loss; more latency per turn) "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    state.add_argument(
         "--redis", metavar="URL",
         help="keep rollouts, recorded turns, keys, limits, exit reports and the policy "
         "version in Redis (redis://[user:password@]host:port/db, rediss:// or unix://), "
@@ -494,6 +509,8 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
         max_connections=args.max_connections,
+        state_dir=getattr(args, "state_dir", None),
+        state_sync=getattr(args, "state_sync", "normal"),
         redis_url=redis_url,
         redis_prefix=getattr(args, "redis_prefix", "rg:"),
         redis_lease_s=getattr(args, "redis_lease", 10.0),

@@ -45,21 +45,29 @@ def registration_of(record: RolloutRecord) -> Registration:
 
 
 def counters_of(record: RolloutRecord, now: float | None = None) -> RolloutCounters:
-    """What ``record``'s turns and the control plane changed so far."""
-    budget = record.token_budget
-    return {
+    """What ``record``'s turns and the control plane changed so far (a field at its
+    default is left out: a durable store keeps these with every turn)."""
+    counters: dict[str, Any] = {
         "status": record.status,
         "num_turns": record.num_turns,
-        "completion_tokens": record.completion_tokens,
-        "message_bytes": record.message_bytes,
-        "truncation_reason": record.truncation_reason,
-        "input_tokens": budget.input_tokens if budget is not None else 0,
-        "output_tokens": budget.output_tokens if budget is not None else 0,
-        "previous_total": budget.previous_total if budget is not None else 0,
-        "abandoned": record.recorder.abandoned_indexes(),
-        "failed_turns": list(record.failed_turns),
         "updated_at": time.time() if now is None else now,
     }
+    if record.completion_tokens:
+        counters["completion_tokens"] = record.completion_tokens
+    if record.message_bytes:
+        counters["message_bytes"] = record.message_bytes
+    if record.truncation_reason is not None:
+        counters["truncation_reason"] = record.truncation_reason
+    budget = record.token_budget
+    if budget is not None:
+        counters["input_tokens"] = budget.input_tokens
+        counters["output_tokens"] = budget.output_tokens
+        counters["previous_total"] = budget.previous_total
+    if record.recorder.num_abandoned:
+        counters["abandoned"] = record.recorder.abandoned_indexes()
+    if record.failed_turns:
+        counters["failed_turns"] = list(record.failed_turns)
+    return cast(RolloutCounters, counters)
 
 
 def new_row(record: RolloutRecord) -> RolloutRow:

@@ -253,7 +253,9 @@ class GatewayStore(abc.ABC):
 
     @abc.abstractmethod
     async def open(self) -> StoreContents:
-        """Open (creating when new), check and read what is stored.
+        """Open (creating when new), check and read what is stored. Idempotent: a second
+        call returns what the first found (``serve`` opens the store before the app does,
+        to refuse a store it cannot use before serving).
 
         Raises :class:`StoreUnavailableError` (cannot be opened or written),
         :class:`StoreVersionError` (another schema), :class:`StoreCorruptError` (damage

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_gateway.server.state.memory import MemoryStore
+from rollout_gateway.server.state.sqlite import SQLiteStore
 from rollout_gateway.server.state.store import GatewayStore
 
 
@@ -42,9 +43,19 @@ def _shared_memory(directory: Path) -> GatewayStore:
     return MemoryStore(shared=True)
 
 
+def _sqlite(directory: Path) -> GatewayStore:
+    return SQLiteStore(directory / "state")
+
+
+async def _sqlite_reopen(store: GatewayStore, directory: Path) -> GatewayStore:
+    await store.close()
+    return _sqlite(directory)
+
+
 BACKENDS: list[Backend] = [
     Backend("memory", _memory),
     Backend("memory-shared", _shared_memory, peer=lambda store, directory: store),
+    Backend("sqlite", _sqlite, reopen=_sqlite_reopen),
 ]
 
 _prefixes = itertools.count()
