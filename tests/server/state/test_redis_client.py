@@ -21,18 +21,15 @@ from .redis_fixtures import redis_server
 pytest.importorskip("redis")
 
 from rollout_gateway.protocol import ExitReport  # noqa: E402
-from rollout_gateway.server.recording.steps import RecordedStep, StepDelta  # noqa: E402
+from rollout_gateway.server.recording.steps import RecordedStep  # noqa: E402
 from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
-from rollout_gateway.server.state.redis_backend.codec import (  # noqa: E402
-    decode_step,
-    encode_step,
-)
 from rollout_gateway.server.state.redis_backend.store import RedisStore  # noqa: E402
 from rollout_gateway.server.state.store import (  # noqa: E402
     AnswerKey,
     PolicyState,
     RolloutExistsError,
     RolloutRow,
+    StoreCorruptError,
     StoreUnavailableError,
     StoreVersionError,
     TurnAnswer,
@@ -122,19 +119,21 @@ def _commit(index: int, answer: bytes | None = b'{"id": "x"}') -> TurnCommit:
     )  # fmt: skip
 
 
-def test_a_step_is_stored_in_its_delta_form_and_read_back_whole() -> None:
-    delta = _step(3).delta()
-    back = decode_step(encode_step(delta))
-    assert isinstance(back, StepDelta)
-    assert (back.shared_messages, back.new_messages, back.completion, back.extras) == (
-        delta.shared_messages, delta.new_messages, delta.completion, delta.extras,
-    )  # fmt: skip
-    assert back.tokens is not None and delta.tokens is not None
-    assert back.tokens.prompt_new_ids == delta.tokens.prompt_new_ids
-    assert back.tokens.completion_ids == delta.tokens.completion_ids
-    assert back.tokens.completion_logprobs == delta.tokens.completion_logprobs
-    with pytest.raises(ValueError):
-        decode_step(encode_step(delta)[:-3])  # truncated
+async def test_damaged_records_are_refused_not_served(gateways: list[RedisStore]) -> None:
+    a, _ = gateways
+    await a.create_rollout(_row())
+    await a.commit_turn("r1", _commit(0))
+    await a.commit_turn("r1", _commit(1))
+    steps = await a.load_steps("r1")
+    assert [s.extras for s in steps] == [{"n": 0}, {"n": 1}]
+    stored = await a._cmd("LINDEX", f"{a.prefix}s:r1", 1)
+    await a._cmd("LSET", f"{a.prefix}s:r1", 1, stored[:-20])  # truncated
+    with pytest.raises(StoreCorruptError, match="rollout r1: step 1"):
+        await a.load_steps("r1")
+    counters = await a._cmd("HGET", f"{a.prefix}r:r1", "counters")
+    await a._cmd("HSET", f"{a.prefix}r:r1", "counters", b"x" + counters[1:])  # flipped
+    with pytest.raises(StoreCorruptError, match="rollout r1: counters"):
+        await a.load_rollout("r1")
 
 
 async def test_one_turn_of_a_rollout_at_a_time_across_gateways(

@@ -8,9 +8,10 @@ flat array whose first element says what happened (``ok``, ``gone``, ``busy``,
 
 The rollout hash holds ``reg`` and ``counters`` (JSON), ``rev`` (bumped by every write),
 ``steps`` (their count), ``cancelled``, ``v`` (the layout), ``waiting`` (a gateway waits
-for the lease: its release is published), and the last answer: ``a_key`` (JSON of its
-:class:`~rollout_gateway.server.state.store.AnswerKey`), ``a_body``, ``a_pstep`` (the step
-whose prompt ids were cut out of the body, or "").
+for the lease: its release is published), and the last answer: ``a_key`` (its
+:class:`~rollout_gateway.server.state.store.AnswerKey`) and ``a_body``. What the gateways
+store (``reg``, ``counters``, steps, answers) is opaque here, in the sealed formats of
+:mod:`rollout_gateway.server.state.codec`.
 
 Messages on the events channel: ``w:{id}`` (the lease of a rollout somebody waits for was
 released), ``d:{id}`` (the rollout was removed), ``e`` (an exit report was added to the
@@ -99,7 +100,7 @@ return 1
 
 #: KEYS: rollout, steps, lease.
 #: ARGV: owner ("" when the store has no leases), index, step, counters, ttl ms,
-#: answer key JSON ("" for none), answer body, the answer's prompt-ids step ("" for none).
+#: answer key ("" for none), answer.
 #: Answers {"ok", rev}, {"gone"}, {"lost"} (the lease is not the owner's) or
 #: {"conflict", steps}.
 COMMIT = (
@@ -112,7 +113,7 @@ if steps ~= ARGV[2] then return {'conflict', steps} end
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'counters', ARGV[4], 'steps', tonumber(steps) + 1)
 if ARGV[6] ~= '' then
-  redis.call('HSET', KEYS[1], 'a_key', ARGV[6], 'a_body', ARGV[7], 'a_pstep', ARGV[8])
+  redis.call('HSET', KEYS[1], 'a_key', ARGV[6], 'a_body', ARGV[7])
 end
 local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
 touch(tonumber(ARGV[5]))

@@ -5,9 +5,14 @@ what the gateways must not lose (redis-py's asyncio client; hiredis parses the r
 when installed); each step the gateways share is one Lua script (:mod:`.scripts`), so a
 claim never races a claim, nor a commit a removal. Keys (``prefix`` first, ``rg:`` by
 default): ``meta`` (layout, shared secret), ``r:{id}`` (the rollout), ``s:{id}`` (its
-steps, :mod:`.codec`), ``lease:{id}`` (the gateway running its turn), ``k:{digest}``
+steps), ``lease:{id}`` (the gateway running its turn), ``k:{digest}``
 (rollout of a key), ``exits`` / ``exits:stream`` / ``exits:seq`` (exit reports, numbered
 once for every gateway), ``policy``, and the pub/sub channel ``events``.
+
+What the gateways store is written as the SQLite backend writes it
+(:mod:`rollout_gateway.server.state.codec`: a step's token arrays packed, 4 bytes an id;
+every record sealed with a checksum, so a damaged one is refused, never served); the
+scripts read none of it, only the counts and flags beside it.
 
 A rollout idle for the TTL expires in Redis itself (its keys' ``PEXPIRE``, renewed by
 every write and claim). A turn's lease lasts ``lease_s`` and is renewed while its turn
@@ -30,15 +35,14 @@ import logging
 import secrets
 from typing import Any
 
-import orjson
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
-from rollout_gateway.server.state.redis_backend import codec, scripts
+from rollout_gateway.server.state import codec
+from rollout_gateway.server.state.redis_backend import scripts
 from rollout_gateway.server.state.store import (
-    AnswerKey,
     GatewayStore,
     PolicyState,
     RolloutCounters,
@@ -335,7 +339,7 @@ class RedisStore(GatewayStore):
         digest = reg.get("key_digest")
         keys = self._keys(reg["rollout_id"])
         keys.append(f"{self.prefix}k:{digest}" if digest else keys[0])
-        args = [orjson.dumps(reg), orjson.dumps(row.counters), self.ttl_ms, LAYOUT,
+        args = [codec.encode_json(reg), codec.encode_json(row.counters), self.ttl_ms, LAYOUT,
                 reg["rollout_id"]]  # fmt: skip
         if (await self._run("CREATE", keys, args))[0] == b"exists":
             raise RolloutExistsError(reg["rollout_id"])
@@ -350,13 +354,13 @@ class RedisStore(GatewayStore):
             raise StoreVersionError(
                 f"rollout {rollout_id} is stored in layout {layout!r}, not {LAYOUT}"
             )
+        what = f"rollout {rollout_id}"
         answer_key = None
         if a_key:
-            fp, idem, at, step = orjson.loads(a_key)
-            answer_key = AnswerKey(bytes.fromhex(fp), idem, at, step)
+            answer_key = codec.decode_answer_key(a_key, f"{what}: answer key")
         return RolloutRow(
-            orjson.loads(reg),
-            orjson.loads(counters),
+            codec.decode_json(reg, f"{what}: registration"),
+            codec.decode_json(counters, f"{what}: counters"),
             revision=int(rev),
             steps=int(steps),
             answer_key=answer_key,
@@ -369,7 +373,7 @@ class RedisStore(GatewayStore):
         return value.decode() if value is not None else None
 
     async def _save(self, rollout_id: str, counters: RolloutCounters, cancel: bool) -> int:
-        args = [orjson.dumps(counters), self.ttl_ms, "1" if cancel else "0"]
+        args = [codec.encode_json(counters), self.ttl_ms, "1" if cancel else "0"]
         reply = await self._run("SAVE", self._keys(rollout_id), args)
         if reply[0] == b"gone":
             raise UnknownRolloutError(rollout_id)
@@ -456,21 +460,14 @@ class RedisStore(GatewayStore):
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """Append the step, write the counters and the answer, while the lease is this
         gateway's and the step count is ``commit.index`` (one script)."""
-        step = codec.encode_step(commit.step.delta())
-        answer_key, body, prompt_step = "", b"", ""
+        step = codec.encode_step(commit.step)
+        answer_key, body = b"", b""
         if commit.answer is not None:
-            key = commit.answer.key
-            answer_key = orjson.dumps(
-                [key.fingerprint.hex(), key.idempotency_key, key.finished_at, key.step]
-            ).decode()
-            if commit.answer.without_prompt_ids is not None:
-                body, prompt_step = commit.answer.without_prompt_ids, str(key.step)
-            else:
-                raw = commit.answer.body
-                body = raw if isinstance(raw, bytes) else orjson.dumps(raw)
+            answer_key = codec.encode_answer_key(commit.answer.key)
+            body = codec.encode_answer(commit.answer)
         owner = self._owners.get(rollout_id, "")
-        args = [owner, commit.index, step, orjson.dumps(commit.counters), self.ttl_ms,
-                answer_key, body, prompt_step]  # fmt: skip
+        counters = codec.encode_json(commit.counters)
+        args = [owner, commit.index, step, counters, self.ttl_ms, answer_key, body]
         reply = await self._run("COMMIT", self._keys(rollout_id), args)
         outcome = reply[0]
         if outcome == b"ok":
@@ -494,16 +491,22 @@ class RedisStore(GatewayStore):
         if not raw and not await self._cmd("EXISTS", keys[0]):
             raise UnknownRolloutError(rollout_id)
         try:
-            return [codec.decode_step(entry) for entry in raw]
-        except (ValueError, KeyError, TypeError) as exc:
+            return [
+                codec.decode_step(entry, f"rollout {rollout_id}: step {index}")
+                for index, entry in enumerate(raw, start)
+            ]
+        except (ValueError, KeyError, TypeError) as exc:  # (what the checksum let through)
             raise StoreCorruptError(f"rollout {rollout_id}: damaged step ({exc})") from exc
 
     async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
         """The last answer's bytes (and the step whose prompt ids it lacks)."""
-        body, prompt_step = await self._cmd("HMGET", self._keys(rollout_id)[0], "a_body", "a_pstep")
-        if not body:
+        blob, key = await self._cmd("HMGET", self._keys(rollout_id)[0], "a_body", "a_key")
+        if not blob or not key:
             return None
-        return StoredAnswer(body, int(prompt_step) if prompt_step else None)
+        what = f"rollout {rollout_id}: answer"
+        body, without_prompt_ids = codec.decode_answer(blob, what)
+        step = codec.decode_answer_key(key, f"{what} key").step
+        return StoredAnswer(body, step if without_prompt_ids else None)
 
     # -- exit reports and the policy version ---------------------------------------------
 
