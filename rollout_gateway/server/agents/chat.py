@@ -279,17 +279,23 @@ class ChatTurns:
         if not record.live:
             raise _not_registered(record)
         await rollouts.claim(record)
+        answered = False
         try:
-            answer = await rollouts.repeated_answer(
+            answer: dict[str, Any] | bytes | None = await rollouts.repeated_answer(
                 record, turn.fingerprint, turn.idempotency_key, is_retry=turn.is_retry
             )
             if answer is not None:  # answered before a restart, or by another gateway
                 self.gateway.metrics.deduplicated_requests.inc()
                 logger.info("rollout=%s retried request gets its stored answer", record.rollout_id)
-                return answer
-            return await self._locked_turn(record, turn, body, messages, messages_text)
+            else:
+                answer = await self._locked_turn(record, turn, body, messages, messages_text)
+            answered = True
+            return answer
         finally:
-            await rollouts.release(record)
+            # Whether the answer goes to a client still connected (what a gateway that
+            # takes this rollout's next turn needs to know: see _admit).
+            delivered = turn.waiters > 0 if answered else None
+            await rollouts.release(record, delivered=delivered)
 
     async def _locked_turn(
         self,
@@ -397,12 +403,10 @@ class ChatTurns:
             raise _not_registered(record)
         last = record.turns.last
         if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
-            record.recorder.abandon_last()
-            record.num_turns -= 1
+            self._abandon_last(record)
             last.delivered = True  # handled
-            if record.status == "completed" and record.truncation_reason is None:
-                record.status = "active"
-            self.gateway.metrics.abandoned_turns.inc()
+        elif last is None and _answered_elsewhere_undelivered(record):
+            self._abandon_last(record)  # (another gateway, or one that died, answered it)
         history = record.recorder.match_history(messages, messages_text)
         shared = history.shared
         # Counted as stored: only the fields the trajectory keeps.
@@ -415,6 +419,13 @@ class ChatTurns:
             self.gateway.metrics.refused_turns.inc(str(exc.code))
             raise
         return history, new_bytes
+
+    def _abandon_last(self, record: RolloutRecord) -> None:
+        record.recorder.abandon_last()
+        record.num_turns -= 1
+        if record.status == "completed" and record.truncation_reason is None:
+            record.status = "active"
+        self.gateway.metrics.abandoned_turns.inc()
 
     @staticmethod
     def _count_turn(
@@ -449,6 +460,20 @@ def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | b
     if wants_ids and result.prompt_ids_json is not None:
         completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
     return agent_answer(completion, body)
+
+
+def _answered_elsewhere_undelivered(record: RolloutRecord) -> bool:
+    """Whether the rollout's last step is an answer a gateway sharing the store gave and
+    did not hand to a connected client (see :attr:`~.store.AnswerKey.delivered`)."""
+    key = record.answer_key
+    recorder = record.recorder
+    last = recorder.num_steps - 1
+    return (
+        key is not None
+        and not key.delivered
+        and key.step == last
+        and last not in recorder.abandoned_indexes()
+    )
 
 
 def _not_registered(record: RolloutRecord) -> ApiError:

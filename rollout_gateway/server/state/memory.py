@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -182,11 +182,18 @@ class MemoryStore(GatewayStore):
         rollout.lease_until = loop.time() + lease_s
         return rollout.revision
 
-    async def release_turn(self, rollout_id: str, owner: str) -> None:
-        """Free the slot if ``owner`` holds it."""
+    async def release_turn(
+        self, rollout_id: str, owner: str, *, delivered: bool | None = None
+    ) -> None:
+        """Free the slot if ``owner`` holds it (shared: noting a delivered answer)."""
         rollout = self._rollouts.get(rollout_id)
         if rollout is None or rollout.owner != owner:
             return
+        if delivered and rollout.answer is not None and not rollout.answer.key.delivered:
+            answer = rollout.answer
+            rollout.answer = TurnAnswer(
+                replace(answer.key, delivered=True), answer.body, answer.without_prompt_ids
+            )
         rollout.owner = None
         if rollout.released is not None:
             rollout.released.set()
@@ -202,7 +209,11 @@ class MemoryStore(GatewayStore):
         rollout.steps.append(commit.step)
         rollout.counters = commit.counters
         if commit.answer is not None:
-            rollout.answer = commit.answer
+            answer = commit.answer
+            if self.shared:  # not delivered until the answering gateway says so
+                key = replace(answer.key, delivered=False)
+                answer = TurnAnswer(key, answer.body, answer.without_prompt_ids)
+            rollout.answer = answer
         rollout.revision += 1
         return rollout.revision
 

@@ -317,7 +317,9 @@ class SQLiteStore(GatewayStore):
         """The stored revision (one gateway: no slot to take)."""
         return self._get(rollout_id).revision
 
-    async def release_turn(self, rollout_id: str, owner: str) -> None:
+    async def release_turn(
+        self, rollout_id: str, owner: str, *, delivered: bool | None = None
+    ) -> None:
         """Nothing to release."""
 
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:

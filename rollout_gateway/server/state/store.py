@@ -135,6 +135,12 @@ class AnswerKey:
     finished_at: float
     #: Index of the step the answer is the turn of.
     step: int
+    #: Whether the answer reached its agent, as far as the gateways know. A shared store
+    #: keeps it false from the commit until the gateway that answered releases the turn
+    #: having handed the answer to a client still connected (see
+    #: :meth:`GatewayStore.release_turn`): a gateway that died in between leaves it
+    #: false. Other stores need not keep it (true).
+    delivered: bool = True
 
 
 @dataclass(slots=True)
@@ -311,8 +317,13 @@ class GatewayStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def release_turn(self, rollout_id: str, owner: str) -> None:
-        """Give the slot back (a no-op when ``owner`` does not hold it)."""
+    async def release_turn(
+        self, rollout_id: str, owner: str, *, delivered: bool | None = None
+    ) -> None:
+        """Give the slot back (a no-op when ``owner`` does not hold it). ``delivered``:
+        the claim handed the rollout's last answer to a client still connected (a shared
+        store marks it :attr:`AnswerKey.delivered`; ``None``: the claim answered
+        nothing)."""
 
     @abc.abstractmethod
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
@@ -377,11 +388,12 @@ def answer_matches(
     """Whether a request repeats the answered turn ``key`` describes, as
     :meth:`~.dedupe.TurnTracker.match` decides for a turn it holds: the same
     ``Idempotency-Key``; else the same body within ``window_s`` of the answer, marked as
-    a retry (whether that answer reached its agent is not stored, so an unmarked repeat
-    is a new turn)."""
+    a retry or repeating an answer that did not reach its agent (:attr:`AnswerKey.delivered`;
+    an unmarked repeat of a delivered answer is a new turn)."""
     if idempotency_key is not None and key.idempotency_key is not None:
         return idempotency_key == key.idempotency_key
-    return key.fingerprint == fingerprint and is_retry and now - key.finished_at <= window_s
+    repeat = is_retry or not key.delivered
+    return key.fingerprint == fingerprint and repeat and now - key.finished_at <= window_s
 
 
 __all__ = [

@@ -249,10 +249,11 @@ class StoredRollouts:
                 await self.release(record)
                 raise
 
-    async def release(self, record: RolloutRecord) -> None:
-        """Give ``record``'s turn slot back."""
+    async def release(self, record: RolloutRecord, *, delivered: bool | None = None) -> None:
+        """Give ``record``'s turn slot back (``delivered``: see
+        :meth:`~.store.GatewayStore.release_turn`)."""
         with contextlib.suppress(StoreError):  # a lost slot frees itself (its lease)
-            await self.store.release_turn(record.rollout_id, self.owner)
+            await self.store.release_turn(record.rollout_id, self.owner, delivered=delivered)
 
     async def repeated_answer(
         self,

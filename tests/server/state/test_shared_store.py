@@ -17,6 +17,7 @@ import importlib.util
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -343,3 +344,40 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
         assert copy.recorder.steps() == record.recorder.steps()
         assert copy.recorder.overview() == record.recorder.overview()
     assert copy.recorder.abandoned_indexes() == [2]
+
+
+async def forget_delivery(store: GatewayStore, rollout_id: str) -> None:
+    """Make the stored last answer undelivered, as a gateway that committed it and died
+    before handing it out leaves it."""
+    if isinstance(store, MemoryStore):
+        answer = store._rollouts[rollout_id].answer
+        assert answer is not None
+        answer.key = replace(answer.key, delivered=False)
+    else:
+        await store._cmd("HSET", f"{store.prefix}r:{rollout_id}", "a_dlv", "0")  # type: ignore[attr-defined]
+
+
+async def test_an_answer_a_dead_gateway_never_handed_out_is_a_lost_answer_elsewhere(
+    shared: Shared,
+) -> None:
+    """What one gateway does with an answer its agent never got, the others do too: an
+    unmarked repeat of the request gets that answer (not a second sample), and a request
+    that moved on without it takes it back (abandoned, not a turn the agent saw)."""
+    upstream = RecordingUpstream()
+    async with gateways(upstream.app(), shared, 2) as (a, b):
+        r = await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        url = "/v1/rollouts/r1/chat/completions"
+        task = [{"role": "user", "content": script({"say": "one"}, {"say": "two"})}]
+        first = await a.post(url, json={"model": "m", "messages": task}, headers=key)
+        store = a._transport.app.state.gateway.store  # type: ignore[attr-defined]
+        await forget_delivery(store, "r1")  # gateway a "died" before its answer went out
+        again = await b.post(url, json={"model": "m", "messages": task}, headers=key)
+        assert again.json() == first.json() and len(upstream.requests) == 1
+        await forget_delivery(store, "r1")  # ... and once more
+        moved_on = [*task, {"role": "user", "content": "still there?"}]
+        r = await b.post(url, json={"model": "m", "messages": moved_on}, headers=key)
+        assert r.status_code == 200 and len(upstream.requests) == 2
+        trajectory = (await a.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).json()
+        assert trajectory["num_turns"] == 1  # the answer nobody got is not a turn
+        assert [s["prompt"][-1]["content"] for s in trajectory["trajectory"]] == ["still there?"]

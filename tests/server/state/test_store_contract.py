@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +219,7 @@ async def test_the_answer_of_the_last_turn_is_kept(store: GatewayStore) -> None:
     stored = await store.load_answer("r1")
     assert stored is not None and stored.body == plain and stored.prompt_ids_of_step is None
     loaded = await store.load_rollout("r1")
-    assert loaded is not None and loaded.answer_key == key
+    assert loaded is not None and as_delivered(loaded.answer_key) == key
     # An answer carrying the prompt's ids may be kept without them.
     full = {"id": "chatcmpl-2", "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7], "choices": []}
     without = orjson.dumps({**full, "prompt_token_ids": None})
@@ -235,7 +236,38 @@ async def test_the_answer_of_the_last_turn_is_kept(store: GatewayStore) -> None:
     # A turn with no answer to replay (a refused prompt) leaves the last one.
     await store.commit_turn("r1", TurnCommit(2, recorder._steps[2], counters(3), None))
     loaded = await store.load_rollout("r1")
-    assert loaded is not None and loaded.answer_key == key2
+    assert loaded is not None and as_delivered(loaded.answer_key) == key2
+
+
+def as_delivered(key: AnswerKey | None) -> AnswerKey | None:
+    """``key`` as delivered (a shared store keeps it undelivered until a release says)."""
+    return replace(key, delivered=True) if key is not None else None
+
+
+async def test_a_shared_store_keeps_whether_the_last_answer_was_delivered(
+    store: GatewayStore,
+) -> None:
+    if not store.shared:
+        pytest.skip(f"{store.name} is not shared (its gateway holds the turn)")
+    await store.create_rollout(row())
+    recorder = TrajectoryRecorder("traj-r1", None)
+    record_turns(recorder)
+
+    async def delivered() -> bool | None:
+        loaded = await store.load_rollout("r1")
+        assert loaded is not None and loaded.answer_key is not None
+        return loaded.answer_key.delivered
+
+    for index, handed in enumerate([True, False, None]):
+        await store.claim_turn("r1", "gw-a", 30.0)
+        key = AnswerKey(b"f" * 16, None, 1.0, index)
+        answer = TurnAnswer(key, b"{}")
+        await store.commit_turn(
+            "r1", TurnCommit(index, recorder._steps[index], counters(1), answer)
+        )
+        assert await delivered() is False  # until the answering gateway says
+        await store.release_turn("r1", "gw-a", delivered=handed)
+        assert await delivered() is bool(handed)  # (a gateway that died says nothing)
 
 
 async def test_cancel_is_for_good(store: GatewayStore) -> None:

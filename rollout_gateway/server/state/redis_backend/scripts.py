@@ -9,7 +9,8 @@ flat array whose first element says what happened (``ok``, ``gone``, ``busy``,
 The rollout hash holds ``reg`` and ``counters`` (JSON), ``rev`` (bumped by every write),
 ``steps`` (their count), ``cancelled``, ``v`` (the layout), ``waiting`` (a gateway waits
 for the lease: its release is published), and the last answer: ``a_key`` (its
-:class:`~rollout_gateway.server.state.store.AnswerKey`) and ``a_body``. What the gateways
+:class:`~rollout_gateway.server.state.store.AnswerKey`), ``a_body``, and ``a_dlv`` ("1"
+once the gateway that answered handed it to a connected client, "0" until then). What the gateways
 store (``reg``, ``counters``, steps, answers) is opaque here, in the sealed formats of
 :mod:`rollout_gateway.server.state.codec`.
 
@@ -86,12 +87,16 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 return 1
 """
 
-#: KEYS: lease, rollout. ARGV: owner, channel, rollout id. Drops the lease if it is the
-#: owner's and, when a gateway waits for it, tells the gateways (no message otherwise: a
-#: turn nobody waits for costs no publish).
+#: KEYS: lease, rollout. ARGV: owner, channel, rollout id, delivered ("1": the claim
+#: handed the last answer to a connected client). Drops the lease if it is the owner's
+#: and, when a gateway waits for it, tells the gateways (no message otherwise: a turn
+#: nobody waits for costs no publish).
 RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+if ARGV[4] == '1' and redis.call('HEXISTS', KEYS[2], 'a_key') == 1 then
+  redis.call('HSET', KEYS[2], 'a_dlv', '1')
+end
 if redis.call('HDEL', KEYS[2], 'waiting') == 1 then
   redis.call('PUBLISH', ARGV[2], 'w:' .. ARGV[3])
 end
@@ -113,7 +118,7 @@ if steps ~= ARGV[2] then return {'conflict', steps} end
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'counters', ARGV[4], 'steps', tonumber(steps) + 1)
 if ARGV[6] ~= '' then
-  redis.call('HSET', KEYS[1], 'a_key', ARGV[6], 'a_body', ARGV[7])
+  redis.call('HSET', KEYS[1], 'a_key', ARGV[6], 'a_body', ARGV[7], 'a_dlv', '0')
 end
 local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
 touch(tonumber(ARGV[5]))

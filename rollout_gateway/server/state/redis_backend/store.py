@@ -83,7 +83,7 @@ _UNAVAILABLE = (
 )
 _UNAVAILABLE_REPLIES = ("MISCONF", "OOM", "LOADING", "READONLY", "MASTERDOWN")
 #: The rollout hash's fields a row is made of (not the stored answer's body).
-_ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key")
+_ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key", "a_dlv")
 
 
 def _unavailable(exc: Exception) -> bool:
@@ -347,7 +347,7 @@ class RedisStore(GatewayStore):
     async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
         """The stored rollout (its answer's body is read by :meth:`load_answer` only)."""
         values = await self._cmd("HMGET", self._keys(rollout_id)[0], *_ROW_FIELDS)
-        layout, reg, counters, rev, steps, cancelled, a_key = values
+        layout, reg, counters, rev, steps, cancelled, a_key, a_dlv = values
         if reg is None:
             return None
         if layout != str(LAYOUT).encode():
@@ -358,6 +358,7 @@ class RedisStore(GatewayStore):
         answer_key = None
         if a_key:
             answer_key = codec.decode_answer_key(a_key, f"{what}: answer key")
+            answer_key.delivered = a_dlv != b"0"
         return RolloutRow(
             codec.decode_json(reg, f"{what}: registration"),
             codec.decode_json(counters, f"{what}: counters"),
@@ -449,13 +450,17 @@ class RedisStore(GatewayStore):
         if handle is not None:
             handle.cancel()
 
-    async def release_turn(self, rollout_id: str, owner: str) -> None:
-        """Drop the lease if ``owner`` holds it (a waiting gateway is told)."""
+    async def release_turn(
+        self, rollout_id: str, owner: str, *, delivered: bool | None = None
+    ) -> None:
+        """Drop the lease if ``owner`` holds it (a waiting gateway is told), noting a
+        delivered answer (one script)."""
         if self._owners.get(rollout_id) == owner:
             del self._owners[rollout_id]
             self._stop_renewing(rollout_id)
         keys = [self._keys(rollout_id)[2], self._keys(rollout_id)[0]]
-        await self._run("RELEASE", keys, [owner, self.channel, rollout_id])
+        args = [owner, self.channel, rollout_id, "1" if delivered else "0"]
+        await self._run("RELEASE", keys, args)
 
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """Append the step, write the counters and the answer, while the lease is this
