@@ -12,8 +12,11 @@ loopback port, and stopped by that group only: nothing else on the machine is si
 
 :class:`HAProxy` balances round robin with no stickiness (every request may land on any
 gateway, keep-alive or not), takes a gateway out after two failed health checks, and
-retries a request on another gateway only when it could not connect (a request that
-reached a gateway is never sent twice by the balancer; the agent's SDK retries it).
+sends a request to another gateway only when it could not connect: a request a gateway
+received is never sent again by the balancer (a gateway killed mid-request answers 502;
+the agent's SDK retries, marking the retry, and the gateways recognise it: see
+``docs/state.md``). It names the gateway that answered in an ``X-Gateway`` header (what
+the tests look at).
 """
 
 from __future__ import annotations
@@ -247,6 +250,9 @@ class GatewayGroup:
 
     def start_one(self, index: int) -> None:
         """Start gateway ``index`` (again, after :meth:`kill`) and wait until it serves."""
+        self._wait_healthy(index, self._spawn(index))
+
+    def _spawn(self, index: int) -> _Child:
         self.directory.mkdir(parents=True, exist_ok=True)
         child = _Child(
             self.command(index),
@@ -255,7 +261,7 @@ class GatewayGroup:
         )
         child.start()
         self._children[index] = child
-        self._wait_healthy(index, child)
+        return child
 
     def _wait_healthy(self, index: int, child: _Child) -> None:
         url = f"{self.roots()[index]}/health"
@@ -283,9 +289,13 @@ class GatewayGroup:
         return _tail(self.directory / f"gateway{index}.log", 1 << 20)
 
     def start(self) -> GatewayGroup:
+        """Start every gateway at once, then wait until each serves."""
         try:
             for index in range(len(self.ports)):
-                self.start_one(index)
+                self._spawn(index)
+            for index, child in enumerate(self._children):
+                assert child is not None
+                self._wait_healthy(index, child)
         except BaseException:
             self.stop()
             raise
@@ -305,9 +315,11 @@ class GatewayGroup:
 
 #: HAProxy's configuration: HTTP mode, round robin, no stickiness. ``http-reuse never``
 #: and ``http-server-close`` are left out on purpose: each request is balanced on its own
-#: whatever connection it came on. ``retries``/``redispatch`` apply to connection failures
-#: only (``retry-on conn-failure``, HAProxy's default): a request a gateway received is
-#: not replayed by the balancer.
+#: whatever connection it came on. ``retries``/``redispatch`` with ``retry-on
+#: conn-failure`` (HAProxy's default, written out): a request that could not be sent goes
+#: to another gateway; one a gateway received is never replayed (an ``empty-response``
+#: retry would resend a turn whose answer was recorded but not sent as a new, unmarked
+#: request). ``X-Gateway`` names the gateway that answered.
 _HAPROXY_CONFIG = """\
 global
     maxconn 4096
@@ -322,7 +334,7 @@ defaults
     timeout http-keep-alive 75s
     retries 3
     option redispatch 1
-    retry-on conn-failure empty-response
+    retry-on conn-failure
 
 frontend gateway
     bind 127.0.0.1:{port}
@@ -330,6 +342,7 @@ frontend gateway
 
 backend gateways
     balance roundrobin
+    http-response set-header X-Gateway %[srv_name]
     option httpchk GET /health
     http-check expect status 200
     default-server inter 500ms fall 2 rise 1
@@ -355,6 +368,12 @@ class HAProxy:
         self.directory = Path(directory)
         self.port = port or free_port()
         self._child: _Child | None = None
+
+    @property
+    def pid(self) -> int:
+        """HAProxy's process id (it leads its own process group)."""
+        assert self._child is not None
+        return self._child.pid
 
     @property
     def root(self) -> str:

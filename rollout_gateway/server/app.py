@@ -203,9 +203,12 @@ class Gateway:
 
     async def report_exit(self, rollout_id: str, exit_code: int | None) -> None:
         """Keep an agent's exit report: numbered by this gateway's board, or, on a shared
-        store, once for every gateway by the store."""
+        store, once for every gateway by the store, which hands it to every gateway's
+        board, this one's included, in number order (a board taking it here at once could
+        take it before an earlier report still on its way: a stream past it would miss
+        that one)."""
         if self.store.shared:
-            self.exit_board.adopt(await self.store.report_exit(rollout_id, exit_code))
+            await self.store.report_exit(rollout_id, exit_code)
         else:
             self.exit_board.report(rollout_id, exit_code)
 

@@ -358,7 +358,10 @@ class ChatTurns:
         self._count_turn(record, call, result, new_bytes)
         answer = _answer_of(result, body)
         # Durable before the agent gets it: a retry after a crash gets this very answer.
-        await gateway.rollouts.commit(record, self._turn_answer(record, turn, result, answer))
+        # (Whether it goes to a client still connected: see _admit.)
+        await gateway.rollouts.commit(
+            record, self._turn_answer(record, turn, result, answer), delivered=turn.waiters > 0
+        )
         turn.recorded = True
         upstream_s = call.upstream_seconds()
         gateway.metrics.turns.inc(upstream.label)

@@ -215,6 +215,8 @@ class MemoryStore(GatewayStore):
                 answer = TurnAnswer(key, answer.body, answer.without_prompt_ids)
             rollout.answer = answer
         rollout.revision += 1
+        if commit.releases is not None:
+            await self.release_turn(rollout_id, commit.releases, delivered=commit.delivered)
         return rollout.revision
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:

@@ -178,6 +178,13 @@ class TurnCommit:
     #: The answer a retry replays (``None``: the turn answered nothing to replay, e.g. a
     #: prompt the engine refused; the previous answer stays).
     answer: TurnAnswer | None
+    #: The claim this commit ends (the ``owner`` that claimed the turn): a store that
+    #: keeps claims releases it in the same write, as :meth:`GatewayStore.release_turn`
+    #: would (one write a turn instead of two); ``None``: the claim goes on.
+    releases: str | None = None
+    #: With ``releases``: the answer goes to a client still connected (see
+    #: :meth:`GatewayStore.release_turn`).
+    delivered: bool | None = None
 
 
 @dataclass(slots=True)
@@ -225,7 +232,8 @@ class StoreEvents(Protocol):
     :meth:`GatewayStore.watch`). Called on the gateway's event loop; must not block."""
 
     def exit_reported(self, report: ExitReport) -> None:
-        """An exit report numbered by the store (by any gateway, this one included)."""
+        """An exit report numbered by the store (by any gateway, this one included);
+        reports come in number order."""
         ...
 
     def rollout_removed(self, rollout_id: str) -> None:
@@ -328,7 +336,8 @@ class GatewayStore(abc.ABC):
     @abc.abstractmethod
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """Write one turn atomically: its step at ``commit.index``, the counters, and (when
-        given) the answer a retry replays. Returns the rollout's new revision.
+        given) the answer a retry replays; with ``commit.releases``, end that claim in the
+        same write. Returns the rollout's new revision.
 
         Raises :class:`TurnConflictError` (and writes nothing) when ``commit.index`` is not
         the number of steps stored, :class:`UnknownRolloutError` when the rollout is gone.

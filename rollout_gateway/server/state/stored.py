@@ -280,17 +280,20 @@ class StoredRollouts:
         answer["prompt_token_ids"] = record.recorder.prompt_ids_of(stored.prompt_ids_of_step)
         return orjson.dumps(answer)
 
-    async def commit(self, record: RolloutRecord, answer: TurnAnswer | None) -> None:
+    async def commit(
+        self, record: RolloutRecord, answer: TurnAnswer | None, *, delivered: bool | None = None
+    ) -> None:
         """Write the turn just recorded (the recorder's last step), the counters and the
-        answer a retry replays, at once. On failure the record is marked stale (reloaded
-        from the store before its next use) and the error raised."""
+        answer a retry replays, at once, and end the turn's claim with them (``delivered``:
+        see :meth:`~.store.GatewayStore.release_turn`; :meth:`release` is then a no-op).
+        On failure the record is marked stale (reloaded from the store before its next
+        use) and the error raised."""
         if not record.live:
             return  # unregistered while the turn ran: nothing to keep
         recorder = record.recorder
         index = recorder.num_steps - 1
-        commit = TurnCommit(
-            index, recorder.last_step, counters_of(record, self.wall_clock()), answer
-        )
+        counters = counters_of(record, self.wall_clock())
+        commit = TurnCommit(index, recorder.last_step, counters, answer, self.owner, delivered)
         try:
             record.revision = await self.store.commit_turn(record.rollout_id, commit)
         except StoreError:

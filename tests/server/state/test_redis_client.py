@@ -335,3 +335,54 @@ async def test_an_unreachable_redis_is_unavailable_not_a_hang() -> None:
     with pytest.raises(StoreUnavailableError, match="redis at 127.0.0.1"):
         await store.open()
     await store.close()
+
+
+class CountingStore(RedisStore):
+    """A gateway's store counting the round trips it makes to Redis."""
+
+    round_trips = 0
+
+    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        self.round_trips += 1
+        return await super()._run(name, keys, args)
+
+    async def _cmd(self, *command: Any) -> Any:
+        self.round_trips += 1
+        return await super()._cmd(*command)
+
+
+async def test_a_turn_after_another_gateways_is_two_round_trips(server: RedisServer) -> None:
+    """Gateways taking turns: the claim reads along what the other gateway recorded (the
+    reads that follow ask Redis nothing) and the commit ends the claim (the release that
+    follows asks Redis nothing)."""
+    prefix = f"t{next(_prefixes)}:"
+    a, b = (CountingStore(server.url, prefix=prefix) for _ in range(2))
+    for store in (a, b):
+        await store.open()
+    await a.create_rollout(_row())
+
+    async def turn(store: RedisStore, owner: str, index: int) -> None:
+        revision = await store.claim_turn("r1", owner, 2.0)
+        row = await store.load_rollout("r1")  # as StoredRollouts reloads a copy behind
+        assert row is not None and row.revision == revision
+        held = int(store._copies.held("r1")[1])
+        assert len(await store.load_steps("r1", held)) == index - held
+        commit = _commit(index)
+        commit.releases, commit.delivered = owner, True
+        await store.commit_turn("r1", commit)
+        await store.release_turn("r1", owner, delivered=True)  # ended by the commit
+
+    try:
+        await turn(a, "gw-a", 0)
+        await turn(b, "gw-b", 1)  # b reads a's row and step along with its claim
+        before = a.round_trips + b.round_trips
+        await turn(a, "gw-a", 2)
+        await turn(b, "gw-b", 3)
+        assert a.round_trips + b.round_trips - before == 4  # two per turn
+        assert [s.extras for s in await a.load_steps("r1")] == [{"n": i} for i in range(4)]
+        row = await b.load_rollout("r1")
+        assert row is not None and row.answer_key is not None and row.answer_key.delivered
+        assert await b._cmd("EXISTS", f"{prefix}lease:r1") == 0  # the commit released it
+    finally:
+        for store in (a, b):
+            await store.close()

@@ -60,10 +60,13 @@ return {'ok', rev}
 """
 )
 
-#: KEYS: rollout, steps, lease, policy. ARGV: owner, lease ms, ttl ms.
+#: KEYS: rollout, steps, lease, policy. ARGV: owner, lease ms, ttl ms, the revision and
+#: the step count the caller holds.
 #: Answers {"ok", rev, policy version, its time} (the lease is ours; the policy version
 #: in effect comes along, so a turn is stamped with the latest one whichever gateway it
-#: was announced at), {"busy", ms left} (the release will be published), or {"gone"}.
+#: was announced at) and, when the caller's copy is behind, the rollout's fields (as
+#: ``ROW_FIELDS``) and the steps from the caller's count: what it would read next, in the
+#: same round trip. Else {"busy", ms left} (the release will be published), or {"gone"}.
 CLAIM = (
     _TOUCH
     + """
@@ -76,7 +79,13 @@ end
 redis.call('SET', KEYS[3], ARGV[1], 'PX', tonumber(ARGV[2]))
 touch(tonumber(ARGV[3]))
 local policy = redis.call('HMGET', KEYS[4], 'version', 'updated_at')
-return {'ok', redis.call('HGET', KEYS[1], 'rev'), policy[1], policy[2]}
+local rev = redis.call('HGET', KEYS[1], 'rev')
+local steps = redis.call('HGET', KEYS[1], 'steps')
+if rev == ARGV[4] and steps == ARGV[5] then return {'ok', rev, policy[1], policy[2]} end
+local row = redis.call('HMGET', KEYS[1], 'v', 'reg', 'counters', 'rev', 'steps', 'cancelled',
+                       'a_key', 'a_dlv')
+local new = redis.call('LRANGE', KEYS[2], tonumber(ARGV[5]), -1)
+return {'ok', rev, policy[1], policy[2], row, new}
 """
 )
 
@@ -105,7 +114,9 @@ return 1
 
 #: KEYS: rollout, steps, lease.
 #: ARGV: owner ("" when the store has no leases), index, step, counters, ttl ms,
-#: answer key ("" for none), answer.
+#: answer key ("" for none), answer, release ("1": the commit ends the owner's claim: the
+#: lease is dropped, a waiting gateway told), delivered ("1": the answer goes to a client
+#: still connected), channel, rollout id.
 #: Answers {"ok", rev}, {"gone"}, {"lost"} (the lease is not the owner's) or
 #: {"conflict", steps}.
 COMMIT = (
@@ -122,6 +133,15 @@ if ARGV[6] ~= '' then
 end
 local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
 touch(tonumber(ARGV[5]))
+if ARGV[8] == '1' and ARGV[1] ~= '' then
+  redis.call('DEL', KEYS[3])
+  if ARGV[9] == '1' and redis.call('HEXISTS', KEYS[1], 'a_key') == 1 then
+    redis.call('HSET', KEYS[1], 'a_dlv', '1')
+  end
+  if redis.call('HDEL', KEYS[1], 'waiting') == 1 then
+    redis.call('PUBLISH', ARGV[10], 'w:' .. ARGV[11])
+  end
+end
 return {'ok', rev}
 """
 )

@@ -42,6 +42,7 @@ from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
 from rollout_gateway.server.state import codec
 from rollout_gateway.server.state.redis_backend import scripts
+from rollout_gateway.server.state.redis_backend.copies import HeldCopies
 from rollout_gateway.server.state.store import (
     GatewayStore,
     PolicyState,
@@ -140,6 +141,8 @@ class RedisStore(GatewayStore):
         self._renewers: dict[str, asyncio.TimerHandle] = {}
         #: The owner holding each rollout's lease from this process (commit checks it).
         self._owners: dict[str, str] = {}
+        #: What this gateway holds of each rollout (a claim reads what changed along).
+        self._copies = HeldCopies()
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -345,8 +348,18 @@ class RedisStore(GatewayStore):
             raise RolloutExistsError(reg["rollout_id"])
 
     async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
-        """The stored rollout (its answer's body is read by :meth:`load_answer` only)."""
-        values = await self._cmd("HMGET", self._keys(rollout_id)[0], *_ROW_FIELDS)
+        """The stored rollout (its answer's body is read by :meth:`load_answer` only);
+        what the claim just read along, when it did."""
+        values = self._copies.take_row(rollout_id)
+        if values is None:
+            values = await self._cmd("HMGET", self._keys(rollout_id)[0], *_ROW_FIELDS)
+        row = self._row_of(rollout_id, values)
+        if row is not None:
+            self._copies.seen(rollout_id, row.revision)
+        return row
+
+    @staticmethod
+    def _row_of(rollout_id: str, values: list[Any]) -> RolloutRow | None:
         layout, reg, counters, rev, steps, cancelled, a_key, a_dlv = values
         if reg is None:
             return None
@@ -378,7 +391,9 @@ class RedisStore(GatewayStore):
         reply = await self._run("SAVE", self._keys(rollout_id), args)
         if reply[0] == b"gone":
             raise UnknownRolloutError(rollout_id)
-        return int(reply[1])
+        revision = int(reply[1])
+        self._copies.wrote(rollout_id, revision)
+        return revision
 
     async def save_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
         """Replace the counters (one script)."""
@@ -393,6 +408,7 @@ class RedisStore(GatewayStore):
         keys = [*self._keys(rollout_id), f"{self.prefix}exits"]
         existed = await self._run("DELETE", keys, [self.channel, rollout_id])
         self._stop_renewing(rollout_id)
+        self._copies.forget(rollout_id)
         return bool(existed)
 
     # -- turns ---------------------------------------------------------------------------
@@ -405,7 +421,9 @@ class RedisStore(GatewayStore):
         while True:
             # Made before asking: a release between the answer and the wait wakes it.
             waker = self._wakers.setdefault(rollout_id, asyncio.Event())
-            reply = await self._run("CLAIM", keys, [owner, lease_ms, self.ttl_ms])
+            held = self._copies.held(rollout_id)
+            args = [owner, lease_ms, self.ttl_ms, *held]
+            reply = await self._run("CLAIM", keys, args)
             if reply[0] == b"gone":
                 raise UnknownRolloutError(rollout_id)
             if reply[0] == b"ok":
@@ -415,6 +433,8 @@ class RedisStore(GatewayStore):
                 self._renew_later(rollout_id, owner, lease_ms)
                 if reply[2] is not None:
                     self._policy_seen(PolicyState(int(reply[2]), float(reply[3])))
+                if len(reply) > 4:  # this gateway's copy is behind: what it reads next
+                    self._copies.read_along(rollout_id, reply[4], reply[5], int(held[1]))
                 return int(reply[1])
             left_s = max(0.0, int(reply[1]) / 1000)
             with contextlib.suppress(TimeoutError):
@@ -453,30 +473,42 @@ class RedisStore(GatewayStore):
     async def release_turn(
         self, rollout_id: str, owner: str, *, delivered: bool | None = None
     ) -> None:
-        """Drop the lease if ``owner`` holds it (a waiting gateway is told), noting a
-        delivered answer (one script)."""
-        if self._owners.get(rollout_id) == owner:
-            del self._owners[rollout_id]
-            self._stop_renewing(rollout_id)
+        """Drop the lease if ``owner`` holds it from this gateway (a waiting gateway is
+        told), noting a delivered answer (one script; none when a commit ended the claim
+        already)."""
+        self._copies.settled(rollout_id)
+        if self._owners.get(rollout_id) != owner:
+            return
+        del self._owners[rollout_id]
+        self._stop_renewing(rollout_id)
         keys = [self._keys(rollout_id)[2], self._keys(rollout_id)[0]]
         args = [owner, self.channel, rollout_id, "1" if delivered else "0"]
         await self._run("RELEASE", keys, args)
 
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """Append the step, write the counters and the answer, while the lease is this
-        gateway's and the step count is ``commit.index`` (one script)."""
+        gateway's and the step count is ``commit.index``, and end the claim when
+        ``commit.releases`` says so (one script)."""
         step = codec.encode_step(commit.step)
         answer_key, body = b"", b""
         if commit.answer is not None:
             answer_key = codec.encode_answer_key(commit.answer.key)
             body = codec.encode_answer(commit.answer)
         owner = self._owners.get(rollout_id, "")
+        releases = bool(owner) and commit.releases == owner
         counters = codec.encode_json(commit.counters)
-        args = [owner, commit.index, step, counters, self.ttl_ms, answer_key, body]
+        args = [owner, commit.index, step, counters, self.ttl_ms, answer_key, body,
+                "1" if releases else "0", "1" if commit.delivered else "0", self.channel,
+                rollout_id]  # fmt: skip
         reply = await self._run("COMMIT", self._keys(rollout_id), args)
         outcome = reply[0]
         if outcome == b"ok":
-            return int(reply[1])
+            revision = int(reply[1])
+            self._copies.wrote(rollout_id, revision, commit.index + 1)
+            if releases:
+                del self._owners[rollout_id]
+                self._stop_renewing(rollout_id)
+            return revision
         if outcome == b"gone":
             raise UnknownRolloutError(rollout_id)
         if outcome == b"lost":
@@ -492,16 +524,20 @@ class RedisStore(GatewayStore):
         """The stored steps from ``start`` (one ``LRANGE``; and, when there are none, a
         look whether the rollout is stored at all)."""
         keys = self._keys(rollout_id)
-        raw = await self._cmd("LRANGE", keys[1], start, -1)
-        if not raw and not await self._cmd("EXISTS", keys[0]):
-            raise UnknownRolloutError(rollout_id)
+        raw = self._copies.take_steps(rollout_id, start)
+        if raw is None:
+            raw = await self._cmd("LRANGE", keys[1], start, -1)
+            if not raw and not await self._cmd("EXISTS", keys[0]):
+                raise UnknownRolloutError(rollout_id)
         try:
-            return [
+            steps = [
                 codec.decode_step(entry, f"rollout {rollout_id}: step {index}")
                 for index, entry in enumerate(raw, start)
             ]
         except (ValueError, KeyError, TypeError) as exc:  # (what the checksum let through)
             raise StoreCorruptError(f"rollout {rollout_id}: damaged step ({exc})") from exc
+        self._copies.loaded(rollout_id, start, len(steps))
+        return steps
 
     async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
         """The last answer's bytes (and the step whose prompt ids it lacks)."""

@@ -1,0 +1,271 @@
+"""What three gateways on one Redis cost, beside one gateway in memory, in one run.
+
+Starts, each in its own process on loopback: the scripted model, one gateway in memory
+(``memory``: the default backend), a ``redis-server`` (append-only file synced every
+second, Redis's usual setting: ``--fsync always`` for every write), three gateways
+on it (``rollout-gateway serve --redis``) and HAProxy balancing over them round robin,
+without stickiness (``rollout_gateway.local_cluster``, what the scale-out tests run).
+Then, for each context size, rounds of ``--rollouts`` concurrent rollouts of ``--turns``
+turns through each path, the paths taking turns round by round (``gateway_overhead.py``'s
+load), so a drift of a shared machine weighs on each alike:
+
+* ``memory``: straight to the memory gateway;
+* ``redis-3``: through HAProxy to the three Redis gateways: each turn of a rollout lands
+  on the next gateway, which catches up with the turns the others recorded;
+* ``redis-1``: straight to one of the Redis gateways (every turn on the gateway that
+  holds the rollout: what the store costs without the catching up).
+
+Figures: **CPU per turn per gateway** (the gateway processes' CPU over the turns they
+served; the three summed for ``redis-3``), Redis's and HAProxy's own CPU per turn beside
+it, and latency p50 / p99.
+
+Then the same with a **paced model** (``--model-latency-ms``, the scripted model sleeping
+that long per completion, as a real model takes time): a second set of servers on it, and
+``direct`` (straight to the model) and ``lb-only`` (HAProxy straight to the model) beside
+the gateways: the **latency added** to a turn at p50 is each path's p50 minus direct's
+(``lb-only``'s is the balancer's own hop), at the first context size.
+
+Every figure is printed with its target (issue 26: CPU per turn per gateway at most 1.5x
+the single memory gateway's; added latency p50 under 2 ms at 1k context with a paced
+model) and the memory baseline measured in the same run. ``--quick`` (fewer turns per
+cell) runs in under 3 minutes on a 16-core host::
+
+    python benchmarks/scaleout.py --quick
+    python benchmarks/scaleout.py --contexts 1000,32000 --rollouts 64 --clients 4
+
+Needs ``redis-server`` and ``haproxy`` (Debian packages) and the ``redis`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from gateway_overhead import (
+    ADMIN_TOKEN,
+    RunResult,
+    Target,
+    _free_port,
+    _one_round,
+    _process,
+    merge_run,
+    rounds_for,
+)
+
+from rollout_gateway.local_cluster import GatewayGroup, HAProxy, RedisServer
+
+CLI = [sys.executable, "-m", "rollout_gateway.cli"]
+#: Servers of one set, by name: what a path's CPU is read from.
+GATEWAYS = ("gw0", "gw1", "gw2")
+
+
+def servers(
+    stack: contextlib.ExitStack, directory: Path, redis: RedisServer, latency_ms: float
+) -> tuple[list[Target], dict[str, int], str]:
+    """Start, on ``stack``: a scripted model (``latency_ms`` per completion), a memory
+    gateway, three Redis gateways (a key prefix of their own) and HAProxy over them.
+    Returns the paths, every server's pid by name, and the model's root."""
+    model_port = _free_port()
+    model_root = f"http://127.0.0.1:{model_port}"
+    model = [*CLI, "scripted-model", "--port", str(model_port), "--log-level", "warning",
+             "--latency-ms", str(latency_ms)]  # fmt: skip
+    pids = {"model": stack.enter_context(_process(model, f"{model_root}/v1/models"))}
+    upstream = f"{model_root}/v1"
+    common = ["--max-rollouts", "20000"]
+    port = _free_port()
+    memory = [*CLI, "serve", "--upstream", upstream, "--port", str(port), "--log-level",
+              "warning", *common]  # fmt: skip
+    env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+    pids["memory"] = stack.enter_context(
+        _process(memory, f"http://127.0.0.1:{port}/health", env=env)
+    )
+    prefix = f"bench{latency_ms:g}:"
+    group = GatewayGroup(
+        redis.url, upstream, len(GATEWAYS), directory / f"gateways-{latency_ms:g}",
+        admin_token=ADMIN_TOKEN, extra_args=[*common, "--redis-prefix", prefix],
+    )  # fmt: skip
+    stack.enter_context(group)
+    pids.update(zip(GATEWAYS, group.pids(), strict=True))
+    lb = stack.enter_context(HAProxy(group.ports, directory / f"lb-{latency_ms:g}"))
+    pids["haproxy"], pids["redis"] = lb.pid, redis.pid
+    targets = [
+        Target("memory", f"http://127.0.0.1:{port}", pids["memory"], gateway=True),
+        Target("redis-3", lb.root, None, gateway=True),
+        Target("redis-1", group.roots()[0], pids["gw0"], gateway=True),
+    ]
+    return targets, pids, model_root
+
+
+def measure(
+    args: argparse.Namespace,
+    targets: list[Target],
+    pids: dict[str, int],
+    contexts: list[int],
+    spread_s: float,
+) -> dict[tuple[int, str], RunResult]:
+    """(context, path) -> the cell's figures over at least ``--min-turns`` turns."""
+    for target in targets:  # warm up every path (imports, connections, scripts loaded)
+        asyncio.run(_one_round(target, pids, rollouts=4, turns=3, context_tokens=1000,
+                               tool_chars=50))  # fmt: skip
+    results: dict[tuple[int, str], RunResult] = {}
+    for context in contexts:
+        for _ in range(rounds_for(args.min_turns, args.rollouts, args.turns)):
+            for target in targets:
+                res = asyncio.run(
+                    _one_round(
+                        target, pids, rollouts=args.rollouts, turns=args.turns,
+                        context_tokens=context, tool_chars=args.tool_output_chars,
+                        clients=args.clients, start_spread_s=spread_s,
+                    )
+                )  # fmt: skip
+                merge_run(results.setdefault((context, target.name), RunResult([], 0.0, {})), res)
+    return results
+
+
+def gateway_cpu_ms(path: str, res: RunResult) -> float:
+    """CPU per turn of the gateway processes that served ``path``'s turns."""
+    names = {"memory": ["memory"], "redis-3": list(GATEWAYS), "redis-1": ["gw0"]}[path]
+    return sum(res.cpu_s[n] for n in names) * 1000 / len(res.latencies_s)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer turns per cell")
+    parser.add_argument("--contexts", type=_ints, default=[1000, 32000], help="context tokens")
+    parser.add_argument("--rollouts", type=int, default=64, help="concurrent rollouts")
+    parser.add_argument("--turns", type=int, default=40, help="turns per conversation")
+    parser.add_argument(
+        "--min-turns", type=int, default=7680, help="turns measured per cell (--quick: 2560)"
+    )
+    parser.add_argument(
+        "--clients", type=int, default=1,
+        help="load-generator processes per round (on a many-core host, e.g. 4)",
+    )  # fmt: skip
+    parser.add_argument("--tool-output-chars", type=int, default=200)
+    parser.add_argument(
+        "--model-latency-ms", type=float, default=500.0,
+        help="the paced model's time per completion (0: no paced part; default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fsync", choices=("everysec", "always"), default="everysec",
+        help="Redis's appendfsync (default: %(default)s)",
+    )  # fmt: skip
+    return parser
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    """Run the benchmark and print its figures."""
+    args = _parser().parse_args()
+    if args.quick:
+        args.min_turns = min(args.min_turns, 2560)
+        args.turns = min(args.turns, 20)
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="rg-scaleout-") as tmp:
+        directory = Path(tmp)
+        with RedisServer(directory / "redis", fsync=args.fsync) as redis:
+            with contextlib.ExitStack() as stack:
+                targets, pids, _ = servers(stack, directory, redis, 0.0)
+                fast = measure(args, targets, pids, args.contexts, 0.0)
+            paced: dict[tuple[int, str], RunResult] = {}
+            if args.model_latency_ms > 0:
+                with contextlib.ExitStack() as stack:
+                    latency = args.model_latency_ms
+                    targets, pids, model_root = servers(stack, directory, redis, latency)
+                    lb = stack.enter_context(HAProxy([int(model_root.rsplit(":", 1)[1])],
+                                                     directory / "lb-model"))  # fmt: skip
+                    targets = [
+                        Target("direct", model_root, pids["model"]),
+                        Target("lb-only", lb.root, lb.pid),
+                        *targets,
+                    ]
+                    paced = measure(args, targets, pids, args.contexts[:1], latency / 1000)
+    report(args, load_start, fast, paced)
+
+
+def report(
+    args: argparse.Namespace,
+    load_start: float,
+    fast: dict[tuple[int, str], RunResult],
+    paced: dict[tuple[int, str], RunResult],
+) -> None:
+    """Print the cells, the ratios to the memory gateway and the targets."""
+    print(
+        f"host load {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end on "
+        f"{os.cpu_count()} CPUs; {args.rollouts} rollouts x {args.turns} turns per round, "
+        f"tool output {args.tool_output_chars} chars; Redis appendfsync {args.fsync}"
+    )
+    rows: list[tuple[str, str, str, bool]] = []
+    print("\nmodel answering at once (CPU per turn; gateway = the gateways that served it)")
+    head = f"{'context':>8}  {'path':<9}{'turns':>7}{'gateway CPU ms/turn':>21}"
+    print(f"{head}{'redis':>8}{'haproxy':>9}{'p50 ms':>9}{'p99 ms':>9}")
+    for (context, path), res in fast.items():
+        n = len(res.latencies_s)
+        redis_ms = res.cpu_s["redis"] * 1000 / n if path != "memory" else 0.0
+        lb_ms = res.cpu_s["haproxy"] * 1000 / n if path == "redis-3" else 0.0
+        print(
+            f"{context:>8}  {path:<9}{n:>7}{gateway_cpu_ms(path, res):21.3f}{redis_ms:8.3f}"
+            f"{lb_ms:9.3f}{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
+        )
+    print("\nratios to the memory gateway (same run):")
+    for context in args.contexts:
+        memory = gateway_cpu_ms("memory", fast[(context, "memory")])
+        for path in ("redis-3", "redis-1"):
+            ratio = gateway_cpu_ms(path, fast[(context, path)]) / memory
+            print(
+                f"  CPU per turn per gateway, {path}/memory at {context} tokens: {ratio:.2f}x "
+                f"(memory {memory:.3f} ms)"
+            )
+            if path == "redis-3":
+                rows.append(
+                    (
+                        f"CPU/turn/gateway redis-3/memory, {context} tok",
+                        "<= 1.5x",
+                        f"{ratio:.2f}x (memory {memory:.3f} ms)",
+                        ratio <= 1.5,
+                    )
+                )
+    if paced:
+        context = args.contexts[0]
+        direct = paced[(context, "direct")].pct(0.5)
+        print(
+            f"\npaced model ({args.model_latency_ms:g} ms per completion) at {context} "
+            f"tokens: latency added to a turn over direct's (p50 {direct:.2f} ms)"
+        )
+        print(f"  {'path':<9}{'turns':>7}{'p50 ms':>10}{'added p50':>11}{'p99 ms':>9}")
+        for (_, path), res in paced.items():
+            added = res.pct(0.5) - direct
+            print(
+                f"  {path:<9}{len(res.latencies_s):>7}{res.pct(0.5):10.2f}{added:11.2f}"
+                f"{res.pct(0.99):9.2f}"
+            )
+        added_3 = paced[(context, "redis-3")].pct(0.5) - direct
+        added_mem = paced[(context, "memory")].pct(0.5) - direct
+        added_lb = paced[(context, "lb-only")].pct(0.5) - direct
+        rows.append(
+            (
+                f"added latency p50, redis-3 via HAProxy, {context} tok",
+                "< 2 ms",
+                f"{added_3:.2f} ms (memory {added_mem:.2f}, HAProxy alone {added_lb:.2f})",
+                added_3 < 2.0,
+            )
+        )
+        jitter = statistics.pstdev(paced[(context, "direct")].latencies_s) * 1000
+        print(f"  (direct's own spread: stdev {jitter:.2f} ms)")
+    width = max(len(r[0]) for r in rows)
+    print(f"\ntargets (issue 26), this run:\n  {'':<{width}}  {'target':<9}{'measured':<48}met")
+    for name, target, measured, met in rows:
+        print(f"  {name:<{width}}  {target:<9}{measured:<48}{'yes' if met else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
