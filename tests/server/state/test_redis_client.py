@@ -175,7 +175,7 @@ async def test_a_dead_gateways_turn_is_taken_over_and_its_late_commit_refused(
     try:
         await dead.create_rollout(_row())
         await dead.claim_turn("r1", "dead", 0.3)
-        dead._stop_renewing("r1")  # as if its process was killed: nobody renews
+        dead._leases._timers.pop("r1").cancel()  # stalled (SIGSTOP): nothing renews
         started = time.monotonic()
         await alive.claim_turn("r1", "alive", 0.3)
         assert time.monotonic() - started >= 0.15  # it waited for the lease to run out
@@ -206,7 +206,7 @@ async def test_a_lease_is_renewed_while_a_long_turn_runs(server: RedisServer) ->
 
 async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[RedisStore]) -> None:
     a, b = gateways
-    heard: Heard = b._events  # type: ignore[assignment]
+    heard: Heard = b._listener.events  # type: ignore[assignment]
     await a.create_rollout(_row())
     assert await a.cancel_rollout("r1", {"status": "cancelled"}) == 1
     assert await b.save_rollout("r1", {"status": "completed"}) == 2
@@ -242,7 +242,7 @@ async def test_exit_reports_are_numbered_once_for_every_gateway(
     assert [r["seq"] for r in await b.exits_after(2)] == [3]
     # Every gateway's watcher hears every report, its own included, in order.
     for store in (a, b):
-        heard: Heard = store._events  # type: ignore[assignment]
+        heard: Heard = store._listener.events  # type: ignore[assignment]
         await eventually(lambda heard=heard: len(heard.exits) == 3)
         assert [r["seq"] for r in heard.exits] == [1, 2, 3]
     contents = await reopened(b)  # a gateway started now
@@ -251,7 +251,7 @@ async def test_exit_reports_are_numbered_once_for_every_gateway(
 
 async def test_policy_versions_only_move_forward(gateways: list[RedisStore]) -> None:
     a, b = gateways
-    heard: Heard = b._events  # type: ignore[assignment]
+    heard: Heard = b._listener.events  # type: ignore[assignment]
     assert (await a.load_policy()).version is None
     assert (await a.announce_policy(3, 100.0)).version == 3
     assert (await b.announce_policy(2, 200.0)).version == 3  # older: refused

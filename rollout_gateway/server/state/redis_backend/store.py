@@ -15,34 +15,30 @@ every record sealed with a checksum, so a damaged one is refused, never served);
 scripts read none of it, only the counts and flags beside it.
 
 A rollout idle for the TTL expires in Redis itself (its keys' ``PEXPIRE``, renewed by
-every write and claim). A turn's lease lasts ``lease_s`` and is renewed while its turn
-runs: a gateway killed mid-turn leaves it to expire, and the rollout's next request, on
-any gateway, then claims it. A lost connection is :class:`StoreUnavailableError` (the
-request gets a 503 its client retries); the client reconnects on the next call, the
-event listener by itself.
-
-Each gateway listens on the events channel (one connection): a released lease wakes the
-claims waiting for it, a removal or a policy announcement is passed on, and an exit
-report makes it read the reports added to the stream since the last it read (and so does
-every reconnection: nothing published meanwhile is missed).
+every write and claim). A turn's lease (:mod:`.leases`) lasts ``lease_s`` and is renewed
+while its turn runs: a gateway killed mid-turn leaves it to expire, and the rollout's next
+request, on any gateway, then claims it. A turn is two round trips: the claim, which reads
+along what changed since this gateway's copy (:mod:`.copies`), and the commit, which ends
+the claim. What other gateways change reaches this one through the events channel
+(:mod:`.events`). A lost connection is :class:`StoreUnavailableError` (the request gets a
+503 its client retries; :mod:`.connection`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import secrets
 from typing import Any
-
-import redis.asyncio as aioredis
-from redis import exceptions as redis_errors
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
 from rollout_gateway.server.state import codec
-from rollout_gateway.server.state.redis_backend import scripts
+from rollout_gateway.server.state.redis_backend.connection import RedisConnection
 from rollout_gateway.server.state.redis_backend.copies import HeldCopies
+from rollout_gateway.server.state.redis_backend.events import RECHECK_S, EventListener
+from rollout_gateway.server.state.redis_backend.exits import ExitReports
+from rollout_gateway.server.state.redis_backend.leases import Leases
 from rollout_gateway.server.state.store import (
     GatewayStore,
     PolicyState,
@@ -53,44 +49,16 @@ from rollout_gateway.server.state.store import (
     StoreCorruptError,
     StoredAnswer,
     StoreEvents,
-    StoreUnavailableError,
     StoreVersionError,
     TurnCommit,
     TurnConflictError,
     UnknownRolloutError,
 )
 
-logger = logging.getLogger("rollout_gateway.server")
-
 #: The layout of what this code writes; another is refused, never misread.
 LAYOUT = 1
-#: A claim waiting for another gateway's turn looks again at least this often (a pub/sub
-#: message wakes it sooner: this bounds what a lost message costs).
-RECHECK_S = 0.25
-#: Exit reports kept in the stream other gateways follow (approximately).
-EXITS_STREAM_LEN = 100_000
-#: The event listener looks whether it is asked to stop at least this often.
-_LISTEN_POLL_S = 1.0
-#: Exit reports read from the stream at once.
-_EXITS_BATCH = 1000
-#: Redis cannot serve now (not reachable, loading its data, out of memory, read-only, or
-#: its disk full: ``MISCONF``): the request gets a 503 its client retries.
-_UNAVAILABLE = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ReadOnlyError,
-    OSError,
-)
-_UNAVAILABLE_REPLIES = ("MISCONF", "OOM", "LOADING", "READONLY", "MASTERDOWN")
 #: The rollout hash's fields a row is made of (not the stored answer's body).
 _ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key", "a_dlv")
-
-
-def _unavailable(exc: Exception) -> bool:
-    if isinstance(exc, _UNAVAILABLE):
-        return True
-    return isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_UNAVAILABLE_REPLIES)
 
 
 class RedisStore(GatewayStore):
@@ -123,74 +91,38 @@ class RedisStore(GatewayStore):
         self.prefix = prefix
         self.ttl_ms = int(ttl_s * 1000)
         self.lease_s = lease_s
-        self.timeout_s = timeout_s
         self.channel = f"{prefix}events"
+        self.connection = RedisConnection(url, timeout_s=timeout_s)
         self._secret = b""
-        self._client: aioredis.Redis | None = None
-        self._scripts: dict[str, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._contents: StoreContents | None = None
-        self._events: StoreEvents | None = None
-        self._listener: asyncio.Task[None] | None = None
-        self._stopping = False
-        #: The newest policy version passed on to the watcher.
-        self._policy_version: int | None = None
-        #: The number of the last exit report handed to the watcher.
-        self._exits_read = 0
-        self._wakers: dict[str, asyncio.Event] = {}
-        self._renewers: dict[str, asyncio.TimerHandle] = {}
-        #: The owner holding each rollout's lease from this process (commit checks it).
-        self._owners: dict[str, str] = {}
+        #: The exit reports every gateway shares.
+        self.exits = ExitReports(self.connection, prefix, self.channel)
+        self._listener = EventListener(
+            self.connection, self.channel, load_policy=self.load_policy,
+            exits_after=self.exits_after,
+        )  # fmt: skip
+        self._leases = Leases(self._renew)
         #: What this gateway holds of each rollout (a claim reads what changed along).
         self._copies = HeldCopies()
 
     # -- plumbing ------------------------------------------------------------------------
 
     @property
-    def client(self) -> aioredis.Redis:
-        """The connection pool of this event loop (made on first use)."""
-        if self._client is None:
-            self._client = self._new_client()
-            self._scripts = {
-                name: self._client.register_script(getattr(scripts, name))
-                for name in scripts.__all__
-            }
-        return self._client
-
-    def _new_client(self, **options: Any) -> aioredis.Redis:
-        settings: dict[str, Any] = {
-            "socket_timeout": self.timeout_s,
-            "socket_connect_timeout": self.timeout_s,
-        }
-        return aioredis.Redis.from_url(self.url, **{**settings, **options})
-
-    def _down(self, exc: Exception) -> StoreUnavailableError:
-        return StoreUnavailableError(f"redis at {self.where}: {exc}")
+    def client(self) -> Any:
+        """redis-py's client of the running event loop."""
+        return self.connection.client
 
     async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        client = self.client
-        try:
-            return await self._scripts[name](keys=keys, args=args, client=client)
-        except Exception as exc:
-            if _unavailable(exc):
-                raise self._down(exc) from exc
-            raise
+        return await self.connection.run(name, keys, args)
 
     async def _cmd(self, *command: Any) -> Any:
-        try:
-            return await self.client.execute_command(*command)
-        except Exception as exc:
-            if _unavailable(exc):
-                raise self._down(exc) from exc
-            raise
+        return await self.connection.cmd(*command)
 
     @property
     def where(self) -> str:
         """Where the Redis is, for messages (no password)."""
-        kw = self.client.connection_pool.connection_kwargs
-        if "path" in kw:
-            return str(kw["path"])
-        return f"{kw.get('host', '?')}:{kw.get('port', '')}/{kw.get('db', 0)}"
+        return self.connection.where
 
     def _keys(self, rollout_id: str) -> list[str]:
         """The rollout's hash, steps list and lease, in the order the scripts take them."""
@@ -227,44 +159,26 @@ class RedisStore(GatewayStore):
                 "database, or the gateway version that wrote it)"
             )
         self._secret = bytes.fromhex(secret.decode())
-        exits, cursor = await self._load_exits()
+        exits, cursor = await self.exits.load()
         self._contents = StoreContents(
             policy=await self.load_policy(), exits=exits, exit_cursor=cursor
         )
-        self._exits_read = cursor
-        if self._events is not None:  # a gateway's store: it follows the others' changes
-            self._stopping = False
-            self._listener = loop.create_task(self._listen(), name="redis-events")
+        self._listener.start(cursor)
         return self._contents
 
     def _forget_loop(self) -> None:
         """Drop what belongs to an event loop that has ended (its tasks are gone with it;
         its connections cannot be used by another loop)."""
-        for handle in self._renewers.values():
-            handle.cancel()
-        self._renewers.clear()
-        self._owners.clear()
-        self._wakers.clear()
-        self._listener = None
-        self._client = None
+        self._leases.stop_all()
+        self._listener.forget()
+        self.connection.forget()
         self._contents = None
 
     async def close(self) -> None:
         """Stop following changes and close the connections."""
-        for handle in self._renewers.values():
-            handle.cancel()
-        self._renewers.clear()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            # Asked to stop, and cancelled: a cancellation redis-py's read swallows (it
-            # happens) still ends the listener at its next look at the flag.
-            self._stopping = True
-            listener.cancel()
-            await asyncio.wait([listener], timeout=2 * _LISTEN_POLL_S)
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await client.aclose()
+        self._leases.stop_all()
+        await self._listener.stop()
+        await self.connection.aclose()
         self._contents = None
         self._loop = None
 
@@ -272,67 +186,7 @@ class RedisStore(GatewayStore):
         """Tell ``events`` of exit reports, removed rollouts and policy announcements
         (from :meth:`open` on: call before it). A store nobody watches (``serve``'s
         start-up check) does not listen, and runs no task of its own."""
-        self._events = events
-
-    async def _listen(self) -> None:
-        """Wake the claims waiting on a rollout when its lease is released, and pass on
-        removals and policy announcements; reconnects after Redis comes back (then reads
-        the policy again: an announcement may have come meanwhile)."""
-        # No reply timeout: the channel may be quiet for hours; health checks find a dead
-        # connection instead.
-        client = self._new_client(socket_timeout=None, health_check_interval=self.timeout_s)
-        try:
-            while not self._stopping:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                try:
-                    await pubsub.subscribe(self.channel)
-                    if self._events is not None:  # what was published while away
-                        self._policy_seen(await self.load_policy())
-                        await self._read_exits()
-                    while not self._stopping:
-                        message = await pubsub.get_message(timeout=_LISTEN_POLL_S)
-                        if message is not None and message.get("type") == "message":
-                            await self._heard(message.get("data") or b"")
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    logger.warning("redis events lost (%s); reconnecting", exc)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()
-                await asyncio.sleep(RECHECK_S)
-        finally:
-            with contextlib.suppress(Exception):
-                await client.aclose()
-
-    async def _heard(self, data: bytes) -> None:
-        kind, _, rollout_id = data.decode().partition(":")
-        waker = self._wakers.pop(rollout_id, None) if rollout_id else None
-        if waker is not None:
-            waker.set()
-        if self._events is None:
-            return
-        if kind == "d":
-            self._events.rollout_removed(rollout_id)
-        elif kind == "e":
-            await self._read_exits()
-        elif kind == "p":
-            self._policy_seen(await self.load_policy())
-
-    def _policy_seen(self, state: PolicyState) -> None:
-        """Pass on a policy version newer than the last one passed on."""
-        if state.version is None or self._events is None:
-            return
-        if self._policy_version is None or state.version > self._policy_version:
-            self._policy_version = state.version
-            self._events.policy_announced(state)
-
-    async def _read_exits(self) -> None:
-        """Hand the exit reports numbered after the last one read to the watcher."""
-        for report in await self.exits_after(self._exits_read):
-            self._exits_read = max(self._exits_read, report["seq"])
-            if self._events is not None:
-                self._events.exit_reported(report)
+        self._listener.events = events
 
     # -- rollouts ------------------------------------------------------------------------
 
@@ -407,7 +261,7 @@ class RedisStore(GatewayStore):
         """Drop the rollout's keys and exit report; every gateway hears of it."""
         keys = [*self._keys(rollout_id), f"{self.prefix}exits"]
         existed = await self._run("DELETE", keys, [self.channel, rollout_id])
-        self._stop_renewing(rollout_id)
+        self._leases.dropped(rollout_id)
         self._copies.forget(rollout_id)
         return bool(existed)
 
@@ -419,20 +273,17 @@ class RedisStore(GatewayStore):
         lease_ms = max(1, int(min(lease_s, self.lease_s) * 1000))
         keys = [*self._keys(rollout_id), f"{self.prefix}policy"]
         while True:
-            # Made before asking: a release between the answer and the wait wakes it.
-            waker = self._wakers.setdefault(rollout_id, asyncio.Event())
+            waker = self._listener.waker(rollout_id)
             held = self._copies.held(rollout_id)
             args = [owner, lease_ms, self.ttl_ms, *held]
             reply = await self._run("CLAIM", keys, args)
             if reply[0] == b"gone":
                 raise UnknownRolloutError(rollout_id)
             if reply[0] == b"ok":
-                if self._wakers.get(rollout_id) is waker and not waker.is_set():
-                    del self._wakers[rollout_id]
-                self._owners[rollout_id] = owner
-                self._renew_later(rollout_id, owner, lease_ms)
+                self._listener.done_waiting(rollout_id, waker)
+                self._leases.took(rollout_id, owner, lease_ms)
                 if reply[2] is not None:
-                    self._policy_seen(PolicyState(int(reply[2]), float(reply[3])))
+                    self._listener.policy_seen(PolicyState(int(reply[2]), float(reply[3])))
                 if len(reply) > 4:  # this gateway's copy is behind: what it reads next
                     self._copies.read_along(rollout_id, reply[4], reply[5], int(held[1]))
                 return int(reply[1])
@@ -441,34 +292,9 @@ class RedisStore(GatewayStore):
                 async with asyncio.timeout(min(RECHECK_S, left_s + 0.01)):
                     await waker.wait()
 
-    def _renew_later(self, rollout_id: str, owner: str, lease_ms: int) -> None:
-        """Renew the lease every third of its length while the turn runs (no task at all
-        for a turn shorter than that)."""
-
-        def renew() -> None:
-            task = asyncio.ensure_future(self._renew(rollout_id, owner, lease_ms))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-        self._stop_renewing(rollout_id)
-        loop = asyncio.get_running_loop()
-        self._renewers[rollout_id] = loop.call_later(lease_ms / 3000, renew)
-
-    async def _renew(self, rollout_id: str, owner: str, lease_ms: int) -> None:
-        if self._owners.get(rollout_id) != owner:
-            return
+    async def _renew(self, rollout_id: str, owner: str, lease_ms: int) -> bool:
         keys = [self._keys(rollout_id)[2]]
-        try:
-            if not await self._run("RENEW", keys, [owner, lease_ms]):
-                return  # lost: the commit says so
-        except StoreUnavailableError:
-            pass  # tried again a third of a lease later; the commit fails if it ran out
-        if self._owners.get(rollout_id) == owner:
-            self._renew_later(rollout_id, owner, lease_ms)
-
-    def _stop_renewing(self, rollout_id: str) -> None:
-        handle = self._renewers.pop(rollout_id, None)
-        if handle is not None:
-            handle.cancel()
+        return bool(await self._run("RENEW", keys, [owner, lease_ms]))
 
     async def release_turn(
         self, rollout_id: str, owner: str, *, delivered: bool | None = None
@@ -477,10 +303,9 @@ class RedisStore(GatewayStore):
         told), noting a delivered answer (one script; none when a commit ended the claim
         already)."""
         self._copies.settled(rollout_id)
-        if self._owners.get(rollout_id) != owner:
+        if self._leases.owner(rollout_id) != owner:
             return
-        del self._owners[rollout_id]
-        self._stop_renewing(rollout_id)
+        self._leases.dropped(rollout_id)
         keys = [self._keys(rollout_id)[2], self._keys(rollout_id)[0]]
         args = [owner, self.channel, rollout_id, "1" if delivered else "0"]
         await self._run("RELEASE", keys, args)
@@ -494,7 +319,7 @@ class RedisStore(GatewayStore):
         if commit.answer is not None:
             answer_key = codec.encode_answer_key(commit.answer.key)
             body = codec.encode_answer(commit.answer)
-        owner = self._owners.get(rollout_id, "")
+        owner = self._leases.owner(rollout_id) or ""
         releases = bool(owner) and commit.releases == owner
         counters = codec.encode_json(commit.counters)
         args = [owner, commit.index, step, counters, self.ttl_ms, answer_key, body,
@@ -506,8 +331,7 @@ class RedisStore(GatewayStore):
             revision = int(reply[1])
             self._copies.wrote(rollout_id, revision, commit.index + 1)
             if releases:
-                del self._owners[rollout_id]
-                self._stop_renewing(rollout_id)
+                self._leases.dropped(rollout_id)
             return revision
         if outcome == b"gone":
             raise UnknownRolloutError(rollout_id)
@@ -554,60 +378,21 @@ class RedisStore(GatewayStore):
     async def report_exit(self, rollout_id: str, exit_code: int | None) -> ExitReport:
         """Keep an exit report, numbered once for every gateway (one script); every
         gateway's listener hands it to its watcher."""
-        p = self.prefix
-        keys = [f"{p}exits", f"{p}exits:stream", f"{p}exits:seq", self._keys(rollout_id)[0]]
-        code = "" if exit_code is None else str(exit_code)
-        args = [rollout_id, code, EXITS_STREAM_LEN, self.channel]
-        seq = int(await self._run("EXIT", keys, args))
-        if seq == 0:
-            raise UnknownRolloutError(rollout_id)
-        return {"rollout_id": rollout_id, "exit_code": exit_code, "seq": seq}
+        return await self.exits.report(rollout_id, exit_code, self._keys(rollout_id)[0])
 
     async def save_exit(self, report: ExitReport) -> None:
         """Keep a report numbered already (the gateways number theirs with
         :meth:`report_exit`)."""
-        p = self.prefix
-        code = "" if report["exit_code"] is None else str(report["exit_code"])
-        keys = [f"{p}exits", f"{p}exits:seq"]
-        await self._run("KEEP_EXIT", keys, [report["rollout_id"], report["seq"], code])
+        await self.exits.keep(report)
 
     async def forget_exit(self, rollout_id: str) -> None:
         """Drop the rollout's report."""
-        await self._cmd("HDEL", f"{self.prefix}exits", rollout_id)
-
-    async def _load_exits(self) -> tuple[list[ExitReport], int]:
-        stored = await self._cmd("HGETALL", f"{self.prefix}exits")
-        cursor = await self._cmd("GET", f"{self.prefix}exits:seq")
-        reports: list[ExitReport] = []
-        for rid, value in stored.items():
-            seq, _, code = value.decode().partition(" ")
-            reports.append(
-                {"rollout_id": rid.decode(), "exit_code": int(code) if code else None,
-                 "seq": int(seq)}
-            )  # fmt: skip
-        reports.sort(key=lambda r: r["seq"])
-        return reports, int(cursor or 0)
+        await self.exits.forget(rollout_id)
 
     async def exits_after(self, after: int) -> list[ExitReport]:
-        """The exit reports numbered above ``after``, oldest first, as gateways kept them
-        (those of rollouts removed since included; the stream keeps about
-        :data:`EXITS_STREAM_LEN`)."""
-        stream = f"{self.prefix}exits:stream"
-        last = f"{after}-1".encode() if after else b"0-0"
-        reports: list[ExitReport] = []
-        while True:
-            reply = await self._cmd("XREAD", "COUNT", _EXITS_BATCH, "STREAMS", stream, last)
-            entries = reply[0][1] if reply else []
-            for entry_id, fields in entries:
-                last = entry_id
-                code = fields[b"code"]
-                reports.append(
-                    {"rollout_id": fields[b"rid"].decode(),
-                     "exit_code": int(code) if code else None,
-                     "seq": int(entry_id.split(b"-")[0])}
-                )  # fmt: skip
-            if len(entries) < _EXITS_BATCH:
-                return reports
+        """The exit reports numbered above ``after``, oldest first (see
+        :meth:`.exits.ExitReports.after`)."""
+        return await self.exits.after(after)
 
     async def announce_policy(self, version: int, at: float) -> PolicyState:
         """Forward only (one script); every gateway hears of a new version."""
@@ -624,4 +409,4 @@ class RedisStore(GatewayStore):
         return PolicyState(int(version), float(at))
 
 
-__all__ = ["LAYOUT", "RECHECK_S", "RedisStore"]
+__all__ = ["LAYOUT", "RedisStore"]

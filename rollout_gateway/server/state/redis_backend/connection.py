@@ -1,0 +1,112 @@
+"""One gateway's connections to Redis: :class:`RedisConnection`.
+
+redis-py's asyncio client (hiredis parses the replies), one connection pool per event loop
+(``serve`` checks the store before its server's loop runs: that loop's connections cannot
+serve the next), the scripts of :mod:`.scripts` registered on it, and Redis's "cannot
+serve now" errors turned into :class:`~rollout_gateway.server.state.store.StoreUnavailableError`
+(the request gets a 503 its client retries; the pool reconnects on the next call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from rollout_gateway.server.state.redis_backend import scripts
+from rollout_gateway.server.state.store import StoreUnavailableError
+
+#: Redis cannot serve now (not reachable, loading its data, out of memory, read-only, or
+#: its disk full: ``MISCONF``).
+_UNAVAILABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    OSError,
+)
+_UNAVAILABLE_REPLIES = ("MISCONF", "OOM", "LOADING", "READONLY", "MASTERDOWN")
+
+
+def unavailable(exc: Exception) -> bool:
+    """Whether ``exc`` says Redis cannot serve now (rather than a mistake of ours)."""
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_UNAVAILABLE_REPLIES)
+
+
+class RedisConnection:
+    """The connection pool of the running event loop, and the calls made on it.
+
+    Args:
+        url: the Redis URL (``redis://``, ``rediss://``, ``unix://``).
+        timeout_s: connect and reply timeout of one call.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The pool (made on first use, with the scripts registered on it)."""
+        if self._client is None:
+            self._client = self.new_client()
+            self._scripts = {
+                name: self._client.register_script(getattr(scripts, name))
+                for name in scripts.__all__
+            }
+        return self._client
+
+    def new_client(self, **options: Any) -> aioredis.Redis:
+        """Another client on the same Redis (``options`` override the timeouts)."""
+        settings: dict[str, Any] = {
+            "socket_timeout": self.timeout_s,
+            "socket_connect_timeout": self.timeout_s,
+        }
+        return aioredis.Redis.from_url(self.url, **{**settings, **options})
+
+    @property
+    def where(self) -> str:
+        """Where the Redis is, for messages (no password)."""
+        kw = self.client.connection_pool.connection_kwargs
+        if "path" in kw:
+            return str(kw["path"])
+        return f"{kw.get('host', '?')}:{kw.get('port', '')}/{kw.get('db', 0)}"
+
+    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run the script ``name`` of :mod:`.scripts` (loaded again after Redis lost it)."""
+        client = self.client
+        try:
+            return await self._scripts[name](keys=keys, args=args, client=client)
+        except Exception as exc:
+            if unavailable(exc):
+                raise StoreUnavailableError(f"redis at {self.where}: {exc}") from exc
+            raise
+
+    async def cmd(self, *command: Any) -> Any:
+        """One command."""
+        try:
+            return await self.client.execute_command(*command)
+        except Exception as exc:
+            if unavailable(exc):
+                raise StoreUnavailableError(f"redis at {self.where}: {exc}") from exc
+            raise
+
+    def forget(self) -> None:
+        """Drop the pool of an event loop that has ended (unusable by another)."""
+        self._client = None
+
+    async def aclose(self) -> None:
+        """Close the pool."""
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+
+__all__ = ["RedisConnection", "unavailable"]
