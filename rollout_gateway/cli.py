@@ -513,11 +513,23 @@ _ISOLATION_EPILOG = "{isolation}"
 def _isolation_help() -> str:
     from rollout_gateway.local_sandbox import FALLBACK_ORDER, unavailable_reasons
 
+    from rollout_gateway.local_sandbox import tools
+    from rollout_gateway.local_sandbox.limits import enforcement
+
     reasons = unavailable_reasons()
     lines = ["local sandbox isolation (strongest first; auto takes the first available):"]
     for mode in FALLBACK_ORDER:
-        lines.append(f"  {mode:<14}{'available' if reasons[mode] is None else reasons[mode]}")
+        state = "available" if reasons[mode] is None else reasons[mode]
+        program = tools.bwrap()
+        if mode.value == "bwrap" and reasons[mode] is None and program is not None:
+            state = f"available ({program.source} bwrap)"
+        lines.append(f"  {mode:<14}{state}")
     lines.append("  process-group no containment: only with --isolation process-group")
+    offered = [m for m in FALLBACK_ORDER if reasons[m] is None]
+    uid = offered[0].uses_sandbox_uid if offered else False
+    lines.append("limits each sandbox gets on this host (in the mode auto takes):")
+    for kind, how in enforcement(uid).items():
+        lines.append(f"  {kind:<14}{how}")
     lines.append(
         "results: DIR/results.jsonl (one rollout per line, written as each finishes) and "
         "DIR/metadata.json"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 
 from rollout_gateway import protocol
+from rollout_gateway.admin_token import ADMIN_TOKEN_ENV, take_admin_token
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.errors import GatewayConfigError
 from rollout_gateway.polling import PollPolicy
@@ -30,8 +30,6 @@ from rollout_gateway.tunnels import (
     TunnelProvider,
 )
 
-#: Environment variable holding the gateway's control-plane token, by default.
-ADMIN_TOKEN_ENV = "ROLLOUT_GATEWAY_ADMIN_TOKEN"
 #: How long an agent may run by default (the earlier experimental mixin's default: 6 h).
 DEFAULT_AGENT_TIMEOUT = 21600.0
 TUNNEL_PROVIDERS = ("prime", "direct")
@@ -51,7 +49,9 @@ class GatewaySettings:
         tunnel_provider: ``"prime"``, ``"direct"``, a :class:`TunnelProvider`, or
             ``None`` for the adapter's default (direct for local sandboxes, else prime).
         admin_token: control-plane bearer token; ``None`` reads ``admin_token_env``.
-        admin_token_env: name of the environment variable holding the admin token.
+        admin_token_env: name of the environment variable holding the admin token
+            (``<name>_FILE`` names a file holding it instead; both are removed from the
+            process's environment once read).
         retry: retry policy of control-plane calls (or a mapping of its fields).
         poll: how often to ask the sandbox whether the agent exited (or a mapping of
             its fields).
@@ -194,8 +194,10 @@ class GatewaySettings:
         return url
 
     def resolved_admin_token(self) -> str | None:
-        """The admin token: ``admin_token``, else the ``admin_token_env`` variable."""
-        return self.admin_token or os.environ.get(self.admin_token_env) or None
+        """The admin token: ``admin_token``, else ``$<admin_token_env>_FILE`` (a file) or
+        ``$<admin_token_env>``, both then removed from this process's environment so that
+        no agent it starts inherits them (:mod:`rollout_gateway.admin_token`)."""
+        return self.admin_token or take_admin_token(self.admin_token_env)
 
     def resolved_tunnel_provider(self, *, local: bool) -> TunnelProvider:
         """The tunnel provider; ``local`` picks the default (direct when sandboxes are local)."""

@@ -34,6 +34,7 @@ from verifiers.v1.interception import (
     make_interception,
 )
 
+from rollout_gateway.admin_token import take_admin_token
 from rollout_gateway.v1.config import (
     GatewayInterceptionConfig,
     InterceptionChoice,
@@ -79,6 +80,10 @@ class GatewayEnvMixin(_Base):
         """v1's ``serving()``; in gateway mode with a :class:`GatewayInterception`."""
         await self._check_local_sandboxes()
         config = self._gateway_config()
+        if config is not None:
+            # Before any tool server or agent process starts: the token leaves this
+            # process's environment (kept in memory for the interception).
+            take_admin_token(config.admin_token_var)
         if config is None:
             async with super().serving():
                 yield

@@ -1,0 +1,142 @@
+"""Resource limits and stops: a fork bomb, a disk fill, a memory hog and a SIGTERM-ignoring
+agent are each stopped at their limit while a sibling sandbox keeps working, in every
+isolation mode this host offers (tiny limits: fast and safe on a shared machine)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+from prime_sandboxes import BackgroundJob, CreateSandboxRequest
+
+from rollout_gateway.local_sandbox import IsolationMode, LocalSandboxClient, cgroups, disks
+
+from .conftest import ALL_MODES, make_client, require_mode
+from .procs import assert_none_running, markers, wait_running
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(params=ALL_MODES, ids=str)
+async def client(request: pytest.FixtureRequest, root: Path):
+    mode = require_mode(request.param)
+    c = make_client(root, mode, reap_interval=0.05, pids_limit=32)
+    yield c
+    c.teardown()
+
+
+async def new(client: LocalSandboxClient, *, memory_mib: int = 64, disk_mib: int = 32) -> str:
+    sandbox = await client.create(
+        CreateSandboxRequest(
+            name="limits",
+            docker_image="x",
+            memory_gb=memory_mib / 1024,
+            disk_size_gb=disk_mib / 1024,
+            labels=[],
+        )
+    )
+    return sandbox.id
+
+
+async def finished(client: LocalSandboxClient, sid: str, job: BackgroundJob, timeout: float = 60):
+    for _ in range(int(timeout / 0.02)):
+        status = await client.get_background_job(sid, job)
+        if status.completed:
+            return status
+        await asyncio.sleep(0.02)
+    raise AssertionError("job still running")
+
+
+async def sibling_works(client: LocalSandboxClient, sid: str) -> None:
+    result = await client.execute_command(sid, "echo ok > f && cat f")
+    assert (result.exit_code, result.stdout) == (0, "ok\n")
+
+
+def can_enforce_pids(client: LocalSandboxClient) -> bool:
+    return cgroups.availability() is None or client.isolation.uses_sandbox_uid
+
+
+async def test_fork_bomb_is_stopped_at_the_process_limit(client: LocalSandboxClient) -> None:
+    if not can_enforce_pids(client):
+        pytest.skip(f"no process limit here: {client.limit_enforcement()['processes']}")
+    bomb, sibling = await new(client), await new(client)
+    job = await client.start_background_job(bomb, "b() { b | b & }; b; sleep 600")
+    status = await finished(client, bomb, job)
+    assert status.exit_code != 0
+    if cgroups.availability() is None:  # the watchdog saw the refused forks
+        assert "process limit (32) reached" in (status.stderr or "")
+    await sibling_works(client, sibling)
+    await client.delete(bomb)
+    assert not (client.root / bomb).exists()
+
+
+async def test_disk_fill_is_stopped_at_the_disk_limit(client: LocalSandboxClient) -> None:
+    filler, sibling = await new(client, disk_mib=32), await new(client)
+    job = await client.start_background_job(
+        filler,
+        "for i in 1 2 3 4 5 6 7 8; do head -c 8388608 /dev/zero > f$i; done; sleep 600",
+    )
+    status = await finished(client, filler, job)
+    assert status.exit_code != 0
+    assert "disk limit (32 MiB) reached" in (status.stderr or ""), status.stderr
+    held = disks.usage_bytes(client.root / filler / "work")
+    # Own file system: never past it. Watchdog: at most a few files past it, then stopped.
+    assert held <= (32 if disks.availability() is None else 64) * MiB, held
+    await sibling_works(client, sibling)
+
+
+async def test_memory_hog_is_stopped_at_the_memory_limit(client: LocalSandboxClient) -> None:
+    hog, sibling = await new(client, memory_mib=64), await new(client)
+    grab = f"{sys.executable} -c 'x = bytearray(256 << 20); print(len(x))'"
+    result = await client.execute_command(hog, grab, timeout=60)
+    assert result.exit_code != 0 and str(256 << 20) not in result.stdout
+    await sibling_works(client, sibling)
+
+
+async def test_ram_backed_tmp_counts_against_the_limits(client: LocalSandboxClient) -> None:
+    if client.isolation is not IsolationMode.BWRAP:
+        pytest.skip("only bwrap gives each command a RAM-backed /tmp")
+    sid = await new(client, memory_mib=64, disk_mib=32)
+    result = await client.execute_command(
+        sid, "dd if=/dev/zero of=/tmp/fill bs=1M count=256 2>&1; du -m /tmp/fill", timeout=60
+    )
+    (line,) = [x for x in result.stdout.splitlines() if x.endswith("/tmp/fill")]
+    assert 0 < int(line.split()[0]) <= 64, result.stdout
+
+
+async def test_sigterm_ignoring_agent_is_killed_and_its_sandbox_removed(
+    client: LocalSandboxClient,
+) -> None:
+    (mark,) = markers(1)
+    sid = await new(client)
+    await client.start_background_job(sid, f"trap '' TERM; sleep {mark} & trap '' TERM; wait")
+    await wait_running(mark)
+    await client.delete(sid)
+    assert_none_running(mark)
+    assert not (client.root / sid).exists()
+
+
+async def test_stopping_a_sandbox_stops_every_process_it_runs(client: LocalSandboxClient) -> None:
+    """What the classic mixin does to a timed-out agent before scoring: every process goes,
+    in every mode (a stop command run inside a namespace mode could not see them)."""
+    m1, m2 = markers(2)
+    sid = await new(client)
+    job = await client.start_background_job(
+        sid, f"trap '' TERM; (setsid sleep {m1} &); sleep {m2} & wait"
+    )
+    await wait_running(m1, m2)
+    await asyncio.to_thread(client.stop_processes, sid)
+    assert_none_running(m1, m2)
+    assert (await finished(client, sid, job)).completed
+    await sibling_works(client, sid)  # the sandbox itself stays, for scoring
+
+
+async def test_limit_enforcement_is_reported(client: LocalSandboxClient) -> None:
+    enforced = client.limit_enforcement()
+    assert set(enforced) == {"processes", "memory", "disk", "cpu"}
+    if cgroups.availability() is None:
+        assert "cgroup" in enforced["memory"] and "cgroup" in enforced["processes"]
+    if disks.availability() is None:
+        assert "file system" in enforced["disk"]
