@@ -511,9 +511,7 @@ _ISOLATION_EPILOG = "{isolation}"
 
 
 def _isolation_help() -> str:
-    from rollout_gateway.local_sandbox import FALLBACK_ORDER, unavailable_reasons
-
-    from rollout_gateway.local_sandbox import tools
+    from rollout_gateway.local_sandbox import FALLBACK_ORDER, tools, unavailable_reasons
     from rollout_gateway.local_sandbox.limits import enforcement
 
     reasons = unavailable_reasons()

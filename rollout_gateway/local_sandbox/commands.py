@@ -97,6 +97,7 @@ class SandboxCommandAPI:
                 out_path.unlink(missing_ok=True)
                 err_path.unlink(missing_ok=True)
 
+        await asyncio.to_thread(self._registry.enforce_sandbox, sb, proc)
         stdout, stderr = await asyncio.to_thread(collect)
         return CommandResponse(
             stdout=stdout,
@@ -170,6 +171,7 @@ class SandboxCommandAPI:
                 stderr_truncated=err_trunc,
             )
 
+        await asyncio.to_thread(self._registry.enforce_sandbox, sb, entry.proc)
         entry.status = await asyncio.to_thread(collect)
         return entry.status
 
@@ -247,7 +249,9 @@ class SandboxCommandAPI:
                 # breaks programs that reserve much more than they use).
                 memory_gb=req.memory_gb if sb.cgroup is None else None,
                 disk_size_gb=req.disk_size_gb,
-                nproc=sb.limits.pids if sb.mode.uses_sandbox_uid else None,
+                # The uid's process count where no pids cgroup counts the sandbox's (the
+                # cgroup's refusals are what the watchdog sees).
+                nproc=sb.limits.pids if sb.mode.uses_sandbox_uid and sb.cgroup is None else None,
             )
             if self._apply_rlimits
             else []

@@ -141,25 +141,29 @@ class SandboxRegistry:
         their ids."""
         with self._lock:
             live = list(self._live.values())
-        stopped = []
-        for sb in live:
-            if sb.breach is not None or sb.dead:
-                continue
-            try:
-                why = limits.breach(
-                    sb.limits, sb.cgroup, {}, sb.disk_image is not None, str(sb.dirs.base)
-                )
-            except OSError:
-                continue  # being removed meanwhile
-            if why is None:
-                continue
-            with sb.lock:
-                sb.stopped_leaders = {p.pid for p in sb.procs if p.poll() is None}  # type: ignore[attr-defined]
-            sb.breach = why
-            logger.warning("Local sandbox %s stopped: %s", sb.id, why)
-            self._kill_everything(sb)
-            stopped.append(sb.id)
-        return stopped
+        return [sb.id for sb in live if self.enforce_sandbox(sb)]
+
+    def enforce_sandbox(self, sb: LocalSandbox, ended: object = None) -> bool:
+        """Stop ``sb`` if it is past a limit (``ended``: a command that just ended, which
+        the limit may have ended); whether it was stopped now."""
+        if sb.breach is not None or sb.dead:
+            return False
+        try:
+            why = limits.breach(
+                sb.limits, sb.cgroup, {}, sb.disk_image is not None, str(sb.dirs.base)
+            )
+        except OSError:
+            return False  # being removed meanwhile
+        if why is None:
+            return False
+        with sb.lock:
+            sb.stopped_leaders = {p.pid for p in sb.procs if p.poll() is None}  # type: ignore[attr-defined]
+            if ended is not None:
+                sb.stopped_leaders.add(ended.pid)  # type: ignore[attr-defined]
+        sb.breach = why
+        logger.warning("Local sandbox %s stopped: %s", sb.id, why)
+        self._kill_everything(sb)
+        return True
 
     def destroy_all(self) -> None:
         """Destroy every sandbox, including those another thread is destroying.

@@ -199,7 +199,7 @@ class LocalSandboxRuntime(Runtime):
             }
         )
         try:
-            sandbox = await client.create(request)
+            sandbox = await client.create(request, pids=config.pids)
             # Recorded before the wait: a failed start still reaches stop() with it.
             self.sandbox_id = sandbox.id
             self.info.id = sandbox.id
