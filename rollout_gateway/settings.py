@@ -20,7 +20,13 @@ from typing import Any
 import httpx
 
 from rollout_gateway import protocol
-from rollout_gateway.admin_token import ADMIN_TOKEN_ENV, take_admin_token
+from rollout_gateway.admin_token import (
+    ADMIN_TOKEN_ENV,
+    ADMIN_TOKEN_FILE_ENV,
+    admin_token_source,
+    discard_admin_token_variables,
+    take_admin_token,
+)
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.errors import GatewayConfigError
 from rollout_gateway.polling import PollPolicy
@@ -48,10 +54,11 @@ class GatewaySettings:
             env's own rollout timeout still applies).
         tunnel_provider: ``"prime"``, ``"direct"``, a :class:`TunnelProvider`, or
             ``None`` for the adapter's default (direct for local sandboxes, else prime).
-        admin_token: control-plane bearer token; ``None`` reads ``admin_token_env``.
-        admin_token_env: name of the environment variable holding the admin token
-            (``<name>_FILE`` names a file holding it instead; both are removed from the
-            process's environment once read).
+        admin_token: control-plane bearer token; ``None`` reads the file named by
+            ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE``, else the ``admin_token_env`` variable.
+        admin_token_env: name of the environment variable holding the admin token. The
+            variables are removed from the process's environment once read (also when
+            ``admin_token`` is given), so that nothing it starts later inherits them.
         retry: retry policy of control-plane calls (or a mapping of its fields).
         poll: how often to ask the sandbox whether the agent exited (or a mapping of
             its fields).
@@ -194,10 +201,37 @@ class GatewaySettings:
         return url
 
     def resolved_admin_token(self) -> str | None:
-        """The admin token: ``admin_token``, else ``$<admin_token_env>_FILE`` (a file) or
-        ``$<admin_token_env>``, both then removed from this process's environment so that
-        no agent it starts inherits them (:mod:`rollout_gateway.admin_token`)."""
-        return self.admin_token or take_admin_token(self.admin_token_env)
+        """The admin token: ``admin_token``, else the file named by
+        ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE``, else the ``admin_token_env`` variable.
+
+        Read once with :func:`rollout_gateway.admin_token.take_admin_token`: the variables
+        leave ``os.environ`` (no agent started later inherits them), the token stays in
+        memory. Raises :class:`GatewayConfigError` naming the variable when that file
+        cannot be read.
+        """
+        if self.admin_token:
+            discard_admin_token_variables(self.admin_token_env)
+            return self.admin_token
+        return take_admin_token(self.admin_token_env)
+
+    def admin_token_help(self) -> str:
+        """What to set when the gateway refuses the token: where this env took it from."""
+        if self.admin_token:
+            gave: str | None = "the admin token of GatewaySettings.admin_token"
+        else:
+            try:
+                take_admin_token(self.admin_token_env)
+            except GatewayConfigError:
+                pass  # resolved_admin_token() reports it
+            gave = admin_token_source(self.admin_token_env)
+        where = (
+            f"set ${ADMIN_TOKEN_FILE_ENV} to the gateway's token file (the file of "
+            f"`rollout-gateway serve --admin-token-file`), or ${self.admin_token_env} to "
+            "the token itself"
+        )
+        if gave is None:
+            return f"the env sent no admin token: {where}"
+        return f"{gave} is not the gateway's: {where}"
 
     def resolved_tunnel_provider(self, *, local: bool) -> TunnelProvider:
         """The tunnel provider; ``local`` picks the default (direct when sandboxes are local)."""

@@ -14,6 +14,12 @@
   (:class:`LocalSandboxStartError`, a v1 ``SandboxError``).
 """
 
+from rollout_gateway.verifiers_stack import V1, require_stack
+
+# Before any verifiers.v1 import, which fails on verifiers 0.3 with a message about
+# verifiers' internals: name the extra to install instead.
+require_stack(V1, "rollout_gateway.v1")
+
 from rollout_gateway.v1.config import (
     DEFAULT_ADMIN_TOKEN_VAR,
     GatewayInterceptionConfig,

@@ -17,12 +17,17 @@ What the mixin overrides, and why:
   ``make_interception`` from its default config) serves those tasks.
 - ``_episode_agents()``: gives each agent's harness the sync hook of
   :mod:`rollout_gateway.v1.harness_sync` (v1 builds the agents of an episode there).
+
+While the env serves, this package's log records go where v1's own go (v1's CLIs show
+only the ``verifiers.v1`` logger): a refused admin token, logged once, reaches the
+console of ``vf-eval`` beside the rollouts' ``InterceptionError``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from verifiers.v1.configs.agent import agent_config_fields
@@ -51,6 +56,26 @@ if TYPE_CHECKING:
     from verifiers.v1.env import Env as _Base
 else:
     _Base = object
+
+
+@contextlib.contextmanager
+def logs_beside_v1() -> Iterator[None]:
+    """Send ``rollout_gateway``'s log records to the handlers of v1's logger meanwhile."""
+    ours, v1 = logging.getLogger("rollout_gateway"), logging.getLogger("verifiers.v1")
+    added = [
+        h for h in v1.handlers if not isinstance(h, logging.NullHandler) and h not in ours.handlers
+    ]
+    propagate = ours.propagate
+    for handler in added:
+        ours.addHandler(handler)
+    if added and not v1.propagate:  # v1's CLI took its records off the root: ours too
+        ours.propagate = False
+    try:
+        yield
+    finally:
+        for handler in added:
+            ours.removeHandler(handler)
+        ours.propagate = propagate
 
 
 class GatewayEnvMixin(_Base):
@@ -88,6 +113,12 @@ class GatewayEnvMixin(_Base):
             async with super().serving():
                 yield
             return
+        with logs_beside_v1():
+            async with self._gateway_serving(config):
+                yield
+
+    @contextlib.asynccontextmanager
+    async def _gateway_serving(self, config: GatewayInterceptionConfig) -> AsyncIterator[None]:
         async with self.shared_tools() as shared:
             requires_tunnel = self._requires_tunnel(shared)
             fallback: Interception | None = None
