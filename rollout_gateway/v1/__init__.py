@@ -11,7 +11,10 @@
   runtime type (``--env.agent.runtime.type local_sandbox``), contained local sandboxes
   for v1 agents; :data:`RuntimeChoice` and :class:`LocalSandboxAgentConfig` accept it in
   configs; :func:`check_local_sandbox` fails fast when this host cannot run them
-  (:class:`LocalSandboxStartError`, a v1 ``SandboxError``).
+  (:class:`LocalSandboxStartError`, a v1 ``SandboxError``); :func:`record_for_v1` records
+  a local-sandbox trace in v1's own vocabulary (v1's trace readers accept no other
+  runtime type; the gateway env applies it to every episode), :func:`local_sandbox_record`
+  reads the full record back.
 """
 
 from rollout_gateway.verifiers_stack import V1, require_stack
@@ -39,6 +42,7 @@ from rollout_gateway.v1.runtime import (
     LocalSandboxStartError,
     check_local_sandbox,
 )
+from rollout_gateway.v1.runtime_record import local_sandbox_record, record_for_v1
 from rollout_gateway.v1.trace_sync import TraceSync
 
 __all__ = [
@@ -62,4 +66,6 @@ __all__ = [
     "gateway_synced",
     "gateway_synced_agent",
     "interception_error",
+    "local_sandbox_record",
+    "record_for_v1",
 ]
