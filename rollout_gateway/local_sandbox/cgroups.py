@@ -11,6 +11,12 @@ confining command line is prefixed with a root shell that writes its own pid to 
 group's ``cgroup.procs`` and then ``exec``\\ s the rest (:meth:`SandboxCgroup.enter_argv`),
 so every process the command ever starts is counted and limited.
 
+Each sandbox records its group directories in its ``meta.json``: the stale sweep of a
+crashed process's sandboxes removes them wherever they were made (under that process's
+own group, which the sweeping process may not share). The last sandbox of a parent made
+in the env's own group removes that parent too, so no empty ``rollout-gateway`` group is
+left in a group someone else manages; the parents at a hierarchy's root stay.
+
 Making groups needs root (or a delegated v2 subtree); where that fails the sandboxes run
 without them and :func:`availability` says why (``--help`` and the docs show it).
 """
@@ -37,6 +43,9 @@ class Hierarchy:
 
     version: int
     parents: dict[str, Path]
+    #: Parents at a hierarchy's root: shared by every process, never removed (other
+    #: processes, of this or an older version, expect them to stay).
+    shared: frozenset[Path] = frozenset()
 
     @property
     def controllers(self) -> tuple[str, ...]:
@@ -69,30 +78,57 @@ def _writable_parent(base: Path, own: str) -> Path | None:
     return None
 
 
+def _v2_wanted() -> list[str]:
+    available = set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
+    return [c for c in ("memory", "pids", "cpu") if c in available]
+
+
+def _make_v2_parent(parent: Path) -> None:
+    """Make ``parent`` with the controllers enabled on every level down to its children
+    (``OSError`` where the hierarchy refuses)."""
+    wanted = _v2_wanted()
+    parent.mkdir(exist_ok=True)
+    levels = [CGROUP_ROOT]
+    for part in parent.relative_to(CGROUP_ROOT).parts:
+        levels.append(levels[-1] / part)
+    for level in levels:
+        control = level / "cgroup.subtree_control"
+        enabled = set(control.read_text().split())
+        missing = [c for c in wanted if c not in enabled]
+        if missing:
+            control.write_text(" ".join(f"+{c}" for c in missing))
+
+
 def _v2_parent() -> Path | None:
     """A v2 directory whose children get ``memory`` and ``pids`` (and ``cpu`` if offered)."""
-    available = set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
-    wanted = [c for c in ("memory", "pids", "cpu") if c in available]
+    wanted = _v2_wanted()
     if "memory" not in wanted or "pids" not in wanted:
         return None
     own = _own_path(None)
     for parent in (CGROUP_ROOT / own.lstrip("/") / GROUP_NAME, CGROUP_ROOT / GROUP_NAME):
         try:
-            parent.mkdir(exist_ok=True)
-            # Controllers must be enabled on every level down to the sandbox groups.
-            levels = [CGROUP_ROOT]
-            for part in parent.relative_to(CGROUP_ROOT).parts:
-                levels.append(levels[-1] / part)
-            for level in levels:
-                control = level / "cgroup.subtree_control"
-                enabled = set(control.read_text().split())
-                missing = [c for c in wanted if c not in enabled]
-                if missing:
-                    control.write_text(" ".join(f"+{c}" for c in missing))
+            _make_v2_parent(parent)
             return parent
         except OSError:
             continue
     return None
+
+
+def _make_parent(hierarchy: Hierarchy, parent: Path) -> None:
+    """(Re)make a parent of sandbox groups: the last sandbox of a parent made in the env's
+    own group removes it (an empty ``rollout-gateway`` group left there would keep
+    whoever manages that group from removing it)."""
+    if hierarchy.version == 2:
+        _make_v2_parent(parent)
+    else:
+        parent.mkdir(exist_ok=True)
+
+
+def _remove_if_empty(hierarchy: Hierarchy, parent: Path) -> None:
+    if parent.name != GROUP_NAME or parent in hierarchy.shared:
+        return
+    with contextlib.suppress(OSError):  # busy: other sandboxes' groups are in it
+        parent.rmdir()
 
 
 @functools.cache
@@ -107,7 +143,8 @@ def hierarchy() -> Hierarchy | str:
             return f"cgroup v2 controllers unavailable: {e}"
         if parent is None:
             return "cgroup v2 without delegable memory and pids controllers"
-        return Hierarchy(2, {c: parent for c in ("memory", "pids", "cpu")})
+        shared = frozenset({parent}) if parent == CGROUP_ROOT / GROUP_NAME else frozenset()
+        return Hierarchy(2, {c: parent for c in ("memory", "pids", "cpu")}, shared)
     parents: dict[str, Path] = {}
     for controller in ("memory", "pids", "cpu"):
         base = CGROUP_ROOT / controller
@@ -118,7 +155,8 @@ def hierarchy() -> Hierarchy | str:
             parents[controller] = parent
     if "memory" not in parents or "pids" not in parents:
         return "no writable cgroup v1 memory and pids controllers"
-    return Hierarchy(1, parents)
+    shared = frozenset(p for c, p in parents.items() if p == CGROUP_ROOT / c / GROUP_NAME)
+    return Hierarchy(1, parents, shared)
 
 
 def availability() -> str | None:
@@ -150,7 +188,14 @@ class SandboxCgroup:
             for controller, parent in hierarchy.parents.items():
                 path = parent / name
                 if path not in group.dirs.values():
-                    path.mkdir()
+                    for attempt in range(3):
+                        _make_parent(hierarchy, parent)
+                        try:
+                            path.mkdir()
+                            break
+                        except FileNotFoundError:  # the parent's last sandbox removed it
+                            if attempt == 2:
+                                raise
                 group.dirs[controller] = path
             group._limit(memory_bytes, pids, cpu_cores)
         except OSError:
@@ -225,9 +270,10 @@ class SandboxCgroup:
         """
         deadline = time.monotonic() + settle_s
         while True:
-            if self.hierarchy.version == 2 and (self.dirs["pids"] / "cgroup.kill").exists():
-                with contextlib.suppress(OSError):
-                    (self.dirs["pids"] / "cgroup.kill").write_text("1")
+            if self.hierarchy.version == 2:
+                for path in set(self.dirs.values()):
+                    with contextlib.suppress(OSError):  # absent before Linux 5.14
+                        (path / "cgroup.kill").write_text("1")
             pids = self.pids()
             if not pids:
                 return True
@@ -251,21 +297,47 @@ class SandboxCgroup:
                     break
                 except OSError:
                     time.sleep(0.02)
+            _remove_if_empty(self.hierarchy, path.parent)
         self.dirs.clear()
 
+    def paths(self) -> list[str]:
+        """The groups' directories (recorded with the sandbox for the stale sweep)."""
+        return sorted({str(d) for d in self.dirs.values()})
 
-def sweep(sandbox_name: str) -> None:
-    """Kill and remove the groups of a sandbox whose owner is gone (stale sweep)."""
+
+def sweep(sandbox_name: str, recorded: object = ()) -> None:
+    """Kill and remove the groups of a sandbox whose owner is gone (stale sweep).
+
+    ``recorded``: the group directories its owner recorded (:meth:`SandboxCgroup.paths`).
+    A group made under the owner's own group is found only there (this process may sit
+    in another group); the groups this process would make for that name are swept too.
+    A recorded path is used only when it is a ``rollout-gateway/<sandbox_name>`` group
+    of a mounted hierarchy.
+    """
     found = hierarchy()
     if isinstance(found, str):
         return
     group = SandboxCgroup(found)
-    for controller, parent in found.parents.items():
-        path = parent / sandbox_name
-        if path.is_dir():
-            group.dirs[controller] = path
+    candidates = {c: parent / sandbox_name for c, parent in found.parents.items()}
+    if isinstance(recorded, (list, tuple)):
+        paths = [Path(p) for p in recorded if isinstance(p, str)]
+        candidates.update((f"recorded {i}", path) for i, path in enumerate(paths))
+    for key, path in candidates.items():
+        if _is_sandbox_group(path, sandbox_name) and path.is_dir():
+            group.dirs[key] = path
     if group.dirs:
         group.remove()
+
+
+def _is_sandbox_group(path: Path, sandbox_name: str) -> bool:
+    if ".." in path.parts or not path.is_absolute():
+        return False
+    return (
+        path.name == sandbox_name
+        and path.parent.name == GROUP_NAME
+        and path.is_relative_to(CGROUP_ROOT)
+        and not path.is_symlink()
+    )
 
 
 __all__ = ["Hierarchy", "SandboxCgroup", "availability", "hierarchy", "sweep"]

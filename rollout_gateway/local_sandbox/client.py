@@ -191,6 +191,10 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
                 pids=sb.limits.pids,
                 cpu_cores=sb.limits.cpu_cores,
             )
+            # Where the stale sweep finds them should this process die (they may sit
+            # under this process's own group, which another process does not know).
+            meta["cgroups"] = sb.cgroup.paths()
+            layout.write_meta(sb.dirs, meta)
         source = local_image_path(sb.request.docker_image)
         if source is not None:
             error = seed(source, sb.work)

@@ -5,7 +5,7 @@
 - ``work/`` and ``tmp/``: the sandbox's working directory (``HOME``) and ``TMPDIR``,
   owned by the sandbox's uid, mode 0700; the only places a sandbox can write.
 - ``.state/``: host-owned, 0700: ``lock`` (held with ``flock`` by the owning client for
-  the sandbox's lifetime), ``meta.json`` (its uid and mode) and command logs.
+  the sandbox's lifetime), ``meta.json`` (its uid, mode and cgroup directories) and command logs.
 
 The stale sweep trusts nothing a sandbox can write: a sandbox is stale when its ``lock``
 can be taken (its owner is gone: the kernel dropped the lock), and only host-owned,
@@ -105,12 +105,19 @@ def create_dirs(
     dirs.state.mkdir(mode=0o700)
     lock_fd = os.open(dirs.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    (dirs.state / "meta.json").write_text(json.dumps(meta))
+    write_meta(dirs, meta)
     for path in (dirs.work, dirs.tmp):
         path.mkdir(mode=0o700)
         if owner is not None:
             os.chown(path, *owner)
     return lock_fd
+
+
+def write_meta(dirs: SandboxDirs, meta: dict[str, Any]) -> None:
+    """(Re)write a sandbox's host-written metadata (what the stale sweep reads)."""
+    tmp = dirs.state / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    tmp.replace(dirs.state / "meta.json")
 
 
 def chown_tree(path: Path, owner: tuple[int, int]) -> None:
@@ -180,7 +187,7 @@ def sweep_stale(root: Path) -> list[str]:
             uids.kill_uid(uid)
         elif meta.get("mode") == "process-group":
             processes.kill_marked(base.name, ())
-        cgroups.sweep(base.name)
+        cgroups.sweep(base.name, meta.get("cgroups", ()))
         remove_base(root, base)
         removed.append(base.name)
     # Images whose sandbox directory is already gone (a crash between the two removals).
@@ -204,4 +211,5 @@ __all__ = [
     "prepare_root",
     "remove_base",
     "sweep_stale",
+    "write_meta",
 ]

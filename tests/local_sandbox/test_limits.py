@@ -5,7 +5,12 @@ isolation mode this host offers (tiny limits: fast and safe on a shared machine)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -140,3 +145,58 @@ async def test_limit_enforcement_is_reported(client: LocalSandboxClient) -> None
         assert "cgroup" in enforced["memory"] and "cgroup" in enforced["processes"]
     if disks.availability() is None:
         assert "file system" in enforced["disk"]
+
+
+def test_a_crashed_clients_groups_are_swept_wherever_it_made_them(root: Path) -> None:
+    """A client in another memory group (as each job of a batch system is) crashes with a
+    sandbox: the stale sweep, run from this process's group, removes that sandbox's groups
+    and the emptied ``rollout-gateway`` parent it had made in its own group; a sandbox
+    deleted normally removes nothing its siblings still need."""
+    found = cgroups.hierarchy()
+    if isinstance(found, str) or found.version != 1:
+        pytest.skip(f"needs writable cgroup v1 groups: {found}")
+    mode = require_mode(IsolationMode.BWRAP)
+    own = cgroups.CGROUP_ROOT / "memory" / cgroups._own_path("memory").lstrip("/")
+    job_group = own / f"rg-test-job-{os.getpid()}"
+    job_group.mkdir()
+    crashed = textwrap.dedent(
+        f"""
+        import asyncio, os
+        from prime_sandboxes import CreateSandboxRequest
+        from rollout_gateway.local_sandbox import LocalSandboxClient
+
+        with open({str(job_group / "cgroup.procs")!r}, "w") as f:
+            f.write(str(os.getpid()))  # this "job" runs in its own memory group
+
+        async def main():
+            c = LocalSandboxClient({str(root)!r}, isolation={str(mode)!r},
+                                   reap_interval=None, sweep_stale=False, register_atexit=False)
+            request = CreateSandboxRequest(name="x", docker_image="x", memory_gb=0.0625)
+            gone, kept = await c.create(request), await c.create(request)
+            await c.delete(gone.id)
+            print(kept.id, flush=True)
+            os._exit(0)  # a crash: no teardown
+
+        asyncio.run(main())
+        """
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", crashed], capture_output=True, text=True, timeout=120
+        )
+        sid = done.stdout.strip()
+        assert sid.startswith("local-"), done.stderr
+        recorded = json.loads((root / sid / ".state" / "meta.json").read_text())["cgroups"]
+        memory_group = job_group / cgroups.GROUP_NAME / sid
+        assert str(memory_group) in recorded and memory_group.is_dir()
+        client = make_client(root, mode, sweep_stale=True)  # sweeps from this group
+        try:
+            assert not (root / sid).exists()
+            assert all(not Path(p).exists() for p in recorded)
+            assert not (job_group / cgroups.GROUP_NAME).exists()  # nothing left in the job's group
+        finally:
+            client.teardown()
+    finally:
+        with contextlib.suppress(OSError):
+            (job_group / cgroups.GROUP_NAME).rmdir()
+        job_group.rmdir()
