@@ -219,6 +219,51 @@ async def test_unwritable_root_is_a_typed_error(tmp_path: Path) -> None:
         await check_local_sandbox(config)
 
 
+async def test_vf_eval_with_sandboxes_this_host_cannot_run_stops_before_any_rollout(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The env checks its sandboxes when it starts serving: one error naming the mode and
+    what to do, no rollout run, nothing registered at the gateway."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "NO_COLOR": "1"}
+    process = await asyncio.create_subprocess_exec(
+        str(bin_dir / "vf-eval"),
+        "fix-bug-v1",
+        "-m",
+        "scripted",
+        "--client.base-url",
+        f"{stack.gateway_url}/v1",
+        "--env.agent.runtime.type",
+        "local_sandbox",
+        "--env.agent.runtime.root",
+        str(blocker / "root"),
+        "--env.interception.type",
+        "gateway",
+        "--env.interception.tunnel",
+        "direct",
+        "--no-push",
+        "--no-rich",
+        "-o",
+        str(tmp_path / "runs"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
+    text = output.decode()
+    assert process.returncode != 0, text[-3000:]
+    assert "LocalSandboxStartError" in text and "choose another root" in text, text[-3000:]
+    rows = [
+        line
+        for p in (tmp_path / "runs").rglob("traces.jsonl")
+        for line in p.read_text().splitlines()
+    ]
+    assert rows == []
+    assert stack.gateway.metrics.registrations.value() == 0
+
+
 # ---------------------------------------------------------------- a real agent
 
 
