@@ -168,7 +168,17 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         return sb.model()
 
     def _prepare(self, sb: LocalSandbox) -> None:
-        """Claim the uid, make the directories, seed the image (blocking: in a thread)."""
+        """Claim the uid, make the directories, seed the image (blocking: in a thread).
+
+        Under the sandbox's setup lock, which its destruction waits for: a sandbox
+        deleted (or torn down) while this runs is removed with all this makes, and one
+        deleted before it starts is not made at all.
+        """
+        with sb.setup_lock:
+            if not sb.dead:
+                self._make(sb)
+
+    def _make(self, sb: LocalSandbox) -> None:
         if sb.mode.uses_sandbox_uid:
             sb.lease = uids.claim_uid()
         meta = {"mode": str(sb.mode), "uid": sb.lease.uid if sb.lease else None}

@@ -101,6 +101,9 @@ class SandboxRegistry:
             self._destroying[sb.id] = sb
         with sb.lock:
             sb.dead = True  # no new process can start from here on
+        # A create() cancelled mid-way (or a teardown meanwhile) leaves its worker thread
+        # making the sandbox: wait for it, so that what it makes is removed below.
+        sb.setup_lock.acquire()
         try:
             self._kill_everything(sb)
             if sb.lease is not None:
@@ -114,6 +117,7 @@ class SandboxRegistry:
             if status == "TIMEOUT":
                 logger.warning("Local sandbox %s exceeded its lifetime; killed", sb.id)
         finally:
+            sb.setup_lock.release()
             with self._lock:
                 self._destroying.pop(sb.id, None)
 

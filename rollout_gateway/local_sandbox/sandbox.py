@@ -49,6 +49,9 @@ class LocalSandbox:
     error_type: str | None = None
     error_message: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Held while the sandbox is made (directories, file system, cgroups, image): its
+    #: destruction waits for it, so nothing is made after the sandbox was removed.
+    setup_lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False
     procs: set[object] = field(default_factory=set)
     jobs: dict[str, Job] = field(default_factory=dict)

@@ -200,3 +200,44 @@ def test_a_crashed_clients_groups_are_swept_wherever_it_made_them(root: Path) ->
         with contextlib.suppress(OSError):
             (job_group / cgroups.GROUP_NAME).rmdir()
         job_group.rmdir()
+
+
+def test_a_teardown_during_creation_leaves_nothing_behind(root: Path) -> None:
+    """What an interrupted run does (the demo's --timeout, Ctrl-C): the first create of a
+    process (its worker still probing the host, then making the sandbox's directories and
+    file system) is cancelled and the client torn down at once. The teardown waits for the
+    worker: nothing stays mounted, the root is left empty."""
+    if disks.availability() is not None:
+        pytest.skip(f"no per-sandbox file system here: {disks.availability()}")
+    mode = require_mode(IsolationMode.BWRAP)
+    interrupted = textwrap.dedent(
+        f"""
+        import asyncio, contextlib
+        from prime_sandboxes import CreateSandboxRequest
+        from rollout_gateway.local_sandbox import LocalSandboxClient
+
+        async def main():
+            c = LocalSandboxClient({str(root)!r}, isolation={str(mode)!r},
+                                   reap_interval=None, sweep_stale=False, register_atexit=False)
+            request = CreateSandboxRequest(name="x", docker_image="x", disk_size_gb=0.0625)
+            creating = asyncio.create_task(c.create(request))
+            await asyncio.sleep(0)
+            creating.cancel()
+            await asyncio.to_thread(c.teardown)
+            with contextlib.suppress(BaseException):
+                await creating
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", interrupted], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    mounts = Path("/proc/self/mounts").read_text()
+    left = [p.name for p in root.iterdir()]
+    for line in mounts.splitlines():  # leave the machine clean even when failing
+        if str(root) in line:
+            subprocess.run(["umount", "-l", line.split()[1]], check=False)
+    assert str(root) not in mounts
+    assert left == []
