@@ -181,7 +181,7 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
     def _make(self, sb: LocalSandbox) -> None:
         if sb.mode.uses_sandbox_uid:
             sb.lease = uids.claim_uid()
-        meta = {"mode": str(sb.mode), "uid": sb.lease.uid if sb.lease else None}
+        meta: dict[str, Any] = {"mode": str(sb.mode), "uid": sb.lease.uid if sb.lease else None}
         mount = None
         if self._enforce_limits and sb.limits.disk_bytes and disks.availability() is None:
             image = layout.disk_image(self.root, sb.id)
