@@ -69,7 +69,14 @@ class RolloutRecord:
     agent_base_url: str | None = None
     sandbox_id: str | None = None
     agent_started: bool = False
+    #: The agent runs behind the launch wrapper that reports its start and exit
+    #: (:func:`rollout_gateway.launch.agent_launch_command`); without it the sandbox is
+    #: polled adaptively, as no report can come.
+    agent_reports: bool = False
     agent_exit: AgentExit | None = None
+    #: The gateway refused a turn of the rollout (the refusal's code, from the exit
+    #: channel): the agent was stopped then.
+    refused: str | None = None
     agent_timed_out: bool = False
     agent_polls: int = 0
     trajectory: dict[str, Any] | None = None
@@ -285,12 +292,16 @@ class GatewayRollout:
         probe: Callable[[], Awaitable[AgentExit | None]],
         *,
         is_transient: Callable[[BaseException], bool] = lambda e: False,
+        on_refusal: Callable[[], Awaitable[Any]] | None = None,
     ) -> Coroutine[Any, Any, AgentExit]:
-        """Call ``probe`` (``None`` while the agent runs) until the agent exited.
+        """Call ``probe`` (``None`` while the agent runs) until the agent exited;
+        ``on_refusal`` stops the agent when the gateway refuses one of its turns.
 
         See :func:`rollout_gateway.agent_wait.poll_until_exit`.
         """
-        return agent_wait.poll_until_exit(self, probe, is_transient=is_transient)
+        return agent_wait.poll_until_exit(
+            self, probe, is_transient=is_transient, on_refusal=on_refusal
+        )
 
     def wait_for_agent(self, until_exit: Awaitable[Any]) -> Coroutine[Any, Any, None]:
         """Wait for ``until_exit``, racing the agent timeout and the tunnel's death.
@@ -304,11 +315,13 @@ class GatewayRollout:
         """The rollout's tunnel lease, once leased."""
         return self._lease
 
-    async def fetch_trajectory(self) -> dict[str, Any]:
-        """Fetch the recorded trajectory into ``record.trajectory``."""
+    async def fetch_trajectory(self, *, expand: bool = True) -> dict[str, Any]:
+        """Fetch the recorded trajectory into ``record.trajectory`` (``expand=False``: a
+        delta-form answer as it came, see :meth:`GatewayClient.get_trajectory`)."""
         record = self.record
         assert record.gateway_url is not None
-        answer = await self.resources.client(record.gateway_url).get_trajectory(record.rollout_id)
+        client = self.resources.client(record.gateway_url)
+        answer = await client.get_trajectory(record.rollout_id, expand=expand)
         record.trajectory = dict(answer)
         return record.trajectory
 

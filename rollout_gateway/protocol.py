@@ -309,15 +309,25 @@ def flatten_sampling_args(*sources: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 class ExitReport(TypedDict):
-    """One agent exit as its launch wrapper reported it: a hint, to be confirmed.
+    """One report on the exit channel about a rollout's agent.
 
-    The agent holds the key the report is made with, so the env must confirm a report
-    with the sandbox before it trusts it.
+    - An agent exit, as its launch wrapper reported it: a hint, to be confirmed. The
+      agent holds the key the report is made with, so the env must confirm it with the
+      sandbox before it trusts it.
+    - ``started``: the launch wrapper started the agent and can report its exit (it has
+      an HTTP client); an env that hears nothing of the kind polls the sandbox instead.
+    - ``refused``: the gateway itself refused a turn of the rollout (the refusal's code,
+      :data:`TurnRefusalCode` or ``context_length_exceeded``): the rollout is over and the
+      env should stop its agent now, whatever the agent does. Only the gateway makes
+      these (an agent's own report cannot carry it), and a later report of the agent
+      keeps it.
     """
 
     rollout_id: str
     exit_code: int | None
     seq: int
+    started: NotRequired[bool]
+    refused: NotRequired[str]
 
 
 class ExitsResponse(TypedDict):
@@ -367,6 +377,10 @@ def check_exit_stream_line(data: Any) -> ExitStreamLine:
         raise ValueError("an exit report needs a string 'rollout_id' and an integer 'seq'")
     if code is not None and not _is_int(code):
         raise ValueError("an exit report's 'exit_code' must be an integer or null")
+    if "refused" in data and not isinstance(data["refused"], str):
+        raise ValueError("an exit report's 'refused' must be a string")
+    if "started" in data and not isinstance(data["started"], bool):
+        raise ValueError("an exit report's 'started' must be true or false")
     return cast(ExitReport, data)
 
 
