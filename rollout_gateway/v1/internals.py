@@ -1,0 +1,190 @@
+"""Every part of verifiers v1 the adapter uses, in one module, behind a version check.
+
+The adapter plugs into v1 through names ``verifiers.v1`` does not re-export (its
+interception contract, the trace graph, the chat dialect, the harness and session
+classes, the agent-config helper), and those move between verifiers releases: prime-rl
+pins verifiers by git commit, and at an older commit ``agent_config_fields`` lives in
+``verifiers.v1.agent``, not ``verifiers.v1.configs.agent``. So:
+
+- the rest of :mod:`rollout_gateway.v1` imports verifiers only from here;
+- importing this module first checks the installed verifiers against
+  :data:`SUPPORTED_VERIFIERS` and raises :class:`UnsupportedVerifiersError` (an
+  ``ImportError``) naming the installed and the supported versions, before any v1
+  import can fail deep inside an env server; an internal that moved under a version
+  inside the range fails with the same error, naming what is missing.
+
+Tested releases: see :data:`TESTED_VERIFIERS` (docs/v1.md says the same).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+#: verifiers versions the adapter accepts (PEP 440 specifier, checked at import).
+SUPPORTED_VERIFIERS = ">=0.4.0,<0.5"
+#: The versions the test suite ran against (docs/v1.md): the one 0.4 release on PyPI and
+#: the newest 0.4.1 pre-release there when this was written.
+TESTED_VERIFIERS = ("0.4.0", "0.4.1.dev86")
+
+
+class UnsupportedVerifiersError(ImportError):
+    """The installed verifiers is not one the v1 adapter supports."""
+
+    def __init__(self, installed: str | None, detail: str = "") -> None:
+        self.installed = installed
+        what = f"verifiers {installed}" if installed else "no verifiers"
+        message = (
+            f"rollout_gateway.v1 needs verifiers {SUPPORTED_VERIFIERS} (tested: "
+            f"{', '.join(TESTED_VERIFIERS)}); {what} is installed"
+        )
+        if detail:
+            message += f": {detail}"
+        message += ". Install rollout-gateway[v1], or the verifiers your trainer pins if it "
+        message += "is in that range."
+        super().__init__(message)
+
+
+def _version_tuple(version: str) -> tuple[int, int, int, bool]:
+    """``(major, minor, micro, is_release)`` of a PEP 440 version (enough for the range)."""
+    head = version.split("+", 1)[0]
+    parts: list[int] = []
+    rest = head
+    for _ in range(3):
+        digits = ""
+        while rest and rest[0].isdigit():
+            digits, rest = digits + rest[0], rest[1:]
+        parts.append(int(digits or 0))
+        if rest.startswith("."):
+            rest = rest[1:]
+        if not rest or not rest[0].isdigit():
+            break
+    while len(parts) < 3:
+        parts.append(0)
+    return parts[0], parts[1], parts[2], not rest or rest.startswith("post")
+
+
+def is_supported(version: str) -> bool:
+    """Whether ``version`` is in :data:`SUPPORTED_VERIFIERS` (pre-releases of 0.4.0,
+    e.g. ``0.4.0.dev3``, are before 0.4.0 and so not; those of 0.4.1 are)."""
+    major, minor, micro, release = _version_tuple(version)
+    if (major, minor) != (0, 4):
+        return False
+    return micro > 0 or release
+
+
+def check_verifiers(version: str | None = None) -> str:
+    """The installed verifiers version; raises :class:`UnsupportedVerifiersError` unless
+    it is supported (``version`` stands in for the installed one, for tests)."""
+    if version is None:
+        try:
+            version = metadata.version("verifiers")
+        except metadata.PackageNotFoundError:
+            raise UnsupportedVerifiersError(None) from None
+    if not is_supported(version):
+        raise UnsupportedVerifiersError(version)
+    return version
+
+
+VERIFIERS_VERSION = check_verifiers()
+
+
+try:
+    import verifiers.v1 as vf
+    from verifiers.v1 import graph
+
+    # The agent-config helper (``verifiers.v1.agent`` at older commits).
+    from verifiers.v1.configs.agent import agent_config_fields
+
+    # The chat dialect: requests and messages of recorded turns, as v1's server parses them.
+    from verifiers.v1.dialects.chat import ChatDialect, parse_message
+
+    # Envs: the gateway interception type of an env's config.
+    from verifiers.v1.env import Env
+    from verifiers.v1.envs.single_agent import SingleAgentEnv, SingleAgentEnvConfig
+
+    # The error model: the boundary types a trace records, and the stop each leaves.
+    from verifiers.v1.errors import (
+        InterceptionError,
+        ProviderError,
+        RolloutError,
+        TaskError,
+        TunnelError,
+        stop_condition,
+    )
+
+    # The trace graph: replaying recorded turns as v1's server commits them.
+    from verifiers.v1.graph import PendingTurn, prepare_turn
+
+    # Harnesses and runtimes: the sync hook and the refusal stop.
+    from verifiers.v1.harness import Harness
+
+    # The interception contract, and v1's own interception types.
+    from verifiers.v1.interception import (
+        ElasticInterceptionPoolConfig,
+        Interception,
+        InterceptionServerConfig,
+        Slot,
+        StaticInterceptionPoolConfig,
+        make_interception,
+    )
+    from verifiers.v1.interception.base import BaseInterceptionConfig
+    from verifiers.v1.runtimes import ProgramResult, Runtime
+    from verifiers.v1.session import RolloutSession
+    from verifiers.v1.trace import Error, ModelCall, TimeSpan, Trace
+    from verifiers.v1.types import (
+        AssistantMessage,
+        Response,
+        Sampling,
+        ToolMessage,
+        TurnTokens,
+        Usage,
+    )
+except ImportError as e:  # an internal moved: say which verifiers, not just which name
+    raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
+
+
+__all__ = [
+    "AssistantMessage",
+    "BaseInterceptionConfig",
+    "ChatDialect",
+    "ElasticInterceptionPoolConfig",
+    "Env",
+    "Error",
+    "Harness",
+    "Interception",
+    "InterceptionError",
+    "InterceptionServerConfig",
+    "ModelCall",
+    "PendingTurn",
+    "ProgramResult",
+    "ProviderError",
+    "Response",
+    "RolloutError",
+    "RolloutSession",
+    "Runtime",
+    "Sampling",
+    "SingleAgentEnv",
+    "SingleAgentEnvConfig",
+    "Slot",
+    "StaticInterceptionPoolConfig",
+    "TaskError",
+    "TimeSpan",
+    "ToolMessage",
+    "Trace",
+    "TunnelError",
+    "TurnTokens",
+    "Usage",
+    "agent_config_fields",
+    "graph",
+    "make_interception",
+    "parse_message",
+    "prepare_turn",
+    "stop_condition",
+    "vf",
+    "SUPPORTED_VERIFIERS",
+    "TESTED_VERIFIERS",
+    "VERIFIERS_VERSION",
+    "UnsupportedVerifiersError",
+    "check_verifiers",
+    "is_supported",
+]
