@@ -49,7 +49,41 @@ _EXPORTS: dict[str, str] = {
     "SandboxError": "rollout_gateway.errors",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "RolloutGatewayMixin",
+    "GatewaySettings",
+    "GatewayRollout",
+    "RolloutHooks",
+    "RolloutRecord",
+    "AgentExit",
+    "GatewayResources",
+    "GatewayClient",
+    "RetryPolicy",
+    "TunnelProvider",
+    "PrimeTunnelProvider",
+    "DirectTunnelProvider",
+    "TunnelPool",
+    "PollPolicy",
+    "LocalSandboxClient",
+    "AgentCrashError",
+    "AgentPollError",
+    "AgentStartError",
+    "EmptyTrajectoryError",
+    "GatewayConfigError",
+    "GatewayError",
+    "GatewayProtocolError",
+    "GatewayRequestError",
+    "GatewayTunnelError",
+    "GatewayUnavailableError",
+    "PostRolloutError",
+    "RolloutConflictError",
+    "RolloutGatewayError",
+    "RolloutInfraError",
+    "RolloutInputError",
+    "RolloutNotFoundError",
+    "SandboxError",
+]
 
 if TYPE_CHECKING:
     from rollout_gateway.classic.mixin import (

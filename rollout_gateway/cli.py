@@ -352,7 +352,7 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
     together (no admin token, open mode on a non-loopback host, unreadable token file).
     """
     from rollout_gateway.server import GatewayConfig
-    from rollout_gateway.server.auth import AdminTokenError, is_loopback_host, load_admin_token
+    from rollout_gateway.server.http.auth import AdminTokenError, is_loopback_host, load_admin_token
 
     try:
         token = load_admin_token(args.admin_token_file)
@@ -434,8 +434,8 @@ def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
     from rollout_gateway.server import create_app, serve
-    from rollout_gateway.server.gc_tuning import tune_for_serving
-    from rollout_gateway.server.token_in import TokenInUnavailable
+    from rollout_gateway.server.engines.token_in import TokenInUnavailable
+    from rollout_gateway.server.ops.gc_tuning import tune_for_serving
 
     try:
         config = serve_config(args)
@@ -448,7 +448,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except TokenInUnavailable as e:  # the message names the option
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
-    tune_for_serving()  # this process only serves: see server/gc_tuning.py
+    tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
     serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     return 0
 

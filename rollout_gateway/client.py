@@ -130,7 +130,8 @@ class GatewayClient:
         admin_token: bearer token for the control plane, when the gateway requires one.
         retry: the :class:`RetryPolicy`.
         transport: an httpx transport (tests inject ``httpx.MockTransport`` or respx).
-        timeout, limits: httpx settings of the pooled client.
+        timeout: httpx timeout of the pooled client.
+        limits: httpx connection limits of the pooled client.
     """
 
     def __init__(

@@ -8,7 +8,7 @@ import pytest
 
 from rollout_gateway.cli import build_parser, main, serve_config
 from rollout_gateway.server import GatewayConfig, create_app, running_server
-from rollout_gateway.server.auth import load_admin_token
+from rollout_gateway.server.http.auth import load_admin_token
 
 UP = "http://127.0.0.1:8001/v1"
 TOKEN = "serve-admin-token-0123456789"
