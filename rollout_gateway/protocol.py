@@ -398,6 +398,11 @@ class StepTokens(TypedDict):
     completion_logprobs: list[float]
     overlong_prompt: bool
     is_truncated: bool
+    #: MoE router replay (token-in mode with an engine that returns it): the expert ids
+    #: per position, ``{"data": base64 of uint8/uint16 [positions, layers, top_k],
+    #: "shape", "start", "dtype"}``, positions ``start ..`` of ``prompt_ids +
+    #: completion_ids`` (verifiers' ``RoutedExperts`` / ``RoutedExpertsPayload``).
+    routed_experts: NotRequired[dict[str, Any]]
 
 
 class TrajectoryStepBody(TypedDict):
@@ -432,6 +437,8 @@ class TurnError(TypedDict):
     message: str
     #: HTTP status the gateway answered the agent.
     status_code: int
+    #: The engine's own HTTP status, when it answered with an error (a failed turn).
+    upstream_status: NotRequired[int]
 
 
 class FailedTurn(TypedDict):
@@ -565,6 +572,8 @@ def expand_delta_steps(steps: list[dict[str, Any]]) -> list[TrajectoryStepBody]:
                 "overlong_prompt": delta["overlong_prompt"],
                 "is_truncated": delta["is_truncated"],
             }
+            if delta.get("routed_experts") is not None:
+                tokens["routed_experts"] = delta["routed_experts"]
             history_ids = [*prompt_ids, *completion_ids]
         else:
             history_ids = []
@@ -609,6 +618,8 @@ def delta_steps(steps: list[TrajectoryStepBody]) -> list[dict[str, Any]]:
                 "overlong_prompt": tokens["overlong_prompt"],
                 "is_truncated": tokens["is_truncated"],
             }
+            if tokens.get("routed_experts") is not None:
+                delta["routed_experts"] = tokens["routed_experts"]
             history_ids = [*prompt_ids, *tokens["completion_ids"]]
         else:
             history_ids = []

@@ -281,6 +281,7 @@ async def test_failed_engine_calls_are_listed_not_recorded_as_steps(
     assert entry["error"] == {
         "type": "http_5xx",
         "message": "upstream error 503",
-        "status_code": 502,
+        "status_code": 502,  # what the agent got
+        "upstream_status": 503,  # what the engine said (verifiers v1 records this one)
     }
     assert entry["timing"]["upstream_s"] >= 0
