@@ -105,7 +105,11 @@ async def poll_until_exit(
     wait = policy.min_interval if channel is not None else policy.interval(0.0)
     try:
         while True:
-            report = await channel.wait(rollout, wait) if channel else await _sleep(rollout, wait)
+            report: ExitReport | None = None
+            if channel is not None:
+                report = await channel.wait(rollout, wait)
+            else:
+                await rollout.settings.sleep(wait)
             if report is not None and report.get("refused") and record.refused is None:
                 record.refused = report["refused"]
                 expect = False
@@ -155,10 +159,6 @@ async def poll_until_exit(
     finally:
         if channel is not None:
             channel.close()
-
-
-async def _sleep(rollout: GatewayRollout, seconds: float) -> None:
-    await rollout.settings.sleep(seconds)
 
 
 async def _sleep_or(

@@ -417,7 +417,7 @@ class GatewayRollout:
         # An agent that may still be running must add no turn (one never started cannot);
         # a cancelled or timed-out rollout is cancelled at the gateway in any case.
         agent_loose = record.agent_started and record.agent_exit is None
-        if agent_loose or record.cancelled or record.timed_out:
+        if (agent_loose or record.cancelled or record.timed_out) and record.register_sent:
             await self.steps.quiet("cancel", hooks.cancel)
         if record.agent_timed_out or record.timed_out:
             if record.agent_started and agent_loose:
@@ -427,7 +427,8 @@ class GatewayRollout:
         if not record.cancelled and not self._infra_failed():
             await self.steps.guarded("score", hooks.score, PostRolloutError)
         await self.steps.guarded("release", hooks.release, RolloutInfraError)
-        await self.steps.guarded("unregister", hooks.unregister, GatewayError)
+        if record.register_sent:  # never for a rollout whose register failed
+            await self.steps.guarded("unregister", hooks.unregister, GatewayError)
         await self.steps.guarded("delete_sandbox", hooks.delete_sandbox, SandboxError)
         record.times["end"] = time.time()
         record.stop_condition = self._stop_condition()
