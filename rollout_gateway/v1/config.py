@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from verifiers.v1.interception import (
+
+from rollout_gateway.v1.internals import (
+    BaseInterceptionConfig,
     ElasticInterceptionPoolConfig,
     InterceptionServerConfig,
     StaticInterceptionPoolConfig,
 )
-from verifiers.v1.interception.base import BaseInterceptionConfig
 
 #: Environment variable holding the gateway's control-plane token, by default.
 DEFAULT_ADMIN_TOKEN_VAR = "ROLLOUT_GATEWAY_ADMIN_TOKEN"

@@ -38,8 +38,8 @@ def interception_error(
     name v1 and its consumers know), carrying the gateway's ``status_code`` (``None``
     when no answer came) and whether the failure was ``retryable``."""
     error = InterceptionError(message)
-    error.status_code = status_code  # type: ignore[attr-defined]
-    error.retryable = retryable  # type: ignore[attr-defined]
+    error.status_code = status_code
+    error.retryable = retryable
     return error
 
 
@@ -83,7 +83,7 @@ def feature_error(features: list[str]) -> TaskError:
     ``features`` attribute names them): the trace records ``TaskError`` and stops
     ``task_error``, names v1 and prime-rl know."""
     error = TaskError(feature_message(features))
-    error.features = list(features)  # type: ignore[attr-defined]
+    error.features = list(features)
     return error
 
 

@@ -91,6 +91,7 @@ VERIFIERS_VERSION = check_verifiers()
 try:
     import verifiers.v1 as vf
     from verifiers.v1 import graph
+    from verifiers.v1.agent import Agent
 
     # The agent-config helper (``verifiers.v1.agent`` at older commits).
     from verifiers.v1.configs.agent import agent_config_fields
@@ -144,6 +145,7 @@ except ImportError as e:  # an internal moved: say which verifiers, not just whi
 
 
 __all__ = [
+    "Agent",
     "AssistantMessage",
     "BaseInterceptionConfig",
     "ChatDialect",

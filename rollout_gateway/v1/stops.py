@@ -24,7 +24,8 @@ gateway                        v1 stop             why that name
 =============================  ==================  =======================================
 
 A cancelled rollout (``rollout_cancelled``) is one the env itself cancelled: v1 already
-knows why. Errors keep v1's boundary names (``v1.stop_condition`` of the class):
+knows why. ``rollout_completed`` follows an earlier refusal, whose reason the trajectory's
+``truncation_reason`` names. Errors keep v1's boundary names (``v1.stop_condition`` of the class):
 ``provider_error``, ``interception_error``, ``tunnel_error``, ``task_error``.
 """
 
@@ -47,7 +48,6 @@ TRUNCATION_STOPS: Mapping[str, str] = {
 #: A refused turn's ``error.code`` (and an exit report's ``refused``) -> v1's stop.
 REFUSAL_STOPS: Mapping[str, str] = {
     "max_turns_reached": "max_turns",
-    "rollout_completed": "max_turns",
     "max_input_tokens_reached": "max_input_tokens",
     "max_output_tokens_reached": "max_output_tokens",
     "max_total_tokens_reached": "max_total_tokens",

@@ -164,6 +164,35 @@ def _error_record(failure: Exception) -> Any:
     )
 
 
+def _delta_form(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Full-form steps (the protocol table's, from a gateway without the delta form) in
+    the delta form, every other field kept."""
+    out: list[dict[str, Any]] = []
+    history: list[Any] = []
+    history_ids: list[int] = []
+    for step in steps:
+        prompt = list(step.get("prompt") or ())
+        shared = protocol.common_prefix_len(history, prompt)
+        tokens = step.get("tokens")
+        delta: dict[str, Any] | None = None
+        if isinstance(tokens, Mapping):
+            prompt_ids = list(tokens.get("prompt_ids") or ())
+            shared_ids = protocol.common_prefix_len(history_ids, prompt_ids)
+            delta = {
+                **tokens,
+                "prompt_shared": shared_ids,
+                "prompt_new_ids": prompt_ids[shared_ids:],
+            }
+            history_ids = [*prompt_ids, *(tokens.get("completion_ids") or ())]
+        else:
+            history_ids = []
+        out.append(
+            {**step, "prompt_shared": shared, "prompt_new": prompt[shared:], "tokens": delta}
+        )
+        history = [*prompt, *(step.get("completion") or ())]
+    return out
+
+
 def _failure_key(failed: Mapping[str, Any]) -> tuple[Any, ...]:
     timing = failed.get("timing") or {}
     return (
@@ -213,7 +242,7 @@ class TraceSync:
         (the answer in the delta form or the full one); returns how many steps were new."""
         steps = answer.get("trajectory") or []
         if answer.get("format") != "delta":
-            steps = protocol.delta_steps(cast(list[protocol.TrajectoryStepBody], steps))
+            steps = _delta_form(steps)
         failed = [f for f in answer.get("failed_turns") or () if isinstance(f, Mapping)]
         pending = sorted(
             (f for f in failed if _failure_key(f) not in self._failures_seen),

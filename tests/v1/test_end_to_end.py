@@ -195,7 +195,8 @@ async def test_task_with_per_turn_hooks_is_refused_before_anything_registers(
     trace = await run(stack, interception, task)
     assert not trace.ok
     error = trace.errors[-1]
-    assert error.type == "GatewayFeatureError"
+    # v1's own TaskError, so v1's own stop name (not "gatewayfeature_error").
+    assert error.type == "TaskError" and trace.stop_condition == "task_error"
     assert "@stop hooks on the live trace (stop_early)" in error.message
     assert spy.count("/register") == 0
 
