@@ -25,7 +25,10 @@ README_OPTIONS = {
     "local_sandbox_modes.py": ["--commands", "--sandboxes"],
     "tito_branches.py": ["--upstream"],
     "upstream_client.py": ["--calls", "--concurrency", "--rounds", "--stream"],
-    "v1_interception_cpu.py": ["--rollouts", "--concurrency", "--repeat", "--turns"],
+    "v1_interception_cpu.py": [
+        "--quick", "--contexts", "--rollouts", "--concurrency", "--repeat", "--turns-short",
+        "--turns-long",
+    ],
 }  # fmt: skip
 #: Benchmarks that import verifiers 0.4 at start (the README says so for each).
 V1_ONLY = {"tito_branches.py", "v1_interception_cpu.py"}

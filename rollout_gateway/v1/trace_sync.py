@@ -342,10 +342,7 @@ class TraceSync:
         tokens = step.get("tokens")
         prompt_ids: list[int] | None = None
         if isinstance(tokens, Mapping):
-            prompt_ids = [
-                *self._ids[: int(tokens.get("prompt_shared") or 0)],
-                *(tokens.get("prompt_new_ids") or ()),
-            ]
+            prompt_ids = self._prompt_ids(tokens)
         span = _span(extras.get("timing"))
         sampling = self._sampling_of(extras)
         failure = _step_failure(step)
@@ -396,15 +393,27 @@ class TraceSync:
         )
         tools = self._tools_of(tools_raw)
         if extends and (tools_raw or None) == (self._path_tools or None):
+            # The step extends the previous one: its prefix is the previous path, as
+            # prepare_turn would find it by hashing every message of the history again.
             assert self._path is not None
             path = self._path
+            path_len = sum(len(self.trace.nodes[n].token_ids) for n in path)
             turn = PendingTurn(
                 trace=self.trace,
                 prompt=prompt,
                 tools=list(tools or []),
                 prefix_node_ids=list(path),
-                path_len=sum(len(self.trace.nodes[n].token_ids) for n in path),
+                path_len=path_len,
             )
+            if turn_tokens is not None:
+                # The new messages' tokens are not told apart (no renderer spans): they
+                # land on the assistant node, as without spans. Said with empty spans at
+                # the prefix's end, commit places them without scanning every node for a
+                # concurrent commit of the same message (there is none in a replay).
+                new_messages = len(prompt) - len(path)
+                turn_tokens.message_spans = [None] * len(path) + [(path_len, path_len)] * (
+                    new_messages
+                )
         else:
             turn = prepare_turn(self.trace, prompt, tools)
         first_new = len(self.trace.nodes)
@@ -427,6 +436,20 @@ class TraceSync:
         self._advance(
             prompt, message, prompt_ids, completion_ids, path=self._path_to(node), tools=tools_raw
         )
+
+    def _prompt_ids(self, tokens: Mapping[str, Any]) -> list[int]:
+        """A delta step's prompt ids: the history's first ``prompt_shared`` ids, then its
+        new ones. When it extends the whole history (the usual case) the history's own
+        list grows in place: v1's commit keeps slices of it, never the list, so each turn
+        costs what it adds, not the context."""
+        shared = int(tokens.get("prompt_shared") or 0)
+        new = tokens.get("prompt_new_ids") or ()
+        if shared == len(self._ids):
+            ids = self._ids
+            ids.extend(new)
+            self._ids = []  # handed to this turn; _advance takes it back
+            return ids
+        return [*self._ids[:shared], *new]
 
     def _path_to(self, node: int) -> list[int]:
         path: list[int] = []
@@ -452,7 +475,11 @@ class TraceSync:
         if message is not None:
             for call in message.tool_calls or []:
                 self._tool_names[call.id] = call.name
-        self._ids = [*prompt_ids, *completion_ids] if prompt_ids is not None else []
+        if prompt_ids is not None:
+            prompt_ids.extend(completion_ids)  # the turn is committed: the list is ours
+            self._ids = prompt_ids
+        else:
+            self._ids = []
         # The path holds the messages only when the commit placed all of them (one node
         # per message: no placeholder messages the graph drops).
         self._path = path if path is not None and len(path) == len(self._messages) else None
