@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import verifiers.v1 as vf
 from fix_bug_v1 import FixBugHarness, FixBugHarnessConfig, FixBugTask, FixBugTaskset
+from fix_bug_v1.harness import run_program
 from starlette.responses import JSONResponse
 from verifiers.v1.configs.agent import TimeoutConfig
 from verifiers.v1.errors import InterceptionError, ProviderError, TaskError, TunnelError
@@ -67,7 +68,7 @@ def program_harness(source: str, log: Path) -> type[FixBugHarness]:
                 LOG: str(log),
             }
             try:
-                return await runtime.run_program([sys.executable, "agent.py"], env)
+                return await run_program(runtime, [sys.executable, "agent.py"], env)
             finally:
                 type(self).ended.append(time.monotonic())
 

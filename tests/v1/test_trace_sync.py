@@ -65,8 +65,8 @@ def test_extending_prompts_give_one_branch_equal_to_the_record() -> None:
     )
     assert trace.num_turns == 2 and trace.num_branches == 1
     branch = trace.branches[0]
-    assert branch.token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-    assert branch.sampled_mask == [False] * 3 + [True] * 2 + [False] * 2 + [True] * 3
+    assert list(branch.token_ids) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert list(branch.sampled_mask) == [False] * 3 + [True] * 2 + [False] * 2 + [True] * 3
     sampled = [lp for lp, m in zip(branch.logprobs, branch.sampled_mask, strict=True) if m]
     assert sampled == [-0.5, -1.5, -0.5, -1.5, -2.5]
     assert [c.node is not None for c in trace.calls] == [True, True]
@@ -202,7 +202,11 @@ def long_rollout(turns: int) -> list[dict[str, Any]]:
 
 
 def nodes_of(trace: vf.Trace) -> list[tuple[Any, ...]]:
-    return [(n.parent, n.message, n.token_ids, n.mask, n.logprobs) for n in trace.nodes]
+    # Lists: later verifiers store token streams as numpy arrays.
+    return [
+        (n.parent, n.message, list(n.token_ids), list(n.mask), list(n.logprobs))
+        for n in trace.nodes
+    ]
 
 
 def test_replay_commits_the_graph_v1s_server_commits() -> None:
@@ -214,7 +218,7 @@ def test_replay_commits_the_graph_v1s_server_commits() -> None:
     reference = committed_like_v1s_server(steps)
     assert nodes_of(trace) == nodes_of(reference)
     assert trace.num_branches == reference.num_branches == 1
-    assert trace.branches[0].token_ids == reference.branches[0].token_ids
+    assert list(trace.branches[0].token_ids) == list(reference.branches[0].token_ids)
     # Tool results carry the name of the call they answer, as v1's dialect fills it in.
     tool_nodes = [n.message for n in trace.nodes if n.message.role == "tool"]
     assert tool_nodes and all(m.name == "run_shell" for m in tool_nodes)
