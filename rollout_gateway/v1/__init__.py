@@ -11,13 +11,29 @@
   (:class:`GatewayFeatureError` at ``serving()``); the gateway's limits under v1's names.
 - Versions: :data:`SUPPORTED_VERIFIERS`, checked on import
   (:class:`UnsupportedVerifiersError`); every v1 internal used is in :mod:`.internals`.
+- :class:`LocalSandboxRuntime`, :class:`LocalSandboxRuntimeConfig`: the ``local_sandbox``
+  runtime type (``--env.agent.runtime.type local_sandbox``), contained local sandboxes
+  for v1 agents; :data:`RuntimeChoice` and :class:`LocalSandboxAgentConfig` accept it in
+  configs; :func:`check_local_sandbox` fails fast when this host cannot run them
+  (:class:`LocalSandboxStartError`, a v1 ``SandboxError``).
 """
 
-# Every module here imports verifiers through .internals, whose import checks the version.
+from rollout_gateway.verifiers_stack import V1, require_stack
+
+# Before any verifiers.v1 import, which fails on verifiers 0.3 with a message about
+# verifiers' internals: name the extra to install instead. (Then every module here imports
+# verifiers through .internals, whose import checks the version within the v1 stack.)
+require_stack(V1, "rollout_gateway.v1")
+
 from rollout_gateway.v1.config import (
     DEFAULT_ADMIN_TOKEN_VAR,
     GatewayInterceptionConfig,
     InterceptionChoice,
+    IsolationChoice,
+    LocalSandboxAgentConfig,
+    LocalSandboxRuntimeConfig,
+    LocalSandboxRuntimeInfo,
+    RuntimeChoice,
 )
 from rollout_gateway.v1.env import GatewayEnv, GatewayEnvConfig, GatewayEnvMixin
 from rollout_gateway.v1.errors import GatewayFeatureError, feature_error, interception_error
@@ -27,6 +43,11 @@ from rollout_gateway.v1.internals import (
     SUPPORTED_VERIFIERS,
     TESTED_VERIFIERS,
     UnsupportedVerifiersError,
+)
+from rollout_gateway.v1.runtime import (
+    LocalSandboxRuntime,
+    LocalSandboxStartError,
+    check_local_sandbox,
 )
 from rollout_gateway.v1.stops import ADAPTER_STOPS, REFUSAL_STOPS, TRUNCATION_STOPS
 from rollout_gateway.v1.trace_sync import TraceSync
@@ -45,9 +66,17 @@ __all__ = [
     "GatewayInterception",
     "GatewayInterceptionConfig",
     "InterceptionChoice",
+    "IsolationChoice",
+    "LocalSandboxAgentConfig",
+    "LocalSandboxRuntime",
+    "LocalSandboxRuntimeConfig",
+    "LocalSandboxRuntimeInfo",
+    "LocalSandboxStartError",
+    "RuntimeChoice",
     "TraceSync",
     "UnsupportedVerifiersError",
     "feature_error",
+    "check_local_sandbox",
     "gateway_synced",
     "gateway_synced_agent",
     "interception_error",

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_gateway.errors import GatewayError, GatewayTunnelError
+from rollout_gateway.errors import GatewayAuthError, GatewayError, GatewayTunnelError
 from rollout_gateway.v1.internals import (
     InterceptionError,
     ProviderError,
@@ -106,6 +106,8 @@ def to_v1_error(error: Exception, what: str) -> Exception:
         return interception_error(
             f"{what}: {error}", status_code=error.status_code, retryable=error.retryable
         )
+    if isinstance(error, GatewayAuthError):  # configuration: retrying cannot help
+        return interception_error(f"{what}: {error}", status_code=error.status_code)
     return interception_error(f"{what}: {type(error).__name__}: {error}")
 
 

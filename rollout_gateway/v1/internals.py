@@ -116,6 +116,10 @@ try:
         graph,
     )
 
+    # Runtimes: the runtime configs (the local_sandbox runtime type joins their union) and
+    # the runtime module (whose runtime registry the local_sandbox runtime extends).
+    from verifiers.v1 import runtimes as v1_runtimes
+
     # The internals, below: each moved between versions or may.
     # The agent-config helper (``verifiers.v1.agent`` at older commits).
     from verifiers.v1.configs.agent import agent_config_fields
@@ -125,7 +129,7 @@ try:
     from verifiers.v1.envs.single_agent import SingleAgentEnv, SingleAgentEnvConfig
 
     # The error model's stop names (``<boundary>_error``).
-    from verifiers.v1.errors import stop_condition
+    from verifiers.v1.errors import SandboxError, stop_condition
 
     # The trace graph: replaying recorded turns as v1's server commits them.
     from verifiers.v1.graph import PendingTurn, prepare_turn
@@ -140,6 +144,17 @@ try:
         StaticInterceptionPoolConfig,
         make_interception,
     )
+    from verifiers.v1.runtimes import (
+        ApptainerConfig,
+        BaseRuntimeInfo,
+        DockerConfig,
+        E2BConfig,
+        ModalConfig,
+        PodmanConfig,
+        PrimeConfig,
+        RuntimeProcess,
+        SubprocessConfig,
+    )
     from verifiers.v1.session import RolloutSession
 except ImportError as e:  # an internal moved: say which verifiers, not just which name
     raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
@@ -147,6 +162,17 @@ except ImportError as e:  # an internal moved: say which verifiers, not just whi
 
 __all__ = [
     "Agent",
+    "ApptainerConfig",
+    "BaseRuntimeInfo",
+    "DockerConfig",
+    "E2BConfig",
+    "ModalConfig",
+    "PodmanConfig",
+    "PrimeConfig",
+    "RuntimeProcess",
+    "SandboxError",
+    "SubprocessConfig",
+    "v1_runtimes",
     "AssistantMessage",
     "BaseInterceptionConfig",
     "ChatDialect",
