@@ -237,9 +237,12 @@ class TraceSync:
         self._sampling_cache: dict[bytes, Sampling | None] = {}
         self._tools_cache: dict[bytes, list[Any]] = {}
 
-    def apply(self, answer: Mapping[str, Any]) -> int:
+    def apply(self, answer: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int:
         """Commit the steps and failed calls of a trajectory answer not committed yet
-        (the answer in the delta form or the full one); returns how many steps were new."""
+        (the answer in the delta form or the full one; or its full-form steps alone, as
+        earlier versions took them); returns how many steps were new."""
+        if not isinstance(answer, Mapping):
+            answer = {"trajectory": list(answer)}
         steps = answer.get("trajectory") or []
         if answer.get("format") != "delta":
             steps = _delta_form(steps)

@@ -324,3 +324,11 @@ def test_routed_experts_of_each_turn_land_on_the_branch_aligned_to_its_tokens() 
     assert experts is not None and experts.shape == (len(branch.token_ids), layers, top_k)
     # Every position but the very last has the routing of its own token.
     assert [int(row[0][0]) for row in experts[:-1]] == [t % 256 for t in branch.token_ids[:-1]]
+
+
+def test_the_steps_alone_are_still_taken_as_earlier_versions_took_them() -> None:
+    steps = long_rollout(2)
+    by_steps, by_answer = new_trace(), new_trace()
+    TraceSync(by_steps, model="m", sampling=None, rollout_id="r").apply(steps)
+    TraceSync(by_answer, model="m", sampling=None, rollout_id="r").apply(answer(steps))
+    assert nodes_of(by_steps) == nodes_of(by_answer)
