@@ -125,7 +125,9 @@ async def poll_until_exit(
                         logger.warning(
                             "rollout=%s stopping the agent failed: %s", record.rollout_id, e
                         )
-            elif report is not None and report.get("started"):
+            elif report is not None and (report.get("started") or report["exit_code"] is None):
+                # A start report (a gateway that predates "started" passes the wrapper's
+                # start on as an exit code of null, which no exit report of it carries).
                 heard_start = True
                 wait = next_wait()
                 continue

@@ -144,3 +144,19 @@ async def test_an_agent_launched_without_the_wrapper_is_polled_from_the_start() 
     assert agent_exit.exit_code == 0
     assert max(waits.asked) <= POLICY.max_interval  # no grace, no safety wait
     await world.resources.aclose()
+
+
+async def test_a_gateway_without_start_reports_passes_the_start_on_as_a_null_exit() -> None:
+    # A gateway from before "started" keeps the wrapper's start report as an exit code of
+    # null, which no exit report of the wrapper has: it still counts as the start.
+    waits = Waits()
+    world = world_with(waiting, waits, http_client=False)
+    rollout, sandbox, job = await start(world)
+    world.gateway.exit_board.report(rollout_id_of(sandbox), None)  # no "started" field
+    waiter = asyncio.ensure_future(rollout.poll_until_exit(probe_of(world, sandbox, job)))
+    await asyncio.sleep(0.3)  # past start_grace
+    assert world.sandboxes.calls["get_background_job"] == 0
+    assert waits.asked[-1] == POLICY.safety_interval
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    await world.resources.aclose()
