@@ -15,8 +15,9 @@ Selecting it: a config whose agent ``runtime`` is a :data:`~rollout_gateway.v1.R
 ``runtime.type = "local_sandbox"``.
 
 verifiers 0.4 has no way to register a runtime type: importing this module adds the
-``local_sandbox`` entry to v1's runtime table (:mod:`rollout_gateway.v1.runtime_table`
-says why that is the one change to v1's internals, and how it is pinned). How a trace
+``local_sandbox`` entry to v1's runtime table
+(:func:`rollout_gateway.v1.internals.install_runtime_type` says why that is the one change
+to v1's internals, and how it is pinned). How a trace
 records the runtime: :mod:`rollout_gateway.v1.runtime_record`.
 """
 
@@ -34,8 +35,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from prime_sandboxes import APIError, CreateSandboxRequest, SandboxFileNotFoundError
-from verifiers.v1.errors import SandboxError
-from verifiers.v1.runtimes import ProgramResult, Runtime, RuntimeProcess
 
 from rollout_gateway.local_sandbox import LocalSandboxClient, LocalSandboxError, processes
 from rollout_gateway.v1.config import (
@@ -43,7 +42,13 @@ from rollout_gateway.v1.config import (
     LocalSandboxRuntimeConfig,
     LocalSandboxRuntimeInfo,
 )
-from rollout_gateway.v1.runtime_table import install_runtime_type
+from rollout_gateway.v1.internals import (
+    ProgramResult,
+    Runtime,
+    RuntimeProcess,
+    SandboxError,
+    install_runtime_type,
+)
 
 logger = logging.getLogger(__name__)
 

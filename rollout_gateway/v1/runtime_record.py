@@ -35,10 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verifiers.v1.runtimes import SubprocessConfig, SubprocessRuntimeInfo
-from verifiers.v1.trace import AgentInfo, Trace
-
 from rollout_gateway.v1.config import LocalSandboxRuntimeConfig, LocalSandboxRuntimeInfo
+from rollout_gateway.v1.internals import AgentInfo, SubprocessConfig, SubprocessRuntimeInfo, Trace
 
 #: The key of ``trace.info`` holding the local sandbox's full record.
 RECORD_KEY = "local_sandbox"
