@@ -369,11 +369,11 @@ def _add_state_options(p: argparse.ArgumentParser) -> None:
         "or written by another version: serve exits with status 2",
     )  # fmt: skip
     state.add_argument(
-        "--state-sync", choices=("normal", "full"), default="normal",
+        "--state-sync", choices=("normal", "full"), default=None,
         help="with --state-dir, when a turn counts as stored before its answer is sent: "
         "normal = in the database's log (survives the gateway's process being killed), "
         "full = flushed to the device too (survives power loss; more latency per turn) "
-        "(default: %(default)s)",
+        "(default: normal)",
     )  # fmt: skip
 
 
@@ -450,6 +450,9 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
                 "--tokenizer: required with --upstream-mode token-in (the upstream's "
                 "/v1/models names no local model directory)"
             )
+    state_dir, state_sync = getattr(args, "state_dir", None), getattr(args, "state_sync", None)
+    if state_sync is not None and state_dir is None:
+        raise ServeOptionError("--state-sync: only with --state-dir (memory state is never synced)")
     return GatewayConfig(
         upstream_mode=mode,
         tokenizer=tokenizer,
@@ -477,8 +480,8 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
         max_connections=args.max_connections,
-        state_dir=getattr(args, "state_dir", None),
-        state_sync=getattr(args, "state_sync", "normal"),
+        state_dir=state_dir,
+        state_sync=state_sync or "normal",
     )
 
 

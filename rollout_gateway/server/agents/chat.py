@@ -349,10 +349,15 @@ class ChatTurns:
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
             turn.events.relayed = True
-        self._count_turn(record, call, result, new_bytes)
+        _count_turn(record, call, result, new_bytes)
         answer = _answer_of(result, body)
         # Durable before the agent gets it: a retry after a crash gets this very answer.
-        await gateway.rollouts.commit(record, self._turn_answer(record, turn, result, answer))
+        key = AnswerKey(
+            turn.fingerprint, turn.idempotency_key, gateway.rollouts.wall_clock(),
+            record.recorder.num_steps - 1,
+        )  # fmt: skip
+        without = result.raw_without_prompt_ids if answer is result.raw else None
+        await gateway.rollouts.commit(record, TurnAnswer(key, answer, without))
         turn.recorded = True
         upstream_s = call.upstream_seconds()
         gateway.metrics.turns.inc(upstream.label)
@@ -364,23 +369,6 @@ class ChatTurns:
                 upstream_s * 1000, call.finish_reason,
             )  # fmt: skip
         return answer
-
-    def _turn_answer(
-        self,
-        record: RolloutRecord,
-        turn: Turn,
-        result: EngineResult,
-        answer: dict[str, Any] | bytes,
-    ) -> TurnAnswer:
-        """What a retry of ``turn`` replays, as the store keeps it."""
-        key = AnswerKey(
-            turn.fingerprint,
-            turn.idempotency_key,
-            self.gateway.rollouts.wall_clock(),
-            record.recorder.num_steps - 1,
-        )
-        without = result.raw_without_prompt_ids if answer is result.raw else None
-        return TurnAnswer(key, answer, without)
 
     def _admit(
         self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
@@ -416,23 +404,21 @@ class ChatTurns:
             raise
         return history, new_bytes
 
-    @staticmethod
-    def _count_turn(
-        record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
-    ) -> None:
-        """Count a recorded turn against the rollout's limits and budget."""
-        completion = result.completion
-        record.message_bytes += new_bytes
-        record.completion_tokens += _completion_tokens(completion, call.completion_ids)
-        record.num_turns += 1
-        if record.token_budget is not None:  # verifiers v1's token caps
-            record.token_budget.add_turn(
-                *turn_token_counts(
-                    completion, _id_count(result.prompt_ids_json), call.completion_ids
-                )
-            )
-        if record.at_max_turns and record.status == "active":
-            record.status = "completed"
+
+def _count_turn(
+    record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
+) -> None:
+    """Count a recorded turn against the rollout's limits and budget."""
+    completion = result.completion
+    record.message_bytes += new_bytes
+    record.completion_tokens += _completion_tokens(completion, call.completion_ids)
+    record.num_turns += 1
+    if record.token_budget is not None:  # verifiers v1's token caps
+        record.token_budget.add_turn(
+            *turn_token_counts(completion, _id_count(result.prompt_ids_json), call.completion_ids)
+        )
+    if record.at_max_turns and record.status == "active":
+        record.status = "completed"
 
 
 def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:

@@ -194,8 +194,8 @@ class MemoryStore(GatewayStore):
             )
         rollout.steps.append(commit.step)
         rollout.counters = commit.counters
-        if commit.answer is not None:
-            rollout.answer = commit.answer
+        if commit.answer is not None:  # the agent's bytes only (not a second copy of them)
+            rollout.answer = TurnAnswer(commit.answer.key, commit.answer.body)
         rollout.revision += 1
         return rollout.revision
 

@@ -231,6 +231,8 @@ class StoredRollouts:
         """Take ``record``'s turn slot (other gateways on a shared store wait) and bring
         the record up to date. Raises :class:`~.store.UnknownRolloutError` (the record is
         then dropped) when the store no longer holds it."""
+        if not self.store.shared and record.loaded and record.revision >= 0:
+            return  # this process is the store's only writer: its copy is current
         try:
             revision = await self.store.claim_turn(record.rollout_id, self.owner, self.lease_s)
         except UnknownRolloutError:
@@ -245,6 +247,8 @@ class StoredRollouts:
 
     async def release(self, record: RolloutRecord) -> None:
         """Give ``record``'s turn slot back."""
+        if not self.store.shared:
+            return  # no slot was taken
         with contextlib.suppress(StoreError):  # a lost slot frees itself (its lease)
             await self.store.release_turn(record.rollout_id, self.owner)
 
@@ -259,6 +263,8 @@ class StoredRollouts:
         """The stored answer a request repeats (a retry whose original was answered
         before a restart or on another gateway), or ``None``. Call under the claim."""
         key = record.answer_key
+        if record.turns.last is not None and not self.store.shared:
+            return None  # the turn tracker holds the last turn: it matched it already
         if key is None or not answer_matches(
             key, fingerprint, idempotency_key, is_retry=is_retry, now=self.wall_clock(),
             window_s=self.retry_window_s,
