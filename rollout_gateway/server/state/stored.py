@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from rollout_gateway.protocol import ExitReport
-from rollout_gateway.server.state.dedupe import body_fingerprint
+from rollout_gateway.server.state.dedupe import TurnTracker, body_fingerprint
 from rollout_gateway.server.state.registry import (
     AlreadyRegisteredError,
     Clock,
@@ -90,7 +90,7 @@ class StoredRollouts:
 
     def restore(self, rows: list[RolloutRow]) -> list[RolloutRecord]:
         """Hold the stored rollouts again (at start); their steps load on first use."""
-        records = [record_of(row, clock=self.clock, wall_clock=self.wall_clock) for row in rows]
+        records = [self._record_of(row) for row in rows]
         for record in records:
             self.registry.hold(record)
         return records
@@ -119,8 +119,7 @@ class StoredRollouts:
         if record is None and self.store.shared:
             row = await self.store.load_rollout(rollout_id)
             if row is not None and self.registry.get(rollout_id) is None:
-                record = record_of(row, clock=self.clock, wall_clock=self.wall_clock)
-                self.registry.hold(record)
+                self.registry.hold(self._record_of(row))
             record = self.registry.get(rollout_id)
         return record
 
@@ -299,6 +298,11 @@ class StoredRollouts:
             record.answer_key = answer.key
 
     # -- loading -------------------------------------------------------------------------
+
+    def _record_of(self, row: RolloutRow) -> RolloutRecord:
+        record = record_of(row, clock=self.clock, wall_clock=self.wall_clock)
+        record.turns = TurnTracker(self.retry_window_s, self.clock)
+        return record
 
     async def _refresh(self, record: RolloutRecord, row: RolloutRow | None) -> None:
         if row is None:
