@@ -96,6 +96,14 @@ class ExitBoard:
             self._reports[report["rollout_id"]] = report
         self._seq = max(self._seq, cursor, *(r["seq"] for r in self._reports.values()))
 
+    def apply(self, report: ExitReport) -> None:
+        """Hold ``report``, numbered elsewhere (another gateway on a shared store), and
+        wake the waiters; the cursor goes on from its number."""
+        self._reports.pop(report["rollout_id"], None)
+        self._reports[report["rollout_id"]] = report
+        self._seq = max(self._seq, report["seq"])
+        self.wake()
+
     @property
     def cursor(self) -> int:
         """The number of the latest report."""

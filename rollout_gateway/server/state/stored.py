@@ -187,6 +187,11 @@ class StoredRollouts:
 
     async def _delete_expired(self, rollout_id: str) -> bool:
         try:
+            if self.store.shared:  # idle here; maybe not at the other gateways
+                row = await self.store.load_rollout(rollout_id)
+                changed = row.counters.get("updated_at", 0.0) if row is not None else 0.0
+                if self.wall_clock() - changed <= self.registry.ttl_s:
+                    return False  # only dropped from this gateway's cache
             return await self.store.delete_rollout(rollout_id)
         except StoreError as exc:  # kept: it expires again after a restart
             logger.warning("rollout=%s expired but not deleted from the store: %s", rollout_id, exc)

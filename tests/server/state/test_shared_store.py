@@ -132,3 +132,35 @@ async def test_registering_one_id_twice_across_gateways_is_a_conflict(count: int
         ).status_code == 200
         r = await b.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
         assert r.status_code == 409
+
+
+async def test_a_rollout_idle_at_one_gateway_but_busy_at_another_is_not_deleted() -> None:
+    from ..conftest import FakeClock
+
+    store = MemoryStore(shared=True)
+    upstream = httpx.ASGITransport(RecordingUpstream().app())
+    clock = FakeClock()
+    config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=60)
+    idle = create_app(config, upstream_transport=upstream, store=store, clock=clock)
+    async with idle.router.lifespan_context(idle):
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(idle), base_url="http://gw"
+        ) as a:
+            await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+            clock.advance(61)  # idle here...
+            gateway: Any = idle.state.gateway
+            # ...but another gateway served it just now.
+            row = await store.load_rollout("r1")
+            assert row is not None
+            await store.save_rollout(
+                "r1", {**row.counters, "updated_at": gateway.rollouts.wall_clock()}
+            )
+            assert gateway.sweep() == 1  # dropped from this gateway's cache...
+            await gateway.rollouts.drain()
+            assert await store.load_rollout("r1") is not None  # ...not from the store
+            r = await a.get("/v1/rollouts/r1/trajectory", headers=ADMIN)
+            assert r.status_code == 200  # found again at the store
+            clock.advance(61)  # and now idle at every gateway: gone from the store too
+            assert gateway.sweep() == 1
+            await gateway.rollouts.drain()
+            assert await store.load_rollout("r1") is None
