@@ -94,7 +94,7 @@ def measure_cpu(
                     _one_round(
                         target, pids, rollouts=args.rollouts, turns=args.turns,
                         context_tokens=context, tool_chars=args.tool_output_chars,
-                        clients=args.clients,
+                        clients=args.clients, start_spread_s=args.model_latency_ms / 1000,
                     )
                 )  # fmt: skip
                 merge_run(results.setdefault((context, target.name), RunResult([], 0.0, {})), res)
@@ -303,6 +303,11 @@ def _parser() -> argparse.ArgumentParser:
         help="load-generator processes per round (on a many-core host, e.g. 4)",
     )  # fmt: skip
     parser.add_argument("--tool-output-chars", type=int, default=200)
+    parser.add_argument(
+        "--model-latency-ms", type=float, default=0.0,
+        help="the scripted model's time per completion (a sleep): latencies then say what "
+        "each backend adds to a turn at a model's pace (default 0: back to back)",
+    )  # fmt: skip
     parser.add_argument("--sync", default="normal,full", help="SQLite --state-sync modes to run")
     parser.add_argument("--restart-rollouts", type=int, default=1000)
     parser.add_argument("--restart-turns", type=int, default=40)
@@ -331,8 +336,8 @@ def main() -> None:
     cpu: dict[tuple[int, str], RunResult] = {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(
-            _process([*CLI, "scripted-model", "--port", str(model_port), "--log-level", "warning"],
-                     f"{model_root}/v1/models")
+            _process([*CLI, "scripted-model", "--port", str(model_port), "--log-level", "warning",
+                      "--latency-ms", str(args.model_latency_ms)], f"{model_root}/v1/models")
         )  # fmt: skip
         if "cpu" not in skip:
             backends: list[tuple[str, list[str], dict[str, str]]] = [("memory", [], {})]
@@ -398,7 +403,13 @@ def _report(
                 label = "memory/base" if name == "base" else f"{name}/memory"
                 ratio = memory / value if name == "base" else value / memory
                 where = f"at {context} tokens, {args.rollouts} rollouts"
-                print(f"  CPU per turn {label} {where}: {ratio:.2f}x")
+                upper, lower = ("memory", "base") if name == "base" else (name, "memory")
+                added = cpu[(context, upper)].pct(0.5) - cpu[(context, lower)].pct(0.5)
+                added99 = cpu[(context, upper)].pct(0.99) - cpu[(context, lower)].pct(0.99)
+                print(
+                    f"  CPU per turn {label} {where}: {ratio:.2f}x; latency of {upper} beyond "
+                    f"{lower}'s: p50 {added:+.2f} ms, p99 {added99:+.2f} ms"
+                )
                 if name == "sqlite":
                     rows.append(
                         (

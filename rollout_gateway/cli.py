@@ -370,11 +370,11 @@ def _add_state_options(p: argparse.ArgumentParser) -> None:
         "or written by another version: serve exits with status 2",
     )  # fmt: skip
     state.add_argument(
-        "--state-sync", choices=("normal", "full"), default="normal",
+        "--state-sync", choices=("normal", "full"), default=None,
         help="with --state-dir, when a turn counts as stored before its answer is sent: "
         "normal = in the database's log (survives the gateway's process being killed), "
         "full = flushed to the device too (survives power loss; more latency per turn) "
-        "(default: %(default)s)",
+        "(default: normal)",
     )  # fmt: skip
     state.add_argument(
         "--redis", metavar="URL",
@@ -386,14 +386,14 @@ def _add_state_options(p: argparse.ArgumentParser) -> None:
         "serve exits with status 2",
     )  # fmt: skip
     state.add_argument(
-        "--redis-prefix", default="rg:", metavar="PREFIX",
+        "--redis-prefix", default=None, metavar="PREFIX",
         help="with --redis, put before every key (deployments sharing one Redis; "
-        "default: %(default)s)",
+        "default: rg:)",
     )  # fmt: skip
     state.add_argument(
-        "--redis-lease", type=_positive(float), default=10.0, metavar="SECONDS",
+        "--redis-lease", type=_positive(float), default=None, metavar="SECONDS",
         help="with --redis, how long a gateway that died mid-turn holds up that "
-        "rollout's next turn (a running turn renews it; default: %(default)s)",
+        "rollout's next turn (a running turn renews it; default: 10)",
     )  # fmt: skip
 
 
@@ -460,6 +460,13 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
             "(or --open-control-plane on loopback, for local use)"
         )
     redis_url = getattr(args, "redis", None)
+    redis_prefix, redis_lease = (
+        getattr(args, "redis_prefix", None),
+        getattr(args, "redis_lease", None),
+    )
+    for option, value in (("--redis-prefix", redis_prefix), ("--redis-lease", redis_lease)):
+        if value is not None and redis_url is None:
+            raise ServeOptionError(f"{option}: only with --redis")
     if redis_url is not None:
         if getattr(args, "state_dir", None) is not None:
             raise ServeOptionError(
@@ -482,6 +489,9 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
                 "--tokenizer: required with --upstream-mode token-in (the upstream's "
                 "/v1/models names no local model directory)"
             )
+    state_dir, state_sync = getattr(args, "state_dir", None), getattr(args, "state_sync", None)
+    if state_sync is not None and state_dir is None:
+        raise ServeOptionError("--state-sync: only with --state-dir (memory state is never synced)")
     return GatewayConfig(
         upstream_mode=mode,
         tokenizer=tokenizer,
@@ -509,11 +519,11 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
         max_connections=args.max_connections,
-        state_dir=getattr(args, "state_dir", None),
-        state_sync=getattr(args, "state_sync", "normal"),
+        state_dir=state_dir,
+        state_sync=state_sync or "normal",
         redis_url=redis_url,
-        redis_prefix=getattr(args, "redis_prefix", "rg:"),
-        redis_lease_s=getattr(args, "redis_lease", 10.0),
+        redis_prefix=redis_prefix or "rg:",
+        redis_lease_s=redis_lease or 10.0,
     )
 
 
@@ -633,13 +643,23 @@ _ISOLATION_EPILOG = "{isolation}"
 
 
 def _isolation_help() -> str:
-    from rollout_gateway.local_sandbox import FALLBACK_ORDER, unavailable_reasons
+    from rollout_gateway.local_sandbox import FALLBACK_ORDER, tools, unavailable_reasons
+    from rollout_gateway.local_sandbox.limits import enforcement
 
     reasons = unavailable_reasons()
     lines = ["local sandbox isolation (strongest first; auto takes the first available):"]
     for mode in FALLBACK_ORDER:
-        lines.append(f"  {mode:<14}{'available' if reasons[mode] is None else reasons[mode]}")
+        state = "available" if reasons[mode] is None else reasons[mode]
+        program = tools.bwrap()
+        if mode.value == "bwrap" and reasons[mode] is None and program is not None:
+            state = f"available ({program.source} bwrap)"
+        lines.append(f"  {mode:<14}{state}")
     lines.append("  process-group no containment: only with --isolation process-group")
+    offered = [m for m in FALLBACK_ORDER if reasons[m] is None]
+    uid = offered[0].uses_sandbox_uid if offered else False
+    lines.append("limits each sandbox gets on this host (in the mode auto takes):")
+    for kind, how in enforcement(uid).items():
+        lines.append(f"  {kind:<14}{how}")
     lines.append(
         "results: DIR/results.jsonl (one rollout per line, written as each finishes) and "
         "DIR/metadata.json"

@@ -10,6 +10,14 @@ exited. A gateway without the stream is long-polled
 holds the key it is sent with): the rollout confirms it with one sandbox status call. A
 gateway without the extension (404/405) turns the watcher off, and rollouts poll as
 before.
+
+The same channel carries two more reports about a rollout: the wrapper's ``started``
+(it runs and can report the exit: a rollout that never hears it polls its sandbox
+instead of waiting for a report that cannot come) and the gateway's own ``refused``
+(it refused a turn of the rollout: a limit was reached, the rollout was cancelled...;
+the env stops the agent at once, whatever the agent does with the refusal). A
+refusal is the gateway's word, not the agent's, and no later report of the agent
+erases it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
@@ -68,10 +76,11 @@ class ExitBoard:
     ``journal`` (optional) is told of every report and every dropped one; a restarted
     board is filled again with :meth:`restore`.
 
-    Several gateways on one shared store number reports once for all of them: each
-    gateway's board then takes the store's reports with :meth:`adopt`
-    (``shared_numbering``), and a cursor beyond this board's is one this board has not
-    caught up with yet (another gateway gave it), not one from before a restart.
+    Several gateways on one shared store number reports once for all of them
+    (``publish``): the board hands each report it makes to ``publish`` unnumbered, the
+    store numbers it and hands it to every gateway's board (:meth:`apply`, in number
+    order); a cursor beyond this board's is then one this board has not caught up with yet
+    (another gateway gave it), not one from before a restart.
     """
 
     def __init__(
@@ -80,7 +89,7 @@ class ExitBoard:
         wake_interval: float = REPORT_WAKE_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         journal: ExitJournal | None = None,
-        shared_numbering: bool = False,
+        publish: Callable[[ExitReport], None] | None = None,
     ) -> None:
         # In ``seq`` order (a replaced report moves to the end): the newest are last.
         self._reports: dict[str, ExitReport] = {}
@@ -93,7 +102,9 @@ class ExitBoard:
         self._last_wake: dict[str, float] = {}  # per rollout (see REPORT_WAKE_INTERVAL)
         self._deferred_wake: asyncio.TimerHandle | None = None
         self._journal = journal
-        self.shared_numbering = shared_numbering
+        self._publish = publish
+        #: Reports are numbered by a store shared with other gateways (``publish``).
+        self.shared_numbering = publish is not None
 
     def restore(self, reports: Iterable[ExitReport], cursor: int) -> None:
         """Hold ``reports`` (oldest first) again, numbering on from ``cursor`` (a restart:
@@ -103,29 +114,11 @@ class ExitBoard:
             self._reports[report["rollout_id"]] = report
         self._seq = max(self._seq, cursor, *(r["seq"] for r in self._reports.values()))
 
-    @property
-    def cursor(self) -> int:
-        """The number of the latest report."""
-        return self._seq
-
-    def report(self, rollout_id: str, exit_code: int | None) -> None:
-        """Record (or replace) the exit report of ``rollout_id`` and wake the waiters
-        (a repeat within :data:`REPORT_WAKE_INTERVAL` wakes them when it ends)."""
-        self._seq += 1
-        self._reports.pop(rollout_id, None)
-        self._reports[rollout_id] = {
-            "rollout_id": rollout_id,
-            "exit_code": exit_code,
-            "seq": self._seq,
-        }
-        if self._journal is not None:
-            self._journal.exit_saved(self._reports[rollout_id])
-        self._woken_by(rollout_id)
-
-    def adopt(self, report: ExitReport) -> None:
-        """Hold ``report``, numbered by the shared store (any gateway's report), and wake
-        the waiters; a report not newer than the one held for its rollout is ignored (the
-        same report heard twice)."""
+    def apply(self, report: ExitReport) -> None:
+        """Hold ``report``, numbered elsewhere (by the store several gateways share), and
+        wake the waiters (at once for a refusal); the cursor goes on from its number. A
+        report not newer than the one held for its rollout is ignored (the same report
+        heard twice)."""
         rollout_id, seq = report["rollout_id"], report["seq"]
         held = self._reports.get(rollout_id)
         if held is not None and held["seq"] >= seq:
@@ -136,12 +129,69 @@ class ExitBoard:
             ordered = sorted(self._reports.values(), key=lambda r: r["seq"])
             self._reports = {r["rollout_id"]: r for r in ordered}
         self._seq = max(self._seq, seq)
-        self._woken_by(rollout_id)
+        urgent = "refused" in report and (held is None or "refused" not in held)
+        self._woken_by(rollout_id, urgent)
 
-    def _woken_by(self, rollout_id: str) -> None:
+    @property
+    def cursor(self) -> int:
+        """The number of the latest report."""
+        return self._seq
+
+    def report(self, rollout_id: str, exit_code: int | None, *, started: bool = False) -> None:
+        """Record (or replace) the agent's report about ``rollout_id`` (its exit, or with
+        ``started`` that its launch wrapper runs) and wake the waiters (a repeat within
+        :data:`REPORT_WAKE_INTERVAL` wakes them when it ends). A refusal the gateway
+        reported stays on the rollout's report (see :meth:`refused`)."""
+        report = self.compose(rollout_id, exit_code, started=started)
+        if report is not None:
+            self._post(report, urgent=False)
+
+    def compose(
+        self, rollout_id: str, exit_code: int | None, *, started: bool = False
+    ) -> ExitReport | None:
+        """The report :meth:`report` would post, unnumbered (``None``: nothing to post)."""
+        previous = self._reports.get(rollout_id)
+        if started and previous is not None:
+            return None  # sent beside the agent: it may come after the agent's exit report
+        report: ExitReport = {"rollout_id": rollout_id, "exit_code": exit_code, "seq": 0}
+        if started:
+            report["started"] = True
+        if previous is not None and "refused" in previous:
+            report["refused"] = previous["refused"]  # the agent cannot erase it
+        return report
+
+    def refused(self, rollout_id: str, code: str) -> None:
+        """The gateway refused a turn of ``rollout_id`` (``code`` says why): report it at
+        once, whatever the agent reported just before (the env stops the agent on it).
+        Only the first refusal of a rollout is reported."""
+        previous = self._reports.get(rollout_id)
+        if previous is not None and "refused" in previous:
+            return
+        report: ExitReport = {
+            "rollout_id": rollout_id,
+            "exit_code": previous["exit_code"] if previous is not None else None,
+            "seq": 0,
+            "refused": code,
+        }
+        self._post(report, urgent=True)
+
+    def _post(self, report: ExitReport, *, urgent: bool) -> None:
+        if self._publish is not None:  # numbered by the shared store, then applied
+            self._publish(report)
+            return
+        rollout_id = report["rollout_id"]
+        self._seq += 1
+        report["seq"] = self._seq
+        self._reports.pop(rollout_id, None)
+        self._reports[rollout_id] = report
+        if self._journal is not None:
+            self._journal.exit_saved(report)
+        self._woken_by(rollout_id, urgent)
+
+    def _woken_by(self, rollout_id: str, urgent: bool) -> None:
         now = self._clock()
         last = self._last_wake.get(rollout_id)
-        if last is None or now - last >= self.wake_interval:
+        if urgent or last is None or now - last >= self.wake_interval:
             self._last_wake[rollout_id] = now
             self.wake()
         elif self._deferred_wake is None:
@@ -271,8 +321,9 @@ class ExitWatcher:
         self.supported: bool | None = None
         #: ``None`` until known; whether the gateway serves the exit stream.
         self.streaming: bool | None = None if stream else False
-        self._waiters: dict[str, asyncio.Future[int | None]] = {}
-        self._unclaimed: OrderedDict[str, int | None] = OrderedDict()
+        # Per rollout: the future and whether it takes the whole report (else its code).
+        self._waiters: dict[str, tuple[asyncio.Future[Any], bool]] = {}
+        self._unclaimed: OrderedDict[str, ExitReport] = OrderedDict()
         self._cursor = 0
         self._poll_instead = False  # the stream was refused: one long-poll first
         self._lines = 0  # lines of the current stream
@@ -285,12 +336,22 @@ class ExitWatcher:
         return self._cursor
 
     def subscribe(self, rollout_id: str) -> asyncio.Future[int | None]:
-        """A future resolved with the exit code the agent of ``rollout_id`` reports."""
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        """A future resolved with the exit code of the next report about ``rollout_id``."""
+        return self._subscribe(rollout_id, whole=False)
+
+    def subscribe_report(self, rollout_id: str) -> asyncio.Future[ExitReport]:
+        """A future resolved with the next report about ``rollout_id`` itself (its exit,
+        its wrapper's start, or the gateway's refusal of a turn). One waiter per rollout:
+        a new subscription replaces the previous one."""
+        return self._subscribe(rollout_id, whole=True)
+
+    def _subscribe(self, rollout_id: str, *, whole: bool) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if rollout_id in self._unclaimed:
-            future.set_result(self._unclaimed.pop(rollout_id))
+            report = self._unclaimed.pop(rollout_id)
+            future.set_result(report if whole else report["exit_code"])
             return future
-        self._waiters[rollout_id] = future
+        self._waiters[rollout_id] = (future, whole)
         if (
             not self._closed
             and self.supported is not False
@@ -301,9 +362,9 @@ class ExitWatcher:
 
     def unsubscribe(self, rollout_id: str) -> None:
         """Stop waiting for ``rollout_id`` (its wait ended another way)."""
-        future = self._waiters.pop(rollout_id, None)
-        if future is not None and not future.done():
-            future.cancel()
+        waiter = self._waiters.pop(rollout_id, None)
+        if waiter is not None and not waiter[0].done():
+            waiter[0].cancel()
         if not self._waiters and self._task is not None:
             self._task.cancel()  # nobody waits: no stream or long-poll held open
             self._task = None
@@ -316,7 +377,7 @@ class ExitWatcher:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         waiters, self._waiters = self._waiters, {}
-        for future in waiters.values():
+        for future, _ in waiters.values():
             if not future.done() and future.get_loop() is asyncio.get_running_loop():
                 future.cancel()
 
@@ -393,12 +454,14 @@ class ExitWatcher:
             return
         report = cast(ExitReport, line)
         self._cursor = report["seq"]
-        future = self._waiters.pop(report["rollout_id"], None)
-        if future is not None:
+        waiter = self._waiters.pop(report["rollout_id"], None)
+        if waiter is not None:
+            future, whole = waiter
             if not future.done():
-                future.set_result(report["exit_code"])
+                future.set_result(report if whole else report["exit_code"])
             return
-        self._unclaimed[report["rollout_id"]] = report["exit_code"]
+        self._unclaimed.pop(report["rollout_id"], None)
+        self._unclaimed[report["rollout_id"]] = report
         while len(self._unclaimed) > UNCLAIMED_LIMIT:
             self._unclaimed.popitem(last=False)
 

@@ -10,6 +10,7 @@ builds on it; with ``use_gateway = False`` each falls through to ``CliAgentEnv``
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from rollout_gateway.lifecycle import (
     GatewayRollout,
     agent_environment,
 )
+from rollout_gateway.local_sandbox import LocalSandboxClient
 from rollout_gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -97,12 +99,14 @@ class AgentSandboxSteps(_Base):
         """Start ``run_command`` as a background job in the rollout's sandbox."""
         if not self.use_gateway:
             return await super().start_agent(state)
-        command = agent_launch_command(
-            self.run_command, report_exit=self.gateway_settings.exit_reports
-        )
+        reports = self.gateway_settings.exit_reports
+        command = agent_launch_command(self.run_command, report_exit=reports)
         job = await self.sandbox_client.start_background_job(state["sandbox_id"], command)
         state["background_job"] = job
         state["agent_start_time"] = time.time()
+        rollout = self._gateway_rollouts.get(state.get("rollout_id", ""))
+        if rollout is not None:  # the wrapper reports the agent's start and exit
+            rollout.record.agent_reports = reports
 
     async def poll_job_completion(
         self, state: State, sandbox_id: str, background_job: BackgroundJob
@@ -121,7 +125,9 @@ class AgentSandboxSteps(_Base):
 
         rollout = self._core(state)
         agent_exit = await rollout.poll_until_exit(
-            probe, is_transient=is_retryable_sandbox_read_error
+            probe,
+            is_transient=is_retryable_sandbox_read_error,
+            on_refusal=lambda: self.stop_agent(state),  # the rollout is over: end the agent
         )
         state["agent_polls"] = rollout.record.agent_polls
         state["agent_exit_code"] = agent_exit.exit_code
@@ -153,7 +159,12 @@ class AgentSandboxSteps(_Base):
         sandbox_id, job = state.get("sandbox_id"), state.get("background_job")
         if not sandbox_id:
             return
-        await self.sandbox_client.execute_command(sandbox_id, stop_agent_script(), timeout=30)
+        if isinstance(self.sandbox_client, LocalSandboxClient):
+            # From the host: in its namespace modes a command run inside cannot see the
+            # agent (each command has its own PID namespace).
+            await asyncio.to_thread(self.sandbox_client.stop_processes, sandbox_id)
+        else:
+            await self.sandbox_client.execute_command(sandbox_id, stop_agent_script(), timeout=30)
         if job is None:
             return
         rollout = self._core(state)

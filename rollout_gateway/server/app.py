@@ -165,8 +165,10 @@ class Gateway:
         #: On a shared store the store numbers them for every gateway (:meth:`report_exit`).
         shared = self.store.shared
         self.exit_board = ExitBoard(
-            journal=None if shared else self.rollouts, shared_numbering=shared
+            journal=None if shared else self.rollouts,
+            publish=self._publish_exit if shared else None,
         )
+        self._exit_posts: set[asyncio.Task[None]] = set()
         #: The open exit streams (capped; ended on shutdown).
         self.exit_streams = ExitStreams(self.exit_board, max_streams=config.max_exit_streams)
         self.store.watch(self)
@@ -189,7 +191,7 @@ class Gateway:
 
     def exit_reported(self, report: ExitReport) -> None:
         """An exit report numbered by the shared store."""
-        self.exit_board.adopt(report)
+        self.exit_board.apply(report)
 
     def rollout_removed(self, rollout_id: str) -> None:
         """A rollout was unregistered at some gateway: drop it here too."""
@@ -201,23 +203,38 @@ class Gateway:
         if state.version is not None:
             self.policy.adopt(state.version, state.updated_at)
 
-    async def report_exit(self, rollout_id: str, exit_code: int | None) -> None:
-        """Keep an agent's exit report: numbered by this gateway's board, or, on a shared
+    async def report_exit(
+        self, rollout_id: str, exit_code: int | None, *, started: bool = False
+    ) -> None:
+        """Keep an agent's report: numbered by this gateway's board, or, on a shared
         store, once for every gateway by the store, which hands it to every gateway's
         board, this one's included, in number order (a board taking it here at once could
         take it before an earlier report still on its way: a stream past it would miss
-        that one)."""
-        if self.store.shared:
-            await self.store.report_exit(rollout_id, exit_code)
-        else:
-            self.exit_board.report(rollout_id, exit_code)
+        that one). On a shared store it is stored when this returns (else a 503)."""
+        if not self.store.shared:
+            self.exit_board.report(rollout_id, exit_code, started=started)
+            return
+        report = self.exit_board.compose(rollout_id, exit_code, started=started)
+        if report is not None:
+            await self.store.report_exit(report)
+
+    def _publish_exit(self, report: ExitReport) -> None:
+        """A report the board made (a refusal of the gateway's) to a shared store, in the
+        background: a refusal is told on the exit channel beside the agent's answer."""
+
+        async def post() -> None:
+            try:
+                await self.store.report_exit(report)
+            except StoreError as exc:
+                logger.warning("rollout=%s report not stored: %s", report["rollout_id"], exc)
+
+        task = asyncio.get_running_loop().create_task(post())
+        self._exit_posts.add(task)
+        task.add_done_callback(self._exit_posts.discard)
 
     def _on_expire(self, record: RolloutRecord) -> None:
-        if self.store.shared:  # idle here only: the store expires the rollout itself
-            logger.debug(
-                "rollout=%s idle on this gateway: dropped from its cache", record.rollout_id
-            )
-            return
+        # (On a shared store: dropped from this gateway's cache, and from the store only
+        # when it is idle at every gateway: see StoredRollouts.expired.)
         self.rollouts.expired(record)
         self.metrics.expired_rollouts.inc()
         logger.info("rollout=%s expired after %.0f s idle", record.rollout_id, self.registry.ttl_s)
@@ -381,6 +398,7 @@ class Gateway:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.pool.aclose()
+            await asyncio.gather(*self._exit_posts, return_exceptions=True)
             await self.rollouts.drain()
             await self.store.close()
 

@@ -72,8 +72,10 @@ class GatewayContext(Protocol):
         """Adopt the policy version a store holds (announced at any gateway)."""
         ...
 
-    async def report_exit(self, rollout_id: str, exit_code: int | None) -> None:
-        """Keep an agent's exit report (numbered for every gateway on a shared store)."""
+    async def report_exit(
+        self, rollout_id: str, exit_code: int | None, *, started: bool = False
+    ) -> None:
+        """Keep an agent's report (numbered for every gateway on a shared store)."""
         ...
 
     def check_admin(self, request: Request) -> None:

@@ -350,18 +350,24 @@ class ChatTurns:
             )  # fmt: skip
             if is_context_overflow(exc):
                 await gateway.rollouts.commit(record, None)  # its step: the prompt refused
+                # The rollout is over (recorded truncated): the env stops its agent.
+                gateway.exit_board.refused(record.rollout_id, "context_length_exceeded")
                 raise context_overflow_error(exc) from None
             await gateway.rollouts.save(record)  # the failed call, in failed_turns
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
             turn.events.relayed = True
-        self._count_turn(record, call, result, new_bytes)
+        _count_turn(record, call, result, new_bytes)
         answer = _answer_of(result, body)
         # Durable before the agent gets it: a retry after a crash gets this very answer.
+        key = AnswerKey(
+            turn.fingerprint, turn.idempotency_key, gateway.rollouts.wall_clock(),
+            record.recorder.num_steps - 1,
+        )  # fmt: skip
+        without = result.raw_without_prompt_ids if answer is result.raw else None
         # (Whether it goes to a client still connected: see _admit.)
-        await gateway.rollouts.commit(
-            record, self._turn_answer(record, turn, result, answer), delivered=turn.waiters > 0
-        )
+        delivered = turn.waiters > 0
+        await gateway.rollouts.commit(record, TurnAnswer(key, answer, without), delivered=delivered)
         turn.recorded = True
         upstream_s = call.upstream_seconds()
         gateway.metrics.turns.inc(upstream.label)
@@ -373,23 +379,6 @@ class ChatTurns:
                 upstream_s * 1000, call.finish_reason,
             )  # fmt: skip
         return answer
-
-    def _turn_answer(
-        self,
-        record: RolloutRecord,
-        turn: Turn,
-        result: EngineResult,
-        answer: dict[str, Any] | bytes,
-    ) -> TurnAnswer:
-        """What a retry of ``turn`` replays, as the store keeps it."""
-        key = AnswerKey(
-            turn.fingerprint,
-            turn.idempotency_key,
-            self.gateway.rollouts.wall_clock(),
-            record.recorder.num_steps - 1,
-        )
-        without = result.raw_without_prompt_ids if answer is result.raw else None
-        return TurnAnswer(key, answer, without)
 
     def _admit(
         self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
@@ -420,6 +409,9 @@ class ChatTurns:
             check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         except ApiError as exc:
             self.gateway.metrics.refused_turns.inc(str(exc.code))
+            # Told on the exit channel too: whatever the agent does with the refusal
+            # (agent frameworks retry some 4xx for minutes), the env stops it.
+            self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
             raise
         return history, new_bytes
 
@@ -430,23 +422,21 @@ class ChatTurns:
             record.status = "active"
         self.gateway.metrics.abandoned_turns.inc()
 
-    @staticmethod
-    def _count_turn(
-        record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
-    ) -> None:
-        """Count a recorded turn against the rollout's limits and budget."""
-        completion = result.completion
-        record.message_bytes += new_bytes
-        record.completion_tokens += _completion_tokens(completion, call.completion_ids)
-        record.num_turns += 1
-        if record.token_budget is not None:  # verifiers v1's token caps
-            record.token_budget.add_turn(
-                *turn_token_counts(
-                    completion, _id_count(result.prompt_ids_json), call.completion_ids
-                )
-            )
-        if record.at_max_turns and record.status == "active":
-            record.status = "completed"
+
+def _count_turn(
+    record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
+) -> None:
+    """Count a recorded turn against the rollout's limits and budget."""
+    completion = result.completion
+    record.message_bytes += new_bytes
+    record.completion_tokens += _completion_tokens(completion, call.completion_ids)
+    record.num_turns += 1
+    if record.token_budget is not None:  # verifiers v1's token caps
+        record.token_budget.add_turn(
+            *turn_token_counts(completion, _id_count(result.prompt_ids_json), call.completion_ids)
+        )
+    if record.at_max_turns and record.status == "active":
+        record.status = "completed"
 
 
 def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:

@@ -143,9 +143,10 @@ class TrajectoryRecorder:
                 )  # fmt: skip
             else:
                 self._ids.reset()
+            routing = delta.routed_experts if tokens is not None else None
             step = RecordedStep(
                 delta.shared_messages, delta.new_messages, delta.completion, tokens,
-                delta.is_truncated, delta.extras,
+                delta.is_truncated, delta.extras, False, routing,
             )  # fmt: skip
             self._steps.append(step)
             shared = HistoryMatch(delta.shared_messages)
@@ -173,6 +174,7 @@ class TrajectoryRecorder:
         extras: Mapping[str, Any] | None = None,
         prompt_ids_json: bytes | None = None,
         truncated: bool = False,
+        routed_experts: dict[str, Any] | None = None,
     ) -> None:
         """Record one turn: the request's ``messages`` and the returned ``completion``.
 
@@ -184,8 +186,10 @@ class TrajectoryRecorder:
         ``prompt_ids``: only what the previous prompt's text does not hold is parsed.
         ``extras`` (turn facts, see :class:`~rollout_gateway.protocol.StepExtras`) go into
         the step's ``extras``; ``truncated`` marks the step truncated whatever its finish
-        reason. The step gets ``prefix_break`` when its prompt ids do not extend the
-        previous step's prompt + completion ids.
+        reason. ``routed_experts`` (token-in mode's router replay, aligned to the turn's
+        ids by its ``start``) goes into the step's ``tokens`` when it has ids. The step
+        gets ``prefix_break`` when its prompt ids do not extend the previous step's
+        prompt + completion ids.
         """
         step_extras: dict[str, Any] = dict(extras or {})
         if history is None:  # not matched by the caller
@@ -229,8 +233,11 @@ class TrajectoryRecorder:
             tokens.is_truncated = tokens.is_truncated or truncated
 
         completion_list = [dict(m) for m in completion]
+        routing = routed_experts if tokens is not None else None
         self._steps.append(
-            RecordedStep(shared, new_messages, completion_list, tokens, truncated, extras)
+            RecordedStep(
+                shared, new_messages, completion_list, tokens, truncated, extras, False, routing
+            )
         )
         self._history.advance(history, new_messages, completion_list)
         self._before_last = before
@@ -260,6 +267,8 @@ class TrajectoryRecorder:
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
+                if step.routed_experts is not None:
+                    body_tokens["routed_experts"] = step.routed_experts
             prev_messages = [*prompt, *step.completion]
             out.append(
                 {
@@ -297,6 +306,8 @@ class TrajectoryRecorder:
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
+                if step.routed_experts is not None:
+                    body_tokens["routed_experts"] = step.routed_experts
             out.append(
                 {
                     "prompt_shared": step.shared_messages,

@@ -47,6 +47,8 @@ class StepDelta:
     tokens: TokenDelta | None
     is_truncated: bool
     extras: dict[str, Any]
+    #: Token-in mode's MoE routing of the turn (``{data, shape, start, dtype}``).
+    routed_experts: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -62,6 +64,8 @@ class RecordedStep:
     extras: dict[str, Any]
     #: Nobody received the answer: not a turn the agent saw (never served).
     abandoned: bool = False
+    #: Token-in mode's MoE routing of the turn (``{data, shape, start, dtype}``).
+    routed_experts: dict[str, Any] | None = None
 
     def token_delta(self) -> TokenDelta | None:
         """The step's ids beyond the shared prefix, copied out of the branch."""
@@ -86,6 +90,7 @@ class RecordedStep:
             self.token_delta(),
             self.is_truncated,
             self.extras,
+            self.routed_experts,
         )
 
 

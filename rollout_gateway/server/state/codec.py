@@ -116,7 +116,10 @@ def encode_step(step: RecordedStep) -> bytes:
         if len(tokens.completion_logprobs) != completion:
             raise ValueError("a step's logprobs and completion ids differ in length")
     header = _STEP_HEADER.pack(FORMAT_VERSION, flags, step.shared_messages, prefix, new, completion)
-    body = orjson.dumps({"m": step.new_messages, "c": step.completion, "x": step.extras})
+    fields: dict[str, Any] = {"m": step.new_messages, "c": step.completion, "x": step.extras}
+    if step.routed_experts is not None:
+        fields["r"] = step.routed_experts
+    body = orjson.dumps(fields)
     try:
         return seal_parts(header, ids, logprobs, body)
     finally:  # views of the arrays must not outlive this call (the branch grows in place)
@@ -156,7 +159,7 @@ def decode_step(blob: bytes, what: str) -> StepDelta:
         raise StoreCorruptError(f"{what}: messages are not JSON ({exc})") from None
     return StepDelta(
         shared, body.get("m") or [], body.get("c") or [], tokens, bool(flags & _TRUNCATED),
-        body.get("x") or {},
+        body.get("x") or {}, body.get("r"),
     )  # fmt: skip
 
 

@@ -208,12 +208,11 @@ class MemoryStore(GatewayStore):
             )
         rollout.steps.append(commit.step)
         rollout.counters = commit.counters
-        if commit.answer is not None:
-            answer = commit.answer
+        if commit.answer is not None:  # the agent's bytes only (not a second copy of them)
+            key = commit.answer.key
             if self.shared:  # not delivered until the answering gateway says so
-                key = replace(answer.key, delivered=False)
-                answer = TurnAnswer(key, answer.body, answer.without_prompt_ids)
-            rollout.answer = answer
+                key = replace(key, delivered=False)
+            rollout.answer = TurnAnswer(key, commit.answer.body)
         rollout.revision += 1
         if commit.releases is not None:
             await self.release_turn(rollout_id, commit.releases, delivered=commit.delivered)
@@ -257,17 +256,14 @@ class MemoryStore(GatewayStore):
 
     # -- shared ----------------------------------------------------------------------------
 
-    async def report_exit(self, rollout_id: str, exit_code: int | None) -> ExitReport:
+    async def report_exit(self, report: ExitReport) -> ExitReport:
         """Number the report once for every gateway sharing this store and tell them."""
         if not self.shared:
-            return await super().report_exit(rollout_id, exit_code)
+            return await super().report_exit(report)
+        rollout_id = report["rollout_id"]
         self._get(rollout_id)
         self._exit_seq += 1
-        report: ExitReport = {
-            "rollout_id": rollout_id,
-            "exit_code": exit_code,
-            "seq": self._exit_seq,
-        }
+        report = {**report, "seq": self._exit_seq}
         self._exits[rollout_id] = report
         for watcher in self._watchers:
             watcher.exit_reported(dict(report))  # type: ignore[arg-type]

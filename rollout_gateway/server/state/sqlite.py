@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
@@ -35,8 +34,8 @@ from rollout_gateway.server.state import codec
 from rollout_gateway.server.state.sqlite_recovery import check_and_load, load_row, salvage
 from rollout_gateway.server.state.sqlite_schema import (
     DATABASE_FILE,
-    LOCK_FILE,
     connect,
+    lock_directory,
     prepare,
 )
 from rollout_gateway.server.state.sqlite_writer import LoopWriter, ThreadWriter, Writer
@@ -56,10 +55,6 @@ from rollout_gateway.server.state.store import (
 )
 
 logger = logging.getLogger("rollout_gateway.server")
-
-#: Free space the state directory must have at start (a full disk is refused then,
-#: not found at the first turn).
-MIN_FREE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -114,7 +109,7 @@ class SQLiteStore(GatewayStore):
         return self._contents
 
     def _open(self) -> StoreContents:
-        self._lock_directory()
+        self._lock_fd = lock_directory(self.directory, self.path)
         try:
             damage: list[str] = []
             try:
@@ -155,34 +150,6 @@ class SQLiteStore(GatewayStore):
             exit_cursor=loaded.exit_cursor,
             damage=[*damage, *loaded.damage],
         )
-
-    def _lock_directory(self) -> None:
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StoreUnavailableError(
-                f"state directory {self.directory}: {exc.strerror or exc}"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise StoreUnavailableError(
-                f"state directory {self.directory} is in use by another gateway "
-                "(one gateway per state directory)"
-            ) from None
-        self._lock_fd = fd
-        with contextlib.suppress(FileExistsError):  # private from the start: keys, trajectories
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-        stats = os.statvfs(self.directory)
-        free = stats.f_bavail * stats.f_frsize
-        if free < MIN_FREE_BYTES:
-            self._release()
-            raise StoreUnavailableError(
-                f"state directory {self.directory}: the disk is full ({free} bytes free, "
-                f"at least {MIN_FREE_BYTES} needed)"
-            )
 
     async def close(self) -> None:
         """Commit what is queued, checkpoint the log into the database, release it."""
@@ -462,4 +429,4 @@ def _policy(conn: sqlite3.Connection) -> PolicyState:
     )
 
 
-__all__ = ["MIN_FREE_BYTES", "SQLiteStore"]
+__all__ = ["SQLiteStore"]

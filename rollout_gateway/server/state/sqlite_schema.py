@@ -7,6 +7,9 @@ refused with a message (:class:`~.store.StoreVersionError`), never read as this 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import secrets
 import sqlite3
 import time
@@ -65,6 +68,49 @@ _META_DEFAULTS = (
     ("policy_version", None),
     ("policy_updated_at", None),
 )
+
+
+#: Free space the state directory must have at start (a full disk is refused then,
+#: not found at the first turn).
+MIN_FREE_BYTES = 16 * 1024 * 1024
+
+
+def lock_directory(directory: Path, database: Path) -> int:
+    """Make ``directory`` (0700) and the database file (0600: it holds trajectories and
+    keys' digests), and lock the directory for this process; the lock's file descriptor
+    (closing it releases the lock, as the process's end does).
+
+    Raises :class:`~.store.StoreUnavailableError` when the directory cannot be made,
+    another gateway holds it, or its disk is full.
+    """
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise StoreUnavailableError(f"state directory {directory}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StoreUnavailableError(
+            f"state directory {directory} is in use by another gateway "
+            "(one gateway per state directory)"
+        ) from None
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(database, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        stats = os.statvfs(directory)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError as exc:
+        os.close(fd)
+        raise StoreUnavailableError(f"state directory {directory}: {exc.strerror or exc}") from None
+    if free < MIN_FREE_BYTES:
+        os.close(fd)
+        raise StoreUnavailableError(
+            f"state directory {directory}: the disk is full ({free} bytes free, at least "
+            f"{MIN_FREE_BYTES} needed)"
+        )
+    return fd
 
 
 def connect(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -164,7 +210,9 @@ __all__ = [
     "APPLICATION_ID",
     "DATABASE_FILE",
     "LOCK_FILE",
+    "MIN_FREE_BYTES",
     "SCHEMA_VERSION",
     "connect",
+    "lock_directory",
     "prepare",
 ]

@@ -373,11 +373,12 @@ class GatewayStore(abc.ABC):
 
     # -- shared stores only ----------------------------------------------------------------
 
-    async def report_exit(self, rollout_id: str, exit_code: int | None) -> ExitReport:
-        """Keep an exit report numbered once for every gateway on the store, and return it
-        (every gateway's :meth:`watch` hears of it). Only a :attr:`shared` store is asked:
-        a gateway alone numbers reports itself and keeps them with :meth:`save_exit`.
-        Raises :class:`UnknownRolloutError`."""
+    async def report_exit(self, report: ExitReport) -> ExitReport:
+        """Keep ``report`` (its ``seq`` ignored) numbered once for every gateway on the
+        store, as its rollout's report, and return it numbered; every gateway's
+        :meth:`watch` hears of it. Only a :attr:`shared` store is asked: a gateway alone
+        numbers reports itself and keeps them with :meth:`save_exit`. Raises
+        :class:`UnknownRolloutError`."""
         raise NotImplementedError(f"the {self.name} store is not shared")
 
     def watch(self, events: StoreEvents) -> None:  # noqa: B027 - a hook most stores skip

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from rollout_gateway.protocol import ExitReport
-from rollout_gateway.server.state.dedupe import body_fingerprint
+from rollout_gateway.server.state.dedupe import TurnTracker, body_fingerprint
 from rollout_gateway.server.state.registry import (
     AlreadyRegisteredError,
     Clock,
@@ -94,7 +94,7 @@ class StoredRollouts:
 
     def restore(self, rows: list[RolloutRow]) -> list[RolloutRecord]:
         """Hold the stored rollouts again (at start); their steps load on first use."""
-        records = [record_of(row, clock=self.clock, wall_clock=self.wall_clock) for row in rows]
+        records = [self._record_of(row) for row in rows]
         for record in records:
             self.registry.hold(record)
         return records
@@ -123,7 +123,7 @@ class StoredRollouts:
         if record is None and self.store.shared:
             row = await self.store.load_rollout(rollout_id)
             if row is not None and self.registry.get(rollout_id) is None:
-                record = record_of(row, clock=self.clock, wall_clock=self.wall_clock)
+                record = self._record_of(row)
                 self.registry.hold(record)
                 if self.on_load is not None:
                     self.on_load(record)
@@ -194,6 +194,11 @@ class StoredRollouts:
 
     async def _delete_expired(self, rollout_id: str) -> bool:
         try:
+            if self.store.shared:  # idle here; maybe not at the other gateways
+                row = await self.store.load_rollout(rollout_id)
+                changed = row.counters.get("updated_at", 0.0) if row is not None else 0.0
+                if self.wall_clock() - changed <= self.registry.ttl_s:
+                    return False  # only dropped from this gateway's cache
             return await self.store.delete_rollout(rollout_id)
         except StoreError as exc:  # kept: it expires again after a restart
             logger.warning("rollout=%s expired but not deleted from the store: %s", rollout_id, exc)
@@ -237,6 +242,8 @@ class StoredRollouts:
         """Take ``record``'s turn slot (other gateways on a shared store wait) and bring
         the record up to date. Raises :class:`~.store.UnknownRolloutError` (the record is
         then dropped) when the store no longer holds it."""
+        if not self.store.shared and record.loaded and record.revision >= 0:
+            return  # this process is the store's only writer: its copy is current
         try:
             revision = await self.store.claim_turn(record.rollout_id, self.owner, self.lease_s)
         except UnknownRolloutError:
@@ -252,6 +259,8 @@ class StoredRollouts:
     async def release(self, record: RolloutRecord, *, delivered: bool | None = None) -> None:
         """Give ``record``'s turn slot back (``delivered``: see
         :meth:`~.store.GatewayStore.release_turn`)."""
+        if not self.store.shared:
+            return  # no slot was taken
         with contextlib.suppress(StoreError):  # a lost slot frees itself (its lease)
             await self.store.release_turn(record.rollout_id, self.owner, delivered=delivered)
 
@@ -266,6 +275,8 @@ class StoredRollouts:
         """The stored answer a request repeats (a retry whose original was answered
         before a restart or on another gateway), or ``None``. Call under the claim."""
         key = record.answer_key
+        if record.turns.last is not None and not self.store.shared:
+            return None  # the turn tracker holds the last turn: it matched it already
         if key is None or not answer_matches(
             key, fingerprint, idempotency_key, is_retry=is_retry, now=self.wall_clock(),
             window_s=self.retry_window_s,
@@ -303,6 +314,11 @@ class StoredRollouts:
             record.answer_key = answer.key
 
     # -- loading -------------------------------------------------------------------------
+
+    def _record_of(self, row: RolloutRow) -> RolloutRecord:
+        record = record_of(row, clock=self.clock, wall_clock=self.wall_clock)
+        record.turns = TurnTracker(self.retry_window_s, self.clock)
+        return record
 
     async def _refresh(self, record: RolloutRecord, row: RolloutRow | None) -> None:
         if row is None:

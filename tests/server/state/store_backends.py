@@ -52,10 +52,20 @@ async def _sqlite_reopen(store: GatewayStore, directory: Path) -> GatewayStore:
     return _sqlite(directory)
 
 
+def _sqlite_full(directory: Path) -> GatewayStore:
+    return SQLiteStore(directory / "state", synchronous="full")  # its writer thread
+
+
+async def _sqlite_full_reopen(store: GatewayStore, directory: Path) -> GatewayStore:
+    await store.close()
+    return _sqlite_full(directory)
+
+
 BACKENDS: list[Backend] = [
     Backend("memory", _memory),
     Backend("memory-shared", _shared_memory, peer=lambda store, directory: store),
     Backend("sqlite", _sqlite, reopen=_sqlite_reopen),
+    Backend("sqlite-full", _sqlite_full, reopen=_sqlite_full_reopen),
 ]
 
 _prefixes = itertools.count()

@@ -65,6 +65,12 @@ def test_a_state_dir_that_cannot_be_made_is_refused(tmp_path: Path, monkeypatch,
     assert "--state-dir" in err and "Not a directory" in err
 
 
+def test_state_sync_without_a_state_dir_is_refused(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", ADMIN_TOKEN)
+    assert main(["serve", "--upstream", UP, "--state-sync", "full"]) == 2
+    assert "--state-sync: only with --state-dir" in capsys.readouterr().err
+
+
 def test_a_database_that_cannot_be_opened_is_refused(tmp_path: Path, monkeypatch, capsys) -> None:
     (tmp_path / "state" / "state.db").mkdir(parents=True)  # in its place: a directory
     assert serve(tmp_path / "state", monkeypatch) == 2

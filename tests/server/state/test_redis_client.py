@@ -95,6 +95,10 @@ async def gateways(server: RedisServer) -> AsyncIterator[list[RedisStore]]:
         await store.close()
 
 
+def _exit(rollout_id: str, code: int | None) -> Any:
+    return {"rollout_id": rollout_id, "exit_code": code, "seq": 0}
+
+
 def _row(rollout_id: str = "r1", key_digest: str | None = "kd") -> RolloutRow:
     registration: Any = {
         "rollout_id": rollout_id, "model": "m", "sampling_params": {}, "max_turns": 10,
@@ -230,15 +234,16 @@ async def test_exit_reports_are_numbered_once_for_every_gateway(
     a, b = gateways
     for rollout_id in ("r1", "r2", "r3"):
         await a.create_rollout(_row(rollout_id, key_digest=None))
-    assert await a.report_exit("r1", 0) == {"rollout_id": "r1", "exit_code": 0, "seq": 1}
-    assert (await b.report_exit("r2", None))["seq"] == 2
+    assert await a.report_exit(_exit("r1", 0)) == {"rollout_id": "r1", "exit_code": 0, "seq": 1}
+    refused = {**_exit("r2", None), "refused": "max_turns"}
+    assert await b.report_exit(refused) == {**refused, "seq": 2}  # (kept whole)
     with pytest.raises(UnknownRolloutError):
-        await b.report_exit("unknown", 0)  # nothing kept, no number used
+        await b.report_exit(_exit("unknown", 0))  # nothing kept, no number used
     seen = await b.exits_after(0)
     assert [(r["rollout_id"], r["exit_code"], r["seq"]) for r in seen] == [
         ("r1", 0, 1), ("r2", None, 2),
     ]  # fmt: skip
-    await a.report_exit("r3", 1)
+    await a.report_exit(_exit("r3", 1))
     assert [r["seq"] for r in await b.exits_after(2)] == [3]
     # Every gateway's watcher hears every report, its own included, in order.
     for store in (a, b):

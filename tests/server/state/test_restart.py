@@ -192,3 +192,14 @@ async def test_rollouts_idle_past_their_ttl_expire_after_a_restart(tmp_path: Pat
         assert gw_app.state.gateway.sweep() == 1
     async with running(app, SQLiteStore(store)) as gw:
         assert (await gw.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).status_code == 404
+
+
+async def test_restored_rollouts_follow_the_gateways_retry_window(make_store: Any) -> None:
+    app = RecordingUpstream().app()
+    async with running(app, make_store(), retry_dedupe_window_s=33) as gw:
+        await gw.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+    async with running(app, make_store(), retry_dedupe_window_s=7) as gw:
+        gateway: Any = gw._transport.app.state.gateway  # type: ignore[attr-defined]
+        record = gateway.registry.get("r1")
+        assert record.turns.window_s == 7  # this gateway's setting, not the default
+        assert record.turns.clock is gateway.registry.clock

@@ -226,13 +226,17 @@ async def test_exit_reports_are_numbered_once_and_seen_at_every_gateway(shared: 
 async def test_a_cursor_another_gateway_gave_is_not_taken_for_a_restart() -> None:
     from rollout_gateway.exits import ExitBoard
 
-    board = ExitBoard(shared_numbering=True)
-    board.adopt({"rollout_id": "r1", "exit_code": 0, "seq": 1})
+    published: list[Any] = []
+    board = ExitBoard(publish=published.append)
+    board.report("r0", 1)  # numbered by the store: handed over, not held yet
+    assert published == [{"rollout_id": "r0", "exit_code": 1, "seq": 0}]
+    assert board.since(0) == {"exits": [], "cursor": 0}
+    board.apply({"rollout_id": "r1", "exit_code": 0, "seq": 1})
     # The env saw report 3 at another gateway; this board has not heard of 2 and 3 yet.
     assert board.since(3) == {"exits": [], "cursor": 3}
-    board.adopt({"rollout_id": "r3", "exit_code": 0, "seq": 3})
-    board.adopt({"rollout_id": "r2", "exit_code": 1, "seq": 2})  # heard late
-    board.adopt({"rollout_id": "r2", "exit_code": 1, "seq": 2})  # heard twice
+    board.apply({"rollout_id": "r3", "exit_code": 0, "seq": 3})
+    board.apply({"rollout_id": "r2", "exit_code": 1, "seq": 2})  # heard late
+    board.apply({"rollout_id": "r2", "exit_code": 1, "seq": 2})  # heard twice
     assert [r["seq"] for r in board.since(1)["exits"]] == [2, 3]
     assert board.since(2) == {
         "exits": [{"rollout_id": "r3", "exit_code": 0, "seq": 3}],
@@ -285,25 +289,6 @@ async def test_a_gateway_catches_up_with_only_the_steps_stored_since_its_copy() 
     # last turn, and so does the trajectory read at the end: each step is read back once,
     # by the gateway that did not record it (reloading whole copies would read 15).
     assert store.steps_read == len(STEPS)
-
-
-async def test_a_rollout_idle_at_one_gateway_lives_on_at_the_others() -> None:
-    store = MemoryStore(shared=True)
-    upstream = RecordingUpstream().app()
-    config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=0.2)
-    idle_app = create_app(config, upstream_transport=httpx.ASGITransport(upstream), store=store)
-    async with gateways(upstream, store, 1) as (busy,), idle_app.router.lifespan_context(idle_app):
-        idle = httpx.AsyncClient(transport=httpx.ASGITransport(idle_app), base_url="http://gw")
-        r = await idle.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
-        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
-        await asyncio.sleep(0.3)  # idle at this gateway; its turns go to the other one
-        assert idle_app.state.gateway.sweep() == 1  # dropped from this gateway's cache...
-        body = {"model": "m", "messages": [{"role": "user", "content": script({"say": "hi"})}]}
-        r = await busy.post("/v1/rollouts/r1/chat/completions", json=body, headers=key)
-        assert r.status_code == 200  # ...not from the store
-        trajectory = await idle.get("/v1/rollouts/r1/trajectory", headers=ADMIN)
-        assert trajectory.json()["num_turns"] == 1
-        await idle.aclose()
 
 
 async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None:
@@ -381,3 +366,64 @@ async def test_an_answer_a_dead_gateway_never_handed_out_is_a_lost_answer_elsewh
         trajectory = (await a.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).json()
         assert trajectory["num_turns"] == 1  # the answer nobody got is not a turn
         assert [s["prompt"][-1]["content"] for s in trajectory["trajectory"]] == ["still there?"]
+
+
+async def test_a_rollout_idle_at_one_gateway_but_busy_at_another_is_not_deleted() -> None:
+    from ..conftest import FakeClock
+
+    store = MemoryStore(shared=True)
+    upstream = httpx.ASGITransport(RecordingUpstream().app())
+    clock = FakeClock()
+    config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=60)
+    idle = create_app(config, upstream_transport=upstream, store=store, clock=clock)
+    async with idle.router.lifespan_context(idle):
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(idle), base_url="http://gw"
+        ) as a:
+            await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+            clock.advance(61)  # idle here...
+            gateway: Any = idle.state.gateway
+            # ...but another gateway served it just now.
+            row = await store.load_rollout("r1")
+            assert row is not None
+            await store.save_rollout(
+                "r1", {**row.counters, "updated_at": gateway.rollouts.wall_clock()}
+            )
+            assert gateway.sweep() == 1  # dropped from this gateway's cache...
+            await gateway.rollouts.drain()
+            assert await store.load_rollout("r1") is not None  # ...not from the store
+            r = await a.get("/v1/rollouts/r1/trajectory", headers=ADMIN)
+            assert r.status_code == 200  # found again at the store
+            clock.advance(61)  # and now idle at every gateway: gone from the store too
+            assert gateway.sweep() == 1
+            await gateway.rollouts.drain()
+            assert await store.load_rollout("r1") is None
+
+
+async def test_a_turn_refused_at_one_gateway_is_on_every_gateways_exit_channel(
+    shared: Shared,
+) -> None:
+    async with gateways(RecordingUpstream().app(), shared, 3) as (a, b, c):
+        r = await a.post(
+            "/v1/rollouts/r1/register", json={"model": "m", "max_turns": 1}, headers=ADMIN
+        )
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        url = "/v1/rollouts/r1/chat/completions"
+        task = [{"role": "user", "content": script({"say": "one"}, {"say": "two"})}]
+        first = await a.post(url, json={"model": "m", "messages": task}, headers=key)
+        assert first.status_code == 200
+        more = [*task, first.json()["choices"][0]["message"], {"role": "user", "content": "x"}]
+        refused = await b.post(url, json={"model": "m", "messages": more}, headers=key)
+        assert refused.status_code >= 400
+        code = refused.json()["error"]["code"]
+        # The env's long-poll at a third gateway hears it (the agent may retry for long).
+        answer = (await c.get("/v1/rollouts/exits?after=0&timeout=10", headers=ADMIN)).json()
+        assert [(r["rollout_id"], r.get("refused")) for r in answer["exits"]] == [("r1", code)]
+        # The agent's own exit report later keeps the refusal on the rollout's report.
+        await a.post("/v1/rollouts/r1/exit", json={"exit_code": 0}, headers=key)
+
+        async def kept() -> bool:
+            answer = (await c.get("/v1/rollouts/exits?after=1", headers=ADMIN)).json()
+            return [r.get("refused") for r in answer["exits"]] == [code]
+
+        await eventually(kept)

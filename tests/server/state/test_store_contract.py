@@ -68,7 +68,8 @@ def counters(num_turns: int, **more: Any) -> Any:
 
 def record_turns(recorder: TrajectoryRecorder) -> None:
     """Seven turns: a branch extended in place, a new branch (rewritten history), a turn
-    without ids, a refused prompt, non-finite logprobs, extras of every kind."""
+    without ids, a refused prompt, non-finite logprobs, extras of every kind, a turn's
+    MoE routing."""
     sys_user = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
     a1 = {"role": "assistant", "content": "a1", "tool_calls": [{"id": "c1", "type": "function",
           "function": {"name": "run", "arguments": "{\"cmd\": \"ls\"}"}}]}  # fmt: skip
@@ -85,9 +86,11 @@ def record_turns(recorder: TrajectoryRecorder) -> None:
         completion_logprobs=[float("-inf")], finish_reason="length",
     )  # fmt: skip
     messages = [*messages, a2, {"role": "user", "content": "more"}]
+    routing = {"data": "AAECAwQF", "shape": [3, 2, 1], "start": 0, "dtype": "uint8"}
     recorder.record(
         messages, [{"role": "assistant", "content": "a3"}], prompt_ids=[1, 2, 3, 9, 10],
         completion_ids=[11, 12, 13], completion_logprobs=[-1.0, -2.0, -3.0],
+        routed_experts=routing,  # token-in mode's MoE routing: kept with the step
     )  # fmt: skip
     rewritten = [{"role": "user", "content": "other"}]
     recorder.record(
@@ -178,6 +181,7 @@ async def test_replayed_steps_are_the_recorded_trajectory(store: GatewayStore) -
     assert orjson.dumps(again.steps()) == orjson.dumps(recorder.steps())
     assert again.delta_steps() == recorder.delta_steps()
     assert again.overview() == recorder.overview()
+    assert again.steps()[2]["tokens"]["routed_experts"]["shape"] == [3, 2, 1]
     assert again.last_context_tokens == recorder.last_context_tokens
     assert (await store.load_steps("r1", start=5)) == steps[5:]
     # Logprobs are float32 in memory and in every store: the same values.

@@ -9,6 +9,8 @@ sees every report, with the same cursors.
 
 from __future__ import annotations
 
+import orjson
+
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.state.redis_backend.connection import RedisConnection
 from rollout_gateway.server.state.store import UnknownRolloutError
@@ -17,6 +19,17 @@ from rollout_gateway.server.state.store import UnknownRolloutError
 EXITS_STREAM_LEN = 100_000
 #: Exit reports read from the stream at once.
 _BATCH = 1000
+
+
+def _encoded(report: ExitReport) -> bytes:
+    """The report as stored: its JSON without its number (the number is Redis's)."""
+    return orjson.dumps({k: v for k, v in report.items() if k != "seq"})
+
+
+def _decoded(blob: bytes, seq: int) -> ExitReport:
+    report = orjson.loads(blob)
+    report["seq"] = seq
+    return report
 
 
 class ExitReports:
@@ -29,21 +42,21 @@ class ExitReports:
         self._stream = f"{prefix}exits:stream"
         self._seq = f"{prefix}exits:seq"
 
-    async def report(self, rollout_id: str, exit_code: int | None, rollout_key: str) -> ExitReport:
-        """Number and keep a report of the rollout stored at ``rollout_key`` (one script).
-        Raises :class:`UnknownRolloutError` when it is not stored."""
+    async def report(self, report: ExitReport, rollout_key: str) -> ExitReport:
+        """Number and keep ``report`` of the rollout stored at ``rollout_key`` (one
+        script); the report numbered. Raises :class:`UnknownRolloutError` when the rollout
+        is not stored."""
+        rollout_id = report["rollout_id"]
         keys = [self._hash, self._stream, self._seq, rollout_key]
-        code = "" if exit_code is None else str(exit_code)
-        args = [rollout_id, code, EXITS_STREAM_LEN, self.channel]
+        args = [rollout_id, _encoded(report), EXITS_STREAM_LEN, self.channel]
         seq = int(await self.connection.run("EXIT", keys, args))
         if seq == 0:
             raise UnknownRolloutError(rollout_id)
-        return {"rollout_id": rollout_id, "exit_code": exit_code, "seq": seq}
+        return {**report, "seq": seq}
 
     async def keep(self, report: ExitReport) -> None:
         """Keep a report numbered already (numbering goes on from it)."""
-        code = "" if report["exit_code"] is None else str(report["exit_code"])
-        args = [report["rollout_id"], report["seq"], code]
+        args = [report["rollout_id"], report["seq"], _encoded(report)]
         await self.connection.run("KEEP_EXIT", [self._hash, self._seq], args)
 
     async def forget(self, rollout_id: str) -> None:
@@ -55,12 +68,9 @@ class ExitReports:
         stored = await self.connection.cmd("HGETALL", self._hash)
         cursor = await self.connection.cmd("GET", self._seq)
         reports: list[ExitReport] = []
-        for rid, value in stored.items():
-            seq, _, code = value.decode().partition(" ")
-            reports.append(
-                {"rollout_id": rid.decode(), "exit_code": int(code) if code else None,
-                 "seq": int(seq)}
-            )  # fmt: skip
+        for value in stored.values():
+            seq, _, blob = value.partition(b" ")
+            reports.append(_decoded(blob, int(seq)))
         reports.sort(key=lambda r: r["seq"])
         return reports, int(cursor or 0)
 
@@ -76,12 +86,7 @@ class ExitReports:
             entries = reply[0][1] if reply else []
             for entry_id, fields in entries:
                 last = entry_id
-                code = fields[b"code"]
-                reports.append(
-                    {"rollout_id": fields[b"rid"].decode(),
-                     "exit_code": int(code) if code else None,
-                     "seq": int(entry_id.split(b"-")[0])}
-                )  # fmt: skip
+                reports.append(_decoded(fields[b"r"], int(entry_id.split(b"-")[0])))
             if len(entries) < _BATCH:
                 return reports
 

@@ -158,15 +158,16 @@ if existed == 1 then redis.call('PUBLISH', ARGV[1], 'd:' .. ARGV[2]) end
 return existed
 """
 
-#: KEYS: exits hash, exits stream, seq counter, rollout. ARGV: rollout id, exit code (""
-#: for none), max stream length, channel. Numbers the report once for every gateway,
-#: appends it to the stream and tells the gateways; answers its number (0: the rollout is
+#: KEYS: exits hash, exits stream, seq counter, rollout. ARGV: rollout id, the report
+#: (JSON, without its number), max stream length, channel. Numbers the report once for
+#: every gateway, keeps it as the rollout's ("seq JSON"), appends it to the stream (its
+#: number is the entry's id) and tells the gateways; answers its number (0: the rollout is
 #: not stored).
 EXIT = """
 if redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
 local seq = redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[1], ARGV[1], seq .. ' ' .. ARGV[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], seq .. '-1', 'rid', ARGV[1], 'code', ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], seq .. '-1', 'r', ARGV[2])
 redis.call('PUBLISH', ARGV[4], 'e')
 return seq
 """
@@ -181,8 +182,8 @@ redis.call('PUBLISH', ARGV[3], 'p')
 return {ARGV[1], ARGV[2]}
 """
 
-#: KEYS: exits hash, seq counter. ARGV: rollout id, seq, exit code ("" for none). Keeps a
-#: report numbered already (numbers on from it).
+#: KEYS: exits hash, seq counter. ARGV: rollout id, seq, the report (JSON, without its
+#: number). Keeps a report numbered already (numbers on from it).
 KEEP_EXIT = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
 if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then

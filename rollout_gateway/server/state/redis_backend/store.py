@@ -375,10 +375,10 @@ class RedisStore(GatewayStore):
 
     # -- exit reports and the policy version ---------------------------------------------
 
-    async def report_exit(self, rollout_id: str, exit_code: int | None) -> ExitReport:
+    async def report_exit(self, report: ExitReport) -> ExitReport:
         """Keep an exit report, numbered once for every gateway (one script); every
         gateway's listener hands it to its watcher."""
-        return await self.exits.report(rollout_id, exit_code, self._keys(rollout_id)[0])
+        return await self.exits.report(report, self._keys(report["rollout_id"])[0])
 
     async def save_exit(self, report: ExitReport) -> None:
         """Keep a report numbered already (the gateways number theirs with
