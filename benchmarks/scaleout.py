@@ -12,12 +12,20 @@ load), so a drift of a shared machine weighs on each alike:
 * ``memory``: straight to the memory gateway;
 * ``redis-3``: through HAProxy to the three Redis gateways: each turn of a rollout lands
   on the next gateway, which catches up with the turns the others recorded;
+* ``redis-3-uri``: through a second HAProxy over the same gateways, balancing by the
+  path (``/v1/rollouts/{id}``): each rollout's requests on one gateway, the load spread
+  over three processes as with ``redis-3``, but no catching up;
+* ``memory-3-uri``: three memory gateways behind HAProxy balancing by the path: what
+  spreading the load over three processes costs without Redis;
 * ``redis-1``: straight to one of the Redis gateways (every turn on the gateway that
-  holds the rollout: what the store costs without the catching up).
+  holds the rollout: what the store costs without the catching up, in one process).
 
 Figures: **CPU per turn per gateway** (the gateway processes' CPU over the turns they
-served; the three summed for ``redis-3``), Redis's and HAProxy's own CPU per turn beside
-it, and latency p50 / p99.
+served; the three summed on the balanced paths), Redis's and HAProxy's own CPU per turn
+beside it, and latency p50 / p99. ``redis-3`` against ``memory`` is the issue's figure;
+``memory-3-uri``, ``redis-1`` and ``redis-3-uri`` say what of it is spreading the load
+over processes, what is the store (two Redis round trips a turn) and what is the
+catching up.
 
 Then the same with a **paced model** (``--model-latency-ms``, the scripted model sleeping
 that long per completion, as a real model takes time): a second set of servers on it, and
@@ -63,6 +71,10 @@ from rollout_gateway.local_cluster import GatewayGroup, HAProxy, RedisServer
 CLI = [sys.executable, "-m", "rollout_gateway.cli"]
 #: Servers of one set, by name: what a path's CPU is read from.
 GATEWAYS = ("gw0", "gw1", "gw2")
+MEMORY_GATEWAYS = ("mem0", "mem1", "mem2")
+#: HAProxy balancing by the path's first three parts (``/v1/rollouts/{id}``): each
+#: rollout's requests, register included, on one gateway.
+BY_ROLLOUT = "uri depth 3"
 
 
 def servers(
@@ -93,10 +105,26 @@ def servers(
     stack.enter_context(group)
     pids.update(zip(GATEWAYS, group.pids(), strict=True))
     lb = stack.enter_context(HAProxy(group.ports, directory / f"lb-{latency_ms:g}"))
-    pids["haproxy"], pids["redis"] = lb.pid, redis.pid
+    by_uri = stack.enter_context(
+        HAProxy(group.ports, directory / f"lb-uri-{latency_ms:g}", balance=BY_ROLLOUT)
+    )
+    # Three memory gateways, each rollout's requests on one of them (by its path).
+    memory_3 = GatewayGroup(
+        None, upstream, len(GATEWAYS), directory / f"memory-{latency_ms:g}",
+        admin_token=ADMIN_TOKEN, extra_args=common,
+    )  # fmt: skip
+    stack.enter_context(memory_3)
+    pids.update(zip(MEMORY_GATEWAYS, memory_3.pids(), strict=True))
+    memory_lb = stack.enter_context(
+        HAProxy(memory_3.ports, directory / f"lb-mem-{latency_ms:g}", balance=BY_ROLLOUT)
+    )
+    pids["haproxy"], pids["haproxy-uri"] = lb.pid, by_uri.pid
+    pids["haproxy-mem"], pids["redis"] = memory_lb.pid, redis.pid
     targets = [
         Target("memory", f"http://127.0.0.1:{port}", pids["memory"], gateway=True),
+        Target("memory-3-uri", memory_lb.root, None, gateway=True),
         Target("redis-3", lb.root, None, gateway=True),
+        Target("redis-3-uri", by_uri.root, None, gateway=True),
         Target("redis-1", group.roots()[0], pids["gw0"], gateway=True),
     ]
     return targets, pids, model_root
@@ -130,7 +158,9 @@ def measure(
 
 def gateway_cpu_ms(path: str, res: RunResult) -> float:
     """CPU per turn of the gateway processes that served ``path``'s turns."""
-    names = {"memory": ["memory"], "redis-3": list(GATEWAYS), "redis-1": ["gw0"]}[path]
+    names = {
+        "memory": ["memory"], "redis-1": ["gw0"], "memory-3-uri": list(MEMORY_GATEWAYS),
+    }.get(path, list(GATEWAYS))  # fmt: skip
     return sum(res.cpu_s[n] for n in names) * 1000 / len(res.latencies_s)
 
 
@@ -206,20 +236,23 @@ def report(
     )
     rows: list[tuple[str, str, str, bool]] = []
     print("\nmodel answering at once (CPU per turn; gateway = the gateways that served it)")
-    head = f"{'context':>8}  {'path':<9}{'turns':>7}{'gateway CPU ms/turn':>21}"
+    head = f"{'context':>8}  {'path':<12}{'turns':>7}{'gateway CPU ms/turn':>21}"
     print(f"{head}{'redis':>8}{'haproxy':>9}{'p50 ms':>9}{'p99 ms':>9}")
     for (context, path), res in fast.items():
         n = len(res.latencies_s)
-        redis_ms = res.cpu_s["redis"] * 1000 / n if path != "memory" else 0.0
-        lb_ms = res.cpu_s["haproxy"] * 1000 / n if path == "redis-3" else 0.0
+        redis_ms = res.cpu_s["redis"] * 1000 / n if path.startswith("redis") else 0.0
+        balancer = {
+            "redis-3": "haproxy", "redis-3-uri": "haproxy-uri", "memory-3-uri": "haproxy-mem",
+        }.get(path)  # fmt: skip
+        lb_ms = res.cpu_s[balancer] * 1000 / n if balancer else 0.0
         print(
-            f"{context:>8}  {path:<9}{n:>7}{gateway_cpu_ms(path, res):21.3f}{redis_ms:8.3f}"
+            f"{context:>8}  {path:<12}{n:>7}{gateway_cpu_ms(path, res):21.3f}{redis_ms:8.3f}"
             f"{lb_ms:9.3f}{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
         )
     print("\nratios to the memory gateway (same run):")
     for context in args.contexts:
         memory = gateway_cpu_ms("memory", fast[(context, "memory")])
-        for path in ("redis-3", "redis-1"):
+        for path in ("redis-3", "redis-3-uri", "redis-1", "memory-3-uri"):
             ratio = gateway_cpu_ms(path, fast[(context, path)]) / memory
             print(
                 f"  CPU per turn per gateway, {path}/memory at {context} tokens: {ratio:.2f}x "
@@ -241,11 +274,11 @@ def report(
             f"\npaced model ({args.model_latency_ms:g} ms per completion) at {context} "
             f"tokens: latency added to a turn over direct's (p50 {direct:.2f} ms)"
         )
-        print(f"  {'path':<9}{'turns':>7}{'p50 ms':>10}{'added p50':>11}{'p99 ms':>9}")
+        print(f"  {'path':<12}{'turns':>7}{'p50 ms':>10}{'added p50':>11}{'p99 ms':>9}")
         for (_, path), res in paced.items():
             added = res.pct(0.5) - direct
             print(
-                f"  {path:<9}{len(res.latencies_s):>7}{res.pct(0.5):10.2f}{added:11.2f}"
+                f"  {path:<12}{len(res.latencies_s):>7}{res.pct(0.5):10.2f}{added:11.2f}"
                 f"{res.pct(0.99):9.2f}"
             )
         added_3 = paced[(context, "redis-3")].pct(0.5) - direct

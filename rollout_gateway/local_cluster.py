@@ -341,7 +341,7 @@ frontend gateway
     default_backend gateways
 
 backend gateways
-    balance roundrobin
+    balance {balance}
     http-response set-header X-Gateway %[srv_name]
     option httpchk GET /health
     http-check expect status 200
@@ -350,23 +350,31 @@ backend gateways
 """
 
 
-def haproxy_config(port: int, backend_ports: Sequence[int]) -> str:
-    """The HAProxy configuration :class:`HAProxy` runs (also the docs' example)."""
+def haproxy_config(port: int, backend_ports: Sequence[int], *, balance: str = "roundrobin") -> str:
+    """The HAProxy configuration :class:`HAProxy` runs (also the docs' example).
+    ``balance``: HAProxy's algorithm (``uri`` sends each rollout's requests to one
+    gateway: what the benchmark compares round robin with)."""
     servers = "\n".join(
         f"    server gateway{i} 127.0.0.1:{p} check" for i, p in enumerate(backend_ports)
     )
-    return _HAPROXY_CONFIG.format(port=port, servers=servers)
+    return _HAPROXY_CONFIG.format(port=port, servers=servers, balance=balance)
 
 
 class HAProxy:
     """HAProxy on a free loopback port, balancing over ``backend_ports``."""
 
     def __init__(
-        self, backend_ports: Sequence[int], directory: Path, *, port: int | None = None
+        self,
+        backend_ports: Sequence[int],
+        directory: Path,
+        *,
+        port: int | None = None,
+        balance: str = "roundrobin",
     ) -> None:
         self.backend_ports = list(backend_ports)
         self.directory = Path(directory)
         self.port = port or free_port()
+        self.balance = balance
         self._child: _Child | None = None
 
     @property
@@ -388,7 +396,7 @@ class HAProxy:
             raise RuntimeError("haproxy is not installed (Debian: apt-get install haproxy)")
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "haproxy.cfg"
-        config.write_text(haproxy_config(self.port, self.backend_ports))
+        config.write_text(haproxy_config(self.port, self.backend_ports, balance=self.balance))
         # -db: stay in the foreground, no daemon (stopped by its process group).
         self._child = _Child([binary, "-db", "-f", str(config)], self.directory / "haproxy.log")
         self._child.start()

@@ -226,6 +226,8 @@ def test_redis_options_reach_the_config(monkeypatch) -> None:
     [
         (["--redis", "http://:secret@host:6379"], "--redis: a redis://, rediss:// or unix:// URL"),
         (["--redis", "redis://h", "--redis-lease", "0"], "--redis-lease"),
+        (["--redis-prefix", "train-7:"], "--redis-prefix: only with --redis"),
+        (["--redis-lease", "3"], "--redis-lease: only with --redis"),
     ],
 )
 def test_unusable_redis_options_are_refused_naming_them(
