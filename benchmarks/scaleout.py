@@ -36,7 +36,8 @@ the gateways: the **latency added** to a turn at p50 is each path's p50 minus di
 Every figure is printed with its target (issue 26: CPU per turn per gateway at most 1.5x
 the single memory gateway's; added latency p50 under 2 ms at 1k context with a paced
 model) and the memory baseline measured in the same run. ``--quick`` (fewer turns per
-cell) runs in under 3 minutes on a 16-core host::
+cell, one paced round per path) runs in under 3 minutes on a 16-core host (11 minutes on
+2 shared cores)::
 
     python benchmarks/scaleout.py --quick
     python benchmarks/scaleout.py --contexts 1000,32000 --rollouts 64 --clients 4
@@ -136,14 +137,15 @@ def measure(
     pids: dict[str, int],
     contexts: list[int],
     spread_s: float,
+    min_turns: int,
 ) -> dict[tuple[int, str], RunResult]:
-    """(context, path) -> the cell's figures over at least ``--min-turns`` turns."""
+    """(context, path) -> the cell's figures over at least ``min_turns`` turns."""
     for target in targets:  # warm up every path (imports, connections, scripts loaded)
         asyncio.run(_one_round(target, pids, rollouts=4, turns=3, context_tokens=1000,
                                tool_chars=50))  # fmt: skip
     results: dict[tuple[int, str], RunResult] = {}
     for context in contexts:
-        for _ in range(rounds_for(args.min_turns, args.rollouts, args.turns)):
+        for _ in range(rounds_for(min_turns, args.rollouts, args.turns)):
             for target in targets:
                 res = asyncio.run(
                     _one_round(
@@ -199,13 +201,15 @@ def main() -> None:
     if args.quick:
         args.min_turns = min(args.min_turns, 2560)
         args.turns = min(args.turns, 20)
+    # A paced round takes turns x the model's latency whatever the host: fewer of them.
+    args.paced_turns = args.min_turns // 4
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rg-scaleout-") as tmp:
         directory = Path(tmp)
         with RedisServer(directory / "redis", fsync=args.fsync) as redis:
             with contextlib.ExitStack() as stack:
                 targets, pids, _ = servers(stack, directory, redis, 0.0)
-                fast = measure(args, targets, pids, args.contexts, 0.0)
+                fast = measure(args, targets, pids, args.contexts, 0.0, args.min_turns)
             paced: dict[tuple[int, str], RunResult] = {}
             if args.model_latency_ms > 0:
                 with contextlib.ExitStack() as stack:
@@ -218,7 +222,9 @@ def main() -> None:
                         Target("lb-only", lb.root, lb.pid),
                         *targets,
                     ]
-                    paced = measure(args, targets, pids, args.contexts[:1], latency / 1000)
+                    paced = measure(
+                        args, targets, pids, args.contexts[:1], latency / 1000, args.paced_turns
+                    )
     report(args, load_start, fast, paced)
 
 

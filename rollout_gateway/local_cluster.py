@@ -313,7 +313,9 @@ class GatewayGroup:
         self.stop()
 
 
-#: HAProxy's configuration: HTTP mode, round robin, no stickiness. ``http-reuse never``
+#: HAProxy's configuration: HTTP mode, round robin, no stickiness. The client and server
+#: timeouts outlast the gateway's ``--upstream-timeout`` (600 s) and a margin: a long
+#: generation is not cut by the balancer. ``http-reuse never``
 #: and ``http-server-close`` are left out on purpose: each request is balanced on its own
 #: whatever connection it came on. ``retries``/``redispatch`` with ``retry-on
 #: conn-failure`` (HAProxy's default, written out): a request that could not be sent goes
@@ -329,8 +331,8 @@ defaults
     mode http
     log global
     timeout connect 2s
-    timeout client 300s
-    timeout server 300s
+    timeout client 660s
+    timeout server 660s
     timeout http-keep-alive 75s
     retries 3
     option redispatch 1
