@@ -68,6 +68,41 @@ class ExitJournal(Protocol):
         ...
 
 
+def agent_report(rollout_id: str, exit_code: int | None, *, started: bool = False) -> ExitReport:
+    """An agent's report as its launch wrapper posts it (unnumbered): its exit code, or
+    with ``started`` that it started the agent."""
+    report: ExitReport = {"rollout_id": rollout_id, "exit_code": exit_code, "seq": 0}
+    if started:
+        report["started"] = True
+    return report
+
+
+def merged_report(previous: ExitReport | None, report: ExitReport) -> ExitReport | None:
+    """What a rollout's ``report`` (an agent's exit or start report, or a refusal of the
+    gateway's) becomes over its ``previous`` one (``None``: nothing to post).
+
+    A start report after any report is dropped (the wrapper sends it beside the agent: it
+    may come after the agent's exit report); only the first refusal is reported, and it
+    keeps the exit code reported before it; a refusal stays on every later report (the
+    agent cannot erase it). A board applies this to what it holds; a store shared by
+    several gateways applies it again to what it stores (it may know of a report the
+    posting gateway has not heard of yet).
+    """
+    if previous is None:
+        return report
+    if report.get("started"):
+        return None
+    if "refused" in report:
+        if "refused" in previous:
+            return None
+        if report["exit_code"] is None:
+            return {**report, "exit_code": previous["exit_code"]}
+        return report
+    if "refused" in previous:
+        return {**report, "refused": previous["refused"]}
+    return report
+
+
 class ExitBoard:
     """Exit reports of registered rollouts, numbered, with waiters for new ones.
 
@@ -142,44 +177,25 @@ class ExitBoard:
         ``started`` that its launch wrapper runs) and wake the waiters (a repeat within
         :data:`REPORT_WAKE_INTERVAL` wakes them when it ends). A refusal the gateway
         reported stays on the rollout's report (see :meth:`refused`)."""
-        report = self.compose(rollout_id, exit_code, started=started)
-        if report is not None:
-            self._post(report, urgent=False)
-
-    def compose(
-        self, rollout_id: str, exit_code: int | None, *, started: bool = False
-    ) -> ExitReport | None:
-        """The report :meth:`report` would post, unnumbered (``None``: nothing to post)."""
-        previous = self._reports.get(rollout_id)
-        if started and previous is not None:
-            return None  # sent beside the agent: it may come after the agent's exit report
-        report: ExitReport = {"rollout_id": rollout_id, "exit_code": exit_code, "seq": 0}
-        if started:
-            report["started"] = True
-        if previous is not None and "refused" in previous:
-            report["refused"] = previous["refused"]  # the agent cannot erase it
-        return report
+        self._post(agent_report(rollout_id, exit_code, started=started), urgent=False)
 
     def refused(self, rollout_id: str, code: str) -> None:
         """The gateway refused a turn of ``rollout_id`` (``code`` says why): report it at
         once, whatever the agent reported just before (the env stops the agent on it).
         Only the first refusal of a rollout is reported."""
-        previous = self._reports.get(rollout_id)
-        if previous is not None and "refused" in previous:
-            return
-        report: ExitReport = {
-            "rollout_id": rollout_id,
-            "exit_code": previous["exit_code"] if previous is not None else None,
-            "seq": 0,
-            "refused": code,
-        }
+        report: ExitReport = {"rollout_id": rollout_id, "exit_code": None, "seq": 0}
+        report["refused"] = code
         self._post(report, urgent=True)
 
     def _post(self, report: ExitReport, *, urgent: bool) -> None:
-        if self._publish is not None:  # numbered by the shared store, then applied
+        if self._publish is not None:  # merged, numbered by the shared store, then applied
             self._publish(report)
             return
         rollout_id = report["rollout_id"]
+        merged = merged_report(self._reports.get(rollout_id), report)
+        if merged is None:
+            return
+        report = merged
         self._seq += 1
         report["seq"] = self._seq
         self._reports.pop(rollout_id, None)
@@ -473,4 +489,6 @@ __all__ = [
     "ExitBoard",
     "ExitJournal",
     "ExitWatcher",
+    "agent_report",
+    "merged_report",
 ]

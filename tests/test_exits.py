@@ -385,3 +385,21 @@ def test_the_wrapper_without_reports_execs_the_agent():
     command = agent_launch_command("python agent.py", "/tmp/p", report_exit=False)
     assert "exec sh -c" in command and "exit_code" not in command
     assert os.path.basename("/tmp/p") in command
+
+
+def test_a_report_merged_over_the_previous_one():
+    """The one rule a board and a shared store apply to a rollout's new report."""
+    from rollout_gateway.exits import merged_report
+
+    def report(**fields):
+        return {"rollout_id": "r", "exit_code": None, "seq": 0, **fields}
+
+    started, exited = report(started=True), report(exit_code=3)
+    refusal = report(refused="max_turns")
+    assert merged_report(None, started) == started
+    assert merged_report(exited, started) is None  # a start report after the exit: dropped
+    assert merged_report(exited, refusal) == report(exit_code=3, refused="max_turns")
+    refused = {**refusal, "exit_code": 3}
+    assert merged_report(refused, report(refused="other")) is None  # the first refusal only
+    assert merged_report(refused, report(exit_code=0)) == report(exit_code=0, refused="max_turns")
+    assert merged_report(started, exited) == exited

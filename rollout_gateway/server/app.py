@@ -33,7 +33,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from rollout_gateway import protocol
-from rollout_gateway.exits import ExitBoard
+from rollout_gateway.exits import ExitBoard, agent_report
 from rollout_gateway.protocol import (
     BEARER_CHAT_COMPLETIONS_PATH,
     BEARER_MODELS_PATH,
@@ -214,9 +214,7 @@ class Gateway:
         if not self.store.shared:
             self.exit_board.report(rollout_id, exit_code, started=started)
             return
-        report = self.exit_board.compose(rollout_id, exit_code, started=started)
-        if report is not None:
-            await self.store.report_exit(report)
+        await self.store.report_exit(agent_report(rollout_id, exit_code, started=started))
 
     def _publish_exit(self, report: ExitReport) -> None:
         """A report the board made (a refusal of the gateway's) to a shared store, in the

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
+from rollout_gateway.exits import merged_report
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
 from rollout_gateway.server.state.store import (
@@ -256,14 +257,18 @@ class MemoryStore(GatewayStore):
 
     # -- shared ----------------------------------------------------------------------------
 
-    async def report_exit(self, report: ExitReport) -> ExitReport:
-        """Number the report once for every gateway sharing this store and tell them."""
+    async def report_exit(self, report: ExitReport) -> ExitReport | None:
+        """Merge the report over the stored one, number it once for every gateway sharing
+        this store and tell them."""
         if not self.shared:
             return await super().report_exit(report)
         rollout_id = report["rollout_id"]
         self._get(rollout_id)
+        kept = merged_report(self._exits.get(rollout_id), report)
+        if kept is None:
+            return None
         self._exit_seq += 1
-        report = {**report, "seq": self._exit_seq}
+        report = {**kept, "seq": self._exit_seq}
         self._exits[rollout_id] = report
         for watcher in self._watchers:
             watcher.exit_reported(dict(report))  # type: ignore[arg-type]

@@ -373,9 +373,11 @@ class GatewayStore(abc.ABC):
 
     # -- shared stores only ----------------------------------------------------------------
 
-    async def report_exit(self, report: ExitReport) -> ExitReport:
-        """Keep ``report`` (its ``seq`` ignored) numbered once for every gateway on the
-        store, as its rollout's report, and return it numbered; every gateway's
+    async def report_exit(self, report: ExitReport) -> ExitReport | None:
+        """Keep ``report`` (its ``seq`` ignored) as its rollout's report, merged over the
+        stored one (:func:`rollout_gateway.exits.merged_report`: the store may know of a
+        report the posting gateway has not heard of yet), numbered once for every gateway
+        on the store; the report as kept (``None``: the merge dropped it). Every gateway's
         :meth:`watch` hears of it. Only a :attr:`shared` store is asked: a gateway alone
         numbers reports itself and keeps them with :meth:`save_exit`. Raises
         :class:`UnknownRolloutError`."""

@@ -239,19 +239,25 @@ async def test_exit_reports_are_numbered_once_for_every_gateway(
     assert await b.report_exit(refused) == {**refused, "seq": 2}  # (kept whole)
     with pytest.raises(UnknownRolloutError):
         await b.report_exit(_exit("unknown", 0))  # nothing kept, no number used
+    # The store merges over the stored report, whatever the posting gateway heard of.
+    assert await a.report_exit({**_exit("r2", 5), "started": True}) is None
+    assert await a.report_exit({**_exit("r2", None), "refused": "other"}) is None
+    assert (await a.report_exit(_exit("r1", 7)))["seq"] == 3  # (a later report of r1)
     seen = await b.exits_after(0)
     assert [(r["rollout_id"], r["exit_code"], r["seq"]) for r in seen] == [
-        ("r1", 0, 1), ("r2", None, 2),
+        ("r1", 0, 1), ("r2", None, 2), ("r1", 7, 3),
     ]  # fmt: skip
+    kept = await b.report_exit(_exit("r2", 1))  # the agent's exit after the refusal
+    assert kept == {"rollout_id": "r2", "exit_code": 1, "seq": 4, "refused": "max_turns"}
     await a.report_exit(_exit("r3", 1))
-    assert [r["seq"] for r in await b.exits_after(2)] == [3]
+    assert [r["seq"] for r in await b.exits_after(4)] == [5]
     # Every gateway's watcher hears every report, its own included, in order.
     for store in (a, b):
         heard: Heard = store._listener.events  # type: ignore[assignment]
-        await eventually(lambda heard=heard: len(heard.exits) == 3)
-        assert [r["seq"] for r in heard.exits] == [1, 2, 3]
-    contents = await reopened(b)  # a gateway started now
-    assert contents.exit_cursor == 3 and [r["seq"] for r in contents.exits] == [1, 2, 3]
+        await eventually(lambda heard=heard: len(heard.exits) == 5)
+        assert [r["seq"] for r in heard.exits] == [1, 2, 3, 4, 5]
+    contents = await reopened(b)  # a gateway started now: each rollout's last report
+    assert contents.exit_cursor == 5 and [r["seq"] for r in contents.exits] == [3, 4, 5]
 
 
 async def test_policy_versions_only_move_forward(gateways: list[RedisStore]) -> None:

@@ -420,7 +420,8 @@ async def test_a_turn_refused_at_one_gateway_is_on_every_gateways_exit_channel(
         answer = (await c.get("/v1/rollouts/exits?after=0&timeout=10", headers=ADMIN)).json()
         assert [(r["rollout_id"], r.get("refused")) for r in answer["exits"]] == [("r1", code)]
         # The agent's own exit report later keeps the refusal on the rollout's report.
-        await a.post("/v1/rollouts/r1/exit", json={"exit_code": 0}, headers=key)
+        posted = await a.post("/v1/rollouts/r1/exit", json={"exit_code": 0}, headers=key)
+        assert posted.status_code == 200
 
         async def kept() -> bool:
             answer = (await c.get("/v1/rollouts/exits?after=1", headers=ADMIN)).json()

@@ -42,17 +42,20 @@ class ExitReports:
         self._stream = f"{prefix}exits:stream"
         self._seq = f"{prefix}exits:seq"
 
-    async def report(self, report: ExitReport, rollout_key: str) -> ExitReport:
-        """Number and keep ``report`` of the rollout stored at ``rollout_key`` (one
-        script); the report numbered. Raises :class:`UnknownRolloutError` when the rollout
-        is not stored."""
+    async def report(self, report: ExitReport, rollout_key: str) -> ExitReport | None:
+        """Merge ``report`` over the stored one of the rollout stored at ``rollout_key``,
+        number and keep it (one script); the report as kept (``None``: the merge dropped
+        it). Raises :class:`UnknownRolloutError` when the rollout is not stored."""
         rollout_id = report["rollout_id"]
         keys = [self._hash, self._stream, self._seq, rollout_key]
         args = [rollout_id, _encoded(report), EXITS_STREAM_LEN, self.channel]
-        seq = int(await self.connection.run("EXIT", keys, args))
+        reply = await self.connection.run("EXIT", keys, args)
+        seq = int(reply[0])
         if seq == 0:
             raise UnknownRolloutError(rollout_id)
-        return {**report, "seq": seq}
+        if seq < 0:
+            return None
+        return _decoded(reply[1], seq)
 
     async def keep(self, report: ExitReport) -> None:
         """Keep a report numbered already (numbering goes on from it)."""

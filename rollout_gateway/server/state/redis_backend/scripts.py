@@ -159,17 +159,34 @@ return existed
 """
 
 #: KEYS: exits hash, exits stream, seq counter, rollout. ARGV: rollout id, the report
-#: (JSON, without its number), max stream length, channel. Numbers the report once for
-#: every gateway, keeps it as the rollout's ("seq JSON"), appends it to the stream (its
-#: number is the entry's id) and tells the gateways; answers its number (0: the rollout is
-#: not stored).
+#: (JSON, without its number), max stream length, channel. Merges the report over the
+#: rollout's stored one as :func:`rollout_gateway.exits.merged_report` does (a start report
+#: after a report is dropped, the first refusal only, a refusal kept on later reports),
+#: numbers it once for every gateway, keeps it as the rollout's ("seq JSON"), appends it
+#: to the stream (its number is the entry's id) and tells the gateways. Answers {seq,
+#: the JSON kept}, {0} (the rollout is not stored) or {-1} (dropped by the merge).
 EXIT = """
-if redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[4]) == 0 then return {0} end
+local report = ARGV[2]
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if stored then
+  local previous = cjson.decode(string.sub(stored, string.find(stored, ' ') + 1))
+  local new = cjson.decode(report)
+  if new['started'] then return {-1} end
+  if new['refused'] then
+    if previous['refused'] then return {-1} end
+    if new['exit_code'] == cjson.null then new['exit_code'] = previous['exit_code'] end
+    report = cjson.encode(new)
+  elseif previous['refused'] then
+    new['refused'] = previous['refused']
+    report = cjson.encode(new)
+  end
+end
 local seq = redis.call('INCR', KEYS[3])
-redis.call('HSET', KEYS[1], ARGV[1], seq .. ' ' .. ARGV[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], seq .. '-1', 'r', ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], seq .. ' ' .. report)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], seq .. '-1', 'r', report)
 redis.call('PUBLISH', ARGV[4], 'e')
-return seq
+return {seq, report}
 """
 
 #: KEYS: policy hash. ARGV: version, wall time (s), channel. Forward only; answers

@@ -375,7 +375,7 @@ class RedisStore(GatewayStore):
 
     # -- exit reports and the policy version ---------------------------------------------
 
-    async def report_exit(self, report: ExitReport) -> ExitReport:
+    async def report_exit(self, report: ExitReport) -> ExitReport | None:
         """Keep an exit report, numbered once for every gateway (one script); every
         gateway's listener hands it to its watcher."""
         return await self.exits.report(report, self._keys(report["rollout_id"])[0])
