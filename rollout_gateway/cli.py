@@ -53,6 +53,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return _number(kind, lambda v: 0 < v < math.inf, "a positive number")
 
 
+#: A share of time: in (0, 1].
+_share = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 #: A TCP port (uvicorn took 70000 and bound another port).
 _port = _number(int, lambda v: 0 < v < 65536, "a port from 1 to 65535")
 #: A finite number >= 0.
@@ -244,14 +246,37 @@ def _add_limit_options(p: argparse.ArgumentParser) -> None:
     positive_int, positive_float = _positive(int), _positive(float)
     limits = p.add_argument_group("limits per request and per rollout")
     limits.add_argument(
-        "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, metavar="N",
-        help="largest request body (413 beyond; default: %(default)s)",
+        "--max-body-bytes", type=positive_int, default=defaults.DEFAULT_MAX_BODY_BYTES,
+        metavar="N", help="largest request body (413 beyond; default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-body-cost", type=positive_int, default=defaults.DEFAULT_MAX_BODY_COST,
+        metavar="BYTES",
+        help="largest estimated parse cost of a request body: its size plus 96 bytes per "
+        "',' '[' '{' in it (413 request_too_complex beyond, before parsing); one rollout's "
+        "requests alive at once hold at most this much together, more wait "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--body-memory", type=positive_int, default=defaults.DEFAULT_BODY_MEMORY,
+        metavar="BYTES",
+        help="request bodies being read or parsed at once, gateway-wide (at their size, "
+        "then at their parse cost); more wait before being read; must hold "
+        "--max-concurrent-parses x --max-body-cost + --max-body-bytes "
+        "(default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
         "--max-concurrent-parses", type=positive_int,
         default=defaults.DEFAULT_MAX_CONCURRENT_PARSES, metavar="N",
         help="request bodies over 256 KiB parsed at once, gateway-wide; more wait their "
         "turn (bounds the memory of many big bodies at once; default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--rollout-parse-share", type=_share, default=defaults.DEFAULT_ROLLOUT_PARSE_SHARE,
+        metavar="F",
+        help="share of the gateway's time one rollout's bodies over 256 KiB may take to be "
+        "parsed: after one took t of CPU, its next one waits t x (1/F - 1); in (0, 1], 1 "
+        "turns the wait off (default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
         "--max-messages", type=positive_int, default=defaults.DEFAULT_MAX_MESSAGES,
@@ -310,9 +335,12 @@ def _add_connection_options(p: argparse.ArgumentParser) -> None:
         metavar="S", help="idle keep-alive connections close after this (default: %(default)s)",
     )  # fmt: skip
     conns.add_argument(
-        "--max-connections", type=positive_int, default=4096, metavar="N",
+        "--max-connections", type=positive_int, default=None, metavar="N",
         help="open connections at most; a new one closes the longest-idle connection (or "
-        "itself, when all are busy with a request; default: %(default)s)",
+        "itself, when all are busy with a request). Default: what the file-descriptor "
+        "limit leaves (serve raises its soft limit to the hard one; 64 are reserved, a "
+        "third of the rest goes to upstream connections), at most 4096; a number the "
+        "limit cannot hold is refused",
     )  # fmt: skip
     conns.add_argument(
         "--upstream-timeout", type=positive_float, default=600.0, metavar="S",
@@ -374,6 +402,8 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
     mode = getattr(args, "upstream_mode", "chat")
     if mode != "token-in" and tokenizer is not None:
         raise ServeOptionError("--tokenizer: only with --upstream-mode token-in")
+    if mode != "token-in" and getattr(args, "renderer", "auto") != "auto":
+        raise ServeOptionError("--renderer: only with --upstream-mode token-in")
     if mode == "token-in" and tokenizer is None:
         tokenizer = served_model_path(args.upstream[0])
         if tokenizer is None:
@@ -395,7 +425,10 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         upstream_timeout_s=args.upstream_timeout,
         upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
+        max_body_cost=args.max_body_cost,
+        body_memory=args.body_memory,
         max_concurrent_parses=args.max_concurrent_parses,
+        rollout_parse_share=args.rollout_parse_share,
         max_exit_streams=args.max_exit_streams,
         max_messages=args.max_messages,
         upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
@@ -435,8 +468,11 @@ def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
     from rollout_gateway.server import create_app, serve
     from rollout_gateway.server.engines.token_in import TokenInUnavailable
+    from rollout_gateway.server.http.fds import raise_fd_limit
     from rollout_gateway.server.ops.gc_tuning import tune_for_serving
 
+    # This process only serves: as many connections as the hard limit allows.
+    raise_fd_limit()
     try:
         config = serve_config(args)
     except ValueError as e:  # ServeOptionError, or GatewayConfig's own checks
@@ -445,7 +481,8 @@ def run_serve(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     try:
         app = create_app(config)
-    except TokenInUnavailable as e:  # the message names the option
+    except (TokenInUnavailable, ValueError) as e:  # the message names the option
+        # ValueError: what the process's limits cannot hold (--max-connections).
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
     tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
@@ -477,6 +514,13 @@ def add_scripted_model_parser(
     p.add_argument(
         "--model-name", default="scripted", help="model name it answers to (default: %(default)s)"
     )
+    p.add_argument(
+        "--max-model-len",
+        type=_positive(int),
+        default=None,
+        metavar="N",
+        help="refuse prompts of N tokens or more as vLLM does, 400 (default: no limit)",
+    )
     _add_log_level(p)
     p.set_defaults(func=run_scripted_model)
 
@@ -487,7 +531,9 @@ def run_scripted_model(args: argparse.Namespace) -> int:
     from rollout_gateway.server import serve
 
     _setup_logging(args.log_level)
-    app = create_scripted_model_app(model_name=args.model_name, latency_ms=args.latency_ms)
+    app = create_scripted_model_app(
+        model_name=args.model_name, latency_ms=args.latency_ms, max_model_len=args.max_model_len
+    )
     serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

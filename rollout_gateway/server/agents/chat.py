@@ -53,6 +53,7 @@ from rollout_gateway.server.engines.turn import (
 from rollout_gateway.server.engines.upstream import UpstreamError
 from rollout_gateway.server.engines.upstream_request import (
     build_upstream_request,
+    drop_unread_values,
     dropped_field_facts,
 )
 from rollout_gateway.server.http import jsonio
@@ -112,16 +113,25 @@ class ChatTurns:
     async def handle(self, request: AgentRequest, record: RolloutRecord) -> Response:
         """Answer one chat request of ``record`` (authenticated already)."""
         config = self.gateway.config
+        intake = self.gateway.intake
+        lease = request.lease = intake.lease(record.rollout_id)  # the endpoint releases it
         try:
-            raw = await request.body(config.max_body_bytes)
+            raw = await intake.read(
+                lease, request.receive, request.content_length, request.read_timer
+            )
         except ClientGone:
             logger.info("rollout=%s agent disconnected while sending", record.rollout_id)
             return Response(status_code=499)
-        body = await parse_json_object(raw, self.gateway.body_parser)
+        fingerprint = await intake.offload(lease, body_fingerprint, raw)
+        idempotency_key = request.idempotency_key
+        if record.status != "active":
+            self._refuse_before_parsing(record, fingerprint, request)
+        body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
+        del raw  # only the parsed body lives on, without what is never read
+        lease.drop_raw()
+        drop_unread_values(body)
         messages = validate_messages(body, config.max_messages)
         validate_answer_flags(body)
-        fingerprint = body_fingerprint(raw)
-        idempotency_key = request.idempotency_key
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
             turn = record.turns.match(fingerprint, idempotency_key, is_retry=request.is_retry)
@@ -148,8 +158,9 @@ class ChatTurns:
             if body.get("stream"):
                 turn.events = EventLog()
             # Written now, while the parsed body is in the CPU's caches: the history check
-            # and the upstream request both use this text (see recording/history.py).
-            text = jsonio.dumps(messages)
+            # and the upstream request both use this text (see recording/history.py). A
+            # big body's is written off the loop, on its rollout's share of time.
+            text = await intake.offload(lease, jsonio.dumps, messages)
             turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages, text))
             turn.task.add_done_callback(_retrieve)
             record.turns.start(turn)
@@ -176,6 +187,28 @@ class ChatTurns:
                 headers={"Cache-Control": "no-cache"},
             )
         return JSONBytesResponse(answer)
+
+    def _refuse_before_parsing(
+        self, record: RolloutRecord, fingerprint: bytes, request: AgentRequest
+    ) -> None:
+        """Refuse a request to a rollout that takes no more turns (cancelled, completed,
+        or at a limit) before its body is parsed, unless it repeats an earlier turn (a
+        retry gets that turn's answer) or the last answer reached nobody (the next turn
+        takes it back: see :meth:`_admit`). One agent sending big bodies to its finished
+        rollout then costs the gateway a read and a hash each, not a parse."""
+        if record.status != "cancelled":
+            if record.turns.match(fingerprint, request.idempotency_key, is_retry=request.is_retry):
+                return
+            last = record.turns.last
+            if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
+                return
+        if not record.live:
+            return  # answered 404 by the turn, as before
+        try:
+            check_turn_allowed(record, extends_history=False)
+        except ApiError as exc:
+            self.gateway.metrics.refused_turns.inc(str(exc.code))
+            raise
 
     async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
         """Answer a streaming request from the turn's event log (see the module doc)."""
@@ -386,7 +419,10 @@ def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | b
     if everything and not body.get("stream") and result.raw is not None and result.strict:
         return result.raw
     if wants_ids and result.prompt_ids_json is not None:
-        completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
+        try:
+            completion["prompt_token_ids"] = jsonio.loads(result.prompt_ids_json)
+        except jsonio.JSONDecodeError:
+            pass  # not ids JSON can carry: the step says so (tokens_error), the agent gets none
     return agent_answer(completion, body)
 
 

@@ -43,23 +43,27 @@ class ChatEndpoint:
         gateway = self.gateway
         request = AgentRequest(scope, receive)
         try:
-            if self.keyed:
-                record = gateway.keyed_record(request.bearer)
-            else:
-                record = gateway.agent_record(scope["path_params"]["rollout_id"], request.bearer)
-            response = await self.chat.handle(request, record)
-        except ApiError as exc:
-            response = gateway.api_error_response(exc)
-        except Exception:
-            error_id = log_internal_error(scope, gateway.metrics.internal_errors.inc)
-            await send_internal_error(send, error_id)
-            return
-        try:
-            await response(scope, receive, send)
-        except Exception:
-            # The answer has started (a stream): the server can only drop the connection.
-            log_internal_error(scope, gateway.metrics.internal_errors.inc)
-            raise
+            try:
+                if self.keyed:
+                    record = gateway.keyed_record(request.bearer)
+                else:
+                    rollout_id = scope["path_params"]["rollout_id"]
+                    record = gateway.agent_record(rollout_id, request.bearer)
+                response = await self.chat.handle(request, record)
+            except ApiError as exc:
+                response = gateway.api_error_response(exc)
+            except Exception:
+                error_id = log_internal_error(scope, gateway.metrics.internal_errors.inc)
+                await send_internal_error(send, error_id)
+                return
+            try:
+                await response(scope, receive, send)
+            except Exception:
+                # The answer has started (a stream): the server can only drop the connection.
+                log_internal_error(scope, gateway.metrics.internal_errors.inc)
+                raise
+        finally:
+            request.release()  # its body is answered: its budgets go to the next ones
 
 
 __all__ = ["ChatEndpoint"]

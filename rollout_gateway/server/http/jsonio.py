@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -38,6 +37,12 @@ _ORJSON_MAX_DEPTH = 254
 
 class TooDeepError(ValueError):
     """A request body nests deeper than :data:`MAX_BODY_DEPTH`."""
+
+
+class UnwritableError(ValueError):
+    """A value the gateway could not write back as JSON (an integer beyond 64 bits, a
+    lone surrogate, nesting deeper than allowed): only the lenient parser of upstream
+    answers builds such values."""
 
 
 def loads(raw: bytes | str) -> Any:
@@ -69,12 +74,24 @@ def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
     inner[0] = value
     try:
         orjson.dumps(outer)
-    except orjson.JSONEncodeError:
+    except orjson.JSONEncodeError as exc:
+        if "Recursion" not in str(exc):
+            raise UnwritableError(str(exc)) from None
         raise TooDeepError(f"request body nests deeper than {max_depth} levels") from None
     finally:
         inner[0] = None
         if max_depth == MAX_BODY_DEPTH:
             _wrapper_chains.append(chain)
+
+
+def check_writable(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
+    """Raise :class:`UnwritableError` unless the gateway can write ``value`` back as JSON
+    wherever it keeps it (see :data:`MAX_BODY_DEPTH`): no integer beyond 64 bits, no
+    lone surrogate, no nesting deeper than ``max_depth``. One pass in C."""
+    try:
+        check_depth(value, max_depth)
+    except TooDeepError:
+        raise UnwritableError(f"nests deeper than {max_depth} levels") from None
 
 
 def _wrapper_chain(levels: int) -> tuple[list[Any], list[Any]]:
@@ -97,45 +114,6 @@ async def loads_off_loop(raw: bytes) -> Any:
     if len(raw) > OFF_LOOP_PARSE_BYTES:
         return await asyncio.to_thread(loads_body, raw)
     return loads_body(raw)
-
-
-class BodyParser:
-    """Parses request bodies; at most ``max_concurrent`` big ones at once, gateway-wide.
-
-    A parsed body costs several times its size in Python objects while it is handled;
-    without a global bound, hundreds of agents sending big bodies at once multiply that
-    by their number. Big bodies beyond the bound wait their turn (their raw bytes are
-    already held); small ones parse at once on the loop.
-
-    Args:
-        max_concurrent: big bodies parsed at the same time.
-        off_loop_bytes: bodies larger than this are big (parsed in a worker thread).
-        loads: the parse function (a seam for tests).
-    """
-
-    def __init__(
-        self,
-        max_concurrent: int,
-        *,
-        off_loop_bytes: int = OFF_LOOP_PARSE_BYTES,
-        loads: Callable[[bytes], Any] = loads_body,
-    ) -> None:
-        if max_concurrent < 1:
-            raise ValueError(f"max_concurrent: must be at least 1, got {max_concurrent!r}")
-        self.max_concurrent = max_concurrent
-        self.off_loop_bytes = off_loop_bytes
-        self._loads = loads
-        self._slots: asyncio.Semaphore | None = None  # made on first use, in the loop
-
-    async def loads(self, raw: bytes) -> Any:
-        """Parse ``raw`` as strict JSON (raises :class:`JSONDecodeError`, or
-        :class:`TooDeepError` past :data:`MAX_BODY_DEPTH`)."""
-        if len(raw) <= self.off_loop_bytes:
-            return self._loads(raw)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_concurrent)
-        async with self._slots:
-            return await asyncio.to_thread(self._loads, raw)
 
 
 def loads_lenient(raw: bytes) -> Any:
@@ -167,12 +145,13 @@ class JSONBytesResponse(Response):
 
 __all__ = [
     "MAX_BODY_DEPTH",
-    "BodyParser",
     "OFF_LOOP_PARSE_BYTES",
     "JSONBytesResponse",
     "JSONDecodeError",
     "TooDeepError",
+    "UnwritableError",
     "check_depth",
+    "check_writable",
     "dumps",
     "loads",
     "loads_body",
