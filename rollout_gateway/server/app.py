@@ -1,9 +1,9 @@
 """The gateway's Starlette app: protocol v1 routes, bearer-key routes, health and metrics.
 
-The contract is :mod:`rollout_gateway.protocol` (paths, bodies, answers) and the
-README's "The protocol" table; the README's "Security model" and "Limits and defaults"
-say what this gateway adds and where it deviates. Every route answers errors as
-``{"error": {"message", "type", "code"}}``.
+The contract is :mod:`rollout_gateway.protocol` (paths, bodies, answers) and the docs'
+protocol page (``docs/protocol.md``); their security and limits pages say what this
+gateway adds and where it deviates. Every route answers errors as
+``{"error": {"message", "type", "code"}}`` (``code`` a string).
 
 :class:`Gateway` holds the gateway's state and parts; :func:`create_app` wires the layers
 in the order a request meets them: HTTP transport (:mod:`.http`), the agent API

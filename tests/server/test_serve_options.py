@@ -195,7 +195,7 @@ def test_log_level_is_case_insensitive() -> None:
 
 
 def test_serve_defaults_are_the_gateway_config_defaults(monkeypatch) -> None:
-    # The README's limits table gives one default per option; serve and GatewayConfig
+    # The limits page's table (docs/limits.md) gives one default per option; serve and GatewayConfig
     # (in code) must not drift apart.
     monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
     monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_gateway.protocol import error_code
 from rollout_gateway.server.engines.upstream import agent_status
 from rollout_gateway.server.http import jsonio
 
@@ -298,8 +299,10 @@ def sse_event(payload: Mapping[str, Any]) -> bytes:
 
 
 def sse_error_event(message: str, status_code: int, error_type: str) -> bytes:
-    """An error event in the shape the OpenAI SDK raises from inside a stream."""
-    return sse_event({"error": {"message": message, "type": error_type, "code": status_code}})
+    """An error event in the shape the OpenAI SDK raises from inside a stream (``code``:
+    the status's name, a string like every ``error.code`` of the gateway)."""
+    error = {"message": message, "type": error_type, "code": error_code(status_code)}
+    return sse_event({"error": error})
 
 
 class EventLog:

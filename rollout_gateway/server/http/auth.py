@@ -1,11 +1,12 @@
 """Credentials of the gateway: the control-plane admin token and per-rollout keys.
 
-Security model (also in the README and ``serve --help``):
+Security model (also in the docs' security page and ``serve --help``):
 
 * the control plane (register, trajectory, cancel, unregister, detailed ``/health``,
   ``/metrics``) needs ``Authorization: Bearer <admin token>``. The token comes from the
   environment variable :data:`ADMIN_TOKEN_ENV` or a file (:data:`ADMIN_TOKEN_FILE_ENV` /
-  ``--admin-token-file``), never from a command-line argument (visible in ``ps``);
+  ``--admin-token-file``; :mod:`rollout_gateway.admin_token` creates and reads it, the env
+  side reads the same file), never from a command-line argument (visible in ``ps``);
 * without a token the gateway refuses to start unless an open control plane is asked
   for explicitly, and an open gateway only binds to a loopback address;
 * the data plane: register hands out a per-rollout key (on by default); chat requests
@@ -18,14 +19,16 @@ import hmac
 import ipaddress
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from starlette.requests import Request
 
-#: Environment variable holding the admin token.
-ADMIN_TOKEN_ENV = "ROLLOUT_GATEWAY_ADMIN_TOKEN"
-#: Environment variable naming a file that holds the admin token.
-ADMIN_TOKEN_FILE_ENV = "ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE"
+from rollout_gateway.admin_token import (
+    ADMIN_TOKEN_ENV,
+    ADMIN_TOKEN_FILE_ENV,
+    AdminTokenFileError,
+    read_admin_token_file,
+)
+
 #: Shortest admin token accepted (a guessable token is no protection).
 MIN_ADMIN_TOKEN_CHARS = 16
 
@@ -66,11 +69,9 @@ def load_admin_token(
     path = token_file or env.get(ADMIN_TOKEN_FILE_ENV) or None
     if path:
         try:
-            token = Path(path).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise AdminTokenError(f"cannot read the admin token file {path}: {exc}") from None
-        if not token:
-            raise AdminTokenError(f"the admin token file {path} is empty")
+            token = read_admin_token_file(path)
+        except AdminTokenFileError as exc:
+            raise AdminTokenError(str(exc)) from None
     else:
         token = (env.get(ADMIN_TOKEN_ENV) or "").strip()
         if not token:

@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rollout_gateway.protocol import error_code
 from rollout_gateway.server.http.jsonio import dumps
 
 logger = logging.getLogger("rollout_gateway.server")
@@ -86,10 +87,10 @@ def log_internal_error(scope: Mapping[str, Any], on_internal_error: Callable[[],
 
 async def send_internal_error(send: Send, error_id: str) -> None:
     """The short 500 answer (the error id, no repr), with ``Connection: close``."""
-    body: dict[str, str | int] = {
+    body = {
         "message": f"internal gateway error (id {error_id})",
         "type": "internal_error",
-        "code": 500,
+        "code": error_code(500),
     }
     await _send_json(send, 500, {"error": body}, close=True)
 

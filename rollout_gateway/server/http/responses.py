@@ -1,7 +1,9 @@
 """OpenAI-style JSON error answers shared by the gateway and the scripted model.
 
 Errors are ``{"error": {"message", "type", "code"}}`` so that the OpenAI SDK (and our
-control-plane client) surface the message instead of a bare status code. Request
+control-plane client) surface the message instead of a bare status code; ``code`` is
+always a string (:func:`rollout_gateway.protocol.error_code` when no specific one is
+given), as in OpenAI's API. Request
 bodies are read here too, bounded in size, for every route (:func:`receive_body`).
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Receive
 
-from rollout_gateway.protocol import is_valid_rollout_id
+from rollout_gateway.protocol import error_code, is_valid_rollout_id
 from rollout_gateway.server.http.jsonio import (
     JSONBytesResponse,
     JSONDecodeError,
@@ -54,11 +56,11 @@ def error_response(
     message: str,
     error_type: str,
     *,
-    code: str | int | None = None,
+    code: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONBytesResponse:
-    """JSON error answer in the OpenAI shape (``code`` defaults to the status)."""
-    error = {"message": message, "type": error_type, "code": status_code if code is None else code}
+    """JSON error answer in the OpenAI shape (``code`` defaults to the status's name)."""
+    error = {"message": message, "type": error_type, "code": code or error_code(status_code)}
     return JSONBytesResponse({"error": error}, status_code=status_code, headers=headers)
 
 

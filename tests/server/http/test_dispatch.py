@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
+from rollout_gateway.protocol import error_code
 from rollout_gateway.server.agents.request import AgentRequest
 
 from ..conftest import UPSTREAM, GatewayHarness, script
@@ -50,7 +51,7 @@ async def test_chat_routes_take_the_lean_path_and_every_other_request_reaches_st
     assert (await gw.client.get("/health")).status_code == 200
     # Other methods on the chat paths: Starlette's routing answers 405.
     wrong = await gw.client.get("/v1/rollouts/r1/chat/completions")
-    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == 405
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
     assert (await gw.client.get("/v1/chat/completions")).status_code == 405
     # Look-alike paths are routed (and refused) by Starlette as before.
     assert (await gw.client.post("/v1/rollouts/r1/chat/completions/")).status_code != 200
@@ -86,7 +87,7 @@ async def test_lean_path_refusals_have_the_gateway_error_shape_and_are_counted(
         assert response.status_code == status, response.text
         error = response.json()["error"]
         assert set(error) == {"message", "type", "code"}
-        assert error["code"] == (code or status)
+        assert error["code"] == (code or error_code(status))  # always a string
         assert "Error" not in error["message"] and "<" not in error["message"]
     assert seen == [("POST", "/v1/rollouts/r1/register")]
     metrics = (await gw.client.get("/metrics")).text
