@@ -283,9 +283,10 @@ def _add_limit_options(p: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--rollout-parse-share", type=_share, default=defaults.DEFAULT_ROLLOUT_PARSE_SHARE,
         metavar="F",
-        help="share of the gateway's time one rollout's bodies over 256 KiB may take to be "
-        "parsed: after one took t of CPU, its next one waits t x (1/F - 1); in (0, 1], 1 "
-        "turns the wait off (default: %(default)s)",
+        help="share of the gateway's time one rollout's bodies over 256 KiB may take (read, "
+        "scanned, parsed, written again): after one took t of CPU, its next one waits "
+        "t x (1/F - 1) before it is read; in (0, 1], 1 turns the wait off "
+        "(default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
         "--max-messages", type=positive_int, default=defaults.DEFAULT_MAX_MESSAGES,
@@ -296,8 +297,8 @@ def _add_limit_options(p: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-exit-streams", type=positive_int,
         default=defaults.DEFAULT_MAX_EXIT_STREAMS, metavar="N",
-        help="exit-report streams open at once, one per env process; more get 429 and "
-        "long-poll meanwhile (default: %(default)s)",
+        help="exit-report streams open at once, one per env process, at most half the "
+        "connection cap; more get 429 and long-poll meanwhile (default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
         "--max-turns", type=positive_int, default=defaults.DEFAULT_MAX_TURNS, metavar="N",
@@ -450,6 +451,12 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         raise ServeOptionError("--tokenizer: only with --upstream-mode token-in")
     if mode != "token-in" and getattr(args, "renderer", "auto") != "auto":
         raise ServeOptionError("--renderer: only with --upstream-mode token-in")
+    for url in args.upstream:
+        if _is_own_address(url, args.host, args.port):
+            raise ServeOptionError(
+                f"--upstream {url}: that is this gateway's own address (--host {args.host} "
+                f"--port {args.port}); every turn would call the gateway again"
+            )
     if mode == "token-in" and tokenizer is None:
         tokenizer = served_model_path(args.upstream[0])
         if tokenizer is None:
@@ -492,6 +499,29 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
 
 class ServeOptionError(ValueError):
     """``serve`` options that cannot run (the message names the option)."""
+
+
+#: Addresses a gateway listening on all interfaces answers on (as an upstream's host).
+_THIS_MACHINE = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
+
+
+def _is_own_address(upstream: str, host: str, port: int) -> bool:
+    """Whether ``upstream`` points at the gateway itself (``host``:``port``)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(upstream)
+    try:
+        upstream_port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    if upstream_port != port:
+        return False
+    target = (parts.hostname or "").lower()
+    listen = host.strip("[]").lower()
+    if target == listen:
+        return True
+    # Listening on every interface (or on loopback): this machine's names reach it.
+    return listen in ("0.0.0.0", "::", "localhost", "127.0.0.1", "::1") and target in _THIS_MACHINE
 
 
 def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:

@@ -33,8 +33,9 @@ DEFAULT_MAX_BODY_COST = 256 * 1024 * 1024
 #: and their estimated cost while parsed (see ``http.intake``).
 DEFAULT_BODY_MEMORY = 1024 * 1024 * 1024
 #: Share of the gateway's time one rollout's big bodies (over 256 KiB) may take to be
-#: scanned and parsed (the interpreter serves nobody else meanwhile).
-DEFAULT_ROLLOUT_PARSE_SHARE = 0.05
+#: read, scanned, parsed and written again (the interpreter serves nobody else while it
+#: parses). Low, as the kernel's copy of the bytes is not measured.
+DEFAULT_ROLLOUT_PARSE_SHARE = 0.02
 #: Exit streams open at once (one per env process; see ``server.control.exit_stream``).
 DEFAULT_MAX_EXIT_STREAMS = 64
 #: Messages in one chat request. Each costs work on the event loop every turn (the
@@ -89,8 +90,9 @@ class GatewayConfig:
         max_concurrent_parses: request bodies over 256 KiB parsed at the same time,
             gateway-wide (each costs several times its size while parsed; more wait).
         rollout_parse_share: share of the gateway's time one rollout's bodies over
-            256 KiB may take to be scanned and parsed (in (0, 1]; 1: no wait). After one
-            took ``t`` of CPU, that rollout's next one waits ``t * (1 / share - 1)``.
+            256 KiB may take to be read, scanned, parsed and written again (in (0, 1]; 1:
+            no wait). After one took ``t`` of CPU, that rollout's next one waits
+            ``t * (1 / share - 1)`` before it is read.
         max_exit_streams: exit streams open at once, gateway-wide (one per env
             process; more are answered 429 and long-poll meanwhile).
         max_messages: messages in one chat request (400 ``too_many_messages`` beyond).

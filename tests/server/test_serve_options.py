@@ -252,10 +252,13 @@ def _serve(argv: list[str], monkeypatch, env: dict[str, str] | None = None) -> i
             {"ROLLOUT_GATEWAY_UPSTREAM_API_KEY": "two words"},
             "ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
         ),
+        (["--upstream", "http://localhost:8000/v1"], {}, "own address"),
+        (["--upstream", "http://127.0.0.1:9000/v1", "--port", "9000"], {}, "own address"),
     ],
     ids=[
         "credentials-and-api-key", "renderer-without-token-in", "same-upstream-twice",
         "cost-below-body-size", "body-memory-too-small", "api-key-not-a-header",
+        "upstream-is-the-gateway", "upstream-is-the-gateway-on-its-port",
     ],
 )  # fmt: skip
 def test_contradictory_options_are_refused_at_start_in_one_line(

@@ -122,7 +122,11 @@ class ChatTurns:
         except ClientGone:
             logger.info("rollout=%s agent disconnected while sending", record.rollout_id)
             return Response(status_code=499)
-        fingerprint = await intake.offload(lease, body_fingerprint, raw)
+        # A big body's work runs off the loop, on its rollout's share of time.
+        big = lease.big
+        fingerprint = (
+            await intake.offload(lease, body_fingerprint, raw) if big else body_fingerprint(raw)
+        )
         idempotency_key = request.idempotency_key
         if record.status != "active":
             self._refuse_before_parsing(record, fingerprint, request)
@@ -158,9 +162,11 @@ class ChatTurns:
             if body.get("stream"):
                 turn.events = EventLog()
             # Written now, while the parsed body is in the CPU's caches: the history check
-            # and the upstream request both use this text (see recording/history.py). A
-            # big body's is written off the loop, on its rollout's share of time.
-            text = await intake.offload(lease, jsonio.dumps, messages)
+            # and the upstream request both use this text (see recording/history.py).
+            if big:
+                text = await intake.offload(lease, jsonio.dumps, messages)
+            else:
+                text = jsonio.dumps(messages)
             turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages, text))
             turn.task.add_done_callback(_retrieve)
             record.turns.start(turn)
@@ -186,7 +192,10 @@ class ChatTurns:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return JSONBytesResponse(answer)
+        try:
+            return JSONBytesResponse(answer)
+        except TypeError:  # orjson's JSONEncodeError: an answer nested deeper than it writes
+            raise ApiError(502, "upstream answer is malformed", "upstream_error") from None
 
     def _refuse_before_parsing(
         self, record: RolloutRecord, fingerprint: bytes, request: AgentRequest

@@ -210,11 +210,17 @@ def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
             ) from exc
     if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
         raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
-    if not strict:  # the strict parser builds nothing the gateway cannot write back
+    if not strict:
         check_answer_writable(completion)
     else:
+        # The strict parser builds only values JSON can carry, but reads 1024 levels where
+        # the gateway writes 254: what it keeps of an answer (each choice's message, the
+        # usage) must nest no deeper than a request's. (The rest is only relayed: an
+        # answer too deep for that is a 502 when it is written, see agents/chat.py.)
+        kept = [c.get("message") for c in completion["choices"] if isinstance(c, dict)]
+        kept.append(completion.get("usage"))
         try:
-            jsonio.check_depth(completion)
+            jsonio.check_depth(kept)
         except jsonio.TooDeepError as exc:
             raise malformed_answer(f"nests too deep: {exc}") from None
     return completion, strict

@@ -62,16 +62,22 @@ class ByteBudget:
         self.held += nbytes
         self._by_key[key] = self._by_key.get(key, 0) + nbytes
 
+    def try_acquire(self, key: Hashable, nbytes: int) -> bool:
+        """Hold ``nbytes`` more under ``key`` if they fit now and nobody waits (the
+        usual case: no coroutine, no future); whether it did."""
+        if self._waiters or self._by_key.get(key, 0) + nbytes > self.per_key:
+            return False
+        if self.capacity is not None and self.held + nbytes > self.capacity:
+            return False
+        self._take(key, nbytes)
+        return True
+
     async def acquire(self, key: Hashable, nbytes: int) -> None:
         """Hold ``nbytes`` more under ``key``, once they fit (see the class docstring)."""
-        if nbytes <= 0:
+        if nbytes <= 0 or self.try_acquire(key, nbytes):
             return
         if nbytes > self.per_key or (self.capacity is not None and nbytes > self.capacity):
             raise ValueError(f"{nbytes} bytes can never fit this budget")
-        shared_ok = self.capacity is None or self.held + nbytes <= self.capacity
-        if not self._waiters and shared_ok and self._fits(key, nbytes):
-            self._take(key, nbytes)
-            return
         waiter = _Waiter(key, nbytes, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         self._grant()
@@ -101,6 +107,8 @@ class ByteBudget:
 
     def _grant(self) -> None:
         """Wake the waiters that fit now, in order (see the module docstring)."""
+        if not self._waiters:
+            return
         for waiter in list(self._waiters):
             if waiter.future.done():  # cancelled
                 self._waiters.remove(waiter)

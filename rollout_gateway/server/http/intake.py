@@ -177,7 +177,9 @@ class BodyLease:
 
     async def hold_raw(self, nbytes: int) -> None:
         """Hold ``nbytes`` more of the body bytes budget (waits for room)."""
-        await self._intake.raw.acquire(self.key, nbytes)
+        budget = self._intake.raw
+        if not budget.try_acquire(self.key, nbytes):
+            await budget.acquire(self.key, nbytes)
         self.raw += nbytes
 
     def shrink_raw(self, nbytes: int) -> None:
@@ -192,7 +194,9 @@ class BodyLease:
 
     async def hold_cost(self, nbytes: int) -> None:
         """Hold ``nbytes`` more of the key's parse-cost budget (waits for room)."""
-        await self._intake.parsed.acquire(self.key, nbytes)
+        budget = self._intake.parsed
+        if not budget.try_acquire(self.key, nbytes):
+            await budget.acquire(self.key, nbytes)
         self.cost += nbytes
 
     def release(self) -> None:

@@ -310,3 +310,21 @@ async def test_odd_model_cards_never_break_health_or_the_model_list(
     assert models.status_code == 200, models.text
     assert (await gw.chat("r1", MESSAGES)).status_code == 200
     assert gw.gateway.metrics.internal_errors.value() == 0
+
+
+@pytest.mark.parametrize("asks_everything", [True, False], ids=["relayed-as-is", "rewritten"])
+async def test_an_answer_nested_too_deep_outside_what_is_kept_is_never_a_500(
+    make_gateway, asks_everything: bool
+) -> None:
+    # Read (orjson reads 1024 levels) and recorded (its message is shallow); relayed as the
+    # engine's bytes when the agent asked for everything, else a 502 (orjson writes 254).
+    gw = await make_gateway(faulty_engine([edit(lambda c: c.update(extra=deep(300)))]))
+    await gw.register("r1")
+    body: dict[str, Any] = {"messages": MESSAGES}
+    if asks_everything:
+        body.update(logprobs=True, return_token_ids=True)
+    r = await gw.chat("r1", body)
+    assert r.status_code == (200 if asks_everything else 502), r.text
+    json.loads(r.text)
+    trajectory = await _usable_after(gw, "r1")
+    assert trajectory["num_turns"] == 2

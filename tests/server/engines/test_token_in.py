@@ -468,7 +468,7 @@ BIG = "9" * 401
         _replace('"token_ids":[', '"token_ids":["²",'),
         _replace('"token_ids":[', f'"token_ids":[{BIG},'),
         _replace('"token_ids":[', '"token_ids":[99999999,'),
-        _replace('"logprobs":{', '"logprobs":[],"x":{'),
+        _replace('"logprobs":{', '"logprobs":[1],"x":{'),
         _edit(lambda d: d["choices"][0]["logprobs"]["content"][0].update(
             token_id=None, token="token_id:" + "9" * 5000
         )),
