@@ -141,21 +141,34 @@ def _server(
             proc.wait()
 
 
+@contextlib.contextmanager
 def _gateway(
     name: str, model_root: str, source: str | None, options: list[str], preexec: Any = None
-) -> contextlib.AbstractContextManager[Server]:
-    port = _free_port()
+) -> Iterator[Server]:
     env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
     if source:
         env["PYTHONPATH"] = source
-    cmd = [
-        sys.executable, "-m", "rollout_gateway.cli", "serve", "--upstream", f"{model_root}/v1",
-        "--port", str(port), "--log-level", "error", *options,
-    ]  # fmt: skip
-    # `python -m` puts the working directory first on sys.path: run from the source.
-    return _server(
-        name, cmd, f"http://127.0.0.1:{port}/health", env=env, cwd=source, preexec=preexec
-    )
+    for attempt in range(3):  # a free port can be taken before the gateway binds it
+        port = _free_port()
+        cmd = [
+            sys.executable, "-m", "rollout_gateway.cli", "serve", "--upstream",
+            f"{model_root}/v1", "--port", str(port), "--log-level", "error", *options,
+        ]  # fmt: skip
+        # `python -m` puts the working directory first on sys.path: run from the source.
+        server = _server(
+            name, cmd, f"http://127.0.0.1:{port}/health", env=env, cwd=source, preexec=preexec
+        )
+        try:
+            gw = server.__enter__()
+        except RuntimeError:
+            if attempt == 2:
+                raise
+            continue
+        try:
+            yield gw
+        finally:
+            server.__exit__(None, None, None)
+        return
 
 
 # -- rollouts ------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server.agents.limits import (
     NO_RETRY_HEADERS,
+    check_takes_turn,
     check_turn_allowed,
     max_tokens_allowed,
 )
@@ -128,8 +129,12 @@ class ChatTurns:
             await intake.offload(lease, body_fingerprint, raw) if big else body_fingerprint(raw)
         )
         idempotency_key = request.idempotency_key
-        if record.status != "active":
-            self._refuse_before_parsing(record, fingerprint, request)
+        if record.status != "active":  # refused before its body is parsed
+            try:
+                check_takes_turn(record, fingerprint, idempotency_key, is_retry=request.is_retry)
+            except ApiError as exc:
+                self.gateway.metrics.refused_turns.inc(str(exc.code))
+                raise
         body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
         del raw  # only the parsed body lives on, without what is never read
         lease.drop_raw()
@@ -196,28 +201,6 @@ class ChatTurns:
             return JSONBytesResponse(answer)
         except TypeError:  # orjson's JSONEncodeError: an answer nested deeper than it writes
             raise ApiError(502, "upstream answer is malformed", "upstream_error") from None
-
-    def _refuse_before_parsing(
-        self, record: RolloutRecord, fingerprint: bytes, request: AgentRequest
-    ) -> None:
-        """Refuse a request to a rollout that takes no more turns (cancelled, completed,
-        or at a limit) before its body is parsed, unless it repeats an earlier turn (a
-        retry gets that turn's answer) or the last answer reached nobody (the next turn
-        takes it back: see :meth:`_admit`). One agent sending big bodies to its finished
-        rollout then costs the gateway a read and a hash each, not a parse."""
-        if record.status != "cancelled":
-            if record.turns.match(fingerprint, request.idempotency_key, is_retry=request.is_retry):
-                return
-            last = record.turns.last
-            if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
-                return
-        if not record.live:
-            return  # answered 404 by the turn, as before
-        try:
-            check_turn_allowed(record, extends_history=False)
-        except ApiError as exc:
-            self.gateway.metrics.refused_turns.inc(str(exc.code))
-            raise
 
     async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
         """Answer a streaming request from the turn's event log (see the module doc)."""

@@ -91,6 +91,25 @@ def check_turn_allowed(
         )
 
 
+def check_takes_turn(
+    record: RolloutRecord, fingerprint: bytes, idempotency_key: str | None, *, is_retry: bool
+) -> None:
+    """Raise the refusal of a request to a rollout that takes no more turns (cancelled,
+    completed, or at a limit), before its body is parsed; nothing when it repeats an
+    earlier turn (a retry gets that turn's answer), when the last answer reached nobody
+    (the next turn takes it back: see ``ChatTurns._admit``), or when the rollout is gone
+    (its turn answers 404). One agent sending big bodies to its finished rollout then
+    costs the gateway a read and a hash each, not a parse."""
+    if record.status != "cancelled":
+        if record.turns.match(fingerprint, idempotency_key, is_retry=is_retry) is not None:
+            return
+        last = record.turns.last
+        if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
+            return
+    if record.live:
+        check_turn_allowed(record, extends_history=False)
+
+
 def max_tokens_allowed(record: RolloutRecord, *, extends_history: bool) -> int | None:
     """Upper bound of the next turn's ``max_tokens`` from the rollout's budgets."""
     bounds: list[int] = []
@@ -101,4 +120,10 @@ def max_tokens_allowed(record: RolloutRecord, *, extends_history: bool) -> int |
     return max(1, min(bounds)) if bounds else None
 
 
-__all__ = ["NO_RETRY_HEADERS", "check_turn_allowed", "max_tokens_allowed", "refusal"]
+__all__ = [
+    "NO_RETRY_HEADERS",
+    "check_takes_turn",
+    "check_turn_allowed",
+    "max_tokens_allowed",
+    "refusal",
+]

@@ -30,10 +30,12 @@ parse cost, not only their size:
   threads; the body bytes budget leaves room for them (``body_memory`` bounds bodies being
   read plus parses in progress). The parse holds the interpreter lock throughout (orjson
   releases nothing), so while it runs the event loop serves nobody: a rollout's big
-  bodies may take at most :attr:`IntakeLimits.rollout_parse_share` of the time. After
-  one took ``t`` seconds of CPU to scan and parse, the same rollout's next big body
-  waits ``t * (1 / share - 1)``. An agent that sends maximum-size bodies back to back
-  then slows other rollouts by a bounded share, not by its whole parse time.
+  bodies may take at most :attr:`IntakeLimits.rollout_parse_share` of the time. Its
+  reading (the server's part, :class:`~.connections.ReadTimer`: not the kernel's copy),
+  scan, parse and the work that grows with it afterwards (:meth:`BodyIntake.offload`)
+  are measured; after one took ``t`` seconds, the same rollout's next big body waits
+  ``t * (1 / share - 1)`` before it is read. An agent that sends maximum-size bodies
+  back to back then slows other rollouts by a bounded share, not by its whole work.
 
 Nothing here knows rollouts: a lease's ``key`` is whatever the caller groups requests by.
 """
@@ -280,20 +282,31 @@ class BodyIntake:
             reserve = limit  # chunked: the most it may be, until it is read
         if reserve > limits.big_body_bytes:
             await self._wait_share(lease.key)
-        await lease.hold_raw(reserve)
+        if self.raw.try_acquire(lease.key, reserve):  # every turn: no coroutine when free
+            lease.raw = reserve
+        else:
+            await lease.hold_raw(reserve)
         raw = await receive_body(receive, content_length, limit)
-        lease.shrink_raw(len(raw))
-        lease.big = len(raw) > limits.big_body_bytes
-        if lease.big and read_timer is not None:
-            self._charge(lease.key, read_timer.seconds)
+        size = len(raw)
+        if size < reserve:
+            lease.shrink_raw(size)
+        if size > limits.big_body_bytes:
+            lease.big = True
+            if read_timer is not None:
+                self._charge(lease.key, read_timer.seconds)
         return raw
 
     async def parse(self, lease: BodyLease, raw: bytes) -> Any:
         """``raw`` parsed (see the module docstring; raises ``JSONDecodeError``,
         ``TooDeepError`` or the 413 :class:`ApiError` ``request_too_complex``)."""
         limits = self.limits
-        if len(raw) <= limits.big_body_bytes:
-            await lease.hold_cost(worst_case_cost(len(raw)))
+        size = len(raw)
+        if size <= limits.big_body_bytes:
+            cost = size * (1 + VALUE_COST)  # its worst case (worst_case_cost), no scan
+            if self.parsed.try_acquire(lease.key, cost):
+                lease.cost += cost
+            else:
+                await lease.hold_cost(cost)
             return self._loads(raw)
         lease.big = True
         spent = [0.0]
