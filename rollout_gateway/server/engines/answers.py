@@ -86,8 +86,10 @@ class MalformedAnswer(ValueError):
     docstring); its message says what is wrong."""
 
 
-def _check_message(message: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(message, Mapping):
+def _check_message(message: Any, where: str) -> dict[str, Any]:
+    # dict, not Mapping: parsed JSON objects are dicts (and isinstance on an ABC is a
+    # Python-level check, the largest cost of reading a turn's answer).
+    if not isinstance(message, dict):
         raise MalformedAnswer(f"{where}.message is not an object")
     role = message.get("role")
     if role is not None and not isinstance(role, str):
@@ -102,8 +104,8 @@ def _check_message(message: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(calls, list):
         raise MalformedAnswer(f"{where}.message.tool_calls is not a list")
     for call in calls:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(function, Mapping):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
             raise MalformedAnswer(f"{where}.message.tool_calls holds a call without a function")
         name, arguments = function.get("name"), function.get("arguments")
         if not isinstance(name, str) or not isinstance(arguments, str | None):
@@ -118,7 +120,7 @@ def _int_list(value: Any) -> list[int] | None:
 
 def _content_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
     lp = choice.get("logprobs")
-    if not isinstance(lp, Mapping) or not isinstance(lp.get("content"), list):
+    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
         return None
     try:
         return [float(entry["logprob"]) for entry in lp["content"]]
@@ -129,7 +131,7 @@ def _content_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
 def _meta_output(choice: Mapping[str, Any]) -> tuple[list[int] | None, list[float] | None]:
     """Ids and logprobs from SGLang's ``meta_info.output_token_logprobs``."""
     meta = choice.get("meta_info")
-    entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
+    entries = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
     if not isinstance(entries, list):
         return None, None
     ids: list[int] = []
@@ -154,7 +156,7 @@ def _sentinels(logprobs: Sequence[float] | None) -> list[int]:
 
 
 def _message(message: Any) -> dict[str, Any]:
-    return assistant_message(message if isinstance(message, Mapping) else {})
+    return assistant_message(message if isinstance(message, dict) else {})
 
 
 def read_choice(choice: Mapping[str, Any], position: int) -> ChoiceSample:
@@ -190,13 +192,13 @@ def read_choice(choice: Mapping[str, Any], position: int) -> ChoiceSample:
 
 
 def _cached_tokens(usage: Any, choices: Sequence[Any]) -> int | None:
-    if isinstance(usage, Mapping):
+    if isinstance(usage, dict):
         details = usage.get("prompt_tokens_details")
-        if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             return details["cached_tokens"]
     for choice in choices:  # SGLang: meta_info.cached_tokens
-        meta = choice.get("meta_info") if isinstance(choice, Mapping) else None
-        if isinstance(meta, Mapping) and isinstance(meta.get("cached_tokens"), int):
+        meta = choice.get("meta_info") if isinstance(choice, dict) else None
+        if isinstance(meta, dict) and isinstance(meta.get("cached_tokens"), int):
             return meta["cached_tokens"]
     return None
 
@@ -208,7 +210,7 @@ def read_answer(completion: Mapping[str, Any]) -> EngineAnswer:
     if not isinstance(raw_choices, list) or not raw_choices:
         raise MalformedAnswer("no choices")
     for i, choice in enumerate(raw_choices):
-        if not isinstance(choice, Mapping):
+        if not isinstance(choice, dict):
             raise MalformedAnswer(f"choices[{i}] is not an object")
     choices = [read_choice(c, i) for i, c in enumerate(raw_choices)]
     prompt_ids = _int_list(completion.get("prompt_token_ids"))
@@ -216,11 +218,11 @@ def read_answer(completion: Mapping[str, Any]) -> EngineAnswer:
         prompt_ids = _int_list(raw_choices[0].get("prompt_token_ids"))
     usage = completion.get("usage")
     metadata = completion.get("metadata")
-    version = metadata.get("weight_version") if isinstance(metadata, Mapping) else None
+    version = metadata.get("weight_version") if isinstance(metadata, dict) else None
     return EngineAnswer(
         prompt_ids=prompt_ids,
         choices=choices,
-        usage=dict(usage) if isinstance(usage, Mapping) else None,
+        usage=dict(usage) if isinstance(usage, dict) else None,
         cached_tokens=_cached_tokens(usage, raw_choices),
         weight_version=str(version) if version is not None else None,
     )

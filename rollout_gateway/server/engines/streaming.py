@@ -103,7 +103,8 @@ _DELTA_TEXT = ("role", "content", "reasoning", "reasoning_content")
 
 def _chunk_choice_problem(choice: Any) -> str | None:
     """What is wrong with one choice of a chunk (``None``: nothing)."""
-    if not isinstance(choice, Mapping):
+    # dict, not Mapping: chunks are parsed JSON (an ABC's isinstance is slow per chunk).
+    if not isinstance(choice, dict):
         return "a choice is not an object"
     finish = choice.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
@@ -111,14 +112,14 @@ def _chunk_choice_problem(choice: Any) -> str | None:
     delta = choice.get("delta")
     if delta is None:
         return None
-    if not isinstance(delta, Mapping):
+    if not isinstance(delta, dict):
         return "delta is not an object"
     for key in _DELTA_TEXT:
         if delta.get(key) is not None and not isinstance(delta[key], str):
             return f"delta.{key} is not text"
     calls = delta.get("tool_calls")
     if calls is not None and not (
-        isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)
+        isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
     ):
         return "delta.tool_calls is not a list of objects"
     return None
