@@ -48,7 +48,9 @@ class AgentRoutes:
         return self.gateway.keyed_record(bearer_token(request))
 
     async def report_exit(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit."""
+        """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit
+        (``{"exit_code": int}``) or, with ``"started": true``, that it started the agent.
+        Nothing else of the body is kept: a refusal is the gateway's to report."""
         record = self._agent_record(request)
         intake = self.gateway.intake
         # Within the rollout's body budgets, like its chat requests: an agent could send
@@ -56,8 +58,10 @@ class AgentRoutes:
         lease = intake.lease(record.rollout_id)
         try:
             content_length = request.headers.get("content-length")
-            if content_length is not None and content_length.strip().isdigit():
-                if int(content_length) > EXIT_BODY_LIMIT:
+            declared = (content_length or "").strip()
+            # isdigit() alone takes "²", which int() refuses: ASCII digits, a sane count.
+            if declared.isascii() and declared.isdigit() and len(declared) < 20:
+                if int(declared) > EXIT_BODY_LIMIT:
                     raise _exit_too_large()
             raw = await intake.read(lease, request.receive, content_length)
             if len(raw) > EXIT_BODY_LIMIT:
@@ -72,7 +76,10 @@ class AgentRoutes:
             isinstance(exit_code, bool) or not isinstance(exit_code, int)
         ):
             raise ApiError(400, "'exit_code' must be an integer or null", "invalid_request_error")
-        self.gateway.exit_board.report(record.rollout_id, exit_code)
+        started = body.get("started", False)
+        if not isinstance(started, bool):
+            raise ApiError(400, "'started' must be true or false", "invalid_request_error")
+        self.gateway.exit_board.report(record.rollout_id, exit_code, started=started)
         return JSONBytesResponse({"rollout_id": record.rollout_id, "status": "exit_reported"})
 
     async def models(self, request: Request) -> Response:
