@@ -133,7 +133,7 @@ class ChatTurns:
             try:
                 check_takes_turn(record, fingerprint, idempotency_key, is_retry=request.is_retry)
             except ApiError as exc:
-                self.gateway.metrics.refused_turns.inc(str(exc.code))
+                self._tell_refusal(record, exc)
                 raise
         body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
         del raw  # only the parsed body lives on, without what is never read
@@ -378,12 +378,16 @@ class ChatTurns:
         try:
             check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         except ApiError as exc:
-            self.gateway.metrics.refused_turns.inc(str(exc.code))
-            # Told on the exit channel too: whatever the agent does with the refusal
-            # (agent frameworks retry some 4xx for minutes), the env stops it.
-            self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
+            self._tell_refusal(record, exc)
             raise
         return history, new_bytes
+
+    def _tell_refusal(self, record: RolloutRecord, exc: ApiError) -> None:
+        """Count a refused turn, and tell it on the exit channel too: whatever the agent
+        does with the refusal (agent frameworks retry some 4xx for minutes), the env
+        stops it."""
+        self.gateway.metrics.refused_turns.inc(str(exc.code))
+        self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
 
     @staticmethod
     def _count_turn(

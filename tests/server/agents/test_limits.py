@@ -398,3 +398,16 @@ async def test_the_wrappers_start_report_never_replaces_an_exit(make_gateway) ->
         "/v1/rollouts/r1/exit", json={"started": "yes"}, headers=gw.agent_headers("r1")
     )
     assert bad.status_code == 400
+
+
+async def test_an_exit_report_is_small_and_within_the_rollouts_budgets(gw: GatewayHarness) -> None:
+    await gw.register("r1")
+    headers = gw.agent_headers("r1")
+    big = await gw.client.post(
+        "/v1/rollouts/r1/exit", json={"exit_code": 0, "pad": [{}] * 2000}, headers=headers
+    )
+    assert big.status_code == 413, big.text
+    ok = await gw.client.post("/v1/rollouts/r1/exit", json={"exit_code": 0}, headers=headers)
+    assert ok.status_code == 200, ok.text
+    intake = gw.gateway.intake
+    assert intake.raw.held == 0 and intake.parsed.held == 0  # released once answered
