@@ -228,12 +228,12 @@ def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
     else:
         # The strict parser builds only values JSON can carry, but reads 1024 levels where
         # the gateway writes 254: what it keeps of an answer (each choice's message, the
-        # usage) must nest no deeper than a request's. (The rest is only relayed: an
-        # answer too deep for that is a 502 when it is written, see agents/chat.py.)
+        # usage) must be writable where it keeps it. (The rest is only relayed: an answer
+        # too deep for that is a 502 when it is written, see agents/chat.py.)
         kept = [c.get("message") for c in completion["choices"] if isinstance(c, dict)]
         kept.append(completion.get("usage"))
         try:
-            jsonio.check_depth(kept)
+            jsonio.check_depth(kept, jsonio.MAX_KEPT_ANSWER_DEPTH)
         except jsonio.TooDeepError as exc:
             raise malformed_answer(f"nests too deep: {exc}") from None
     return completion, strict

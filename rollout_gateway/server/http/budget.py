@@ -65,11 +65,13 @@ class ByteBudget:
     def try_acquire(self, key: Hashable, nbytes: int) -> bool:
         """Hold ``nbytes`` more under ``key`` if they fit now and nobody waits (the
         usual case: no coroutine, no future); whether it did."""
-        if self._waiters or self._by_key.get(key, 0) + nbytes > self.per_key:
+        held_by_key = self._by_key.get(key, 0) + nbytes
+        if self._waiters or held_by_key > self.per_key:
             return False
         if self.capacity is not None and self.held + nbytes > self.capacity:
             return False
-        self._take(key, nbytes)
+        self.held += nbytes
+        self._by_key[key] = held_by_key
         return True
 
     async def acquire(self, key: Hashable, nbytes: int) -> None:
@@ -95,15 +97,17 @@ class ByteBudget:
         """Give back ``nbytes`` held under ``key``."""
         if nbytes <= 0:
             return
-        left = self._by_key.get(key, 0) - nbytes
+        by_key = self._by_key
+        left = by_key.get(key, 0) - nbytes
         if left < 0:
             raise RuntimeError(f"released more than {key!r} holds")
         if left:
-            self._by_key[key] = left
+            by_key[key] = left
         else:
-            del self._by_key[key]
+            del by_key[key]
         self.held -= nbytes
-        self._grant()
+        if self._waiters:
+            self._grant()
 
     def _grant(self) -> None:
         """Wake the waiters that fit now, in order (see the module docstring)."""

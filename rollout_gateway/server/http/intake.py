@@ -192,7 +192,9 @@ class BodyLease:
 
     def drop_raw(self) -> None:
         """The body's bytes are gone (parsed, or refused)."""
-        self.shrink_raw(0)
+        if self.raw:
+            self._intake.raw.release(self.key, self.raw)
+            self.raw = 0
 
     async def hold_cost(self, nbytes: int) -> None:
         """Hold ``nbytes`` more of the key's parse-cost budget (waits for room)."""
@@ -203,12 +205,16 @@ class BodyLease:
 
     def release(self) -> None:
         """Give back everything held."""
-        self.drop_raw()
-        cost, self.cost = self.cost, 0
+        intake = self._intake
+        if self.raw:
+            intake.raw.release(self.key, self.raw)
+            self.raw = 0
+        cost = self.cost
         if cost:
-            self._intake.parsed.release(self.key, cost)
-            if self.big and self._intake.on_big_release is not None:
-                self._intake.on_big_release(cost)
+            self.cost = 0
+            intake.parsed.release(self.key, cost)
+            if self.big and intake.on_big_release is not None:
+                intake.on_big_release(cost)
 
 
 class BodyIntake:

@@ -64,10 +64,11 @@ def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
     Written by orjson inside ``254 - max_depth`` lists, ``value`` fails exactly then: one
     pass in C (a 170 kB chat body takes ~10 us), not a walk of every node in Python.
     """
+    pool = _wrapper_chains.get(max_depth)
     chain = None
-    if max_depth == MAX_BODY_DEPTH:
+    if pool is not None:
         with contextlib.suppress(IndexError):  # none free: a new one
-            chain = _wrapper_chains.pop()
+            chain = pool.pop()
     if chain is None:
         chain = _wrapper_chain(_ORJSON_MAX_DEPTH - max_depth)
     outer, inner = chain
@@ -80,8 +81,8 @@ def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
         raise TooDeepError(f"request body nests deeper than {max_depth} levels") from None
     finally:
         inner[0] = None
-        if max_depth == MAX_BODY_DEPTH:
-            _wrapper_chains.append(chain)
+        if pool is not None:
+            pool.append(chain)
 
 
 def check_writable(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
@@ -103,10 +104,19 @@ def _wrapper_chain(levels: int) -> tuple[list[Any], list[Any]]:
     return outer, inner
 
 
-#: Wrapper chains of :func:`check_depth` for the default depth, reused: building one is
-#: half its cost on a chat body. Each is taken by one call at a time (``list.pop`` and
-#: ``append`` are atomic), so bodies parsed in worker threads get their own.
-_wrapper_chains: list[tuple[list[Any], list[Any]]] = []
+#: Deepest nesting of what the gateway keeps of an engine's answer (a choice's message,
+#: the usage) inside a list of them: kept at most 8 levels deeper (a message in a step's
+#: ``extras.other_choices``), they are written back within orjson's 254.
+MAX_KEPT_ANSWER_DEPTH = 245
+
+#: Wrapper chains of :func:`check_depth` for the depths it checks every turn, reused:
+#: building one is half its cost on a chat body. Each is taken by one call at a time
+#: (``list.pop`` and ``append`` are atomic), so bodies parsed in worker threads get their
+#: own.
+_wrapper_chains: dict[int, list[tuple[list[Any], list[Any]]]] = {
+    MAX_BODY_DEPTH: [],
+    MAX_KEPT_ANSWER_DEPTH: [],
+}
 
 
 async def loads_off_loop(raw: bytes) -> Any:
@@ -145,6 +155,7 @@ class JSONBytesResponse(Response):
 
 __all__ = [
     "MAX_BODY_DEPTH",
+    "MAX_KEPT_ANSWER_DEPTH",
     "OFF_LOOP_PARSE_BYTES",
     "JSONBytesResponse",
     "JSONDecodeError",

@@ -328,3 +328,16 @@ async def test_an_answer_nested_too_deep_outside_what_is_kept_is_never_a_500(
     json.loads(r.text)
     trajectory = await _usable_after(gw, "r1")
     assert trajectory["num_turns"] == 2
+
+
+async def test_the_deepest_answer_the_gateway_keeps_is_served_and_fetched(make_gateway) -> None:
+    # A message 243 levels deep (content parts nested 242 lists deep) is kept: written
+    # back in the answer, the trajectory and its delta form within orjson's 254 levels.
+    gw = await make_gateway(faulty_engine([message(lambda m: m.update(content=deep(241)))]))
+    await gw.register("r1")
+    r = await gw.chat("r1", {"messages": MESSAGES})
+    assert r.status_code == 200, r.text
+    for params in ({}, {"format": "delta"}):
+        trajectory = await gw.client.get("/v1/rollouts/r1/trajectory", params=params)
+        assert trajectory.status_code == 200, trajectory.text
+    assert gw.gateway.metrics.internal_errors.value() == 0
