@@ -411,3 +411,57 @@ async def test_an_exit_report_is_small_and_within_the_rollouts_budgets(gw: Gatew
     assert ok.status_code == 200, ok.text
     intake = gw.gateway.intake
     assert intake.raw.held == 0 and intake.parsed.held == 0  # released once answered
+
+
+async def test_a_retry_of_the_last_turn_after_a_restart_is_answered_not_refused(
+    tmp_path,
+) -> None:
+    """A rollout finished by its last turn (max_turns) refuses new turns before parsing
+    them, but a retry of that turn after a restart gets its stored answer (issue 26's
+    early refusal never shadows the store's answer)."""
+    import contextlib
+
+    import httpx
+
+    from rollout_gateway.server import GatewayConfig, create_app
+    from rollout_gateway.server.state.sqlite import SQLiteStore
+
+    from ..conftest import ADMIN_TOKEN, UPSTREAM
+
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    upstream = RecordingUpstream().app()
+
+    @contextlib.asynccontextmanager
+    async def running():
+        config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN)
+        app = create_app(
+            config,
+            upstream_transport=httpx.ASGITransport(upstream),
+            store=SQLiteStore(tmp_path / "state"),
+        )
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app), base_url="http://gw"
+            ) as client:
+                yield client
+
+    body = {"messages": turn("the only turn"), "return_token_ids": True, "logprobs": True}
+    async with running() as gw:
+        r = await gw.post("/v1/rollouts/r1/register", json={"model": "m", "max_turns": 1},
+                          headers=admin)  # fmt: skip
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        first = await gw.post("/v1/rollouts/r1/chat/completions", json=body, headers=key)
+        assert first.status_code == 200
+    async with running() as gw:
+        for attempt in (1, 2):  # the second finds the record loaded (and finished)
+            retry = await gw.post(
+                "/v1/rollouts/r1/chat/completions",
+                json=body,
+                headers={**key, "x-stainless-retry-count": str(attempt)},
+            )
+            assert retry.status_code == 200, retry.text
+            assert retry.json() == first.json()
+        new = {"messages": turn("one more"), "return_token_ids": True}
+        refused_turn = await gw.post("/v1/rollouts/r1/chat/completions", json=new, headers=key)
+        assert refused_turn.status_code == 403
+        assert refused_turn.json()["error"]["code"] == "max_turns_reached"
