@@ -75,7 +75,6 @@ from rollout_gateway.server.state.store import (
     StoreError,
     TurnAnswer,
     UnknownRolloutError,
-    answer_matches,
 )
 
 if TYPE_CHECKING:
@@ -137,9 +136,12 @@ class ChatTurns:
             await intake.offload(lease, fingerprint_of, raw) if big else fingerprint_of(raw)
         )
         idempotency_key = request.idempotency_key
-        if record.status != "active" and self._current(record, fingerprint, request):
-            try:  # refused before its body is parsed
-                check_takes_turn(record, fingerprint, idempotency_key, is_retry=request.is_retry)
+        if record.status != "active":  # may be refused before its body is parsed
+            try:
+                check_takes_turn(
+                    record, self.gateway.rollouts, fingerprint, idempotency_key,
+                    is_retry=request.is_retry,
+                )  # fmt: skip
             except ApiError as exc:
                 self._tell_refusal(record, exc)
                 raise
@@ -432,20 +434,6 @@ class ChatTurns:
             self._tell_refusal(record, exc)
             raise
         return history, new_bytes
-
-    def _current(self, record: RolloutRecord, fingerprint: bytes, request: AgentRequest) -> bool:
-        """Whether this process's copy of ``record`` decides a refusal before the body is
-        parsed: not on a shared store (its copy is brought up to date under the turn's
-        claim), and not for a request that repeats the stored answer (a retry after a
-        restart, answered from the store)."""
-        rollouts = self.gateway.rollouts
-        if rollouts.store.shared or not record.loaded or record.revision < 0:
-            return False
-        key = record.answer_key
-        return key is None or not answer_matches(
-            key, fingerprint, request.idempotency_key, is_retry=request.is_retry,
-            now=rollouts.wall_clock(), window_s=rollouts.retry_window_s,
-        )  # fmt: skip
 
     def _tell_refusal(self, record: RolloutRecord, exc: ApiError) -> None:
         """Count a refused turn, and tell it on the exit channel too: whatever the agent
