@@ -21,7 +21,7 @@ from verifiers.v1.task import TaskData
 class FixBugHarnessConfig(vf.HarnessConfig):
     """The agent's knobs."""
 
-    id: str = "fix-bug-v1"
+    id: str = "rollout-gateway-fix-bug-v1"
     max_agent_turns: int = 10
     """The agent's own cap on model calls (``AGENT_MAX_TURNS``); v1's limits still apply."""
     command_timeout: int = 60
