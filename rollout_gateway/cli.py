@@ -544,7 +544,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     )
     add_demo_arguments(p)
     p.formatter_class = _demo_help_formatter()
-    p.set_defaults(func=run_demo_command)
+    p.set_defaults(func=run_demo_command, command_parser=p)
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -594,7 +594,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rollout-gateway`` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the subcommand's parser (``demo``'s: one line)
+        command_parser = getattr(args, "command_parser", None) or parser
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.func(args) or 0)
 
 

@@ -28,16 +28,16 @@ STACK = detect_stack()
 #: example env and demo, and modules using the classic fixtures of ``helpers.py``.
 CLASSIC_ONLY = [
     "classic",
-    "examples",
-    "test_demo.py",
-    "test_demo_wheel.py",
+    "examples/test_fix_bug_env.py",
+    "examples/test_vf_eval.py",
+    "test_demo_classic.py",
     "test_integration_gateway.py",
     "test_client.py",
     "local_sandbox/test_local_sandbox.py",
 ]
 
 #: Paths (relative to ``tests/``) that need the verifiers 0.4 stack.
-V1_ONLY = ["v1"]
+V1_ONLY = ["v1", "examples/test_fix_bug_v1.py", "test_demo_v1.py"]
 
 
 def ignored_paths() -> list[str]:

@@ -14,7 +14,7 @@ on either verifiers stack (the installed one).
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rollout_gateway.demo.options import (
     DemoError,
@@ -23,12 +23,21 @@ from rollout_gateway.demo.options import (
     options_from_args,
 )
 
+if TYPE_CHECKING:
+    from rollout_gateway.demo.stack import DemoStack
 
-def run_demo(options: DemoOptions, out: TextIO | None = None, err: TextIO | None = None) -> int:
+
+def run_demo(
+    options: DemoOptions,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    stack: DemoStack | None = None,
+) -> int:
     """Run the demo; returns the process exit code (see :mod:`.runner`)."""
     from rollout_gateway.demo.runner import run_demo as _run_demo
 
-    return _run_demo(options, out, err)
+    return _run_demo(options, out, err, stack=stack)
 
 
 __all__ = ["DemoError", "DemoOptions", "add_demo_arguments", "options_from_args", "run_demo"]

@@ -69,20 +69,28 @@ _STOPS = {
 _LOGGERS = ("verifiers", "rollout_gateway", "httpx", "uvicorn")
 
 
-def run_demo(options: DemoOptions, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run_demo(
+    options: DemoOptions,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    stack: DemoStack | None = None,
+) -> int:
     """Run the demo; returns the process exit code. Progress and the report go to ``out``
-    (stdout), errors and warnings to ``err`` (stderr)."""
+    (stdout), errors and warnings to ``err`` (stderr). ``stack``: the adapter to run
+    (default: the installed verifiers stack's)."""
     out = out or sys.stdout
     err = err or sys.stderr
     screen = Screen(out)
     try:
         with _demo_logging(options.verbose):
-            stack = check_stack(options.stack)
+            name = stack.name if stack is not None else check_stack(options.stack)
             previous = None
             if options.resume is not None:
                 previous = read_metadata(options.resume)
-                options = resumed_options(options, previous, stack)
-            return asyncio.run(DemoRun(options, stack, screen, err, previous).main())
+                options = resumed_options(options, previous, name)
+            run = DemoRun(options, name, screen, err, previous, stack=stack)
+            return asyncio.run(run.main())
     except DemoError as e:
         print(f"rollout-gateway demo: error: {e}", file=err, flush=True)
         return EXIT_USAGE
@@ -126,11 +134,13 @@ class DemoRun:
         screen: Screen,
         err: TextIO,
         previous: dict[str, Any] | None = None,
+        *,
+        stack: DemoStack | None = None,
     ) -> None:
         self.options = options
         self.stack_name = stack_name
-        #: The stack's adapter, imported in preflight (off the event loop).
-        self.stack: DemoStack | None = None
+        #: The stack's adapter, imported in preflight (off the event loop) unless given.
+        self.stack: DemoStack | None = stack
         self.screen = screen
         self.err = err
         #: The metadata of the run being resumed.
@@ -192,7 +202,8 @@ class DemoRun:
             check_new(self.path)
             if opts.upstream:
                 await check_upstream(opts.upstream, str(opts.model))
-        stack = self.stack = await off_loop(load_stack, self.stack_name)
+        stack = self.stack or await off_loop(load_stack, self.stack_name)
+        self.stack = stack
         if opts.resume is not None:
             stored = self._kept(await off_loop(stack.stored, opts.resume))
             if len(stored) >= self.total:
