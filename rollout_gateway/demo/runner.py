@@ -202,8 +202,9 @@ class DemoRun:
             check_new(self.path)
             if opts.upstream:
                 await check_upstream(opts.upstream, str(opts.model))
-        stack = self.stack or await off_loop(load_stack, self.stack_name)
-        self.stack = stack
+        if self.stack is None:
+            self.stack = await off_loop(load_stack, self.stack_name)
+        stack = self.stack
         if opts.resume is not None:
             stored = self._kept(await off_loop(stack.stored, opts.resume))
             if len(stored) >= self.total:
