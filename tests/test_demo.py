@@ -104,7 +104,9 @@ def test_a_dead_upstream_is_refused_at_once_with_nothing_created(
 ) -> None:
     started = time.monotonic()
     out = tmp_path / "run"
-    code = main(["demo", "--upstream", "http://127.0.0.1:9/v1", "--model", "m"] + ["--output", str(out)])
+    code = main(
+        ["demo", "--upstream", "http://127.0.0.1:9/v1", "--model", "m"] + ["--output", str(out)]
+    )
     took = time.monotonic() - started
     assert code == 2
     assert "cannot reach the upstream http://127.0.0.1:9/v1" in capsys.readouterr().err

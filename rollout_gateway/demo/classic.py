@@ -136,6 +136,7 @@ class ClassicStack(DemoStack):
         import verifiers as vf
         from openai import AsyncOpenAI
         from verifiers.legacy.utils.save_utils import GenerateOutputsBuilder
+        from verifiers.types import ClientConfig
 
         from rollout_gateway.examples import fix_bug_env
         from rollout_gateway.local_sandbox import LocalSandboxClient
@@ -160,7 +161,7 @@ class ClassicStack(DemoStack):
             env_id=self.env_id,
             env_args=env_args,
             model=setup.model,
-            client=self._client,
+            client=ClientConfig(api_base_url=f"{setup.gateway_url}/v1"),  # as vf-eval's -b
             num_examples=opts.examples,
             rollouts_per_example=opts.rollouts_per_example,
             state_columns=["trajectory"],

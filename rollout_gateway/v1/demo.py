@@ -132,10 +132,16 @@ def read_episodes(run_dir: Path) -> list[dict[str, Any]]:
 
 
 class V1Stack(DemoStack):
-    """The demo's verifiers 0.4 part (see the module docstring)."""
+    """The demo's verifiers 0.4 part (see the module docstring).
+
+    Attributes:
+        gateway_transport: httpx transport of the env's control-plane clients (tests
+            read the trajectories the gateway answered through it).
+    """
 
     name = "v1"
     env_id = TASKSET_ID
+    gateway_transport: Any = None
 
     def __init__(self) -> None:
         self._env: Any = None
@@ -211,6 +217,7 @@ class V1Stack(DemoStack):
 
         env = self._env = load_environment(config.env)
         env.gateway_admin_token = setup.admin_token  # never through the environment
+        env.gateway_transport = self.gateway_transport
         tasks = list(env.taskset.select(config.select))
         if setup.resuming:
             keep = (lambda episode: True) if setup.keep_failed else env.complete
