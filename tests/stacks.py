@@ -37,7 +37,7 @@ CLASSIC_ONLY = [
 ]
 
 #: Paths (relative to ``tests/``) that need the verifiers 0.4 stack.
-V1_ONLY = ["v1", "examples/test_fix_bug_v1.py", "test_demo_v1.py"]
+V1_ONLY = ["v1", "test_demo_v1.py"]
 
 
 def ignored_paths() -> list[str]:
