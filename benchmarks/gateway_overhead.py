@@ -77,7 +77,7 @@ from typing import Any
 
 import httpx
 
-from rollout_gateway.server.recorder import TrajectoryRecorder
+from rollout_gateway.server.recording.recorder import TrajectoryRecorder
 
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -123,8 +123,8 @@ def run_stack_floor(port: int, upstream_root: str, json_work: bool) -> None:
     import orjson
     import uvicorn
 
-    from rollout_gateway.server.prompt_ids import split_prompt_ids
-    from rollout_gateway.server.upstream_http1 import Http1Upstream
+    from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
+    from rollout_gateway.server.recording.prompt_ids import split_prompt_ids
 
     clients: list[Http1Upstream] = []
 

@@ -25,8 +25,12 @@ from collections.abc import Iterator
 import uvloop
 from gateway_overhead import _first_messages, _free_port, _process
 
-from rollout_gateway.server.upstream_http import AiohttpUpstream, HttpxUpstream, UpstreamHTTP
-from rollout_gateway.server.upstream_http1 import Http1Upstream
+from rollout_gateway.server.engines.upstream_http import (
+    AiohttpUpstream,
+    HttpxUpstream,
+    UpstreamHTTP,
+)
+from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
 
 CLIENTS = ("httptools", "aiohttp", "httpx")
 

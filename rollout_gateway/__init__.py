@@ -1,10 +1,39 @@
 """rollout-gateway: gateway-mode rollouts for verifiers environments.
 
-Public API, imported lazily: the core (settings, lifecycle, client, tunnels, errors,
-server) imports neither verifiers nor openai; ``RolloutGatewayMixin`` imports the
-verifiers 0.3 stack when first used::
+Each rollout's CLI agent runs in its own sandbox and talks to the inference server's
+rollout gateway, which records its trajectory token by token; the env runs only the
+lifecycle. Documentation: the ``docs/`` site of the source tree (and the README).
 
-    from rollout_gateway import RolloutGatewayMixin, GatewaySettings, GatewayRollout
+Public API (``__all__``; imported lazily, so ``import rollout_gateway`` stays light):
+
+Adapters
+    ``RolloutGatewayMixin``: gateway mode for verifiers 0.3's ``vf.CliAgentEnv``
+    (``rollout-gateway[classic]``). For verifiers 0.4 see :mod:`rollout_gateway.v1`
+    (``rollout-gateway[v1]``). The two extras exclude each other.
+The lifecycle core (no verifiers import)
+    ``GatewaySettings`` (one settings object), ``GatewayRollout`` (one rollout's
+    stages and its one finalize path), ``RolloutHooks``, ``RolloutRecord``,
+    ``AgentExit``, ``GatewayResources`` (clients, tunnels, rollouts in flight),
+    ``PollPolicy``.
+The control-plane client
+    ``GatewayClient``, ``RetryPolicy``.
+Tunnels
+    ``TunnelProvider``, ``PrimeTunnelProvider``, ``DirectTunnelProvider``, ``TunnelPool``.
+Local sandboxes
+    ``LocalSandboxClient`` (prime-sandboxes' client, on this machine, contained).
+Errors (:mod:`rollout_gateway.errors`)
+    ``RolloutGatewayError`` and its family: ``GatewayConfigError``
+    (``GatewayAuthError``), ``RolloutInfraError`` (``GatewayError``, ``SandboxError``...),
+    ``AgentCrashError``.
+
+Subpackages with their own public API: :mod:`rollout_gateway.server` (the reference
+gateway), :mod:`rollout_gateway.scripted` (the scripted model),
+:mod:`rollout_gateway.protocol`, :mod:`rollout_gateway.testing` (fakes for tests),
+:mod:`rollout_gateway.local_sandbox`, :mod:`rollout_gateway.v1`.
+
+``dir(rollout_gateway)`` lists the exports this installation can import (not
+``RolloutGatewayMixin`` without verifiers 0.3); importing one that needs another extra
+raises an ``ImportError`` naming it.
 """
 
 from __future__ import annotations
@@ -34,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "AgentPollError": "rollout_gateway.errors",
     "AgentStartError": "rollout_gateway.errors",
     "EmptyTrajectoryError": "rollout_gateway.errors",
+    "GatewayAuthError": "rollout_gateway.errors",
     "GatewayConfigError": "rollout_gateway.errors",
     "GatewayError": "rollout_gateway.errors",
     "GatewayProtocolError": "rollout_gateway.errors",
@@ -49,7 +79,42 @@ _EXPORTS: dict[str, str] = {
     "SandboxError": "rollout_gateway.errors",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "RolloutGatewayMixin",
+    "GatewaySettings",
+    "GatewayRollout",
+    "RolloutHooks",
+    "RolloutRecord",
+    "AgentExit",
+    "GatewayResources",
+    "GatewayClient",
+    "RetryPolicy",
+    "TunnelProvider",
+    "PrimeTunnelProvider",
+    "DirectTunnelProvider",
+    "TunnelPool",
+    "PollPolicy",
+    "LocalSandboxClient",
+    "AgentCrashError",
+    "AgentPollError",
+    "AgentStartError",
+    "EmptyTrajectoryError",
+    "GatewayAuthError",
+    "GatewayConfigError",
+    "GatewayError",
+    "GatewayProtocolError",
+    "GatewayRequestError",
+    "GatewayTunnelError",
+    "GatewayUnavailableError",
+    "PostRolloutError",
+    "RolloutConflictError",
+    "RolloutGatewayError",
+    "RolloutInfraError",
+    "RolloutInputError",
+    "RolloutNotFoundError",
+    "SandboxError",
+]
 
 if TYPE_CHECKING:
     from rollout_gateway.classic.mixin import (
@@ -64,6 +129,7 @@ if TYPE_CHECKING:
         AgentPollError,
         AgentStartError,
         EmptyTrajectoryError,
+        GatewayAuthError,
         GatewayConfigError,
         GatewayError,
         GatewayProtocolError,
@@ -104,8 +170,43 @@ if TYPE_CHECKING:
     )
 
 
+#: Exports that need an extra, and how to tell whether this installation has it.
+_NEEDS_CLASSIC = frozenset({"RolloutGatewayMixin"})
+_NEEDS_PRIME_SANDBOXES = frozenset({"LocalSandboxClient"})
+
+
+def _available(name: str) -> bool:
+    """Whether export ``name`` can be imported in this installation (metadata only)."""
+    if name in _NEEDS_CLASSIC:
+        from rollout_gateway.verifiers_stack import CLASSIC, installed_stack
+
+        return installed_stack() == CLASSIC
+    if name in _NEEDS_PRIME_SANDBOXES:
+        import importlib.util
+
+        return importlib.util.find_spec("prime_sandboxes") is not None
+    return True
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rollout_gateway' has no attribute {name!r}")
+    if not _available(name):
+        from rollout_gateway.verifiers_stack import CLASSIC, wrong_stack_error
+
+        if name in _NEEDS_CLASSIC:
+            raise wrong_stack_error(CLASSIC, f"rollout_gateway.{name}")
+        raise ImportError(
+            f"rollout_gateway.{name} needs prime-sandboxes (its request, answer and error "
+            "types), which comes with either verifiers stack: pip install "
+            "'rollout-gateway[v1]' (or 'rollout-gateway[classic]')"
+        )
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    # The exports this installation can import, beside the module's own names: help()
+    # and tab completion show the public API without failing on another stack's adapter.
+    dunders = (name for name in globals() if name.startswith("__"))
+    return sorted({*dunders, *(name for name in __all__ if _available(name))})

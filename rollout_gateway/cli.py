@@ -108,7 +108,9 @@ security model:
   details of /health) needs "Authorization: Bearer <admin token>". The token is read
   from $ROLLOUT_GATEWAY_ADMIN_TOKEN or from a file (--admin-token-file or
   $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE), never from the command line (it would show in ps),
-  and has at least 16 characters. Without a token, serve refuses to start unless
+  and has at least 16 characters. --create-admin-token writes a fresh one to that file
+  (mode 0600) when it does not exist; the env reads the same file through
+  $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE. Without a token, serve refuses to start unless
   --open-control-plane is given, which only binds to a loopback address.
   Register hands out a per-rollout api_key (on by default, --no-rollout-keys to turn
   off): an agent presents it as its bearer token and reaches only its own rollout, on
@@ -187,6 +189,13 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "(default: $ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE, else $ROLLOUT_GATEWAY_ADMIN_TOKEN)",
     )
     access.add_argument(
+        "--create-admin-token",
+        action="store_true",
+        help="write a fresh admin token to --admin-token-file (mode 0600) when that file "
+        "does not exist, and say where it is; hand the env the same file with "
+        "$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE",
+    )
+    access.add_argument(
         "--open-control-plane",
         action="store_true",
         help="run WITHOUT an admin token: anyone reaching the gateway drives every "
@@ -213,7 +222,7 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
 
 def _add_token_options(p: argparse.ArgumentParser) -> None:
     """``serve``: how turns are tokenized (chat or token-in mode)."""
-    tokens = p.add_argument_group("how turns are tokenized (see README: token-in mode)")
+    tokens = p.add_argument_group("how turns are tokenized (see the docs: token-in mode)")
     tokens.add_argument(
         "--upstream-mode",
         choices=("chat", "token-in"),
@@ -346,6 +355,43 @@ def _add_registry_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def prepare_admin_token_file(args: argparse.Namespace) -> str | None:
+    """Create the admin token file for ``--create-admin-token``; what to tell the user.
+
+    Sets ``args.admin_token_file`` to the file used. Raises :class:`ServeOptionError`
+    naming the option when no file is named or it cannot be created.
+    """
+    from rollout_gateway.admin_token import (
+        ADMIN_TOKEN_FILE_ENV,
+        AdminTokenFileError,
+        create_admin_token_file,
+        readable_by_others,
+    )
+
+    path = args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV) or None
+    if not args.create_admin_token:
+        if path and readable_by_others(path):
+            return f"warning: the admin token file {path} is readable by other users"
+        return None
+    if path is None:
+        raise ServeOptionError(
+            "--create-admin-token: name the file to write with --admin-token-file PATH "
+            f"(or ${ADMIN_TOKEN_FILE_ENV})"
+        )
+    try:
+        created = create_admin_token_file(path)
+    except AdminTokenFileError as e:
+        raise ServeOptionError(f"--create-admin-token: {e}") from None
+    args.admin_token_file = path = os.path.abspath(os.path.expanduser(path))
+    hand_over = f"give the env the same token with {ADMIN_TOKEN_FILE_ENV}={path}"
+    if created:
+        return f"admin token written to {path} (mode 0600); {hand_over}"
+    note = f"admin token read from {path} (it exists: kept); {hand_over}"
+    if readable_by_others(path):
+        note += f"\nwarning: the admin token file {path} is readable by other users"
+    return note
+
+
 def serve_config(args: argparse.Namespace) -> GatewayConfig:
     """The :class:`GatewayConfig` of parsed ``serve`` arguments.
 
@@ -353,7 +399,7 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
     together (no admin token, open mode on a non-loopback host, unreadable token file).
     """
     from rollout_gateway.server import GatewayConfig
-    from rollout_gateway.server.auth import AdminTokenError, is_loopback_host, load_admin_token
+    from rollout_gateway.server.http.auth import AdminTokenError, is_loopback_host, load_admin_token
 
     try:
         token = load_admin_token(args.admin_token_file)
@@ -435,21 +481,24 @@ def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
     from rollout_gateway.server import create_app, serve
-    from rollout_gateway.server.gc_tuning import tune_for_serving
-    from rollout_gateway.server.token_in import TokenInUnavailable
+    from rollout_gateway.server.engines.token_in import TokenInUnavailable
+    from rollout_gateway.server.ops.gc_tuning import tune_for_serving
 
     try:
+        notice = prepare_admin_token_file(args)
         config = serve_config(args)
     except ValueError as e:  # ServeOptionError, or GatewayConfig's own checks
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
+    for line in (notice or "").splitlines():
+        print(f"rollout-gateway serve: {line}", file=sys.stderr, flush=True)
     _setup_logging(args.log_level)
     try:
         app = create_app(config)
     except TokenInUnavailable as e:  # the message names the option
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
-    tune_for_serving()  # this process only serves: see server/gc_tuning.py
+    tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
     serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     return 0
 
@@ -503,9 +552,9 @@ def _demo_help_formatter() -> type[argparse.HelpFormatter]:
 
         def _format_text(self, text: str) -> str:
             from rollout_gateway.demo.options import STACK_HELP
-            from rollout_gateway.demo.stack import installed_stack
+            from rollout_gateway.verifiers_stack import installed_stack
 
-            description, layout = STACK_HELP[installed_stack()]
+            description, layout = STACK_HELP[installed_stack() or "classic"]
             width = max(self._width - self._current_indent, 40)
             if text == _DEMO_DESCRIPTION:
                 text = textwrap.fill(description, width)
@@ -531,9 +580,42 @@ def _isolation_help() -> str:
     return "\n".join(lines)
 
 
+#: ``demo`` on an install without a verifiers stack (``pip install rollout-gateway``).
+DEMO_NEEDS_A_STACK = (
+    "the demo runs an example env of verifiers, which this install lacks (core only: the "
+    "gateway server and the scripted model). Install a verifiers stack: pip install "
+    "'rollout-gateway[v1]' (verifiers 0.4) or 'rollout-gateway[classic]' (verifiers 0.3), "
+    "in separate virtualenvs"
+)
+
+
+def _add_demo_needs_a_stack(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``demo`` where no verifiers stack is installed: its help and its run say which
+    extra it needs; nothing is probed, imported or created."""
+    p = subparsers.add_parser(
+        "demo",
+        help="run the example env end to end on this machine (needs a verifiers extra)",
+        description=f"Run the example env end to end on this machine: {DEMO_NEEDS_A_STACK}.",
+    )
+
+    def refuse(args: argparse.Namespace) -> int:
+        print(f"rollout-gateway demo: error: {DEMO_NEEDS_A_STACK}", file=sys.stderr)
+        return 2
+
+    # Any demo option is taken (and ignored): the missing extra is the error to report.
+    p.set_defaults(func=refuse, takes_any_options=True)
+
+
 @subcommand
 def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``rollout-gateway demo``: the whole system on one machine (the installed stack)."""
+    from rollout_gateway.verifiers_stack import installed_stack
+
+    if installed_stack() is None:
+        _add_demo_needs_a_stack(subparsers)
+        return
     from rollout_gateway.demo import add_demo_arguments
 
     p = subparsers.add_parser(
@@ -596,7 +678,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rollout-gateway`` command."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # reported by the subcommand's parser (``demo``'s: one line)
+    if unknown and not getattr(args, "takes_any_options", False):
+        # Reported by the subcommand's parser (``demo``'s: one line).
         command_parser = getattr(args, "command_parser", None) or parser
         command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.func(args) or 0)

@@ -5,6 +5,11 @@ timeouts, a pooled connection the server closed while idle, 429/502/503/504) are
 with exponential backoff and jitter (tenacity); any other 4xx fails fast with the
 gateway's own message. Every httpx error is translated into :mod:`rollout_gateway.errors`
 in :meth:`GatewayClient._request`, and nowhere else.
+
+A 401 or 403 means the gateway refused the admin token: a configuration error
+(:class:`GatewayAuthError`, naming the setting), never retried. The client then stops
+sending calls with that token: every later call raises the same error at once, so a
+burst of rollouts meets it once, not once per rollout and retry.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import tenacity
 
 from rollout_gateway import protocol
 from rollout_gateway.errors import (
+    GatewayAuthError,
     GatewayError,
     GatewayProtocolError,
     GatewayRequestError,
@@ -130,7 +136,10 @@ class GatewayClient:
         admin_token: bearer token for the control plane, when the gateway requires one.
         retry: the :class:`RetryPolicy`.
         transport: an httpx transport (tests inject ``httpx.MockTransport`` or respx).
-        timeout, limits: httpx settings of the pooled client.
+        timeout: httpx timeout of the pooled client.
+        limits: httpx connection limits of the pooled client.
+        auth_help: what to set when the gateway refuses the admin token (ends the
+            message of :class:`GatewayAuthError`).
     """
 
     def __init__(
@@ -142,10 +151,22 @@ class GatewayClient:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         limits: httpx.Limits = DEFAULT_LIMITS,
+        auth_help: str | None = None,
     ) -> None:
         self.base_url = protocol.gateway_root(base_url)
         self._root = self.base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
+        self._auth_help = auth_help or (
+            "pass the gateway's admin token (admin_token=...)"
+            if admin_token
+            else "the client sent no admin token: pass admin_token=..."
+        )
+        #: The gateway's refusal of the admin token, once seen (later calls raise it).
+        self.auth_error: GatewayAuthError | None = None
+        #: Whether the gateway answered a call without refusing the token.
+        self._access_confirmed = False
+        #: The first call in flight while access is unconfirmed (others wait for it).
+        self._first_call: asyncio.Future[None] | None = None
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -170,6 +191,29 @@ class GatewayClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    async def check_admin_token(self) -> None:
+        """Raise :class:`GatewayAuthError` if the gateway refuses this client's admin token.
+
+        Asks for the trajectory of a fresh random rollout id, which a gateway of the
+        protocol answers with 404 when the token is good and 401 when it is not (no
+        side effect). Any other outcome (the gateway unreachable, an unexpected answer)
+        proves nothing and is not raised: the calls that follow report it.
+        """
+        probe = protocol.new_rollout_id()
+        try:
+            await self._request_once("GET", protocol.trajectory_path(probe), probe)
+        except GatewayError as e:
+            logger.debug("gateway %s: admin token check inconclusive: %s", self.base_url, e)
+
+    def _auth_error_copy(self) -> GatewayAuthError:
+        # A fresh instance per raise: rollouts raise it concurrently, each with its own
+        # traceback.
+        seen = self.auth_error
+        assert seen is not None
+        return GatewayAuthError(
+            str(seen), status_code=seen.status_code, gateway_url=seen.gateway_url
+        )
 
     async def register(
         self,
@@ -342,11 +386,38 @@ class GatewayClient:
         query: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> Any:
-        """One attempt; translates every httpx failure into a typed error."""
+        """One attempt; translates every httpx failure into a typed error.
+
+        Until the gateway has answered one call without refusing the admin token, calls
+        go one at a time: a refused token then fails the first call, and every call
+        waiting behind it raises the same :class:`GatewayAuthError` without being sent
+        (a burst of rollouts meets a misconfiguration once, not once per rollout).
+        """
+        while not self._access_confirmed:
+            if self.auth_error is not None:
+                raise self._auth_error_copy()
+            if self._first_call is None:
+                break
+            await asyncio.shield(self._first_call)
+        if self.auth_error is not None:
+            raise self._auth_error_copy()
+        first = not self._access_confirmed
+        if first:
+            self._first_call = asyncio.get_running_loop().create_future()
+        answered: int | None = None
         try:
             response = await self._http.request(method, self._url(path, query), **kwargs)
+            answered = response.status_code
         except httpx.TransportError as e:
             raise _transport_error(method, path, e, rollout_id) from e
+        finally:
+            if first:
+                # An answer that is not a refusal confirms the token; no answer (a
+                # transport failure, a cancellation) lets the next call go first.
+                self._access_confirmed = answered is not None and answered not in (401, 403)
+                gate, self._first_call = self._first_call, None
+                if gate is not None and not gate.done():
+                    gate.set_result(None)
         status = response.status_code
         if status < 400:
             try:  # orjson: several times faster on a long trajectory than json
@@ -359,9 +430,11 @@ class GatewayClient:
 
     def _status_error(
         self, method: str, path: str, response: httpx.Response, rollout_id: str
-    ) -> GatewayError:
+    ) -> GatewayError | GatewayAuthError:
         """The typed error of an answer with an error status (read already)."""
         status = response.status_code
+        if status in (401, 403):
+            return self._refused(method, path, response)
         message = f"{method} {path}: {status} {_error_message(response)}"
         if status in self.retry.retry_statuses:
             return GatewayUnavailableError(
@@ -374,6 +447,20 @@ class GatewayClient:
         if 400 <= status < 500:
             return GatewayRequestError(message, status_code=status, rollout_id=rollout_id)
         return GatewayUnavailableError(message, status_code=status, rollout_id=rollout_id)
+
+    def _refused(self, method: str, path: str, response: httpx.Response) -> GatewayAuthError:
+        """The gateway refused the admin token: remember it, say it once in the log."""
+        status = response.status_code
+        error = GatewayAuthError(
+            f"the rollout gateway at {self.base_url} refused the control plane ({method} "
+            f"{path}: {status} {_error_message(response)}); {self._auth_help}",
+            status_code=status,
+            gateway_url=self.base_url,
+        )
+        if self.auth_error is None:
+            self.auth_error = error
+            logger.error("%s", error)
+        return self._auth_error_copy()
 
 
 _EXIT_STREAM_CONNECT_TIMEOUT = 10.0

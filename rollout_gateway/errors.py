@@ -7,7 +7,8 @@ verifiers v1: its own error types), so a trainer can tell infrastructure failure
 it reschedules, from the model's own failures, which it trains on.
 
 - :class:`GatewayConfigError`: a mistake of the env author, raised before any resource
-  exists (never put on a rollout).
+  exists; no retry of the rollout can fix it. :class:`GatewayAuthError` is one: the
+  gateway refused the env's admin token.
 - :class:`RolloutInfraError` and subclasses: infrastructure failed; retrying the rollout
   elsewhere may succeed.
 - :class:`AgentCrashError`: the agent exited non-zero before the rollout ended on its
@@ -26,6 +27,28 @@ class RolloutGatewayError(Exception):
 
 class GatewayConfigError(RolloutGatewayError, ValueError):
     """The env is misconfigured for gateway mode (e.g. no usable gateway URL)."""
+
+
+class GatewayAuthError(GatewayConfigError):
+    """The gateway refused the env's admin token (401 or 403 on a control-plane call).
+
+    A configuration error, not infrastructure: the env sent no token, or not the one the
+    gateway was started with, and retrying cannot help. The message names the setting
+    to fix. ``status_code`` is the gateway's answer; ``gateway_url`` the gateway's root.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        gateway_url: str | None = None,
+        rollout_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.gateway_url = gateway_url
+        self.rollout_id = rollout_id
 
 
 class RolloutInfraError(RolloutGatewayError):
@@ -120,6 +143,7 @@ __all__ = [
     "AgentPollError",
     "AgentStartError",
     "EmptyTrajectoryError",
+    "GatewayAuthError",
     "GatewayConfigError",
     "GatewayError",
     "GatewayProtocolError",

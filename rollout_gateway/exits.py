@@ -23,7 +23,7 @@ from typing import cast
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
-from rollout_gateway.errors import GatewayError, GatewayRequestError
+from rollout_gateway.errors import GatewayAuthError, GatewayError, GatewayRequestError
 from rollout_gateway.protocol import ExitReport, ExitsResponse, exit_stream_line
 
 logger = logging.getLogger(__name__)
@@ -277,6 +277,11 @@ class ExitWatcher:
                     failures = 0
                     continue
                 await self._follow()
+            except GatewayAuthError:
+                # The token was refused (the client logged it): no reports will come;
+                # rollouts poll their sandboxes.
+                self.supported = False
+                return
             except GatewayRequestError as e:
                 if e.status_code in (400, 404, 405) and self.streaming is not False:
                     logger.info("gateway %s has no exit stream: long-polling", self.client.base_url)

@@ -24,6 +24,8 @@ from typing import Any
 from rollout_gateway import agent_wait, protocol
 from rollout_gateway.errors import (
     AgentPollError,
+    GatewayAuthError,
+    GatewayConfigError,
     GatewayError,
     GatewayTunnelError,
     PostRolloutError,
@@ -243,16 +245,23 @@ class GatewayRollout:
         record = self.record
         if record.gateway_url is None:
             raise GatewayError("register: the rollout has no gateway_url")
+        client = self.resources.client(record.gateway_url)
         record.register_sent = True
-        answer = await self.resources.client(record.gateway_url).register(
-            record.rollout_id,
-            model=model,
-            sampling_params=sampling_params,
-            max_turns=max_turns,
-            max_seq_len=max_seq_len,
-            api_key=self._proposed_key,
-            extra=extra,
-        )
+        try:
+            answer = await client.register(
+                record.rollout_id,
+                model=model,
+                sampling_params=sampling_params,
+                max_turns=max_turns,
+                max_seq_len=max_seq_len,
+                api_key=self._proposed_key,
+                extra=extra,
+            )
+        except GatewayAuthError:
+            # A refused admin token (a configuration error, raised before any sandbox
+            # starts): nothing was registered, so finalize has nothing to unregister.
+            record.register_sent = False
+            raise
         record.registered = True
         record.api_key = answer.get("api_key") or None
         return answer
@@ -339,7 +348,8 @@ class GatewayRollout:
     # ---------------------------------------------------------------- the sequence
 
     async def execute(self, hooks: RolloutHooks, *, timeout: float | None = None) -> None:
-        """Run every stage, then finalize. Only cancellation escapes (after finalize).
+        """Run every stage, then finalize. Only cancellation and configuration errors
+        escape, after finalize (see :meth:`run_finalize`).
 
         ``timeout`` bounds the stages (the env's whole-rollout timeout): past it the
         rollout ends with stop condition ``timeout_reached``.
@@ -365,7 +375,10 @@ class GatewayRollout:
 
     async def run_finalize(self, hooks: RolloutHooks) -> None:
         """Run :meth:`finalize` in its own task, to its end even if the caller is cancelled
-        meanwhile; a cancelled rollout then re-raises the cancellation."""
+        meanwhile; a cancelled rollout then re-raises the cancellation, and one that
+        failed on a :class:`GatewayConfigError` (e.g. the gateway refused the admin
+        token) raises it: no retry of the rollout can fix it, so it must not pass for
+        one failed rollout among many."""
         finalize = asyncio.ensure_future(self.finalize(hooks))
         while not finalize.done():
             try:
@@ -374,6 +387,8 @@ class GatewayRollout:
                 self.record.cancelled = True
         if self.record.cancelled:
             raise asyncio.CancelledError
+        if isinstance(self.record.error, GatewayConfigError):
+            raise self.record.error
 
     async def _stages(self, hooks: RolloutHooks) -> None:
         await self.steps.run("register", hooks.register, GatewayError)
@@ -411,7 +426,7 @@ class GatewayRollout:
                 await self.steps.quiet("stop_agent", hooks.stop_agent)
             if record.registered and not self.steps.ran("fetch"):
                 await self.steps.guarded("fetch", hooks.fetch, GatewayError)
-        if not record.cancelled and not self._infra_failed():
+        if not record.cancelled and not self._infra_failed() and not self._misconfigured():
             await self.steps.guarded("score", hooks.score, PostRolloutError)
         await self.steps.guarded("release", hooks.release, RolloutInfraError)
         await self.steps.guarded("unregister", hooks.unregister, GatewayError)
@@ -421,6 +436,9 @@ class GatewayRollout:
 
     def _infra_failed(self) -> bool:
         return self.record.error is not None and self._is_infra(self.record.error)
+
+    def _misconfigured(self) -> bool:
+        return isinstance(self.record.error, GatewayConfigError)
 
     def _stop_condition(self) -> str:
         record = self.record

@@ -44,6 +44,35 @@ TurnRefusalCode = Literal[
 ]
 TURN_REFUSAL_CODES: tuple[str, ...] = TurnRefusalCode.__args__  # type: ignore[attr-defined]
 
+#: ``error.code`` of an error answer that names no more specific code. Every error answer
+#: is ``{"error": {"message", "type", "code"}}`` and its ``code`` is always a string, as in
+#: OpenAI's API (never the HTTP status number): a specific one where the gateway has it
+#: (``rollout_not_found``, ``max_turns_reached``, ``context_length_exceeded``...), else
+#: the status's name from this table.
+STATUS_ERROR_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "conflict",
+    413: "request_too_large",
+    422: "unprocessable_entity",
+    429: "too_many_requests",
+    431: "request_headers_too_large",
+    500: "internal_error",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+
+
+def error_code(status: int) -> str:
+    """The ``error.code`` of an error answer with ``status`` and no more specific code."""
+    return STATUS_ERROR_CODES.get(status, f"http_{status}")
+
+
 #: Why a trajectory is truncated (``truncation_reason`` of the trajectory answer): the
 #: limit that refused a turn the agent asked for, or ``context_length_exceeded`` when the
 #: engine refused a prompt longer than its context (that turn is recorded, no sample).
@@ -660,6 +689,8 @@ class StatusResponse(TypedDict):
 
 __all__ = [
     "API_KEY_RE",
+    "STATUS_ERROR_CODES",
+    "error_code",
     "BEARER_CHAT_COMPLETIONS_PATH",
     "BEARER_MODELS_PATH",
     "CANCEL_ROUTE",

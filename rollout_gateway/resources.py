@@ -65,6 +65,7 @@ class GatewayResources:
                 admin_token=self.settings.resolved_admin_token(),
                 retry=self.settings.retry,
                 transport=self.settings.transport,
+                auth_help=self.settings.admin_token_help(),
             )
             self._clients[gateway_url] = client
         return client

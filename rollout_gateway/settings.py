@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from rollout_gateway import protocol
+from rollout_gateway.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, read_admin_token_file
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.errors import GatewayConfigError
 from rollout_gateway.polling import PollPolicy
@@ -30,8 +31,6 @@ from rollout_gateway.tunnels import (
     TunnelProvider,
 )
 
-#: Environment variable holding the gateway's control-plane token, by default.
-ADMIN_TOKEN_ENV = "ROLLOUT_GATEWAY_ADMIN_TOKEN"
 #: How long an agent may run by default (the earlier experimental mixin's default: 6 h).
 DEFAULT_AGENT_TIMEOUT = 21600.0
 TUNNEL_PROVIDERS = ("prime", "direct")
@@ -50,7 +49,8 @@ class GatewaySettings:
             env's own rollout timeout still applies).
         tunnel_provider: ``"prime"``, ``"direct"``, a :class:`TunnelProvider`, or
             ``None`` for the adapter's default (direct for local sandboxes, else prime).
-        admin_token: control-plane bearer token; ``None`` reads ``admin_token_env``.
+        admin_token: control-plane bearer token; ``None`` reads the file named by
+            ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE``, else the ``admin_token_env`` variable.
         admin_token_env: name of the environment variable holding the admin token.
         retry: retry policy of control-plane calls (or a mapping of its fields).
         poll: how often to ask the sandbox whether the agent exited (or a mapping of
@@ -194,8 +194,41 @@ class GatewaySettings:
         return url
 
     def resolved_admin_token(self) -> str | None:
-        """The admin token: ``admin_token``, else the ``admin_token_env`` variable."""
-        return self.admin_token or os.environ.get(self.admin_token_env) or None
+        """The admin token: ``admin_token``, else the file named by
+        ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE``, else the ``admin_token_env`` variable.
+
+        Raises :class:`GatewayConfigError` naming the variable when that file cannot
+        be read.
+        """
+        if self.admin_token:
+            return self.admin_token
+        path = os.environ.get(ADMIN_TOKEN_FILE_ENV)
+        if path:
+            try:
+                return read_admin_token_file(path)
+            except GatewayConfigError as e:
+                raise GatewayConfigError(f"${ADMIN_TOKEN_FILE_ENV}: {e}") from None
+        return (os.environ.get(self.admin_token_env) or "").strip() or None
+
+    def admin_token_help(self) -> str:
+        """What to set when the gateway refuses the token: where this env took it from."""
+        gave = (
+            "the admin token of GatewaySettings.admin_token"
+            if self.admin_token
+            else f"the admin token in the file ${ADMIN_TOKEN_FILE_ENV} names"
+            if os.environ.get(ADMIN_TOKEN_FILE_ENV)
+            else f"the admin token in ${self.admin_token_env}"
+            if (os.environ.get(self.admin_token_env) or "").strip()
+            else None
+        )
+        where = (
+            f"set ${ADMIN_TOKEN_FILE_ENV} to the gateway's token file (the file of "
+            f"`rollout-gateway serve --admin-token-file`), or ${self.admin_token_env} to "
+            "the token itself"
+        )
+        if gave is None:
+            return f"the env sent no admin token: {where}"
+        return f"{gave} is not the gateway's: {where}"
 
     def resolved_tunnel_provider(self, *, local: bool) -> TunnelProvider:
         """The tunnel provider; ``local`` picks the default (direct when sandboxes are local)."""

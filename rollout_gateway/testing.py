@@ -308,8 +308,8 @@ class FakeSandboxClient:
     Args:
         agent: coroutine run when the agent job starts; its return value is the exit
             code (an exception makes exit code 1 with the error on stderr).
-        create_latency, ready_latency: seconds (or callables) for create / ready.
-        rng: random source for latency callables built by :func:`uniform`.
+        create_latency: seconds (or a callable giving them) that ``create`` takes.
+        ready_latency: seconds (or a callable giving them) until a sandbox is ready.
 
     ``fail(method, *exceptions)`` queues exceptions for a method
     (``create``, ``wait_for_creation``, ``start_background_job``, ``get_background_job``,

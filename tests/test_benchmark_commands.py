@@ -1,8 +1,15 @@
-"""The benchmark commands the README shows run and take the options it shows (``--help``
-only: figures are measured by running the benchmarks, never in tests)."""
+"""The benchmark commands the docs show run and take the options the docs show with them
+(``--help`` only: figures are measured by running the benchmarks, never in tests).
+
+The options are read from the docs, so a page cannot name an option a benchmark lost:
+those in the same code span as ``benchmarks/NAME.py`` anywhere, and, on the performance
+page, every option in a paragraph that names one benchmark only (except in spans showing
+another program's command line, such as ``vllm serve ...``).
+"""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,29 +17,53 @@ from pathlib import Path
 import pytest
 from stacks import STACK
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-#: Each benchmark the README names -> the options it shows for it.
-README_OPTIONS = {
-    "burst.py": ["--rollouts", "--hosts"],
-    "burst_compare.py": [
-        "--rollouts", "--rounds", "--earlier-venv", "--setup-earlier", "--workers", "--gc-freeze",
-    ],
-    "gateway_overhead.py": [
-        "--turns", "--contexts", "--concurrency", "--compare-source", "--gateway-option",
-        "--model-latency-ms", "--clients", "--lockstep", "--stack-floor",
-    ],
-    "local_sandbox_modes.py": ["--commands", "--sandboxes"],
-    "tito_branches.py": ["--upstream"],
-    "upstream_client.py": ["--calls", "--concurrency", "--rounds", "--stream"],
-    "v1_interception_cpu.py": ["--rollouts", "--concurrency", "--repeat", "--turns"],
-}  # fmt: skip
-#: Benchmarks that import verifiers 0.4 at start (the README says so for each).
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+#: Modules under benchmarks/ that other benchmarks import (no command line of their own).
+HELPERS = {"burst_world.py"}
+#: Benchmarks that import verifiers 0.4 at start (the docs say so for each).
 V1_ONLY = {"tito_branches.py", "v1_interception_cpu.py"}
 
+_SPAN = re.compile(r"`([^`]+)`")
+_SCRIPT = re.compile(r"benchmarks/(\w+\.py)")
+#: A span showing another program's command line (its options are not the benchmark's).
+_OTHER_COMMAND = re.compile(r"\b(vllm|rollout-gateway|serve)\b")
+#: An option, not a value of another (``--gateway-option=--loop=asyncio`` shows one).
+_OPTION = re.compile(r"(?<![=\w-])--[a-z][a-z0-9-]*")
 
-@pytest.mark.parametrize("script", sorted(README_OPTIONS))
-def test_benchmark_answers_help_with_the_readme_options(script: str) -> None:
+
+def documented_options() -> dict[str, set[str]]:
+    """Each benchmark the docs name -> the options they show with it."""
+    found: dict[str, set[str]] = {}
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        for paragraph in re.split(r"\n\s*\n|\n(?=- )", text):
+            spans = _SPAN.findall(paragraph)
+            named = {m for span in spans for m in _SCRIPT.findall(span)} - HELPERS
+            for script in named:
+                found.setdefault(script, set())
+            for span in spans:
+                for script in set(_SCRIPT.findall(span)) - HELPERS:
+                    found[script] |= set(_OPTION.findall(span))
+            if page.name == "performance.md" and len(named) == 1:
+                (script,) = named
+                own = [span for span in spans if not _OTHER_COMMAND.search(span)]
+                found[script] |= {o for span in own for o in _OPTION.findall(span)}
+    return found
+
+
+DOCUMENTED = documented_options()
+
+
+def test_the_docs_show_every_benchmark_with_its_options() -> None:
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - HELPERS
+    assert set(DOCUMENTED) == scripts
+    assert DOCUMENTED["gateway_overhead.py"] >= {"--compare-source", "--stack-floor"}
+
+
+@pytest.mark.parametrize("script", sorted(DOCUMENTED))
+def test_benchmark_answers_help_with_the_documented_options(script: str) -> None:
     if script in V1_ONLY and STACK != "v1":
         pytest.skip(f"{script} needs verifiers 0.4 (the v1 stack)")
     done = subprocess.run(
@@ -42,5 +73,5 @@ def test_benchmark_answers_help_with_the_readme_options(script: str) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    missing = [option for option in README_OPTIONS[script] if option not in done.stdout]
+    missing = [option for option in DOCUMENTED[script] if option not in done.stdout]
     assert not missing, f"{script} --help lacks {missing}"

@@ -95,12 +95,6 @@ STACK_HELP = {
         "DIR/configs/resolved/eval.json --resume continues it against a gateway at the "
         "address it names.",
     ),
-    None: (
-        "Run the example env end to end on this machine. Needs a verifiers stack: pip "
-        "install 'rollout-gateway[v1]' (verifiers 0.4) or 'rollout-gateway[classic]' "
-        "(verifiers 0.3), in separate virtualenvs.",
-        "",
-    ),
 }
 
 

@@ -11,7 +11,8 @@ limit, ``--resume`` and exit codes. A stack adapter owns the rest:
 
 Adapters: :class:`rollout_gateway.demo.classic.ClassicStack` (verifiers 0.3) and
 :class:`rollout_gateway.v1.demo.V1Stack` (verifiers 0.4). Which one runs is decided by
-the installed verifiers (:func:`installed_stack`); ``--stack`` names it explicitly.
+the installed verifiers (:func:`rollout_gateway.verifiers_stack.installed_stack`);
+``--stack`` names it explicitly.
 The help text of each stack's demo is in :mod:`.options` (``demo --help`` imports no
 stack).
 """
@@ -24,11 +25,11 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from rollout_gateway.demo.options import STACKS, DemoError, DemoOptions
+from rollout_gateway.verifiers_stack import installed_stack, verifiers_version
 
 T = TypeVar("T")
 
@@ -129,26 +130,6 @@ class DemoStack(ABC):
         return {}
 
 
-def verifiers_version() -> str | None:
-    """The installed verifiers version, or None."""
-    try:
-        return metadata.version("verifiers")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def installed_stack() -> str | None:
-    """``v1`` with verifiers 0.4+, ``classic`` with 0.3, None without verifiers."""
-    version = verifiers_version()
-    if version is None:
-        return None
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        return None
-    return "v1" if (major, minor) >= (0, 4) else "classic"
-
-
 _EXTRA = {"classic": "rollout-gateway[classic]", "v1": "rollout-gateway[v1]"}
 
 
@@ -232,9 +213,7 @@ __all__ = [
     "StackSetup",
     "WorkItem",
     "check_stack",
-    "installed_stack",
     "load_stack",
     "off_loop",
     "stack_class",
-    "verifiers_version",
 ]

@@ -12,16 +12,22 @@
 - :mod:`~rollout_gateway.local_sandbox.files` / ``file_api``: the file API, which never
   follows a path out of the sandbox.
 - :mod:`~rollout_gateway.local_sandbox.layout`: directories, ownership, the stale sweep.
+- :mod:`~rollout_gateway.local_sandbox.tools`: where ``bwrap`` and util-linux come from.
+- :mod:`~rollout_gateway.local_sandbox.errors`: what the host cannot do.
 
 prime-sandboxes remains the backend for real training.
 """
 
 from rollout_gateway.local_sandbox.client import ROOT_ENV_VAR, LocalSandboxClient, default_root
+from rollout_gateway.local_sandbox.errors import (
+    IsolationUnavailableError,
+    LocalSandboxError,
+    SandboxRootError,
+)
 from rollout_gateway.local_sandbox.isolation import (
     FALLBACK_ORDER,
     ISOLATION_ENV_VAR,
     IsolationMode,
-    IsolationUnavailableError,
     available_modes,
     choose_mode,
     unavailable_reasons,
@@ -36,6 +42,8 @@ __all__ = [
     "IsolationMode",
     "IsolationUnavailableError",
     "LocalSandboxClient",
+    "LocalSandboxError",
+    "SandboxRootError",
     "available_modes",
     "choose_mode",
     "default_root",

@@ -225,6 +225,21 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
             message=f"Deleted {len(succeeded)} sandbox(es), {len(failed)} failed",
         )
 
+    def delete_sync(self, sandbox_id: str) -> None:
+        """Kill every process of one sandbox and remove it, blocking (no event loop
+        needed: for ``atexit`` and sync teardown paths); idempotent, unknown ids ignored."""
+        sb = self._registry.get(sandbox_id)
+        if sb is not None:
+            self._registry.destroy(sb, "TERMINATED", None)
+
+    def sandbox_dirs(self, sandbox_id: str) -> layout.SandboxDirs:
+        """The host directories of a live sandbox (its working and temp directories are
+        at the same paths inside it)."""
+        sb = self._registry.get(sandbox_id)
+        if sb is None:
+            self._registry.raise_missing(sandbox_id)
+        return sb.dirs
+
     def delete_all(self) -> None:
         """Synchronously kill and remove every sandbox of this client.
 

@@ -194,6 +194,19 @@ class SandboxCommandAPI:
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, max(float(poll_interval), 0.01))
 
+    async def open_process(
+        self,
+        sandbox_id: str,
+        command: str,
+        working_dir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        """Start ``command`` with pipes for stdin, stdout and stderr; returns the
+        ``subprocess.Popen``. A local extension of the API (for live processes, e.g.
+        verifiers v1's ``open_process``); the process is the sandbox's, killed with it."""
+        sb = await self._running(sandbox_id, command)
+        return await self._spawn(sb, command, working_dir, env, None, None, None)
+
     async def _start_main_command(self, sb: LocalSandbox) -> None:
         """Run a non-trivial ``start_command`` as the sandbox's long-lived process."""
         start = sb.request.start_command
@@ -213,9 +226,11 @@ class SandboxCommandAPI:
         working_dir: str | None,
         env: dict[str, str] | None,
         user: str | None,
-        stdout_path: Path,
-        stderr_path: Path,
+        stdout_path: Path | None,
+        stderr_path: Path | None,
     ) -> Any:
+        """Start a command in ``sb``; its output goes to the two files, or to pipes when
+        both are ``None``."""
         if user is not None:
             raise ValueError("The 'user' parameter is not supported by the local sandbox backend.")
         proc_env = sb.environment(env)
@@ -237,9 +252,12 @@ class SandboxCommandAPI:
             with sb.lock:  # no process starts once the sandbox is being destroyed
                 if sb.dead:
                     self._registry.raise_missing(sb.id, command)
-                proc = processes.spawn(
-                    confinement, script, proc_env, stdout_path, stderr_path, limits
-                )
+                if stdout_path is None or stderr_path is None:
+                    proc = processes.spawn_piped(confinement, script, proc_env, limits)
+                else:
+                    proc = processes.spawn(
+                        confinement, script, proc_env, stdout_path, stderr_path, limits
+                    )
                 sb.procs.add(proc)
                 sb.leaders.add(proc.pid)
             return proc

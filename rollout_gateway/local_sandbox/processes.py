@@ -28,16 +28,20 @@ _GiB = 1024**3
 
 
 def rlimit_args(
-    *, timeout_minutes: float, cpu_cores: float, memory_gb: float, disk_size_gb: float
+    *,
+    timeout_minutes: float,
+    cpu_cores: float | None,
+    memory_gb: float | None,
+    disk_size_gb: float | None,
 ) -> list[str]:
     """``prlimit`` prefix: CPU time, address space, largest file, no core dumps."""
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         return []
-    limits = {"core": 0, "cpu": int(timeout_minutes * 60 * max(1, math.ceil(cpu_cores)))}
-    if memory_gb > 0:
+    limits = {"core": 0, "cpu": int(timeout_minutes * 60 * max(1, math.ceil(cpu_cores or 1)))}
+    if memory_gb and memory_gb > 0:
         limits["as"] = int(memory_gb * _GiB)
-    if disk_size_gb > 0:
+    if disk_size_gb and disk_size_gb > 0:
         limits["fsize"] = int(disk_size_gb * _GiB)
     current = {
         "core": resource.RLIMIT_CORE,
@@ -75,6 +79,23 @@ def spawn(
             start_new_session=True,  # own session + process group: killable as one
             close_fds=True,
         )
+
+
+def spawn_piped(
+    confinement: Confinement, script: str, env: dict[str, str], limits: list[str]
+) -> subprocess.Popen[bytes]:
+    """Like :func:`spawn`, with stdin, stdout and stderr as pipes (a live process)."""
+    argv = [*confining_argv(confinement), *limits, "/bin/sh", "-c", script]
+    return subprocess.Popen(
+        argv,
+        cwd=confinement.work,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def exit_code(rc: int) -> int:
@@ -219,5 +240,6 @@ __all__ = [
     "kill_marked",
     "rlimit_args",
     "spawn",
+    "spawn_piped",
     "wait_proc",
 ]

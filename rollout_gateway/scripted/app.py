@@ -22,13 +22,13 @@ from starlette.routing import Route
 
 from rollout_gateway.scripted import tokenizer as tok
 from rollout_gateway.scripted.policy import decide
-from rollout_gateway.server.responses import (
+from rollout_gateway.server.agents.sse import iter_completion_sse
+from rollout_gateway.server.http.responses import (
     ApiError,
     api_error_handler,
     read_json_object,
     validate_messages,
 )
-from rollout_gateway.server.sse import iter_completion_sse
 
 _MAX_BODY_BYTES = 64 * 1024 * 1024
 

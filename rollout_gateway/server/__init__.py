@@ -6,12 +6,18 @@ Light to import: Starlette, httpx and uvicorn only (no verifiers).
 * :func:`serve` runs an app in the foreground with uvicorn;
 * :func:`running_server` / :func:`server_thread` run one in-process (tests, demos).
 
-Where things are: :mod:`.app` (the gateway's state, the app and its operational routes),
-:mod:`.control_plane` (register, trajectory, cancel, unregister, exits, policy version),
-:mod:`.exit_stream`, :mod:`.dispatch` and :mod:`.chat_endpoint` (the agents' chat routes'
-lean path), :mod:`.chat` / :mod:`.engine_turn` / :mod:`.token_in` (a turn), :mod:`.recorder`
-and :mod:`.token_branches` (the trajectory), :mod:`.guard` and :mod:`.limits` (connections
-and bodies).
+Where things are, in the order a chat turn meets them: :mod:`.runner` (uvicorn) and
+:mod:`.app` (the gateway's state, the app that wires the layers, its operational routes);
+:mod:`.http` (connection limits, :mod:`.http.guard`, bounded bodies, and
+:mod:`.http.dispatch`, the agents' chat routes' lean path); :mod:`.agents`
+(:mod:`.agents.endpoint`, then :mod:`.agents.chat`: one turn, retries joined, budgets
+checked by :mod:`.agents.limits`); :mod:`.engines` (:mod:`.engines.turn`: the engine call
+and its step, the upstream clients, token-in mode); :mod:`.recording`
+(:mod:`.recording.recorder` and :mod:`.recording.token_branches`: the trajectory);
+:mod:`.state` (the registry of rollouts, retries, policy versions); :mod:`.control`
+(register, trajectory, cancel, unregister, exits, policy version); :mod:`.ops` (metrics,
+memory, the garbage collector). :mod:`.context` is the gateway as the agent API and the
+control plane see it.
 """
 
 from __future__ import annotations

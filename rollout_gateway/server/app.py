@@ -1,9 +1,15 @@
 """The gateway's Starlette app: protocol v1 routes, bearer-key routes, health and metrics.
 
-The contract is :mod:`rollout_gateway.protocol` (paths, bodies, answers) and the
-README's "The protocol" table; the README's "Security model" and "Limits and defaults"
-say what this gateway adds and where it deviates. Every route answers errors as
-``{"error": {"message", "type", "code"}}``.
+The contract is :mod:`rollout_gateway.protocol` (paths, bodies, answers) and the docs'
+protocol page (``docs/protocol.md``); their security and limits pages say what this
+gateway adds and where it deviates. Every route answers errors as
+``{"error": {"message", "type", "code"}}`` (``code`` a string).
+
+:class:`Gateway` holds the gateway's state and parts; :func:`create_app` wires the layers
+in the order a request meets them: HTTP transport (:mod:`.http`), the agent API
+(:mod:`.agents`) and the control plane (:mod:`.control`), which reach the engines
+(:mod:`.engines`), the recorded trajectories (:mod:`.recording`) and the rollouts' state
+(:mod:`.state`) through the gateway (:class:`~.context.GatewayContext`).
 """
 
 from __future__ import annotations
@@ -31,32 +37,32 @@ from rollout_gateway.protocol import (
     EXITS_PATH,
     POLICY_VERSION_PATH,
 )
-from rollout_gateway.server.auth import bearer_token, token_matches
-from rollout_gateway.server.chat import ChatTurns
-from rollout_gateway.server.chat_endpoint import ChatEndpoint
+from rollout_gateway.server.agents.chat import ChatTurns
+from rollout_gateway.server.agents.endpoint import ChatEndpoint
+from rollout_gateway.server.agents.routes import AgentRoutes
 from rollout_gateway.server.config import GatewayConfig
-from rollout_gateway.server.control_plane import CONTROL_BODY_LIMIT, ControlPlane
-from rollout_gateway.server.dispatch import GatewayApp
-from rollout_gateway.server.engines import EngineInfo, probe_engine
-from rollout_gateway.server.exit_stream import ExitStreams
-from rollout_gateway.server.guard import GuardMiddleware
-from rollout_gateway.server.jsonio import BodyParser, JSONBytesResponse
-from rollout_gateway.server.memory import MemoryTrimmer
-from rollout_gateway.server.metrics import GatewayMetrics
-from rollout_gateway.server.policy import PolicyClock
-from rollout_gateway.server.registry import (
+from rollout_gateway.server.control.exit_stream import ExitStreams
+from rollout_gateway.server.control.plane import ControlPlane
+from rollout_gateway.server.engines.probe import EngineInfo, probe_engine
+from rollout_gateway.server.engines.token_in import TokenInEngine, load_renderer
+from rollout_gateway.server.engines.upstream import UpstreamPool
+from rollout_gateway.server.http.auth import bearer_token, token_matches
+from rollout_gateway.server.http.dispatch import GatewayApp
+from rollout_gateway.server.http.guard import GuardMiddleware
+from rollout_gateway.server.http.jsonio import BodyParser, JSONBytesResponse
+from rollout_gateway.server.http.responses import (
+    ApiError,
+    checked_rollout_id,
+    error_response,
+)
+from rollout_gateway.server.ops.memory import MemoryTrimmer
+from rollout_gateway.server.ops.metrics import GatewayMetrics
+from rollout_gateway.server.state.policy import PolicyClock
+from rollout_gateway.server.state.registry import (
     Clock,
     RolloutRecord,
     RolloutRegistry,
 )
-from rollout_gateway.server.responses import (
-    ApiError,
-    checked_rollout_id,
-    error_response,
-    read_json_object,
-)
-from rollout_gateway.server.token_in import TokenInEngine, load_renderer
-from rollout_gateway.server.upstream import UpstreamPool
 
 logger = logging.getLogger("rollout_gateway.server")
 
@@ -64,12 +70,9 @@ logger = logging.getLogger("rollout_gateway.server")
 #: between an unknown rollout and a wrong key); matches no key (keys are URL-safe).
 _NO_ROLLOUT_KEY = "\x00 no rollout"
 
-#: Fields of the upstream's model cards that ``/v1/models`` passes on to agents.
-_AGENT_CARD_FIELDS = ("id", "object", "created", "owned_by", "max_model_len")
-
 
 class Gateway:
-    """The gateway's state and request handlers (one per app).
+    """The gateway's state and parts, and its operational routes (one per app).
 
     Args:
         config: the settings.
@@ -125,7 +128,6 @@ class Gateway:
         self.exit_board = ExitBoard()
         #: The open exit streams (capped; ended on shutdown).
         self.exit_streams = ExitStreams(self.exit_board, max_streams=config.max_exit_streams)
-        self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
     def _on_remove(self, record: RolloutRecord) -> None:
         self.pool.release(record.upstream)
@@ -193,66 +195,6 @@ class Gateway:
         if record is None:
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
         return record
-
-    def _agent_record(self, request: Request) -> RolloutRecord:
-        return self.agent_record(request.path_params["rollout_id"], bearer_token(request))
-
-    def _keyed_record(self, request: Request) -> RolloutRecord:
-        return self.keyed_record(bearer_token(request))
-
-    # -- data plane ----------------------------------------------------------------------
-
-    async def report_exit(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit."""
-        record = self._agent_record(request)
-        body = await read_json_object(request, CONTROL_BODY_LIMIT)
-        exit_code = body.get("exit_code")
-        if exit_code is not None and (
-            isinstance(exit_code, bool) or not isinstance(exit_code, int)
-        ):
-            raise ApiError(400, "'exit_code' must be an integer or null", "invalid_request_error")
-        self.exit_board.report(record.rollout_id, exit_code)
-        return JSONBytesResponse({"rollout_id": record.rollout_id, "status": "exit_reported"})
-
-    async def models(self, request: Request) -> Response:
-        """``GET /v1/rollouts/{id}/models``: the upstream's model list (see :meth:`_models`)."""
-        return await self._models(self._agent_record(request))
-
-    async def models_by_key(self, request: Request) -> Response:
-        """``GET /v1/models`` keyed by the per-rollout bearer key."""
-        return await self._models(self._keyed_record(request))
-
-    async def _models(self, record: RolloutRecord) -> Response:
-        """The upstream's model cards (with its ``max_model_len``), the registered model
-        among them; a bare card of the registered model when the upstream cannot say."""
-        cards = await self._upstream_cards(record.upstream)
-        if not any(card.get("id") == record.model for card in cards):
-            card: dict[str, Any] = {
-                "id": record.model,
-                "object": "model",
-                "created": 0,
-                "owned_by": "rollout-gateway",
-            }
-            lengths = [c["max_model_len"] for c in cards if "max_model_len" in c]
-            if lengths:
-                card["max_model_len"] = lengths[0]
-            cards = [card, *cards]
-        return JSONBytesResponse({"object": "list", "data": cards})
-
-    async def _upstream_cards(self, url: str) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        cached = self._model_cards.get(url)
-        if cached is not None and now - cached[0] < 60.0:
-            return cached[1]
-        cards: list[dict[str, Any]] = []
-        with contextlib.suppress(Exception):
-            cards = await self.pool.models(url)
-        # Only the OpenAI card fields and the context length reach an agent: vLLM's and
-        # SGLang's ``root`` is the model's directory on the engine's host, ``parent`` an
-        # adapter's base, ``permission`` the engine's own records.
-        cards = [{k: card[k] for k in _AGENT_CARD_FIELDS if k in card} for card in cards]
-        self._model_cards[url] = (now, cards)
-        return cards
 
     # -- operations ----------------------------------------------------------------------
 
@@ -368,8 +310,8 @@ def create_app(
 ) -> GatewayApp:
     """The gateway ASGI app. Its state is ``app.state.gateway`` (a :class:`Gateway`).
 
-    The agents' chat routes are answered by :class:`~.chat_endpoint.ChatEndpoint` through
-    the app's lean path (:mod:`.dispatch`); every other route by Starlette's routing.
+    The agents' chat routes are answered by :class:`~.agents.endpoint.ChatEndpoint` through
+    the app's lean path (:mod:`.http.dispatch`); every other route by Starlette's routing.
 
     Args:
         config: the settings.
@@ -379,23 +321,24 @@ def create_app(
         token_in: token-in mode's engine (see :class:`Gateway`).
     """
     gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport, token_in=token_in)
-    chat = ChatEndpoint(gateway, keyed=False)
-    chat_by_key = ChatEndpoint(gateway, keyed=True)
-    control = ControlPlane(gateway)
+    chat = ChatEndpoint(gateway.chat, keyed=False)
+    chat_by_key = ChatEndpoint(gateway.chat, keyed=True)
+    agent = AgentRoutes(gateway)
+    control = ControlPlane(gateway, gateway.exit_streams)
     app = GatewayApp(
         chat=chat,
         chat_by_key=chat_by_key,
         routes=[
             Route(EXITS_PATH, control.exits, methods=["GET"]),
             Route(protocol.REGISTER_ROUTE, control.register, methods=["POST"]),
-            Route(protocol.EXIT_ROUTE, gateway.report_exit, methods=["POST"]),
+            Route(protocol.EXIT_ROUTE, agent.report_exit, methods=["POST"]),
             Route(protocol.CHAT_COMPLETIONS_ROUTE, chat, methods=["POST"]),
             Route(protocol.TRAJECTORY_ROUTE, control.trajectory, methods=["GET"]),
             Route(protocol.CANCEL_ROUTE, control.cancel, methods=["POST"]),
             Route(protocol.UNREGISTER_ROUTE, control.unregister, methods=["POST"]),
-            Route(protocol.MODELS_ROUTE, gateway.models, methods=["GET"]),
+            Route(protocol.MODELS_ROUTE, agent.models, methods=["GET"]),
             Route(BEARER_CHAT_COMPLETIONS_PATH, chat_by_key, methods=["POST"]),
-            Route(BEARER_MODELS_PATH, gateway.models_by_key, methods=["GET"]),
+            Route(BEARER_MODELS_PATH, agent.models_by_key, methods=["GET"]),
             Route(POLICY_VERSION_PATH, control.get_policy_version, methods=["GET"]),
             Route(POLICY_VERSION_PATH, control.set_policy_version, methods=["POST"]),
             Route("/health", gateway.health, methods=["GET"]),

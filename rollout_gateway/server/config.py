@@ -21,7 +21,7 @@ DEFAULT_MAX_TOTAL_COMPLETION_TOKENS = 4_000_000
 DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Request bodies over 256 KiB parsed at once, gateway-wide (see ``jsonio.BodyParser``).
 DEFAULT_MAX_CONCURRENT_PARSES = 2
-#: Exit streams open at once (one per env process; see ``server.exit_stream``).
+#: Exit streams open at once (one per env process; see ``server.control.exit_stream``).
 DEFAULT_MAX_EXIT_STREAMS = 64
 #: Messages in one chat request. Each costs work on the event loop every turn (the
 #: history check, the stored copy); a long agent run has hundreds to a few thousand,
@@ -48,16 +48,17 @@ class GatewayConfig:
         upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
         upstream_client: HTTP client of the upstream calls: ``"httptools"`` (the default:
             the chat POST, whole or streamed, on lean HTTP/1.1 connections, everything else
-            through aiohttp; :mod:`~rollout_gateway.server.upstream_http1`), ``"aiohttp"``, or
-            ``"httpx"`` (always used when a test injects an httpx transport). See
-            :mod:`rollout_gateway.server.upstream_http`.
+            through aiohttp; :mod:`~rollout_gateway.server.engines.upstream_http1`),
+            ``"aiohttp"``, or ``"httpx"`` (always used when a test injects an httpx
+            transport). See
+            :mod:`rollout_gateway.server.engines.upstream_http`.
         max_connections_per_upstream: size of each upstream's HTTP connection pool.
         probe_interval_s: period of the re-probe of unhealthy upstreams.
         stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
             many seconds without a chunk (tunnels and proxies drop silent connections).
         upstream_mode: ``"chat"`` (the engine renders each turn, ``/v1/chat/completions``)
             or ``"token-in"`` (the gateway renders and bridges with ``renderers`` and
-            calls vLLM's ``/inference/v1/generate``; see :mod:`.token_in`).
+            calls vLLM's ``/inference/v1/generate``; see :mod:`.engines.token_in`).
         tokenizer: token-in mode: the served model's tokenizer (HF model directory).
         renderer: token-in mode: ``auto``, a ``renderers`` renderer name, or
             ``module:factory`` (a callable taking the tokenizer).
@@ -85,7 +86,7 @@ class GatewayConfig:
         max_rollouts: registry bound; register answers 503 past it.
         sweep_interval_s: period of the idle-rollout sweep.
 
-    Connections (enforced by the HTTP server, :mod:`rollout_gateway.server.http`):
+    Connections (enforced by the HTTP server, :mod:`rollout_gateway.server.http.connections`):
         header_timeout_s: a connection must send a request's headers within this time.
         body_timeout_s: ... and its whole body within this time after the headers.
         keep_alive_s: idle keep-alive connections are closed after this.

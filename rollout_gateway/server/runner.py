@@ -27,9 +27,9 @@ from typing import Any
 
 import uvicorn
 
-from rollout_gateway.server.auth import is_loopback_host
 from rollout_gateway.server.config import DEFAULT_KEEP_ALIVE_S, GatewayConfig
-from rollout_gateway.server.http import uvicorn_options
+from rollout_gateway.server.http.auth import is_loopback_host
+from rollout_gateway.server.http.connections import uvicorn_options
 
 
 def _gateway_config(app: Any) -> GatewayConfig | None:

@@ -3,8 +3,10 @@
 Runs the v1 example (:mod:`rollout_gateway.examples.fix_bug_v1`, taskset id
 ``rollout-gateway-fix-bug-v1``) through v1's own eval machinery, in gateway mode: the
 env is loaded from a resolved ``EvalConfig`` as ``vf-eval`` loads it, each rollout is
-one of the env's ``RunSlot`` episodes, and on ``--resume`` v1's own planner decides what
-runs again (episodes not ``ok`` are owed). The run directory is a v1 run directory:
+one of the env's ``RunSlot`` episodes, its agent contained in a local sandbox (the
+``local_sandbox`` runtime, :class:`rollout_gateway.v1.LocalSandboxRuntime`), and on
+``--resume`` v1's own planner decides what runs again (episodes not ``ok`` are owed).
+The run directory is a v1 run directory:
 
 - ``configs/resolved/eval.json``: the resolved config, so ``vf-eval @ DIR/configs/resolved/eval.json
   --resume`` continues the run (against a gateway at the address it names) and
@@ -27,7 +29,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rollout_gateway.demo.options import DemoError
 from rollout_gateway.demo.stack import (
     DemoStack,
     RolloutSummary,
@@ -53,26 +54,11 @@ _MODULES = (
 _LOGGERS = ("verifiers", "rollout_gateway")
 
 
-# ---------------------------------------------------------------- the runtime seam
-
-
 def runtime_config(isolation: str) -> dict[str, Any]:
-    """The ``[env.agent.runtime]`` block the example's agents run on.
-
-    Stand-in until ``rollout_gateway.v1.LocalSandboxRuntime`` lands: v1's subprocess
-    runtime (no containment; :func:`runtime_isolation` says so)."""
-    return {"type": "subprocess"}
-
-
-def runtime_isolation(requested: str) -> str:
-    """The isolation the runtime of :func:`runtime_config` gives (preflight)."""
-    if requested not in ("auto", "process-group"):
-        raise DemoError(
-            f"--isolation {requested}: the v1 demo's agents run on v1's subprocess runtime "
-            "(no containment) until the local sandbox runtime is in; use --isolation "
-            "process-group or auto"
-        )
-    return "process-group"
+    """The ``[env.agent.runtime]`` block the example's agents run on: a contained local
+    sandbox (:class:`rollout_gateway.v1.LocalSandboxRuntime`) in the isolation mode
+    preflight resolved, so a resumed run is contained as the run was."""
+    return {"type": "local_sandbox", "isolation": isolation}
 
 
 # ---------------------------------------------------------------- reading a run directory
@@ -159,9 +145,6 @@ class V1Stack(DemoStack):
             seen[summary.example_id] = index + 1
             summaries.append(dataclasses.replace(summary, rollout_index=index))
         return summaries
-
-    def resolve_isolation(self, requested: str) -> str:
-        return runtime_isolation(requested)
 
     async def prepare(self) -> None:
         for module in _MODULES:
@@ -291,4 +274,4 @@ class V1Stack(DemoStack):
         }
 
 
-__all__ = ["TASKSET_ID", "V1Stack", "read_episodes", "runtime_config", "runtime_isolation"]
+__all__ = ["TASKSET_ID", "V1Stack", "read_episodes", "runtime_config"]

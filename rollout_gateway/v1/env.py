@@ -8,19 +8,26 @@ single-agent env (select it with ``--env.id rollout-gateway-env``).
 
 What the mixin overrides, and why:
 
-- ``serving()``: builds a :class:`GatewayInterception` for the gateway type (v1's
+- ``serving()``: first checks that agents on the ``local_sandbox`` runtime can get
+  sandboxes on this host (a typed error before any rollout); builds a
+  :class:`GatewayInterception` for the gateway type (v1's
   ``make_interception`` sends unknown types to its elastic pool); it refuses, before any
   rollout, a taskset whose tool servers need the env's ``/state`` channel, unless
   ``fallback`` is set, in which case v1's own interception (built by v1's
   ``make_interception`` from its default config) serves those tasks.
 - ``_episode_agents()``: gives each agent's harness the sync hook of
   :mod:`rollout_gateway.v1.harness_sync` (v1 builds the agents of an episode there).
+
+While the env serves, this package's log records go where v1's own go (v1's CLIs show
+only the ``verifiers.v1`` logger): a refused admin token, logged once, reaches the
+console of ``vf-eval`` beside the rollouts' ``InterceptionError``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from verifiers.v1.configs.agent import agent_config_fields
@@ -32,16 +39,42 @@ from verifiers.v1.interception import (
     make_interception,
 )
 
-from rollout_gateway.v1.config import GatewayInterceptionConfig, InterceptionChoice
+from rollout_gateway.v1.config import (
+    GatewayInterceptionConfig,
+    InterceptionChoice,
+    LocalSandboxAgentConfig,
+    LocalSandboxRuntimeConfig,
+)
 from rollout_gateway.v1.errors import GatewayFeatureError
 from rollout_gateway.v1.features import toolset_features
 from rollout_gateway.v1.harness_sync import gateway_synced
 from rollout_gateway.v1.interception import GatewayInterception
+from rollout_gateway.v1.runtime import check_local_sandbox
 
 if TYPE_CHECKING:
     from verifiers.v1.env import Env as _Base
 else:
     _Base = object
+
+
+@contextlib.contextmanager
+def logs_beside_v1() -> Iterator[None]:
+    """Send ``rollout_gateway``'s log records to the handlers of v1's logger meanwhile."""
+    ours, v1 = logging.getLogger("rollout_gateway"), logging.getLogger("verifiers.v1")
+    added = [
+        h for h in v1.handlers if not isinstance(h, logging.NullHandler) and h not in ours.handlers
+    ]
+    propagate = ours.propagate
+    for handler in added:
+        ours.addHandler(handler)
+    if added and not v1.propagate:  # v1's CLI took its records off the root: ours too
+        ours.propagate = False
+    try:
+        yield
+    finally:
+        for handler in added:
+            ours.removeHandler(handler)
+        ours.propagate = propagate
 
 
 class GatewayEnvMixin(_Base):
@@ -72,11 +105,18 @@ class GatewayEnvMixin(_Base):
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
         """v1's ``serving()``; in gateway mode with a :class:`GatewayInterception`."""
+        await self._check_local_sandboxes()
         config = self._gateway_config()
         if config is None:
             async with super().serving():
                 yield
             return
+        with logs_beside_v1():
+            async with self._gateway_serving(config):
+                yield
+
+    @contextlib.asynccontextmanager
+    async def _gateway_serving(self, config: GatewayInterceptionConfig) -> AsyncIterator[None]:
         async with self.shared_tools() as shared:
             requires_tunnel = self._requires_tunnel(shared)
             fallback: Interception | None = None
@@ -115,6 +155,13 @@ class GatewayEnvMixin(_Base):
                         self._shared_tools = {}
                         self._interception = None
 
+    async def _check_local_sandboxes(self) -> None:
+        """Before any rollout: every agent on the ``local_sandbox`` runtime can get its
+        sandboxes here (else :class:`~rollout_gateway.v1.LocalSandboxStartError`)."""
+        for spec in agent_config_fields(self.config).values():
+            if isinstance(spec.runtime, LocalSandboxRuntimeConfig):
+                await check_local_sandbox(spec.runtime)
+
     def _episode_agents(self, *args: Any, **kwargs: Any) -> Any:
         agents = super()._episode_agents(*args, **kwargs)
         interception = self.gateway_interception
@@ -126,9 +173,11 @@ class GatewayEnvMixin(_Base):
 
 
 class GatewayEnvConfig(SingleAgentEnvConfig):
-    """``SingleAgentEnvConfig`` whose ``interception`` also accepts ``type = "gateway"``."""
+    """``SingleAgentEnvConfig`` whose ``interception`` also accepts ``type = "gateway"``
+    and whose agent's ``runtime`` also accepts ``type = "local_sandbox"``."""
 
     interception: InterceptionChoice = ElasticInterceptionPoolConfig()
+    agent: LocalSandboxAgentConfig = LocalSandboxAgentConfig()
 
 
 class GatewayEnv(GatewayEnvMixin, SingleAgentEnv, Env[GatewayEnvConfig]):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from verifiers.v1.errors import InterceptionError, TaskError, TunnelError
 
-from rollout_gateway.errors import GatewayError, GatewayTunnelError
+from rollout_gateway.errors import GatewayAuthError, GatewayError, GatewayTunnelError
 
 
 def interception_error(
@@ -54,6 +54,8 @@ def to_v1_error(error: Exception, what: str) -> Exception:
         return interception_error(
             f"{what}: {error}", status_code=error.status_code, retryable=error.retryable
         )
+    if isinstance(error, GatewayAuthError):  # configuration: retrying cannot help
+        return interception_error(f"{what}: {error}", status_code=error.status_code)
     return interception_error(f"{what}: {type(error).__name__}: {error}")
 
 

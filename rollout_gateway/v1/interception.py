@@ -143,11 +143,21 @@ class GatewayInterception(Interception):
         self.finalizations = 0
 
     async def start(self) -> None:
-        """Create the core's resources (clients and tunnels open lazily, one per gateway)."""
+        """Create the core's resources (clients and tunnels open lazily, one per gateway).
+
+        With ``config.url`` set, the gateway's acceptance of the admin token is checked
+        here, so a refused token stops the env before any rollout starts a runtime
+        (:class:`~rollout_gateway.errors.GatewayAuthError`, naming the setting). Without
+        it the URL comes with each rollout's client, and the first rollout's register
+        meets the refusal; later rollouts then fail without calling the gateway.
+        """
         self._resources = GatewayResources(
             self.settings, self.settings.resolved_tunnel_provider(local=False)
         )
         self.stack.push_async_callback(self._close)
+        if self.config.url:
+            url = self.settings.resolve_gateway_url(None, how_to_set="--env.interception.url")
+            await self._resources.client(url).check_admin_token()
         if self.fallback is not None:
             await self.stack.enter_async_context(self.fallback)
 

@@ -290,12 +290,13 @@ async def test_gateway_switched_on_after_construction_runs(
     await env._teardown()
 
 
-async def test_client_without_base_url_gives_a_config_error(make_env, gateway, sandboxes):
+async def test_client_without_base_url_raises_a_config_error(make_env, gateway, sandboxes):
+    # A configuration error is raised, not recorded as one failed rollout among many:
+    # no retry of the rollout can fix it.
     no_url = vf.OpenAIChatCompletionsClient(object())  # type: ignore[arg-type]
     env = make_env()
-    state = await env.rollout(task_row(0), no_url, "m", {})
-    assert isinstance(state["error"], GatewayConfigError)
-    assert "gateway_url" in str(state["error"])
+    with pytest.raises(GatewayConfigError, match="gateway_url"):
+        await env.rollout(task_row(0), no_url, "m", {})
     assert_nothing_left(gateway, sandboxes)
 
 

@@ -1,5 +1,5 @@
-"""The README's ``vf-eval`` commands run the example env: gateway mode on the local backend
-(reference gateway + scripted model on loopback), and interception mode on the local
+"""The ``vf-eval`` commands of docs/demo.md run the example env: gateway mode on the local
+backend (reference gateway + scripted model on loopback), and interception mode on the local
 backend (no gateway, no tunnel)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ VF_EVAL = Path(sys.executable).parent / "vf-eval"
 def vf_eval(
     base_url: str, env_args: dict[str, object], out: Path, admin_token: str | None = None
 ) -> list[dict]:
-    """Run the README's command; return the saved rollouts."""
+    """Run the docs' command; return the saved rollouts."""
     if not VF_EVAL.exists() and shutil.which("vf-eval") is None:
         pytest.skip("vf-eval is not installed next to this interpreter")
     command = [

@@ -8,7 +8,7 @@ import pytest
 
 from rollout_gateway.cli import build_parser, main, serve_config
 from rollout_gateway.server import GatewayConfig, create_app, running_server
-from rollout_gateway.server.auth import load_admin_token
+from rollout_gateway.server.http.auth import load_admin_token
 
 UP = "http://127.0.0.1:8001/v1"
 TOKEN = "serve-admin-token-0123456789"
@@ -195,7 +195,7 @@ def test_log_level_is_case_insensitive() -> None:
 
 
 def test_serve_defaults_are_the_gateway_config_defaults(monkeypatch) -> None:
-    # The README's limits table gives one default per option; serve and GatewayConfig
+    # The limits page's table (docs/limits.md) gives one default per option; serve and GatewayConfig
     # (in code) must not drift apart.
     monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
     monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)

@@ -1,0 +1,424 @@
+"""The data plane: one chat turn of a rollout, from the agent's request to its answer.
+
+A request is matched against the rollout's turns first
+(:mod:`~rollout_gateway.server.state.dedupe`): a retry waits for the turn it repeats. A
+new request becomes a turn task; turns of one rollout run one at a time, in order, under
+the rollout's lock, and each checks the rollout's budgets (:mod:`.limits`) before it calls
+the upstream. The turn task is not the request's: when
+the agent disconnects the turn still finishes and is recorded, and a retry gets its
+answer; if nobody ever gets it, it is recorded as abandoned when the agent moves on.
+
+A streaming agent is answered from the turn's
+:class:`~rollout_gateway.server.engines.streaming.EventLog`: chunks as the engine sends
+them (vLLM is streamed from, :mod:`~rollout_gateway.server.engines.turn`), SSE keepalive
+comments while it is silent, then ``[DONE]``. The response starts at the first chunk, or
+after one keepalive interval: an error before that keeps its HTTP status; after it, it
+arrives as an SSE error event. The engine call and the step's facts are
+:mod:`~rollout_gateway.server.engines.turn`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import Response, StreamingResponse
+
+from rollout_gateway.interrupt import Interrupt
+from rollout_gateway.server.agents.limits import (
+    NO_RETRY_HEADERS,
+    check_turn_allowed,
+    max_tokens_allowed,
+)
+from rollout_gateway.server.agents.request import AgentRequest
+from rollout_gateway.server.agents.sse import (
+    DONE_EVENT,
+    error_event,
+    guard_sse,
+    iter_completion_sse,
+)
+from rollout_gateway.server.engines.streaming import EventLog
+from rollout_gateway.server.engines.turn import (
+    EngineResult,
+    EngineTurn,
+    agent_answer,
+    context_overflow_error,
+    is_context_overflow,
+    prepare_upstream_body,
+    wants_usage,
+)
+from rollout_gateway.server.engines.upstream import UpstreamError
+from rollout_gateway.server.engines.upstream_request import (
+    build_upstream_request,
+    dropped_field_facts,
+)
+from rollout_gateway.server.http import jsonio
+from rollout_gateway.server.http.jsonio import JSONBytesResponse
+from rollout_gateway.server.http.responses import (
+    ApiError,
+    ClientGone,
+    parse_json_object,
+    validate_answer_flags,
+    validate_messages,
+)
+from rollout_gateway.server.recording.history import HistoryMatch, recorded_message
+from rollout_gateway.server.state.dedupe import Turn, body_fingerprint
+from rollout_gateway.server.state.limits_v1 import turn_token_counts
+from rollout_gateway.server.state.registry import RolloutRecord
+
+if TYPE_CHECKING:
+    from rollout_gateway.server.context import GatewayContext
+
+logger = logging.getLogger("rollout_gateway.server")
+
+#: Requests that may wait for one turn at once: the original and its retries (an SDK
+#: retries two or three times). Each holds a connection until the turn ends, so without
+#: a bound one agent repeating a slow turn could hold every connection of the gateway.
+MAX_TURN_WAITERS = 8
+
+
+def _id_count(ids_json: bytes | None) -> int | None:
+    """How many ids a JSON id array holds, without parsing it (the prompt is kept as text)."""
+    if ids_json is None:
+        return None
+    body = ids_json.strip()[1:-1].strip()
+    return body.count(b",") + 1 if body else 0
+
+
+def _completion_tokens(completion: dict[str, Any], completion_ids: list[int] | None) -> int:
+    if completion_ids is not None:
+        return len(completion_ids)
+    usage = completion.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and tokens > 0 else 0
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # Nobody may await a turn whose agent left: fetch its exception so asyncio does not
+    # log "Task exception was never retrieved".
+    if not task.cancelled():
+        task.exception()
+
+
+class ChatTurns:
+    """Chat turns of every rollout of one gateway."""
+
+    def __init__(self, gateway: GatewayContext) -> None:
+        self.gateway = gateway
+
+    async def handle(self, request: AgentRequest, record: RolloutRecord) -> Response:
+        """Answer one chat request of ``record`` (authenticated already)."""
+        config = self.gateway.config
+        try:
+            raw = await request.body(config.max_body_bytes)
+        except ClientGone:
+            logger.info("rollout=%s agent disconnected while sending", record.rollout_id)
+            return Response(status_code=499)
+        body = await parse_json_object(raw, self.gateway.body_parser)
+        messages = validate_messages(body, config.max_messages)
+        validate_answer_flags(body)
+        fingerprint = body_fingerprint(raw)
+        idempotency_key = request.idempotency_key
+        turn = None
+        if record.status != "cancelled":  # a cancelled rollout answers nothing more
+            turn = record.turns.match(fingerprint, idempotency_key, is_retry=request.is_retry)
+        if turn is not None:
+            if turn.waiters >= MAX_TURN_WAITERS:
+                raise ApiError(
+                    429,
+                    f"this request repeats a turn {turn.waiters} requests already wait for",
+                    "rate_limit_error",
+                    code="too_many_waiters",
+                    headers=NO_RETRY_HEADERS,
+                )
+            self.gateway.metrics.deduplicated_requests.inc()
+            logger.info("rollout=%s retried request joins its earlier turn", record.rollout_id)
+        else:
+            if len(record.turns.pending) >= config.max_pending_turns:
+                raise ApiError(
+                    429,
+                    "too many concurrent requests for this rollout",
+                    "rate_limit_error",
+                    code="too_many_pending_turns",
+                )
+            turn = Turn(fingerprint, idempotency_key)
+            if body.get("stream"):
+                turn.events = EventLog()
+            # Written now, while the parsed body is in the CPU's caches: the history check
+            # and the upstream request both use this text (see recording/history.py).
+            text = jsonio.dumps(messages)
+            turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages, text))
+            turn.task.add_done_callback(_retrieve)
+            record.turns.start(turn)
+        turn.waiters += 1
+        if body.get("stream") and turn.events is not None and not turn.task.done():
+            return await self._stream(turn, body)
+        try:
+            completion = await self._await(turn, request)
+        except ClientGone:
+            turn.waiters -= 1
+            logger.info("rollout=%s agent disconnected before its answer", record.rollout_id)
+            return Response(status_code=499)
+        turn.delivered = True
+        answer = completion  # already the agent's view (see _locked_turn)
+        if isinstance(answer, bytes):
+            if not body.get("stream"):
+                return Response(answer, media_type="application/json")
+            answer = jsonio.loads_lenient(answer)  # an idempotency-key replay, streamed
+        if body.get("stream"):
+            events: Iterator[bytes] = iter_completion_sse(answer, include_usage=wants_usage(body))
+            return StreamingResponse(
+                _aiter(guard_sse(events)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return JSONBytesResponse(answer)
+
+    async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
+        """Answer a streaming request from the turn's event log (see the module doc)."""
+        keepalive_s = self.gateway.config.stream_keepalive_s
+        log: EventLog = turn.events
+        log.followers += 1  # from here until _left: the log keeps its events for us
+        if not log.events and not turn.task.done():
+            await log.wait(keepalive_s)  # the first chunk, the end, or one interval
+        if turn.task.done() and not log.events:
+            _left(turn)
+            if turn.task.cancelled():
+                raise ApiError(
+                    404, "rollout is not registered", "not_found", code="rollout_not_found"
+                )
+            turn.task.result()  # a failure keeps its status code
+        return _TurnStream(self._relay(turn, body, keepalive_s), on_close=lambda: _left(turn))
+
+    async def _relay(
+        self, turn: Turn, body: dict[str, Any], keepalive_s: float
+    ) -> AsyncIterator[bytes]:
+        log: EventLog = turn.events
+        async for event in log.follow(keepalive_s):
+            yield event
+        try:
+            answer = await turn.task
+        except ApiError as exc:
+            yield error_event(exc.message, exc.code or "upstream_error")
+            yield DONE_EVENT
+            return
+        except asyncio.CancelledError:
+            yield error_event("rollout is not registered", "rollout_not_found")
+            yield DONE_EVENT
+            return
+        except Exception:
+            # The stream has started: no 500 to send, but it is counted like one.
+            self.gateway.metrics.internal_errors.inc()
+            logger.exception("turn failed")
+            yield error_event("internal gateway error", "internal_error")
+            yield DONE_EVENT
+            return
+        if log.relayed:  # the chunks went out as the engine sent them
+            yield DONE_EVENT
+        else:  # the answer (the agent's view) re-encoded as chunks
+            if isinstance(answer, bytes):
+                answer = jsonio.loads_lenient(answer)
+            events = iter_completion_sse(answer, include_usage=wants_usage(body))
+            for event in guard_sse(events):
+                yield event
+        turn.delivered = True
+
+    @staticmethod
+    async def _await(turn: Turn, request: AgentRequest) -> dict[str, Any] | bytes:
+        if not turn.task.done():
+            # Listen for the agent hanging up in this task; the turn's end interrupts that
+            # (no watcher task and no asyncio.wait per turn).
+            async with Interrupt(turn.task) as ended:
+                await request.disconnected()
+            if not ended.fired:
+                raise ClientGone
+        if turn.task.cancelled():
+            raise ApiError(404, "rollout is not registered", "not_found", code="rollout_not_found")
+        return turn.task.result()
+
+    async def _run_turn(
+        self,
+        record: RolloutRecord,
+        turn: Turn,
+        body: dict[str, Any],
+        messages: list[Any],
+        messages_text: bytes,
+    ) -> dict[str, Any] | bytes:
+        gateway = self.gateway
+        try:
+            async with record.lock:  # turns of one rollout run one at a time, in order
+                return await self._locked_turn(record, turn, body, messages, messages_text)
+        finally:
+            if turn.events is not None:
+                turn.events.close()
+            record.turns.finish(turn)
+            gateway.registry.touch(record)
+
+    async def _locked_turn(
+        self,
+        record: RolloutRecord,
+        turn: Turn,
+        body: dict[str, Any],
+        messages: list[Any],
+        messages_text: bytes,
+    ) -> dict[str, Any] | bytes:
+        gateway = self.gateway
+        start = time.perf_counter()
+        history, new_bytes = self._admit(record, messages, messages_text, body.get("stop"))
+        extends = bool(history.shared)
+        gateway.registry.touch(record)
+        upstream_body = build_upstream_request(
+            body,
+            model=record.model,
+            sampling_params=record.sampling_params,
+            max_tokens_bound=max_tokens_allowed(record, extends_history=extends),
+            messages_text=messages_text,
+        )
+        upstream = gateway.pool.get(record.upstream)
+        engine = await gateway.engine(record.upstream)
+        call = EngineTurn(
+            gateway.pool,
+            gateway.policy,
+            gateway.token_in,
+            record,
+            body,
+            messages,
+            prepare_upstream_body(upstream_body, record, engine),
+            engine,
+            history=history,
+            extras=dropped_field_facts(body),
+        )
+        emit = turn.events.append if turn.events is not None else None
+        try:
+            result = await call.call(emit)
+        except UpstreamError as exc:
+            gateway.metrics.upstream_errors.inc(upstream.label, exc.kind)
+            logger.warning(
+                "rollout=%s turn=%d upstream=%s error=%s: %s",
+                record.rollout_id, record.num_turns + 1, upstream.label, exc.kind, exc.detail,
+            )  # fmt: skip
+            if is_context_overflow(exc):
+                raise context_overflow_error(exc) from None
+            raise ApiError(exc.status_code, exc.message, "upstream_error") from None
+        if result.relayed:
+            turn.events.relayed = True
+        turn.recorded = True
+        self._count_turn(record, call, result, new_bytes)
+        upstream_s = call.upstream_seconds()
+        gateway.metrics.turns.inc(upstream.label)
+        gateway.metrics.upstream_latency.observe(upstream_s, upstream.label)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "rollout=%s turn=%d latency_ms=%.1f upstream_ms=%.1f finish=%s",
+                record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
+                upstream_s * 1000, call.finish_reason,
+            )  # fmt: skip
+        return _answer_of(result, body)
+
+    def _admit(
+        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
+    ) -> tuple[HistoryMatch, int]:
+        """Whether the rollout may take this turn (raises the refusal if not).
+
+        Returns how the request extends the recorded history (the messages it shares) and
+        the bytes the turn stores for the agent: its new messages, and its ``stop``
+        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
+        An answer the agent never received (it moved on without it) is taken back first:
+        it is not a turn the agent saw.
+        """
+        if not record.live:
+            raise ApiError(
+                404, f"rollout {record.rollout_id} is not registered", "not_found",
+                code="rollout_not_found",
+            )  # fmt: skip
+        last = record.turns.last
+        if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
+            record.recorder.abandon_last()
+            record.num_turns -= 1
+            last.delivered = True  # handled
+            if record.status == "completed" and record.truncation_reason is None:
+                record.status = "active"
+            self.gateway.metrics.abandoned_turns.inc()
+        history = record.recorder.match_history(messages, messages_text)
+        shared = history.shared
+        # Counted as stored: only the fields the trajectory keeps.
+        new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
+        if stop is not None:
+            new_bytes += len(jsonio.dumps(stop))
+        try:
+            check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
+        except ApiError as exc:
+            self.gateway.metrics.refused_turns.inc(str(exc.code))
+            raise
+        return history, new_bytes
+
+    @staticmethod
+    def _count_turn(
+        record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
+    ) -> None:
+        """Count a recorded turn against the rollout's limits and budget."""
+        completion = result.completion
+        record.message_bytes += new_bytes
+        record.completion_tokens += _completion_tokens(completion, call.completion_ids)
+        record.num_turns += 1
+        if record.token_budget is not None:  # verifiers v1's token caps
+            record.token_budget.add_turn(
+                *turn_token_counts(
+                    completion, _id_count(result.prompt_ids_json), call.completion_ids
+                )
+            )
+        if record.at_max_turns and record.status == "active":
+            record.status = "completed"
+
+
+def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:
+    """The answer, also what a retry replays (kept until the next turn).
+
+    The engine's bytes as they are when the agent asked for everything the gateway asked
+    for, else the agent's view (without the prompt's ids unless it asked).
+    """
+    completion = result.completion
+    wants_ids = bool(body.get("return_token_ids"))
+    everything = wants_ids and body.get("logprobs") and body.get("include_reasoning") is not False
+    if everything and not body.get("stream") and result.raw is not None and result.strict:
+        return result.raw
+    if wants_ids and result.prompt_ids_json is not None:
+        completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
+    return agent_answer(completion, body)
+
+
+def _left(turn: Turn) -> None:
+    """A streaming waiter's response ended: it no longer waits (delivered or not), and
+    no longer needs the turn's event log."""
+    turn.waiters -= 1
+    turn.events.release()
+
+
+class _TurnStream(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends (Starlette stops
+    iterating the body when the client disconnects but does not close the generator)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _aiter(events: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+
+
+__all__ = ["ChatTurns", "ClientGone"]

@@ -1,0 +1,185 @@
+"""Reading an engine's chat answer: token ids, logprobs and turn facts, vLLM or SGLang.
+
+The two engines put the training data in different places:
+
+* vLLM (``return_token_ids: true``): top-level ``prompt_token_ids``, the choice's
+  ``token_ids`` (sampled ids, the stop token included), ``stop_reason``, and the
+  per-token logprobs in ``choices[].logprobs.content[].logprob``.
+* SGLang (``return_prompt_token_ids`` / ``return_token_ids`` / ``return_meta_info``):
+  ``prompt_token_ids`` on the *choice*, the sampled ids as the choice's ``token_ids``
+  (some builds name the field ``response_token_ids``) or inside
+  ``choices[].meta_info.output_token_logprobs`` (entries ``[logprob, token_id, text]``),
+  ``matched_stop`` for the stop hit, and the weights' version in
+  ``metadata.weight_version``.
+
+Every choice is read (an ``n > 1`` answer keeps all its samples).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_gateway.server.engines.upstream_request import assistant_message
+from rollout_gateway.server.recording.recorder import TRUNCATING_FINISH_REASONS
+
+#: Logprobs at or below this are sentinels, not probabilities (vLLM uses ``-9999.0``
+#: for tokens whose logprob it could not compute; a float32 ``-inf`` also lands here).
+SENTINEL_LOGPROB = -9000.0
+
+
+@dataclass(frozen=True)
+class ChoiceSample:
+    """One sampled choice of an answer."""
+
+    index: int
+    message: dict[str, Any]
+    finish_reason: str | None
+    stop_reason: int | str | None
+    completion_ids: list[int] | None
+    completion_logprobs: list[float] | None
+    #: Positions of sentinel / non-finite logprobs.
+    sentinels: list[int] = field(default_factory=list)
+
+    @property
+    def is_truncated(self) -> bool:
+        """Whether the finish reason says the sample was cut."""
+        return self.finish_reason in TRUNCATING_FINISH_REASONS
+
+
+@dataclass(frozen=True)
+class EngineAnswer:
+    """What the gateway records from one answer."""
+
+    prompt_ids: list[int] | None
+    choices: list[ChoiceSample]
+    usage: dict[str, Any] | None
+    cached_tokens: int | None
+    weight_version: str | None
+
+    @property
+    def first(self) -> ChoiceSample | None:
+        """Choice 0 (the recorded sample), if any."""
+        return self.choices[0] if self.choices else None
+
+    @property
+    def has_token_ids(self) -> bool:
+        """Whether the engine sent prompt and completion ids."""
+        first = self.first
+        if self.prompt_ids is None or first is None:
+            return False
+        return first.completion_ids is not None
+
+
+def _int_list(value: Any) -> list[int] | None:
+    # Element types are checked by the recorder's array('i') conversion (in C).
+    return value if isinstance(value, list) else None
+
+
+def _content_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, Mapping) or not isinstance(lp.get("content"), list):
+        return None
+    try:
+        return [float(entry["logprob"]) for entry in lp["content"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _meta_output(choice: Mapping[str, Any]) -> tuple[list[int] | None, list[float] | None]:
+    """Ids and logprobs from SGLang's ``meta_info.output_token_logprobs``."""
+    meta = choice.get("meta_info")
+    entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
+    if not isinstance(entries, list):
+        return None, None
+    ids: list[int] = []
+    logprobs: list[float] = []
+    try:
+        for entry in entries:
+            logprobs.append(float(entry[0]) if entry[0] is not None else float("nan"))
+            ids.append(entry[1])
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None, None
+    return ids, logprobs
+
+
+def _sentinels(logprobs: Sequence[float] | None) -> list[int]:
+    if not logprobs:
+        return []
+    # The usual answer has none: say so in two C loops (a NaN or an infinity makes the
+    # sum non-finite and takes the exact path below, as does an overflowing sum).
+    if math.isfinite(sum(logprobs)) and min(logprobs) > SENTINEL_LOGPROB:
+        return []
+    return [i for i, v in enumerate(logprobs) if not (v > SENTINEL_LOGPROB and math.isfinite(v))]
+
+
+def _message(message: Any) -> dict[str, Any]:
+    return assistant_message(message if isinstance(message, Mapping) else {})
+
+
+def read_choice(choice: Mapping[str, Any], position: int) -> ChoiceSample:
+    """One choice of an answer, in either engine's shape."""
+    ids = _int_list(choice.get("token_ids"))
+    if ids is None:
+        ids = _int_list(choice.get("response_token_ids"))
+    logprobs = _content_logprobs(choice)
+    meta_ids, meta_logprobs = _meta_output(choice)
+    if ids is None:
+        ids = meta_ids
+    if logprobs is None:
+        logprobs = meta_logprobs
+    stop = choice.get("stop_reason")
+    if stop is None:
+        stop = choice.get("matched_stop")
+    index = choice.get("index")
+    return ChoiceSample(
+        index=index if isinstance(index, int) else position,
+        message=_message(choice.get("message")),
+        finish_reason=choice.get("finish_reason"),
+        stop_reason=stop if isinstance(stop, int | str) else None,
+        completion_ids=ids,
+        completion_logprobs=logprobs,
+        sentinels=_sentinels(logprobs),
+    )
+
+
+def _cached_tokens(usage: Any, choices: Sequence[Any]) -> int | None:
+    if isinstance(usage, Mapping):
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
+            return details["cached_tokens"]
+    for choice in choices:  # SGLang: meta_info.cached_tokens
+        meta = choice.get("meta_info") if isinstance(choice, Mapping) else None
+        if isinstance(meta, Mapping) and isinstance(meta.get("cached_tokens"), int):
+            return meta["cached_tokens"]
+    return None
+
+
+def read_answer(completion: Mapping[str, Any]) -> EngineAnswer:
+    """Read a (non-streamed or reassembled) chat completion from vLLM or SGLang."""
+    raw_choices = [c for c in completion.get("choices") or () if isinstance(c, Mapping)]
+    choices = [read_choice(c, i) for i, c in enumerate(raw_choices)]
+    prompt_ids = _int_list(completion.get("prompt_token_ids"))
+    if prompt_ids is None and raw_choices:  # SGLang: on the choice
+        prompt_ids = _int_list(raw_choices[0].get("prompt_token_ids"))
+    usage = completion.get("usage")
+    metadata = completion.get("metadata")
+    version = metadata.get("weight_version") if isinstance(metadata, Mapping) else None
+    return EngineAnswer(
+        prompt_ids=prompt_ids,
+        choices=choices,
+        usage=dict(usage) if isinstance(usage, Mapping) else None,
+        cached_tokens=_cached_tokens(usage, raw_choices),
+        weight_version=str(version) if version is not None else None,
+    )
+
+
+__all__ = [
+    "SENTINEL_LOGPROB",
+    "ChoiceSample",
+    "EngineAnswer",
+    "read_answer",
+    "read_choice",
+]

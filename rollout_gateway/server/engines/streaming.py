@@ -1,0 +1,349 @@
+"""True streaming from the engine: relay chunks to the agent, rebuild the whole answer.
+
+vLLM (``stream: true`` with ``return_token_ids`` and ``logprobs``) sends the prompt's ids
+on the first chunk, each chunk's new ``token_ids`` and ``logprobs.content`` entries on
+its choice (a chunk is sent for every token batch even when it carries no text), the
+``finish_reason`` / ``stop_reason`` on the last chunk of a choice, and the ``usage``
+alone on a final chunk when ``stream_options.include_usage`` is set.
+:class:`StreamAssembler` folds those chunks back into the ``chat.completion`` dict a
+non-streamed request would have got, so the turn is recorded exactly as complete.
+:func:`agent_chunk` trims each chunk to what the agent asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_gateway.protocol import error_code
+from rollout_gateway.server.engines.upstream import agent_status
+
+#: An SSE comment line: clients ignore it, proxies and tunnels see traffic.
+KEEPALIVE_EVENT = b": keepalive\n\n"
+
+
+class StreamError(Exception):
+    """The engine reported an error inside the stream (``data: {"error": ...}``), or sent
+    an event that is not a chat completion chunk.
+
+    ``message`` and ``status_code`` are what the agent gets, mapped as a whole answer's
+    error status is (:func:`~.upstream.agent_status`): an engine error of 5xx is a 502
+    whose message is only its status, the engine's own words going to ``detail`` (the
+    operator's log); of 4xx a 400 (404 and 429 kept) with its message.
+    """
+
+    def __init__(self, message: str, status_code: int = 502, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.detail = detail or message
+
+
+async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of an SSE stream's ``data:`` events, up to ``[DONE]``.
+
+    Raises :class:`StreamError` on an error event or a payload that is not JSON.
+    """
+    data: list[str] = []
+    async for line in lines:
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+            continue
+        if line.strip() or not data:
+            continue  # comments, event names, or a blank line with no data
+        payload, data = "\n".join(data), []
+        if payload.strip() == "[DONE]":
+            return
+        yield _decode(payload)
+    if data and "\n".join(data).strip() != "[DONE]":
+        yield _decode("\n".join(data))
+
+
+def _decode(payload: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(payload)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise StreamError(
+            "upstream sent a stream event that is not JSON", detail=f"{exc}: {payload[:200]!r}"
+        ) from None
+    if not isinstance(chunk, dict):
+        raise StreamError("upstream sent a stream event that is not an object")
+    error = chunk.get("error")
+    if error is not None:
+        message = error.get("message") if isinstance(error, Mapping) else str(error)
+        code = error.get("code") if isinstance(error, Mapping) else None
+        status = code if isinstance(code, int) and 400 <= code < 600 else 502
+        detail = f"upstream error {status} in stream: {message}"
+        if status >= 500:
+            raise StreamError(f"upstream error {status}", agent_status(status), detail)
+        raise StreamError(
+            f"upstream error in stream: {message}"[:2000], agent_status(status), detail
+        )
+    choices = chunk.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise StreamError("upstream sent a stream event that is not a chat completion chunk")
+    return chunk
+
+
+@dataclass
+class _Choice:
+    index: int
+    role: str = "assistant"
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    token_ids: list[int] | None = None
+    logprobs: list[Any] | None = None
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+    def feed(self, choice: Mapping[str, Any]) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, Mapping):
+            if isinstance(delta.get("role"), str):
+                self.role = delta["role"]
+            if isinstance(delta.get("content"), str):
+                self.content = (self.content or "") + delta["content"]
+            text = delta.get("reasoning")
+            if not isinstance(text, str):
+                text = delta.get("reasoning_content")
+            if isinstance(text, str):
+                self.reasoning = (self.reasoning or "") + text
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
+                if isinstance(call, Mapping):
+                    self._feed_call(call)
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            self.token_ids = (self.token_ids or []) + ids
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
+            self.logprobs = (self.logprobs or []) + logprobs["content"]
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = choice["finish_reason"]
+        if choice.get("stop_reason") is not None:
+            self.stop_reason = choice["stop_reason"]
+
+    def _feed_call(self, call: Mapping[str, Any]) -> None:
+        position = call.get("index")
+        position = position if isinstance(position, int) else len(self.tool_calls)
+        entry = self.tool_calls.setdefault(
+            position, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if call.get("id"):
+            entry["id"] = call["id"]
+        if call.get("type"):
+            entry["type"] = call["type"]
+        function = call.get("function")
+        if isinstance(function, Mapping):
+            if isinstance(function.get("name"), str):
+                entry["function"]["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                entry["function"]["arguments"] += function["arguments"]
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning is not None:
+            message["reasoning"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[k] for k in sorted(self.tool_calls)]
+        return message
+
+
+@dataclass
+class StreamAssembler:
+    """Folds streamed ``chat.completion.chunk`` dicts into one ``chat.completion``."""
+
+    id: str | None = None
+    created: int | None = None
+    model: str | None = None
+    prompt_token_ids: list[int] | None = None
+    usage: dict[str, Any] | None = None
+    chunks: int = 0
+    _choices: dict[int, _Choice] = field(default_factory=dict)
+
+    def feed(self, chunk: Mapping[str, Any]) -> None:
+        """Add one chunk."""
+        self.chunks += 1
+        self.id = self.id or chunk.get("id")
+        self.created = self.created or chunk.get("created")
+        self.model = self.model or chunk.get("model")
+        if isinstance(chunk.get("prompt_token_ids"), list):
+            self.prompt_token_ids = chunk["prompt_token_ids"]
+        if isinstance(chunk.get("usage"), Mapping):
+            self.usage = dict(chunk["usage"])
+        for position, choice in enumerate(chunk.get("choices") or ()):
+            if not isinstance(choice, Mapping):
+                continue
+            index = choice.get("index")
+            index = index if isinstance(index, int) else position
+            self._choices.setdefault(index, _Choice(index)).feed(choice)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every choice seen has its finish reason."""
+        return bool(self._choices) and all(
+            c.finish_reason is not None for c in self._choices.values()
+        )
+
+    def completion(self) -> dict[str, Any]:
+        """The ``chat.completion`` the chunks add up to."""
+        choices = []
+        for index in sorted(self._choices):
+            c = self._choices[index]
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": c.message(),
+                "logprobs": {"content": c.logprobs} if c.logprobs is not None else None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            if c.token_ids is not None:
+                choice["token_ids"] = c.token_ids
+            choices.append(choice)
+        out: dict[str, Any] = {
+            "id": self.id or "chatcmpl-gateway",
+            "object": "chat.completion",
+            "created": self.created or 0,
+            "model": self.model or "",
+            "choices": choices,
+            "usage": self.usage,
+        }
+        if self.prompt_token_ids is not None:
+            out["prompt_token_ids"] = self.prompt_token_ids
+        return out
+
+
+def agent_chunk(
+    chunk: dict[str, Any], body: Mapping[str, Any], *, include_usage: bool
+) -> dict[str, Any] | None:
+    """``chunk`` as the agent asked for it (``None``: nothing to send).
+
+    Token ids only with ``return_token_ids``, logprobs only with ``logprobs``, usage only
+    with ``stream_options.include_usage`` (the gateway always asks the engine for usage),
+    reasoning dropped when the agent sent ``include_reasoning: false`` (the gateway
+    always asks the engine for it, to record its tokens).
+    """
+    want_ids = bool(body.get("return_token_ids"))
+    want_logprobs = bool(body.get("logprobs"))
+    hide_reasoning = body.get("include_reasoning") is False
+    choices = chunk.get("choices") or []
+    if not include_usage and not choices and "usage" in chunk:
+        return None  # the usage-only chunk the agent did not ask for
+    if want_ids and want_logprobs and include_usage and not hide_reasoning:
+        return chunk
+    out = dict(chunk)
+    if not want_ids:
+        out.pop("prompt_token_ids", None)
+    if not include_usage:
+        out.pop("usage", None)
+    trimmed = []
+    for choice in choices:
+        if isinstance(choice, dict):
+            choice = dict(choice)
+            if not want_ids:
+                choice.pop("token_ids", None)
+            if not want_logprobs:
+                choice["logprobs"] = None
+            delta = choice.get("delta")
+            if hide_reasoning and isinstance(delta, dict):
+                hidden = ("reasoning", "reasoning_content")
+                choice["delta"] = {k: v for k, v in delta.items() if k not in hidden}
+        trimmed.append(choice)
+    out["choices"] = trimmed
+    return out
+
+
+def sse_event(payload: Mapping[str, Any]) -> bytes:
+    """One SSE ``data:`` event."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def sse_error_event(message: str, status_code: int, error_type: str) -> bytes:
+    """An error event in the shape the OpenAI SDK raises from inside a stream (``code``:
+    the status's name, a string like every ``error.code`` of the gateway)."""
+    error = {"message": message, "type": error_type, "code": error_code(status_code)}
+    return sse_event({"error": error})
+
+
+class EventLog:
+    """The SSE events of one turn, kept for every request waiting on it.
+
+    The turn appends events as the engine sends them; each waiting request (the original
+    and any retry that joins the turn) follows the log from its start, so a retry that
+    arrives mid-stream still gets the whole answer. While no event comes for
+    ``keepalive_s``, a follower gets :data:`KEEPALIVE_EVENT` instead. Once the log is
+    closed and nobody follows it, its events are dropped (a retry arriving after the turn
+    ended is answered from the turn's answer instead): a rollout does not keep its last
+    turn's chunks.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+        self.closed = False
+        #: Requests following the log (see :meth:`release`).
+        self.followers = 0
+        #: Whether the engine's chunks were relayed (else the answer is re-encoded).
+        self.relayed = False
+        self._changed = asyncio.Event()
+
+    def release(self) -> None:
+        """A follower is done with the log."""
+        self.followers -= 1
+        self._drop_if_unused()
+
+    def _drop_if_unused(self) -> None:
+        if self.closed and self.followers <= 0:
+            self.events = []
+
+    def append(self, event: bytes) -> None:
+        """Add one event (wakes the followers)."""
+        self.events.append(event)
+        self._wake()
+
+    def close(self) -> None:
+        """No more events will come."""
+        self.closed = True
+        self._wake()
+        self._drop_if_unused()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait for an event or the close, at most ``timeout_s``; whether one came."""
+        if self.closed:
+            return True
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def follow(self, keepalive_s: float) -> AsyncIterator[bytes]:
+        """Every event from the first, then each as it comes, until the log closes."""
+        position = 0
+        while True:
+            while position < len(self.events):
+                position += 1
+                yield self.events[position - 1]
+            if self.closed:
+                return
+            if not await self.wait(keepalive_s):
+                yield KEEPALIVE_EVENT
+
+
+__all__ = [
+    "KEEPALIVE_EVENT",
+    "EventLog",
+    "StreamAssembler",
+    "StreamError",
+    "agent_chunk",
+    "iter_sse_json",
+    "sse_error_event",
+    "sse_event",
+]

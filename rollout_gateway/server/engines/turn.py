@@ -1,0 +1,408 @@
+"""The engine side of one turn: the call (streamed from vLLM or whole), and the step.
+
+:class:`EngineTurn` finishes the upstream request (the engine's token-id flags, the turn's
+own seed, reasoning always asked for), calls the engine and records the step with the
+turn's facts in its ``extras`` (:class:`~rollout_gateway.protocol.StepExtras`): status,
+finish and stop reasons, usage, cached tokens, timing, the sampling actually sent, the
+policy version, sentinel logprobs, the other choices of an ``n > 1`` answer, and why the
+tokens are missing when they are.
+
+Token-in mode (:mod:`.token_in`): the gateway renders or bridges the prompt ids itself
+and calls vLLM's ``/inference/v1/generate`` whole; the answer is shaped as a vLLM chat
+completion and recorded the same way.
+
+Streaming: when the agent streams and the engine streams token ids (vLLM), the engine is
+streamed from; each chunk, trimmed to what the agent asked for, is handed to ``emit``
+as it arrives while :class:`~rollout_gateway.server.engines.streaming.StreamAssembler` rebuilds
+the whole answer for the recorder. SGLang refuses its token-id flags on streamed
+requests, so other engines are called whole (the agent's stream is synthesized after).
+
+A prompt the engine refuses as longer than its context is recorded as a step (its
+prompt, no completion, ``status: "error"``), the rollout ends truncated with
+``truncation_reason: "context_length_exceeded"``, and the agent is told so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
+from rollout_gateway.server.engines.answers import EngineAnswer, read_answer
+from rollout_gateway.server.engines.probe import TOKEN_FLAG_FIELDS, EngineInfo, token_flags
+from rollout_gateway.server.engines.streaming import (
+    StreamAssembler,
+    StreamError,
+    agent_chunk,
+    iter_sse_json,
+    sse_event,
+)
+from rollout_gateway.server.engines.upstream import (
+    UpstreamError,
+    UpstreamPool,
+    parse_completion,
+    raise_for_upstream_status,
+)
+from rollout_gateway.server.engines.upstream_request import agent_view, flatten_sampling_params
+from rollout_gateway.server.http import jsonio
+from rollout_gateway.server.http.responses import ApiError
+from rollout_gateway.server.recording.history import HistoryMatch
+from rollout_gateway.server.recording.prompt_ids import split_prompt_ids
+from rollout_gateway.server.turn_seed import turn_seed
+
+if TYPE_CHECKING:
+    from rollout_gateway.server.state.policy import PolicyClock
+    from rollout_gateway.server.state.registry import RolloutRecord
+
+logger = logging.getLogger("rollout_gateway.server")
+
+#: An engine's 400 for a prompt that does not fit its context (vLLM 0.32: "This model's
+#: maximum context length is 4096 tokens. However, your prompt contains at least 4097
+#: input tokens..."; SGLang: "The input (N tokens) is longer than the model's context
+#: length (M tokens)").
+_CONTEXT_OVERFLOW_RE = re.compile(
+    r"maximum context length|context length|context window|max_model_len|"
+    r"maximum model length|prompt is too long",
+    re.IGNORECASE,
+)
+
+#: Failed engine calls a rollout keeps (the most recent).
+_MAX_FAILED_TURNS = 100
+
+#: Request fields that are not sampling settings (left out of ``extras.sampling``).
+_NOT_SAMPLING = frozenset(
+    {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "model",
+        "stream",
+        "stream_options",
+        "include_reasoning",
+        "response_format",
+        *TOKEN_FLAG_FIELDS,
+    }
+)
+
+
+def is_context_overflow(exc: UpstreamError) -> bool:
+    """Whether an upstream error says the prompt does not fit the engine's context."""
+    return exc.kind == "http_4xx" and bool(_CONTEXT_OVERFLOW_RE.search(exc.message))
+
+
+def prepare_upstream_body(
+    request: dict[str, Any], record: RolloutRecord, engine: EngineInfo
+) -> dict[str, Any]:
+    """Finish the upstream request (in place; returned).
+
+    Adds the engine's token-id flags; asks for reasoning whatever the agent asked (vLLM
+    withholds token ids and logprobs when ``include_reasoning`` is false); replaces a
+    registered ``seed`` by the turn's own derived seed (:func:`turn_seed`).
+    """
+    request.update(token_flags(engine.kind))
+    if engine.kind != "sglang":
+        request["include_reasoning"] = True
+    seed = flatten_sampling_params(record.sampling_params).get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        request["seed"] = turn_seed(seed, record.num_turns)
+    return request
+
+
+def agent_answer(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole answer as the agent asked for it: ids and logprobs only when asked,
+    reasoning dropped when it sent ``include_reasoning: false``."""
+    answer = agent_view(completion, body)
+    if body.get("include_reasoning") is not False:
+        return answer
+    hidden = ("reasoning", "reasoning_content")
+    choices = []
+    for choice in answer.get("choices") or []:
+        if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
+            message = {k: v for k, v in choice["message"].items() if k not in hidden}
+            choice = {**choice, "message": message}
+        choices.append(choice)
+    return {**answer, "choices": choices}
+
+
+def wants_usage(body: Mapping[str, Any]) -> bool:
+    """Whether the agent's stream should carry usage (``stream_options.include_usage``)."""
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and bool(options.get("include_usage"))
+
+
+@dataclass
+class EngineResult:
+    """The engine's answer to a turn."""
+
+    #: The whole answer (reassembled from the chunks when streamed; its top-level
+    #: ``prompt_token_ids`` cut out, see ``prompt_ids_json``, when not).
+    completion: dict[str, Any]
+    #: The engine's bytes as they came (not streamed), passed through when they are
+    #: exactly what the agent asked for.
+    raw: bytes | None = None
+    #: Whether ``raw`` is strict JSON (no ``NaN``/``Infinity``).
+    strict: bool = True
+    #: The JSON text of the prompt's id array, cut out of ``raw``.
+    prompt_ids_json: bytes | None = None
+    #: Whether the chunks were relayed to the agent as the engine sent them.
+    relayed: bool = False
+
+
+class TokenInCall(Protocol):
+    """Token-in mode's engine (:class:`~.token_in.TokenInEngine`) as a turn calls it."""
+
+    async def complete(self, turn: EngineTurn) -> dict[str, Any]:
+        """The turn's answer, rendered and generated by the gateway itself."""
+        ...
+
+
+@dataclass
+class EngineTurn:
+    """One turn's engine call and its recording (the rollout's lock is held)."""
+
+    #: The upstreams (the rollout's is ``record.upstream``).
+    pool: UpstreamPool
+    #: The policy version in effect, stamped on the step.
+    policy: PolicyClock
+    #: Token-in mode's engine (``None`` in chat mode: the upstream renders).
+    token_in: TokenInCall | None
+    record: RolloutRecord
+    body: dict[str, Any]
+    messages: list[Any]
+    upstream_body: dict[str, Any]
+    engine: EngineInfo
+    #: How the request extends the rollout's recorded history (``None``: not checked).
+    history: HistoryMatch | None = None
+    #: Facts known before the call (e.g. the agent fields the allowlist dropped).
+    extras: dict[str, Any] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.policy_version = self.policy.version
+        self.policy_epoch = self.policy.epoch
+        #: The recorded sample's completion ids and finish reason, once the answer is in.
+        self.completion_ids: list[int] | None = None
+        self.finish_reason: str | None = None
+
+    async def call(self, emit: Callable[[bytes], None] | None) -> EngineResult:
+        """Call the engine and record the step.
+
+        Streams when ``emit`` is given and the engine streams token ids. Raises
+        :class:`UpstreamError` (after recording a context overflow).
+        """
+        token_in = self.token_in
+        streamed = emit is not None and self.engine.streams_token_ids and token_in is None
+        first_chunk_s: float | None = None
+        result = EngineResult({})
+        try:
+            if token_in is not None:  # the gateway renders; the agent's stream is synthesized
+                result = EngineResult(await token_in.complete(self))
+            elif streamed:
+                completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
+                result = EngineResult(completion, relayed=True)
+            else:
+                raw, _ = await self.pool.chat_raw(
+                    self.record.upstream, self.upstream_body, shard_key=self.record.rollout_id
+                )
+                # The prompt's ids stay JSON text: the recorder parses only what is new.
+                rest, prompt_ids_json = split_prompt_ids(raw)
+                completion, strict = parse_completion(rest)
+                result = EngineResult(completion, raw, strict, prompt_ids_json)
+        except UpstreamError as exc:
+            if is_context_overflow(exc):
+                self._record_overflow(exc)
+            else:
+                self._note_failure(exc)
+            raise
+        self._record(read_answer(result.completion), first_chunk_s, result.prompt_ids_json)
+        return result
+
+    @property
+    def shared(self) -> int | None:
+        """Leading messages shared with the previous turn (``None``: history rewritten,
+        or not checked)."""
+        return self.history.shared if self.history is not None else None
+
+    def upstream_seconds(self) -> float:
+        """Seconds since the turn went upstream."""
+        return time.perf_counter() - self.started
+
+    async def _stream(self, emit: Callable[[bytes], None]) -> tuple[dict[str, Any], float | None]:
+        pool = self.pool
+        upstream = pool.get(self.record.upstream)
+        label = upstream.label
+        body = {**self.upstream_body, "stream": True, "stream_options": {"include_usage": True}}
+        self.upstream_body = body
+        include_usage = wants_usage(self.body)
+        assembler = StreamAssembler()
+        first_chunk_s: float | None = None
+        upstream.in_flight += 1
+        try:
+            async with asyncio.timeout(pool.timeout_s):
+                stream = upstream.http.stream(
+                    "/chat/completions", jsonio.dumps(body), key=self.record.rollout_id
+                )
+                async with stream as response:
+                    upstream.answered()
+                    if response.status_code >= 400:
+                        raise_for_upstream_status(await response.read(), label)
+                    async for chunk in iter_sse_json(response.lines()):
+                        if first_chunk_s is None:
+                            first_chunk_s = self.upstream_seconds()
+                        assembler.feed(chunk)
+                        out = agent_chunk(chunk, self.body, include_usage=include_usage)
+                        if out is not None:
+                            emit(sse_event(out))
+        except StreamError as exc:
+            detail = f"{label}: {exc.detail}"
+            raise UpstreamError("protocol", exc.status_code, exc.message, detail) from exc
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            failure = upstream.connection_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        finally:
+            upstream.in_flight -= 1
+        if not assembler.finished:
+            raise UpstreamError("protocol", 502, "upstream stream ended before its answer did")
+        return assembler.completion(), first_chunk_s
+
+    def _base_extras(self, first_chunk_s: float | None) -> StepExtras:
+        extras: StepExtras = {
+            "timing": {
+                "started_at": self.started_at,
+                "first_token_s": first_chunk_s,
+                "upstream_s": self.upstream_seconds(),
+            },
+            "sampling": {k: v for k, v in self.upstream_body.items() if k not in _NOT_SAMPLING},
+            "policy_version": self.policy_version,
+        }
+        if self.policy.epoch != self.policy_epoch:  # weights changed mid-turn
+            extras["policy_version_end"] = self.policy.version
+        return extras
+
+    def _note_failure(self, exc: UpstreamError) -> None:
+        """Keep a failed call in the rollout's ``failed_turns`` (bounded)."""
+        failed: FailedTurn = {
+            "after_steps": self.record.recorder.num_steps,
+            "error": {"type": exc.kind, "message": exc.message, "status_code": exc.status_code},
+            "timing": self._base_extras(None)["timing"],
+        }
+        self.record.failed_turns.append(dict(failed))
+        del self.record.failed_turns[:-_MAX_FAILED_TURNS]
+
+    def _record_overflow(self, exc: UpstreamError) -> None:
+        record = self.record
+        error: TurnError = {
+            "type": "context_length_exceeded",
+            "message": exc.message,
+            "status_code": 400,
+        }
+        extras = self._base_extras(None)
+        extras.update({"status": "error", "error": error})
+        record.recorder.record_refused(self.messages, {**self.extras, **extras})
+        record.num_turns += 1  # a recorded step: num_turns stays the trajectory's length
+        record.truncation_reason = "context_length_exceeded"
+        if record.status == "active":
+            record.status = "completed"
+        logger.warning(
+            "rollout=%s turn=%d: prompt longer than the engine's context; recorded, "
+            "rollout truncated",
+            record.rollout_id,
+            record.num_turns + 1,
+        )
+
+    def _record(
+        self, answer: EngineAnswer, first_chunk_s: float | None, prompt_ids_json: bytes | None
+    ) -> None:
+        record, engine, first = self.record, self.engine, answer.first
+        self.finish_reason = first.finish_reason if first else None
+        extras: dict[str, Any] = {**self.extras, **self._base_extras(first_chunk_s)}
+        extras.update(
+            status="ok",
+            finish_reason=first.finish_reason if first else None,
+            stop_reason=first.stop_reason if first else None,
+            usage=answer.usage,
+            cached_tokens=answer.cached_tokens,
+            tools=self.upstream_body.get("tools") or [],
+        )
+        if extras["policy_version"] is None:
+            extras["policy_version"] = self.policy.stamp(answer.weight_version)
+        if answer.weight_version is not None:
+            extras["engine_weight_version"] = answer.weight_version
+        if first is not None and first.sentinels:
+            extras["logprob_sentinels"] = first.sentinels
+        if len(answer.choices) > 1:  # n > 1 (registered): no sampled token is dropped
+            extras["other_choices"] = [
+                {
+                    "index": c.index,
+                    "completion": [c.message],
+                    "completion_ids": c.completion_ids,
+                    "completion_logprobs": c.completion_logprobs,
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
+                }
+                for c in answer.choices[1:]
+            ]
+        has_prompt = answer.prompt_ids is not None or prompt_ids_json is not None
+        if not (has_prompt and first is not None and first.completion_ids is not None):
+            extras["tokens_missing"] = "the upstream's answer carries no token ids"
+            if engine.token_ids is not False:
+                logger.error(
+                    "upstream=%s answers carry NO token ids (engine=%s): rollout=%s turn=%d is "
+                    "recorded with tokens null and cannot be trained on. Run vLLM >= 0.10.2, "
+                    "or an SGLang with return_prompt_token_ids / return_token_ids.",
+                    self.pool.get(record.upstream).label,
+                    engine.kind,
+                    record.rollout_id,
+                    record.num_turns + 1,
+                )
+            engine.token_ids = False
+        else:
+            engine.token_ids = True
+        usage = answer.usage or {}
+        total = usage.get("total_tokens")
+        self.completion_ids = first.completion_ids if first else None
+        record.recorder.record(
+            self.messages,
+            [first.message] if first else [],
+            prompt_ids=answer.prompt_ids,
+            completion_ids=first.completion_ids if first else None,
+            completion_logprobs=first.completion_logprobs if first else None,
+            finish_reason=first.finish_reason if first else None,
+            total_tokens=total if isinstance(total, int) else None,
+            history=self.history,
+            extras=extras,
+            prompt_ids_json=prompt_ids_json,
+        )
+
+
+def context_overflow_error(exc: UpstreamError) -> ApiError:
+    """What the agent is told when its prompt does not fit: the rollout is over."""
+    return ApiError(
+        400,
+        f"context length exceeded: {exc.message} This rollout is over: the turn is recorded "
+        "as truncated and later turns are refused.",
+        "invalid_request_error",
+        code="context_length_exceeded",
+    )
+
+
+__all__ = [
+    "EngineResult",
+    "EngineTurn",
+    "agent_answer",
+    "context_overflow_error",
+    "is_context_overflow",
+    "prepare_upstream_body",
+    "wants_usage",
+]

@@ -1,0 +1,335 @@
+"""Server-side trajectory recording: one step per turn, token ids stored compactly.
+
+Memory matters: a rollout of ``T`` turns over a context of ``N`` tokens has ``O(T * N)``
+logical prompt tokens (every turn repeats the history). The recorder stores each step's
+prompt as "the first ``k`` tokens of the previous step's prompt+completion" plus a tail,
+in ``array('i')`` (4 bytes per id) and logprobs in ``array('f')`` (4 bytes, float32), so
+memory grows with the *unique* tokens of the rollout. Messages are shared the same way
+(references to the previous step's message dicts). Full steps are rebuilt on demand when
+the trajectory is fetched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
+from rollout_gateway.server.recording.history import (
+    RECORDED_MESSAGE_FIELDS,
+    HistoryMatch,
+    MessageHistory,
+    message_key,
+    recorded_message,
+    same_message,
+)
+from rollout_gateway.server.recording.token_branches import StepIds, TokenBranches
+
+#: Finish reasons that mean "the model did not end its turn itself": the sample is cut.
+#: ``abort``: the engine aborted the request (vLLM, SGLang); ``repetition``: a
+#: repetition detector stopped it; ``error``: the engine failed mid-generation.
+TRUNCATING_FINISH_REASONS = frozenset({"length", "abort", "repetition", "error"})
+
+
+@dataclass(slots=True)
+class _Step:
+    shared_messages: int  # leading messages shared with the previous prompt+completion
+    new_messages: list[dict[str, Any]]
+    completion: list[dict[str, Any]]
+    tokens: StepIds | None
+    is_truncated: bool
+    extras: dict[str, Any]
+    abandoned: bool = False  # nobody received the answer: not a turn the agent saw
+
+
+@dataclass
+class TrajectoryRecorder:
+    """The steps of one rollout.
+
+    Args:
+        trajectory_id: id reported on every step (a uuid per rollout).
+        max_seq_len: context bound used for ``overlong_prompt`` / ``is_truncated``.
+    """
+
+    trajectory_id: str
+    max_seq_len: int | None = None
+    _steps: list[_Step] = field(default_factory=list)
+    #: History state before the last step (to undo an abandoned turn).
+    _before_last: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self._ids = TokenBranches(self.max_seq_len)
+        self._history = MessageHistory()
+        #: The last recorded ``extras["tools"]``: a turn with the same tools shares it.
+        self._tools: Any = None
+
+    @property
+    def num_steps(self) -> int:
+        """Number of recorded turns."""
+        return len(self._steps)
+
+    @property
+    def last_context_tokens(self) -> int:
+        """Prompt + completion ids of the last turn (0 when it had no ids)."""
+        return len(self._ids.last_ids)
+
+    def match_history(
+        self, messages: Sequence[Mapping[str, Any]], text: bytes | None = None
+    ) -> HistoryMatch:
+        """How ``messages`` extend the last turn's prompt + completion: pass it to
+        :meth:`record` for the turn (see :class:`~.history.MessageHistory`). ``text`` is
+        ``messages`` as JSON, when the caller has it."""
+        return self._history.match(messages, text)
+
+    def shared_messages(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """How many leading ``messages`` the last turn's prompt + completion holds already.
+
+        ``None`` when ``messages`` does not extend that history (it was rewritten).
+        """
+        return self._history.match(messages).shared
+
+    def last_turn_ids(self) -> tuple[list[int], list[int], int] | None:
+        """The last turn's prompt ids, completion ids, and how many messages its prompt
+        plus completion hold: what a token-in upstream extends (``None``: no usable turn,
+        e.g. none yet, no ids, or the last one was abandoned)."""
+        if not self._steps or self._steps[-1].abandoned:
+            return None
+        tokens = self._steps[-1].tokens
+        if tokens is None or tokens.completion_end <= tokens.prompt_end:
+            return None
+        held = len(self._history.messages)
+        return tokens.prompt_ids.tolist(), tokens.completion_ids.tolist(), held
+
+    def abandon_last(self) -> None:
+        """Mark the last step abandoned (its answer reached nobody) and forget it as the
+        history the next turn extends."""
+        if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
+            self._steps[-1].abandoned = True
+            history, ids = self._before_last
+            self._history.restore(history)
+            self._ids.restore(ids)  # drop what the abandoned step appended
+            self._before_last = None
+
+    @property
+    def num_abandoned(self) -> int:
+        """Steps recorded as abandoned."""
+        return sum(1 for s in self._steps if s.abandoned)
+
+    def record(
+        self,
+        messages: Sequence[dict[str, Any]],
+        completion: Sequence[dict[str, Any]],
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        completion_ids: Sequence[int] | None = None,
+        completion_logprobs: Sequence[float] | None = None,
+        finish_reason: str | None = None,
+        total_tokens: int | None = None,
+        history: HistoryMatch | None = None,
+        extras: Mapping[str, Any] | None = None,
+        prompt_ids_json: bytes | None = None,
+        truncated: bool = False,
+    ) -> None:
+        """Record one turn: the request's ``messages`` and the returned ``completion``.
+
+        Token fields are kept only when ``prompt_ids``, ``completion_ids`` and
+        ``completion_logprobs`` are all given and consistent; otherwise the step has
+        ``tokens: null`` (still recorded). ``total_tokens`` (usage) is the fallback
+        length for ``is_truncated`` when there are no ids. ``prompt_ids_json`` (the JSON
+        text of the prompt's id array, see :mod:`.prompt_ids`) may stand in for
+        ``prompt_ids``: only what the previous prompt's text does not hold is parsed.
+        ``extras`` (turn facts, see :class:`~rollout_gateway.protocol.StepExtras`) go into
+        the step's ``extras``; ``truncated`` marks the step truncated whatever its finish
+        reason. The step gets ``prefix_break`` when its prompt ids do not extend the
+        previous step's prompt + completion ids.
+        """
+        step_extras: dict[str, Any] = dict(extras or {})
+        tools = step_extras.get("tools")
+        if tools is not None:
+            if tools == self._tools:
+                step_extras["tools"] = self._tools  # one list for every turn that sent it
+            else:
+                self._tools = tools
+        if history is None:  # not matched by the caller
+            history = self._history.match(messages)
+        shared = history.shared
+        if shared is None:
+            step_extras["history_rewritten"] = True
+            shared = 0
+        new_messages = [recorded_message(m) for m in messages[shared:]]
+        truncated = truncated or finish_reason in TRUNCATING_FINISH_REASONS
+        extras = step_extras
+        previous_ids = len(self._ids.last_ids)
+        before = (self._history.snapshot(), self._ids.snapshot())
+
+        tokens: StepIds | None = None
+        have_prompt = prompt_ids is not None or prompt_ids_json is not None
+        have_ids = have_prompt and completion_ids is not None
+        if have_ids and completion_logprobs is not None:
+            if len(completion_logprobs) != len(completion_ids):  # type: ignore[arg-type]
+                extras["tokens_error"] = "logprobs and token ids differ in length"
+            else:
+                try:
+                    prompt = self._ids.prompt(prompt_ids, prompt_ids_json)
+                    tokens = self._ids.add(prompt, completion_ids, completion_logprobs)  # type: ignore[arg-type]
+                except (TypeError, ValueError, OverflowError):
+                    extras["tokens_error"] = "token ids are not 32-bit integers"
+                else:
+                    truncated = truncated or tokens.is_truncated
+                    if previous_ids:
+                        extras["prefix_break"] = tokens.prefix_len < previous_ids
+                    if not math.isfinite(sum(tokens.completion_logprobs)):
+                        # Served as null (JSON has no NaN/inf); the turn says so.
+                        extras["nonfinite_logprobs"] = sum(
+                            1 for x in tokens.completion_logprobs if not math.isfinite(x)
+                        )
+        if tokens is None:
+            self._ids.reset()
+            if self.max_seq_len is not None and total_tokens is not None:
+                truncated = truncated or total_tokens > self.max_seq_len
+        if tokens is not None:
+            tokens.is_truncated = tokens.is_truncated or truncated
+
+        completion_list = [dict(m) for m in completion]
+        self._steps.append(_Step(shared, new_messages, completion_list, tokens, truncated, extras))
+        self._history.advance(history, new_messages, completion_list)
+        self._before_last = before
+
+    def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:
+        """Record a turn the engine refused (no sample): its prompt, no completion, no
+        tokens, marked truncated. ``extras`` carries ``status`` and ``error``."""
+        self.record(messages, [], extras=extras, truncated=True)
+
+    def steps(self) -> list[TrajectoryStepBody]:
+        """All steps, rebuilt in the protocol's shape."""
+        out: list[TrajectoryStepBody] = []
+        prev_messages: list[dict[str, Any]] = []
+        for step in self._steps:
+            if step.abandoned:
+                continue  # the next step extends the history before this one
+            prompt = [*prev_messages[: step.shared_messages], *step.new_messages]
+            body_tokens: StepTokens | None = None
+            if step.tokens is not None:
+                t = step.tokens
+                body_tokens = {
+                    "prompt_ids": t.segment[: t.prompt_end].tolist(),
+                    "prompt_mask": [0] * t.prompt_end,
+                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
+                    "completion_mask": [1] * (t.completion_end - t.prompt_end),
+                    "completion_logprobs": t.completion_logprobs.tolist(),
+                    "overlong_prompt": t.overlong_prompt,
+                    "is_truncated": t.is_truncated,
+                }
+            prev_messages = [*prompt, *step.completion]
+            out.append(
+                {
+                    "prompt": prompt,
+                    "completion": list(step.completion),
+                    "tokens": body_tokens,
+                    "reward": None,
+                    "advantage": None,
+                    "is_truncated": step.is_truncated,
+                    "trajectory_id": self.trajectory_id,
+                    "extras": dict(step.extras),
+                }
+            )
+        return out
+
+    def delta_steps(self) -> list[dict[str, Any]]:
+        """All steps in the delta form (see :func:`rollout_gateway.protocol.expand_delta_steps`):
+        each step holds only what its predecessor's prompt + completion does not.
+
+        Abandoned steps are left out; the step after one is stored against the history
+        before it (see :meth:`abandon_last`), i.e. against the previous step kept here.
+        """
+        out: list[dict[str, Any]] = []
+        tools: Any = None
+        for step in self._steps:
+            if step.abandoned:
+                continue
+            extras = step.extras
+            if "tools" in extras:
+                if extras["tools"] is tools:  # as the previous step's: carried forward
+                    extras = {k: v for k, v in extras.items() if k != "tools"}
+                else:
+                    tools = extras["tools"]
+            body_tokens: dict[str, Any] | None = None
+            if step.tokens is not None:
+                t = step.tokens
+                body_tokens = {
+                    "prompt_shared": t.prefix_len,
+                    "prompt_new_ids": t.segment[t.prefix_len : t.prompt_end].tolist(),
+                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
+                    "completion_logprobs": t.completion_logprobs.tolist(),
+                    "overlong_prompt": t.overlong_prompt,
+                    "is_truncated": t.is_truncated,
+                }
+            out.append(
+                {
+                    "prompt_shared": step.shared_messages,
+                    "prompt_new": step.new_messages,
+                    "completion": step.completion,
+                    "tokens": body_tokens,
+                    "reward": None,
+                    "advantage": None,
+                    "is_truncated": step.is_truncated,
+                    "trajectory_id": self.trajectory_id,
+                    "extras": extras,
+                }
+            )
+        return out
+
+    def overview(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """Like :meth:`summary`, without rebuilding the steps (O(messages), not O(steps))."""
+        kept = [s for s in self._steps if not s.abandoned]
+        if not kept:
+            return [], [], False
+        first = kept[0].new_messages  # the first kept step extends nothing
+        completion = self._history.messages[len(first) :]
+        return list(first), list(completion), any(s.is_truncated for s in kept)
+
+    def summary(
+        self, steps: list[TrajectoryStepBody] | None = None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """Top-level ``(prompt, completion, is_truncated)`` of the trajectory.
+
+        ``prompt`` is the first request's messages; ``completion`` is everything after it
+        in the last turn (its request messages beyond the first prompt, then its answer).
+        """
+        steps = self.steps() if steps is None else steps
+        if not steps:
+            return [], [], False
+        first = steps[0]["prompt"]
+        last = steps[-1]
+        completion = [*last["prompt"], *last["completion"]][len(first) :]
+        return list(first), completion, any(s["is_truncated"] for s in steps)
+
+    def token_storage_bytes(self) -> int:
+        """Bytes held by the token arrays (each branch's ids once, and the logprobs)."""
+        last = self._ids.last_ids
+        segments = {id(last): last}
+        total = 0
+        for step in self._steps:
+            if step.tokens is not None:
+                segments[id(step.tokens.segment)] = step.tokens.segment
+                lps = step.tokens.completion_logprobs
+                total += lps.buffer_info()[1] * lps.itemsize
+        return total + sum(a.buffer_info()[1] * a.itemsize for a in segments.values())
+
+    def logical_token_count(self) -> int:
+        """Tokens the trajectory reports (sum over steps of prompt + completion ids)."""
+        return sum(
+            s.tokens.completion_end for s in self._steps if s.tokens is not None and not s.abandoned
+        )
+
+
+__all__ = [
+    "RECORDED_MESSAGE_FIELDS",
+    "TRUNCATING_FINISH_REASONS",
+    "TrajectoryRecorder",
+    "message_key",
+    "recorded_message",
+    "same_message",
+]

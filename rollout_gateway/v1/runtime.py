@@ -1,0 +1,314 @@
+"""``LocalSandboxRuntime``: verifiers v1's ``Runtime`` contract on the project's local
+sandboxes (:mod:`rollout_gateway.local_sandbox`).
+
+One rollout, one sandbox: ``start()`` creates it (fresh working and temp directories, its
+own uid on root hosts, its limits), every ``run``/``run_program``/``open_process``/
+``run_background`` runs confined in it with only the environment the rollout gives, file
+I/O never leaves it, and ``stop()`` kills every process it has and removes it. The
+isolation mode is chosen once per process and root (``auto``: the strongest the host
+offers); sandboxes of one mode and root share one
+:class:`~rollout_gateway.local_sandbox.LocalSandboxClient` (its reaper, its stale sweep).
+
+Selecting it: a config whose agent ``runtime`` is a :data:`~rollout_gateway.v1.RuntimeChoice`
+(e.g. :class:`~rollout_gateway.v1.GatewayEnvConfig`, or
+:class:`~rollout_gateway.v1.LocalSandboxAgentConfig` with ``vf.Agent``) and
+``runtime.type = "local_sandbox"``.
+
+verifiers 0.4.0 builds runtimes through a closed table (``verifiers.v1.runtimes.
+_runtime_cls``: ``make_runtime``, ``provision_runtime`` and ``runtime_is_local`` all read
+it) and has no registration hook. :func:`install_runtime_type` adds one entry to it, for
+configs of type ``local_sandbox`` only (every other type resolves as before); it runs when
+:mod:`rollout_gateway.v1` is imported. This is the one place the adapter changes
+verifiers' behaviour; ``tests/v1/test_runtime.py`` pins it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+from prime_sandboxes import APIError, CreateSandboxRequest, SandboxFileNotFoundError
+from verifiers.v1 import runtimes as v1_runtimes
+from verifiers.v1.errors import SandboxError
+from verifiers.v1.runtimes import ProgramResult, Runtime, RuntimeProcess
+
+from rollout_gateway.local_sandbox import LocalSandboxClient, LocalSandboxError, processes
+from rollout_gateway.v1.config import (
+    IsolationChoice,
+    LocalSandboxRuntimeConfig,
+    LocalSandboxRuntimeInfo,
+)
+
+logger = logging.getLogger(__name__)
+
+#: ``execute_command``'s bound for v1's commands: none in practice (v1 bounds the agent's
+#: time itself, and a cancelled command is killed with its process group).
+_NO_TIMEOUT = 10 * 365 * 24 * 3600
+
+
+class LocalSandboxStartError(SandboxError):
+    """The local sandbox cannot start on this host: the isolation mode it tried is
+    unavailable, or the sandbox root is unusable. Raised before any rollout runs (by
+    :func:`check_local_sandbox`, which the gateway env calls when it starts serving) and
+    by ``start()``; the message names the mode and what to do."""
+
+
+# ---------------------------------------------------------------- shared clients
+
+_clients: dict[tuple[str | None, str], LocalSandboxClient] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(config: LocalSandboxRuntimeConfig) -> LocalSandboxClient:
+    """The process-wide client of ``config``'s root and isolation (blocking: probes the
+    host the first time)."""
+    key = (config.root, config.isolation)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            try:
+                client = LocalSandboxClient(config.root, isolation=config.isolation)
+            except LocalSandboxError as e:
+                raise LocalSandboxStartError(str(e)) from e
+            except OSError as e:
+                raise LocalSandboxStartError(
+                    f"local sandboxes cannot be prepared (isolation {config.isolation}): {e}"
+                ) from e
+            _clients[key] = client
+        return client
+
+
+async def check_local_sandbox(config: LocalSandboxRuntimeConfig) -> str:
+    """Fail fast: prepare ``config``'s sandboxes (probe the isolation mode, make the root);
+    the isolation mode in use. Raises :class:`LocalSandboxStartError` saying what to do."""
+    client = await asyncio.to_thread(_client, config)
+    return str(client.isolation)
+
+
+# ---------------------------------------------------------------- live processes
+
+
+async def _read_stream(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    while chunk := await reader.read(64 * 1024):
+        yield chunk
+
+
+class LocalSandboxProcess(RuntimeProcess):
+    """A live process in a local sandbox: its pipes as asyncio streams, its signals to
+    its whole process group."""
+
+    def __init__(
+        self,
+        proc: Any,
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+    ) -> None:
+        self._proc = proc
+        self._stdin = stdin
+        self.stdout = _read_stream(stdout)
+        self.stderr = _read_stream(stderr)
+
+    @classmethod
+    async def attach(cls, proc: Any) -> LocalSandboxProcess:
+        """Wrap a ``subprocess.Popen`` started with three pipes."""
+        loop = asyncio.get_running_loop()
+        readers = []
+        for pipe in (proc.stdout, proc.stderr):
+            reader = asyncio.StreamReader(limit=2**20)
+            protocol = asyncio.StreamReaderProtocol(reader)
+            await loop.connect_read_pipe(lambda p=protocol: p, pipe)  # type: ignore[misc]
+            readers.append(reader)
+        transport, flow = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, proc.stdin
+        )
+        writer = asyncio.StreamWriter(transport, flow, None, loop)
+        return cls(proc, writer, readers[0], readers[1])
+
+    async def write(self, data: bytes) -> None:
+        self._stdin.write(data)
+        await self._stdin.drain()
+
+    async def wait(self) -> int:
+        rc = await processes.wait_proc(self._proc, float("inf"))
+        assert rc is not None
+        return rc
+
+    async def poll(self) -> int | None:
+        rc: int | None = self._proc.poll()
+        return rc
+
+    async def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    async def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, sig)
+
+
+# ---------------------------------------------------------------- the runtime
+
+
+class LocalSandboxRuntime(Runtime):
+    """v1 ``Runtime`` running each rollout in its own contained local sandbox.
+
+    Paths: relative paths are in the sandbox's working directory (its ``HOME`` and the
+    commands' working directory); absolute ones only inside the sandbox's working or
+    temp directory (``$TMPDIR``); symlinks and ``..`` never lead out.
+    """
+
+    is_local = True
+
+    def __init__(self, config: LocalSandboxRuntimeConfig, name: str | None = None) -> None:
+        super().__init__(name)
+        self.config = config
+        self.info = LocalSandboxRuntimeInfo(**config.model_dump())
+        self._client: LocalSandboxClient | None = None
+        self.sandbox_id: str | None = None
+        #: The sandbox's working directory (host path; the same path inside the sandbox).
+        self.workdir: Path | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Create the sandbox (raises :class:`LocalSandboxStartError` when it cannot)."""
+        client = await asyncio.to_thread(_client, self.config)
+        self._client = client
+        config = self.config
+        request = CreateSandboxRequest.model_validate(
+            {
+                "name": self.name,
+                "docker_image": config.image or "local",
+                "cpu_cores": config.cpu or 1.0,
+                "memory_gb": config.memory,
+                "disk_size_gb": config.disk,
+                "timeout_minutes": max(1, int(config.timeout_minutes)),
+                "labels": ["verifiers-v1"],
+            }
+        )
+        try:
+            sandbox = await client.create(request)
+            # Recorded before the wait: a failed start still reaches stop() with it.
+            self.sandbox_id = sandbox.id
+            self.info.id = sandbox.id
+            self.info.isolation = cast(IsolationChoice, str(client.isolation))
+            await client.wait_for_creation(sandbox.id)
+        except (APIError, LocalSandboxError) as e:
+            raise LocalSandboxStartError(
+                f"local sandbox (isolation {client.isolation}) failed to start: {e}"
+            ) from e
+        dirs = client.sandbox_dirs(sandbox.id)
+        self.workdir = dirs.work
+        # Content-addressed scripts (prepare_uv_script) live in the sandbox's own temp
+        # directory: writable by it, gone with it.
+        self.scripts_dir = str(dirs.tmp / "vf-scripts")
+        logger.debug("local sandbox %s (%s) for %s", sandbox.id, client.isolation, self.name)
+
+    def cleanup(self) -> None:
+        """Kill every process of the sandbox and remove it (sync, idempotent)."""
+        client, sandbox_id = self._client, self.sandbox_id
+        if client is not None and sandbox_id is not None:
+            client.delete_sync(sandbox_id)
+
+    # ------------------------------------------------------------ commands
+
+    def _running(self) -> tuple[LocalSandboxClient, str]:
+        if self._client is None or self.sandbox_id is None:
+            raise SandboxError("local sandbox runtime is not started")
+        return self._client, self.sandbox_id
+
+    async def run(self, argv: list[str], env: dict[str, str]) -> ProgramResult:
+        """Run ``argv`` to its end in the sandbox (killed with its process group if the
+        caller is cancelled)."""
+        client, sandbox_id = self._running()
+        try:
+            response = await client.execute_command(
+                sandbox_id, shlex.join(argv), env=self.process_env(env), timeout=_NO_TIMEOUT
+            )
+        except APIError as e:
+            raise SandboxError(f"local sandbox {sandbox_id}: {e}") from e
+        return ProgramResult(response.exit_code, response.stdout, response.stderr)
+
+    async def open_process(self, argv: list[str], env: dict[str, str]) -> RuntimeProcess:
+        """Start ``argv`` with stdin, stdout and stderr as pipes."""
+        client, sandbox_id = self._running()
+        try:
+            proc = await client.open_process(
+                sandbox_id, shlex.join(argv), env=self.process_env(env)
+            )
+        except APIError as e:
+            raise SandboxError(f"local sandbox {sandbox_id}: {e}") from e
+        return await LocalSandboxProcess.attach(proc)
+
+    async def run_background(self, argv: list[str], env: dict[str, str], log: str) -> None:
+        """Start ``argv`` in the background, output to ``log`` (a sandbox path); it runs
+        until the runtime stops."""
+        client, sandbox_id = self._running()
+        command = f"exec {shlex.join(argv)} > {shlex.quote(log)} 2>&1 < /dev/null"
+        try:
+            await client.start_background_job(sandbox_id, command, env=self.process_env(env))
+        except APIError as e:
+            raise SandboxError(f"local sandbox {sandbox_id}: {e}") from e
+
+    # ------------------------------------------------------------ files
+
+    async def _read(self, path: str, max_bytes: int | None = None) -> bytes:
+        client, sandbox_id = self._running()
+        try:
+            return await client.read_bytes(sandbox_id, path, max_bytes)
+        except SandboxFileNotFoundError as e:
+            raise FileNotFoundError(path) from e
+        except APIError as e:
+            raise SandboxError(f"read {path!r}: {e}") from e
+
+    async def write(self, path: str, data: bytes) -> None:
+        client, sandbox_id = self._running()
+        try:
+            await client.upload_bytes(sandbox_id, path, data, os.path.basename(path))
+        except APIError as e:
+            raise SandboxError(f"write {path!r}: {e}") from e
+
+
+# ---------------------------------------------------------------- v1's runtime table
+
+
+def install_runtime_type() -> None:
+    """Make v1's runtime table resolve ``local_sandbox`` configs to
+    :class:`LocalSandboxRuntime` (idempotent; every other type is resolved as before).
+
+    See the module docstring for why: verifiers 0.4.0 has no registration hook.
+    """
+    current = v1_runtimes._runtime_cls
+    if getattr(current, "rollout_gateway_local_sandbox", False):
+        return
+
+    def runtime_cls(config: Any) -> type[Runtime]:
+        if isinstance(config, LocalSandboxRuntimeConfig):
+            return LocalSandboxRuntime
+        return current(config)
+
+    runtime_cls.rollout_gateway_local_sandbox = True  # type: ignore[attr-defined]
+    v1_runtimes._runtime_cls = runtime_cls
+
+
+install_runtime_type()
+
+__all__ = [
+    "LocalSandboxProcess",
+    "LocalSandboxRuntime",
+    "LocalSandboxStartError",
+    "check_local_sandbox",
+    "install_runtime_type",
+]

@@ -1,0 +1,124 @@
+"""What the upstream receives: registered model/sampling params win, tokens always asked."""
+
+from __future__ import annotations
+
+from rollout_gateway.server.engines.upstream_request import build_upstream_request
+
+from ..conftest import RecordingUpstream, script
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+
+
+async def test_registered_params_override_the_agents(make_gateway) -> None:
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app())
+    await gw.register(
+        "r1",
+        model="policy-v3",
+        sampling_params={
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "max_completion_tokens": 321,
+            "extra_body": {"top_k": 20, "min_p": 0.05},
+        },
+    )
+    agent_body = {
+        "model": "gpt-agent",
+        "messages": [{"role": "user", "content": script({"say": "hi"})}],
+        "temperature": 0.0,
+        "top_p": 0.1,
+        "max_tokens": 5,
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "agent-user",
+    }
+    r = await gw.chat("r1", agent_body)
+    assert r.status_code == 200
+    sent = upstream.requests[-1]
+    assert sent["model"] == "policy-v3"
+    assert sent["temperature"] == 0.7 and sent["top_p"] == 0.9
+    assert sent["max_tokens"] == 321 and "max_completion_tokens" not in sent
+    assert sent["top_k"] == 20 and sent["min_p"] == 0.05 and "extra_body" not in sent
+    assert sent["tools"] == TOOLS and sent["tool_choice"] == "auto"
+    # Allowlist: fields an agent may not set are dropped, and the turn lists them.
+    assert "user" not in sent
+    assert sent["stream"] is False and "stream_options" not in sent
+    assert sent["return_token_ids"] is True and sent["logprobs"] is True
+    assert sent["messages"] == agent_body["messages"]
+
+
+async def test_agent_max_tokens_used_when_not_registered(make_gateway) -> None:
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app())
+    await gw.register("r1", sampling_params={"temperature": 1.0})
+    body = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 77}
+    await gw.chat("r1", body)
+    sent = upstream.requests[-1]
+    assert sent["max_tokens"] == 77 and "max_completion_tokens" not in sent
+    assert sent["temperature"] == 1.0
+
+
+def test_build_upstream_request_unit() -> None:
+    out = build_upstream_request(
+        {"messages": [], "max_tokens": 3, "max_completion_tokens": 4, "seed": 1},
+        model="m",
+        sampling_params={"max_tokens": 9, "seed": 2},
+        max_tokens_bound=100,
+    )
+    assert out == {
+        "messages": [],
+        "seed": 2,
+        "max_tokens": 9,
+        "model": "m",
+        "stream": False,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
+    no_limit = build_upstream_request({"messages": []}, model="m", sampling_params={})
+    assert "max_tokens" not in no_limit and "max_completion_tokens" not in no_limit
+
+
+async def test_agent_sampling_fields_are_dropped_not_forwarded(make_gateway) -> None:
+    """Training needs the registered sampling: no agent field reaches the engine unless
+    it is on the allowlist, and the recorded turn names what was dropped."""
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app())
+    await gw.register("r1", sampling_params={"temperature": 1.0})
+    hostile = {
+        "n": 8, "best_of": 8, "logit_bias": {"1": 100}, "top_k": 1, "seed": 7,
+        "ignore_eos": True, "echo": True, "chat_template": "{{ 'pwned' }}",
+        "truncate_prompt_tokens": 1, "temperature": 0.0, "presence_penalty": 2.0,
+        "extra_body": {"top_k": 1}, "min_tokens": 9999,
+    }  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS, **hostile}
+    assert (await gw.chat("r1", body)).status_code == 200
+    sent = upstream.requests[-1]
+    assert not set(hostile) - {"temperature"} & set(sent)
+    assert sent["temperature"] == 1.0 and sent["tools"] == TOOLS
+    step = (await gw.trajectory("r1")).json()["trajectory"][0]
+    assert step["extras"]["dropped_fields"] == sorted(hostile)
+
+
+def test_remaining_budget_caps_max_tokens() -> None:
+    capped = build_upstream_request(
+        {"messages": [], "max_tokens": 500}, model="m", sampling_params={}, max_tokens_bound=40
+    )
+    assert capped["max_tokens"] == 40
+    bounded = build_upstream_request(
+        {"messages": []}, model="m", sampling_params={}, max_tokens_bound=40
+    )
+    assert bounded["max_tokens"] == 40
+
+
+async def test_registered_sampling_params_may_not_set_the_conversation(gw) -> None:
+    for sampling in (
+        {"temperature": 1.0, "messages": [{"role": "user", "content": "hijacked"}]},
+        {"extra_body": {"messages": []}},  # flattened the way the engine would see it
+        {"prompt": "hijacked"},
+    ):
+        r = await gw.register("r1", sampling_params=sampling)
+        assert r.status_code == 400, r.text
+        assert "the conversation is the agent's" in r.json()["error"]["message"]
+    assert (await gw.register("r1", sampling_params={"temperature": 1.0})).status_code == 200

@@ -1,0 +1,321 @@
+"""True streaming from vLLM, replayed from chunks recorded off the real vLLM 0.32.
+
+``fixtures/vllm-0.32-*.json`` hold a request (``return_token_ids``, ``logprobs``,
+temperature 0) and vLLM's whole answer to it; ``*-stream.sse`` the raw SSE vLLM sent
+for the same request with ``stream: true`` (captured from ``shared/real-vllm``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from rollout_gateway.server import GatewayConfig, create_app, running_server
+from rollout_gateway.server.engines.answers import read_answer
+from rollout_gateway.server.engines.streaming import StreamAssembler, iter_sse_json
+
+from ..conftest import GatewayFactory
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture(name: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    data = json.loads((FIXTURES / f"vllm-0.32-{name}.json").read_text())
+    raw = (FIXTURES / f"vllm-0.32-{name}-stream.sse").read_text()
+    return data["request"], data["answer"], raw
+
+
+class _ClosingResponse(StreamingResponse):
+    """Sets ``closed`` when the response ends, finished or cut by a disconnect."""
+
+    def __init__(self, content: Any, closed: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.closed = closed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closed.set()
+
+
+class ReplayVLLM:
+    """A vLLM-shaped upstream replaying recorded answers.
+
+    ``hold`` (an event) pauses the stream after its first chunk until set, to test
+    keepalives and disconnects; ``closed`` is set when the gateway stops reading.
+    """
+
+    def __init__(self, name: str, hold: asyncio.Event | None = None) -> None:
+        self.request, self.answer, self.raw = fixture(name)
+        self.hold = hold
+        self.bodies: list[dict[str, Any]] = []
+        self.closed = asyncio.Event()
+
+    def app(self) -> Starlette:
+        async def chat(request: Request) -> Response:
+            body = json.loads(await request.body())
+            self.bodies.append(body)
+            if not body.get("stream"):
+                return JSONResponse(self.answer)
+
+            async def events() -> AsyncIterator[bytes]:
+                for i, block in enumerate(self.raw.split("\n\n")):
+                    if not block.strip():
+                        continue
+                    yield (block + "\n\n").encode()
+                    if i == 0 and self.hold is not None:
+                        await self.hold.wait()
+
+            return _ClosingResponse(events(), self.closed, media_type="text/event-stream")
+
+        async def models(request: Request) -> Response:
+            card = {"id": "gemma3-270m", "owned_by": "vllm", "max_model_len": 4096}
+            return JSONResponse({"object": "list", "data": [card]})
+
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/v1/models", models, methods=["GET"]),
+            ]
+        )
+
+
+def sdk(gw: Any, rollout_id: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"http://gateway/v1/rollouts/{rollout_id}",
+        api_key=gw.keys[rollout_id],
+        http_client=httpx.AsyncClient(transport=httpx.ASGITransport(gw.app)),
+        max_retries=0,
+    )
+
+
+async def _lines(text: str) -> AsyncIterator[str]:
+    for line in text.split("\n"):
+        yield line
+
+
+@pytest.mark.parametrize("name", ["text", "tool"])
+async def test_assembled_stream_equals_the_whole_answer(name: str) -> None:
+    _, whole, raw = fixture(name)
+    assembler = StreamAssembler()
+    async for chunk in iter_sse_json(_lines(raw)):
+        assembler.feed(chunk)
+    assert assembler.finished
+    streamed, direct = read_answer(assembler.completion()), read_answer(whole)
+    assert streamed.prompt_ids == direct.prompt_ids
+    s, d = streamed.first, direct.first
+    assert s is not None and d is not None
+    assert s.completion_ids == d.completion_ids
+    assert s.completion_logprobs == pytest.approx(d.completion_logprobs, abs=1e-4)
+    assert len(s.completion_logprobs or []) == len(s.completion_ids or [])
+    assert (s.finish_reason, s.stop_reason) == (d.finish_reason, d.stop_reason)
+    assert s.message.get("content") == d.message.get("content")
+    calls = [c["function"] for c in s.message.get("tool_calls") or ()]
+    assert calls == [c["function"] for c in d.message.get("tool_calls") or ()]
+    assert streamed.usage is not None and streamed.usage["completion_tokens"] == len(
+        d.completion_ids or []
+    )
+
+
+@pytest.mark.parametrize("name", ["text", "tool"])
+async def test_gateway_streams_from_vllm_and_records_the_whole_turn(
+    make_gateway: GatewayFactory, name: str
+) -> None:
+    engine = ReplayVLLM(name)
+    gw = await make_gateway(engine.app())
+    await gw.register("r1", model="gemma3-270m")
+    request = engine.request
+    stream = await sdk(gw, "r1").chat.completions.create(
+        model="agent",
+        messages=request["messages"],
+        tools=request.get("tools") or openai.NOT_GIVEN,
+        stream=True,
+        logprobs=True,
+    )
+    logprobs, finish = [], None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if choice.logprobs and choice.logprobs.content:
+                logprobs += [e.logprob for e in choice.logprobs.content]
+            finish = choice.finish_reason or finish
+    sent = engine.bodies[0]
+    assert sent["stream"] is True and sent["return_token_ids"] is True and sent["logprobs"]
+    assert sent["stream_options"] == {"include_usage": True}
+    whole = engine.answer["choices"][0]
+    assert len(logprobs) == len(whole["token_ids"])  # the agent asked for logprobs: all of them
+    assert finish == whole["finish_reason"]
+
+    step = (await gw.trajectory("r1")).json()["trajectory"][0]
+    assert step["tokens"]["prompt_ids"] == engine.answer["prompt_token_ids"]
+    assert step["tokens"]["completion_ids"] == whole["token_ids"]
+    assert step["tokens"]["completion_logprobs"] == pytest.approx(
+        [e["logprob"] for e in whole["logprobs"]["content"]], abs=1e-4
+    )
+    assert step["extras"]["usage"]["completion_tokens"] == len(whole["token_ids"])
+    assert step["extras"]["timing"]["first_token_s"] is not None
+    # Delivered and nobody follows it: the turn's chunks are not kept.
+    assert gw.gateway.registry.get("r1").turns.last.events.events == []
+
+
+async def test_agent_gets_no_ids_or_usage_it_did_not_ask_for(make_gateway: GatewayFactory) -> None:
+    engine = ReplayVLLM("text")
+    gw = await make_gateway(engine.app())
+    await gw.register("r1", model="gemma3-270m")
+    body = {"model": "a", "messages": engine.request["messages"], "stream": True}
+    headers = gw.agent_headers("r1")
+    url = "/v1/rollouts/r1/chat/completions"
+    async with gw.client.stream("POST", url, json=body, headers=headers) as r:
+        raw = (await r.aread()).decode()
+    chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    assert raw.rstrip().endswith("data: [DONE]")
+    assert all("prompt_token_ids" not in c and "usage" not in c for c in chunks)
+    assert all(
+        ch.get("logprobs") is None and "token_ids" not in ch for c in chunks for ch in c["choices"]
+    )
+    text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+    assert text == engine.answer["choices"][0]["message"]["content"]
+
+
+ADMIN = "test-admin-token-0123456789"
+
+
+@contextlib.asynccontextmanager
+async def served_pair(engine: ReplayVLLM, **config: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The fake engine and the gateway on loopback sockets (httpx's ASGI transport
+    buffers whole responses, which would hide streaming). The client is the admin's."""
+    async with running_server(engine.app()) as engine_root:
+        gateway_config = GatewayConfig(upstreams=[f"{engine_root}/v1"], admin_token=ADMIN, **config)
+        app = create_app(gateway_config)
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        async with (
+            running_server(app) as root,
+            httpx.AsyncClient(base_url=root, headers=headers) as client,
+        ):
+            yield client
+
+
+async def register(client: httpx.AsyncClient) -> dict[str, str]:
+    """Register rollout r1; the agent's headers (its key)."""
+    r = await client.post("/v1/rollouts/r1/register", json={"model": "gemma3-270m"})
+    return {"Authorization": f"Bearer {r.json()['api_key']}"}
+
+
+async def test_keepalives_while_the_engine_is_silent() -> None:
+    hold = asyncio.Event()
+    engine = ReplayVLLM("text", hold=hold)
+    body = {"model": "a", "messages": engine.request["messages"], "stream": True}
+    async with served_pair(engine, stream_keepalive_s=0.05) as client:
+        agent = await register(client)
+        seen = b""
+        url = "/v1/rollouts/r1/chat/completions"
+        async with client.stream("POST", url, json=body, headers=agent) as r:
+            assert r.status_code == 200
+            async for piece in r.aiter_bytes():
+                seen += piece
+                if seen.count(b": keepalive") >= 2:
+                    hold.set()  # the engine speaks again
+        assert b"data: [DONE]" in seen
+        assert seen.index(b": keepalive") > seen.index(b"data: ")  # first chunk at once
+        step = (await client.get("/v1/rollouts/r1/trajectory")).json()["trajectory"][0]
+    assert step["tokens"]["completion_ids"] == engine.answer["choices"][0]["token_ids"]
+
+
+async def test_agent_disconnect_mid_stream_keeps_the_turn_for_its_retry() -> None:
+    hold = asyncio.Event()
+    engine = ReplayVLLM("text", hold=hold)
+    body = {"model": "a", "messages": engine.request["messages"], "stream": True}
+    url = "/v1/rollouts/r1/chat/completions"
+    async with served_pair(engine, stream_keepalive_s=0.05) as client:
+        agent = await register(client)
+        async with client.stream("POST", url, json=body, headers=agent) as r:
+            async for _ in r.aiter_bytes():
+                break  # the agent goes away after the first bytes
+        hold.set()  # the engine finishes: the turn is recorded all the same
+        # The SDK's retry joins the turn and gets the whole answer, from the first chunk.
+        retry = {**agent, "x-stainless-retry-count": "1"}
+        async with client.stream("POST", url, json=body, headers=retry) as r:
+            raw = (await r.aread()).decode()
+        traj = (await client.get("/v1/rollouts/r1/trajectory")).json()
+    assert len(engine.bodies) == 1  # one engine call
+    chunks = [json.loads(x[6:]) for x in raw.splitlines() if x.startswith("data: {")]
+    text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+    assert text == engine.answer["choices"][0]["message"]["content"]
+    assert raw.rstrip().endswith("data: [DONE]")
+    assert traj["num_turns"] == 1 and traj["abandoned_turns"] == 0
+    step = traj["trajectory"][0]
+    assert step["tokens"]["completion_ids"] == engine.answer["choices"][0]["token_ids"]
+
+
+async def stream_after_first_chunk(
+    make_gateway: GatewayFactory, tail: str
+) -> tuple[Any, list[dict[str, Any]], str]:
+    """Stream a turn whose engine sends its first recorded chunk, then ``tail``; the
+    gateway harness, the agent's JSON events and its raw stream."""
+    engine = ReplayVLLM("text")
+    first_block = engine.raw.split("\n\n")[0]
+    engine.raw = f"{first_block}\n\n{tail}"
+    gw = await make_gateway(engine.app())
+    await gw.register("r1", model="gemma3-270m")
+    body = {"model": "a", "messages": engine.request["messages"], "stream": True}
+    url = "/v1/rollouts/r1/chat/completions"
+    async with gw.client.stream("POST", url, json=body, headers=gw.agent_headers("r1")) as r:
+        assert r.status_code == 200  # the first chunk went out before the error
+        raw = (await r.aread()).decode()
+    events = [json.loads(x[6:]) for x in raw.splitlines() if x.startswith("data: {")]
+    return gw, events, raw
+
+
+async def test_an_engine_error_mid_stream_reaches_the_agent_and_records_nothing(
+    make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    error = {"error": {"message": "KV cache lost in /srv/vllm", "type": "X", "code": 500}}
+    tail = f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n"
+    gw, events, raw = await stream_after_first_chunk(make_gateway, tail)
+    # An engine's 5xx in a stream is told like a whole answer's: its status, not its words.
+    assert events[-1]["error"]["message"] == "upstream error 500"
+    assert "/srv/vllm" not in raw and "KV cache lost in /srv/vllm" in caplog.text
+    assert raw.rstrip().endswith("data: [DONE]")
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["trajectory"] == [] and traj["num_turns"] == 0
+    assert traj["failed_turns"][0]["error"]["type"] == "protocol"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        '{"choices": 5}',
+        '{"choices": [{"index": 0, "delta": {"tool_calls": 5}}]}',
+        "[" * 5000 + "]" * 5000,
+    ],
+    ids=["choices-not-a-list", "tool-calls-not-a-list", "nested-too-deep"],
+)
+async def test_a_malformed_engine_chunk_ends_the_stream_as_an_upstream_error(
+    make_gateway: GatewayFactory, event: str
+) -> None:
+    gw, events, raw = await stream_after_first_chunk(make_gateway, f"data: {event}\n\n")
+    assert events[-1]["error"]["code"] == "upstream_error", events[-1]
+    assert raw.rstrip().endswith("data: [DONE]")
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["num_turns"] == 0 and traj["failed_turns"][0]["error"]["type"] == "protocol"
+    metrics = (await gw.client.get("/metrics")).text
+    assert "rollout_gateway_internal_errors_total 0" in metrics
+    assert 'kind="protocol"} 1' in metrics
+
+
+async def test_sse_parser_reads_what_servers_send() -> None:
+    text = ': comment\n\nevent: x\ndata: {"a":\ndata: 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
+    got = [chunk async for chunk in iter_sse_json(_lines(text))]
+    assert got == [{"a": 1}, {"b": 2}]

@@ -1,0 +1,288 @@
+"""The ``local_sandbox`` runtime type: v1's ``Runtime`` contract on the local sandboxes,
+selected from config and the CLI, running the example agent through the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import verifiers.v1 as vf
+from fix_bug_v1 import FixBugHarnessConfig, FixBugTaskset
+from local_sandbox.procs import assert_none_running, markers, wait_running
+from pydantic import ValidationError
+from verifiers.v1 import runtimes as v1_runtimes
+from verifiers.v1.errors import SandboxError
+from verifiers.v1.runtimes import SubprocessConfig, SubprocessRuntime, make_runtime
+from verifiers.v1.utils.loaders import resolve_env_config
+
+from rollout_gateway.local_sandbox import IsolationMode, unavailable_reasons
+from rollout_gateway.v1 import (
+    GatewayEnvConfig,
+    LocalSandboxAgentConfig,
+    LocalSandboxRuntime,
+    LocalSandboxRuntimeConfig,
+    LocalSandboxStartError,
+    RuntimeChoice,
+    check_local_sandbox,
+    gateway_synced_agent,
+)
+
+from .conftest import ADMIN_TOKEN, Stack
+
+
+def _mode(mode: IsolationMode) -> str:
+    reason = unavailable_reasons()[mode]
+    if reason is not None:
+        pytest.skip(f"isolation {mode} unavailable here: {reason}")
+    return str(mode)
+
+
+@pytest.fixture(params=list(IsolationMode), ids=str)
+def isolation(request: pytest.FixtureRequest, sandbox_root: Path) -> str:
+    return _mode(request.param)
+
+
+@pytest.fixture
+def sandbox_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root every sandbox uid can traverse (pytest's tmp dir may be under a 0700 home)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="rg-v1-sandboxes-", dir="/tmp"))
+    os.chmod(path, 0o711)
+    yield path / "sandboxes"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def runtime_config(root: Path, isolation: str, **overrides: Any) -> LocalSandboxRuntimeConfig:
+    return LocalSandboxRuntimeConfig(isolation=isolation, root=str(root), **overrides)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- selection
+
+
+def test_env_config_selects_local_sandbox_by_type() -> None:
+    config = resolve_env_config(
+        {
+            "taskset": {"id": "fix-bug-v1"},
+            "agent": {"runtime": {"type": "local_sandbox", "isolation": "bwrap", "pids": 64}},
+        }
+    )
+    assert isinstance(config, GatewayEnvConfig)
+    runtime = config.agent.runtime
+    assert isinstance(runtime, LocalSandboxRuntimeConfig)
+    assert (runtime.isolation, runtime.pids) == ("bwrap", 64)
+    # v1's own types still validate.
+    plain = resolve_env_config(
+        {"taskset": {"id": "fix-bug-v1"}, "agent": {"runtime": {"type": "subprocess"}}}
+    )
+    assert isinstance(plain.agent.runtime, SubprocessConfig)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "local_sandbox", "isolation": "chroot"},
+        {"type": "local_sandbox", "memory": 0},
+        {"type": "local_sandbox", "pids": -1},
+        {"type": "local_sandbox", "image": "python:3.11-slim"},
+        {"type": "local_sandbox", "unknown": 1},
+    ],
+)
+def test_bad_local_sandbox_options_are_refused_at_config_time(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        resolve_env_config({"taskset": {"id": "fix-bug-v1"}, "agent": {"runtime": bad}})
+
+
+def test_runtime_choice_is_v1s_union_plus_local_sandbox() -> None:
+    """A verifiers upgrade that adds a runtime type must be seen here (the choice is
+    written out, as v1's own union is)."""
+    ours = set(typing.get_args(typing.get_args(RuntimeChoice)[0]))
+    v1s = set(typing.get_args(typing.get_args(v1_runtimes.RuntimeConfig)[0]))
+    assert ours == v1s | {LocalSandboxRuntimeConfig}
+
+
+def test_v1s_runtime_table_resolves_local_sandbox_and_nothing_else_changes(
+    sandbox_root: Path,
+) -> None:
+    config = runtime_config(sandbox_root, "auto")
+    assert v1_runtimes.runtime_is_local(config)
+    assert isinstance(make_runtime(config), LocalSandboxRuntime)
+    assert isinstance(make_runtime(SubprocessConfig()), SubprocessRuntime)
+
+
+# ---------------------------------------------------------------- the contract
+
+
+async def test_runtime_contract(sandbox_root: Path, isolation: str) -> None:
+    runtime = make_runtime(runtime_config(sandbox_root, isolation))
+    assert isinstance(runtime, LocalSandboxRuntime)
+    runtime.env = {"TASK_VAR": "task"}
+    await runtime.start()
+    try:
+        workdir = runtime.workdir
+        assert workdir is not None and workdir.is_dir()
+        result = await runtime.run(
+            ["sh", "-c", 'echo "$TASK_VAR $CALL_VAR $HOME"; pwd; echo oops >&2; exit 3'],
+            {"CALL_VAR": "call"},
+        )
+        assert result.exit_code == 3
+        assert result.stdout.splitlines() == [f"task call {workdir}", str(workdir)]
+        assert result.stderr == "oops\n"
+        # Files: relative paths in the working directory, bytes exact, reads capped.
+        payload = bytes(range(256)) * 4
+        await runtime.write("dir/data.bin", payload)
+        assert await runtime.read("dir/data.bin") == payload
+        assert await runtime.read(f"{workdir}/dir/data.bin", max_bytes=len(payload)) == payload
+        with pytest.raises(SandboxError, match="over the 10 byte limit"):
+            await runtime.read("dir/data.bin", max_bytes=10)
+        assert (await runtime.run(["cat", "dir/data.bin"], {})).stdout.encode("latin-1", "replace")[
+            :4
+        ] == payload[:4]
+        with pytest.raises(FileNotFoundError):
+            await runtime.read("missing.txt")
+        with pytest.raises(SandboxError):
+            await runtime.write("/etc/rollout-gateway-test", b"x")
+        # The interpreter the harnesses use, with its packages.
+        result = await runtime.run(
+            [sys.executable, "-c", "import openai, sys; print(sys.prefix)"], {}
+        )
+        assert (result.exit_code, result.stdout.strip()) == (0, sys.prefix), result.stderr
+        # A live process: stdin in, stdout and stderr out, its exit code.
+        process = await runtime.open_process(
+            ["sh", "-c", 'read line; echo "got $line"; echo done >&2; exit 5'], {}
+        )
+        await process.write(b"hello\n")
+        out = b"".join([chunk async for chunk in process.stdout])
+        err = b"".join([chunk async for chunk in process.stderr])
+        assert (out, err, await process.wait()) == (b"got hello\n", b"done\n", 5)
+        # A background process keeps running until the runtime stops.
+        await runtime.run_background(["sh", "-c", "echo started; exec sleep 1000"], {}, "bg.log")
+        for _ in range(200):
+            if (workdir / "bg.log").exists() and (workdir / "bg.log").read_bytes():
+                break
+            await asyncio.sleep(0.02)
+        assert await runtime.read("bg.log") == b"started\n"
+        assert await runtime.alive()
+    finally:
+        await runtime.stop()
+    assert not workdir.exists()
+    assert not await runtime.alive()
+
+
+async def test_cancelled_run_kills_the_command(sandbox_root: Path, isolation: str) -> None:
+    runtime = make_runtime(runtime_config(sandbox_root, isolation))
+    await runtime.start()
+    (mark,) = markers(1)
+    try:
+        task = asyncio.ensure_future(runtime.run(["sh", "-c", f"sleep {mark}; echo no"], {}))
+        await wait_running(mark)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert_none_running(mark)
+        assert (await runtime.run(["echo", "still usable"], {})).stdout == "still usable\n"
+    finally:
+        await runtime.stop()
+
+
+async def test_unavailable_mode_is_a_typed_error_before_any_rollout(sandbox_root: Path) -> None:
+    unavailable = [m for m, why in unavailable_reasons().items() if why is not None]
+    if not unavailable:
+        pytest.skip("every isolation mode is available here")
+    config = runtime_config(sandbox_root, str(unavailable[0]))
+    with pytest.raises(LocalSandboxStartError, match=f"isolation {unavailable[0]}"):
+        await check_local_sandbox(config)
+    runtime = make_runtime(config)
+    with pytest.raises(LocalSandboxStartError):
+        await runtime.start()
+    await runtime.stop()  # safe after a failed start
+
+
+async def test_unwritable_root_is_a_typed_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    config = LocalSandboxRuntimeConfig(isolation="process-group", root=str(blocker / "root"))
+    with pytest.raises(LocalSandboxStartError, match="choose another root"):
+        await check_local_sandbox(config)
+
+
+# ---------------------------------------------------------------- a real agent
+
+
+async def test_example_agent_runs_contained_through_the_gateway(
+    stack: Stack, make_interception: Any, sandbox_root: Path
+) -> None:
+    mode = _mode(IsolationMode.BWRAP)
+    interception, _ = await make_interception()
+    config = LocalSandboxAgentConfig(
+        model="scripted",
+        client=vf.EvalClientConfig(base_url=f"{stack.gateway_url}/v1"),
+        harness=FixBugHarnessConfig(),
+        runtime=runtime_config(sandbox_root, mode),
+    )
+    agent = gateway_synced_agent(vf.Agent(config, interception=interception), interception)
+    task = next(iter(FixBugTaskset(vf.TasksetConfig(id="fix-bug-v1"))))
+    async with agent:
+        trace = await agent.run(task)
+    assert trace.ok and trace.stop_condition == "agent_completed", trace.errors
+    assert trace.rewards["tests_pass"].score == 1.0
+    assert trace.num_turns == 4
+    assert trace.agent.runtime.type == "local_sandbox"
+    assert trace.agent.runtime.isolation == mode
+    assert trace.agent.runtime.id.startswith("local-")
+    assert not (sandbox_root / trace.agent.runtime.id).exists()  # removed with the rollout
+    assert len(stack.gateway.registry) == 0
+
+
+async def test_vf_eval_selects_local_sandbox_from_the_cli(
+    stack: Stack, tmp_path: Path, sandbox_root: Path
+) -> None:
+    mode = _mode(IsolationMode.BWRAP)
+    vf_eval = Path(sys.executable).with_name("vf-eval")
+    env = {**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "NO_COLOR": "1"}
+    process = await asyncio.create_subprocess_exec(
+        str(vf_eval),
+        "fix-bug-v1",
+        "-m",
+        "scripted",
+        "--client.base-url",
+        f"{stack.gateway_url}/v1",
+        "--env.agent.runtime.type",
+        "local_sandbox",
+        "--env.agent.runtime.isolation",
+        mode,
+        "--env.agent.runtime.root",
+        str(sandbox_root),
+        "--env.interception.type",
+        "gateway",
+        "--env.interception.tunnel",
+        "direct",
+        "--no-push",
+        "-o",
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
+    assert process.returncode == 0, output.decode()[-3000:]
+    episodes = [
+        json.loads(line)
+        for path in tmp_path.rglob("traces.jsonl")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    assert len(episodes) == 2
+    for episode in episodes:
+        (trace,) = episode["traces"]
+        assert episode["ok"] and trace["stop_condition"] == "agent_completed"
+        assert trace["rewards"]["tests_pass"]["score"] == 1.0
+        assert trace["agent"]["runtime"]["type"] == "local_sandbox"
+    assert list(sandbox_root.iterdir()) == []  # every sandbox removed
