@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -202,9 +205,30 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, result, None)
 
-    name = f"demo-{getattr(fn, '__name__', 'work')}"
+    name = f"{_THREAD_PREFIX}{getattr(fn, '__name__', 'work')}"
     threading.Thread(target=work, name=name, daemon=True).start()
     return await future
+
+
+_THREAD_PREFIX = "demo-off-loop-"
+
+
+def exit_if_work_abandoned(code: int) -> None:
+    """End the process now, with ``code``, when :func:`off_loop` work still runs.
+
+    A stop during setup abandons the stack's import in its daemon thread; the
+    interpreter's shutdown would then wait seconds for that import to let go of the GIL.
+    Nothing of the run is left to clean up by then (the stack had not started: its
+    sandboxes and servers come after the import), so output is flushed, logging shut down
+    and the process ends. The command line calls this; a library caller never gets here.
+    """
+    if not any(t.name.startswith(_THREAD_PREFIX) for t in threading.enumerate()):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 __all__ = [
@@ -213,6 +237,7 @@ __all__ = [
     "StackSetup",
     "WorkItem",
     "check_stack",
+    "exit_if_work_abandoned",
     "load_stack",
     "off_loop",
     "stack_class",

@@ -44,12 +44,18 @@ TASKSET_ID = "rollout-gateway-fix-bug-v1"
 FULL_PRECISION = {"float_decimals": None}
 _MODULES = (
     "verifiers.v1",
+    # Loading an env by id imports these packages (every built-in taskset, harness, env:
+    # seconds), on the event loop unless they are imported here first.
+    "verifiers.v1.tasksets",
+    "verifiers.v1.harnesses",
+    "verifiers.v1.envs",
     "verifiers.v1.cli.eval.resume",
     "verifiers.v1.cli.output",
     "verifiers.v1.configs.cli.eval",
     "verifiers.v1.utils.loaders",
     "rollout_gateway.v1",
     "rollout_gateway.examples.fix_bug_v1",
+    "rollout_gateway_fix_bug_v1",
 )
 _LOGGERS = ("verifiers", "rollout_gateway")
 
@@ -220,10 +226,12 @@ class V1Stack(DemoStack):
         from verifiers.v1.cli.output import create_attempt_log_dir, write_config
         from verifiers.v1.clients import ModelContext
         from verifiers.v1.utils.eval import plan_rollouts
-        from verifiers.v1.utils.loaders import load_environment
 
         self._setup = setup
-        config = self._config = self.eval_config(setup)
+        # Resolving the config and building the env and its tasks is seconds of pydantic
+        # work the first time: off the event loop, so that a signal stops setup at once.
+        config, env, tasks = await off_loop(self._build, setup)
+        self._config, self._env = config, env
         config.run.assign_id(uuid.uuid4().hex)
         write_config(config, setup.run_dir)  # a resume names this attempt's addresses
         traces = setup.run_dir / TRACES_FILE
@@ -231,10 +239,6 @@ class V1Stack(DemoStack):
             traces.write_text("")
         self._log_to(create_attempt_log_dir(setup.run_dir) / "eval.log", stack)
 
-        env = self._env = load_environment(config.env)
-        env.gateway_admin_token = setup.admin_token  # never through the environment
-        env.gateway_transport = self.gateway_transport
-        tasks = list(env.taskset.select(config.select))
         if setup.resuming:
             plan = plan_resume(setup.run_dir, tasks, config.num_rollouts, setup.keep_failed)
         else:
@@ -247,6 +251,16 @@ class V1Stack(DemoStack):
             for task, kept, owed in plan
             for n in range(owed)
         ]
+
+    def _build(self, setup: StackSetup) -> tuple[Any, Any, list[Any]]:
+        """The resolved config, the env (not serving yet) and the tasks it runs."""
+        from verifiers.v1.utils.loaders import load_environment
+
+        config = self.eval_config(setup)
+        env = load_environment(config.env)
+        env.gateway_admin_token = setup.admin_token  # never through the environment
+        env.gateway_transport = self.gateway_transport
+        return config, env, list(env.taskset.select(config.select))
 
     def _log_to(self, path: Path, stack: contextlib.AsyncExitStack) -> None:
         """The attempt's ``eval.log``: v1's and the adapter's logs (as vf-eval tees them)."""
