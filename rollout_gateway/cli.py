@@ -632,15 +632,16 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 def run_demo_command(args: argparse.Namespace) -> int:
     """Run ``demo`` with parsed arguments (exit code 2, one line, on invalid options)."""
     from rollout_gateway.demo import DemoError, options_from_args, run_demo
-    from rollout_gateway.demo.stack import exit_if_work_abandoned
+    from rollout_gateway.demo.stack import exit_if_work_abandoned, off_loop_threads
 
     try:
         options = options_from_args(args)
     except DemoError as e:
         print(f"rollout-gateway demo: error: {e}", file=sys.stderr)
         return 2
+    before = off_loop_threads()
     code = run_demo(options)
-    exit_if_work_abandoned(code)  # a stop during setup: don't wait for the import
+    exit_if_work_abandoned(code, before)  # a stop during setup: don't wait for the import
     return code
 
 

@@ -213,16 +213,22 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
 _THREAD_PREFIX = "demo-off-loop-"
 
 
-def exit_if_work_abandoned(code: int) -> None:
-    """End the process now, with ``code``, when :func:`off_loop` work still runs.
+def off_loop_threads() -> set[threading.Thread]:
+    """The threads of :func:`off_loop` work still running."""
+    return {t for t in threading.enumerate() if t.name.startswith(_THREAD_PREFIX)}
+
+
+def exit_if_work_abandoned(code: int, before: set[threading.Thread]) -> None:
+    """End the process now, with ``code``, when :func:`off_loop` work started by the run
+    (not among ``before``) still runs.
 
     A stop during setup abandons the stack's import in its daemon thread; the
     interpreter's shutdown would then wait seconds for that import to let go of the GIL.
     Nothing of the run is left to clean up by then (the stack had not started: its
     sandboxes and servers come after the import), so output is flushed, logging shut down
-    and the process ends. The command line calls this; a library caller never gets here.
+    and the process ends. Only the command line calls this, after the run returned.
     """
-    if not any(t.name.startswith(_THREAD_PREFIX) for t in threading.enumerate()):
+    if not off_loop_threads() - before:
         return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -240,5 +246,6 @@ __all__ = [
     "exit_if_work_abandoned",
     "load_stack",
     "off_loop",
+    "off_loop_threads",
     "stack_class",
 ]
