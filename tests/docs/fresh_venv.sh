@@ -14,6 +14,7 @@ cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3.11}"
 stacks=("$@")
 [ ${#stacks[@]} -eq 0 ] && stacks=(v1 classic)
+status=0
 for stack in "${stacks[@]}"; do
     scratch=$(mktemp -d)
     trap 'rm -rf "$scratch"' EXIT
@@ -21,8 +22,9 @@ for stack in "${stacks[@]}"; do
     "$PYTHON" -m venv "$scratch/venv"
     "$scratch/venv/bin/pip" install -q --upgrade pip
     "$scratch/venv/bin/pip" install -q -e ".[$stack,test]"
-    DOCS_SNIPPETS_REAL_INSTALL=1 "$scratch/venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
-        tests/docs/test_snippets.py -k README
+    DOCS_SNIPPETS_REAL_INSTALL=1 "$scratch/venv/bin/python" -m pytest -v -rs -p no:cacheprovider \
+        tests/docs/test_snippets.py -k README || status=1
     rm -rf "$scratch"
     trap - EXIT
 done
+exit $status

@@ -64,12 +64,26 @@ def test_a_marked_block_in_a_list_item_is_found_with_its_indent_removed(tmp_path
 _SESSIONS = all_sessions()
 
 
+def _same_as_earlier(session: Session) -> Session | None:
+    """An earlier session (in page order) running the very same blocks on this stack: a
+    command shown on two pages (the README and getting-started) runs once."""
+    mine = [(b.language, b.code) for b in session.blocks_for(RUN_STACK)]
+    for other in _SESSIONS:
+        if other is session:
+            return None
+        if [(b.language, b.code) for b in other.blocks_for(RUN_STACK)] == mine:
+            return other
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("session", _SESSIONS, ids=[s.id for s in _SESSIONS])
 def test_doc_session_runs(session: Session, tmp_path: Path) -> None:
     to_run = session.blocks_for(RUN_STACK)
     if not to_run:
         pytest.skip(f"no block of this session runs on the {RUN_STACK} stack")
+    if (earlier := _same_as_earlier(session)) is not None:
+        pytest.skip(f"the same blocks run as {earlier.id}")
     result = run_session(session, to_run, tmp_path)
     where = ", ".join(b.where for b in to_run)
     if result.returncode is None:
