@@ -28,8 +28,7 @@ STACK = detect_stack()
 #: example env and demo, and modules using the classic fixtures of ``helpers.py``.
 CLASSIC_ONLY = [
     "classic",
-    "examples/test_fix_bug_env.py",
-    "examples/test_vf_eval.py",
+    "examples",
     "test_demo_classic.py",
     "test_integration_gateway.py",
     "test_client.py",

@@ -265,6 +265,8 @@ async def test_vf_eval_selects_local_sandbox_from_the_cli(
         "--env.interception.tunnel",
         "direct",
         "--no-push",
+        "-n",
+        "2",
         "-o",
         str(tmp_path),
         stdout=asyncio.subprocess.PIPE,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from stacks import STACK
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 README = {
     "classic": REPO / "examples" / "fix_bug_env" / "README.md",
     "v1": REPO / "examples" / "fix_bug_v1" / "README.md",
