@@ -150,7 +150,7 @@ async def build_ours(world: bw.World) -> Side:
     gateway = world.make_gateway()
     sandboxes = world.make_sandboxes(gateway)
     tunnels = FakeTunnelProvider(start_latency=bw.TUNNEL_START_LATENCY)
-    sandboxes.on_agent_exit = gateway.agent_exited  # our launch wrapper reports the exit
+    gateway.watch(sandboxes)  # our launch wrapper reports the start and exit
 
     class OursEnv(bw.Instrumented, RolloutGatewayMixin, vf.CliAgentEnv):
         """A gateway env as an author writes it (default settings but the seams)."""

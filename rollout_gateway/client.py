@@ -268,12 +268,16 @@ class GatewayClient:
             )
         return response
 
-    async def get_trajectory(self, rollout_id: str) -> protocol.TrajectoryResponse:
+    async def get_trajectory(
+        self, rollout_id: str, *, expand: bool = True
+    ) -> protocol.TrajectoryResponse:
         """Fetch the recorded trajectory of a rollout (the protocol table's full form).
 
         It is asked for in the delta form, where each step holds only what the previous
         one does not (a 40-turn rollout at 32k context: 0.3 MB instead of 10 MB), and
-        expanded here; a gateway without the delta form answers the full one.
+        expanded here; a gateway without the delta form answers the full one. With
+        ``expand=False`` a delta answer is returned as it came (``"format": "delta"``,
+        see :func:`protocol.expand_delta_steps`), for readers that consume deltas.
         """
         data = await self._request(
             "GET",
@@ -287,6 +291,8 @@ class GatewayClient:
             raise GatewayProtocolError(
                 "trajectory answer: 'trajectory' is not a list", rollout_id=rollout_id
             )
+        if not expand:
+            return cast(protocol.TrajectoryResponse, body)
         if body.pop("format", None) == "delta" and steps is not None:
             try:
                 body["trajectory"] = protocol.expand_delta_steps(steps)

@@ -11,6 +11,8 @@ it reschedules, from the model's own failures, which it trains on.
   gateway refused the env's admin token.
 - :class:`RolloutInfraError` and subclasses: infrastructure failed; retrying the rollout
   elsewhere may succeed.
+- :class:`EngineError`: the engine behind the gateway failed the agent's model calls
+  and the agent then exited (an inference outage, distinct from an agent crash).
 - :class:`AgentCrashError`: the agent exited non-zero before the rollout ended on its
   own. Whether a trainer reschedules such a rollout is its stack's call: verifiers 0.3
   counts an agent crash as infrastructure (its ``AgentError`` is an ``InfraError``), and
@@ -133,6 +135,13 @@ class RolloutInputError(RolloutInfraError):
     """
 
 
+class EngineError(RolloutInfraError):
+    """The inference engine behind the gateway failed the agent's model calls
+    (unreachable, 5xx, timeout: the gateway's ``failed_turns``), and the agent then
+    exited: an outage, not the agent's crash nor the policy's failure. Each stack gives it
+    its own engine-error type too (verifiers 0.3: ``vf.ModelError``; v1: ``ProviderError``)."""
+
+
 class AgentCrashError(RolloutGatewayError):
     """The agent exited with a non-zero code (see the module docstring for how each
     stack treats it; on verifiers 0.3 it is also verifiers' ``AgentError``)."""
@@ -143,6 +152,7 @@ __all__ = [
     "AgentPollError",
     "AgentStartError",
     "EmptyTrajectoryError",
+    "EngineError",
     "GatewayAuthError",
     "GatewayConfigError",
     "GatewayError",

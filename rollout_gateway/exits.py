@@ -10,6 +10,14 @@ exited. A gateway without the stream is long-polled
 holds the key it is sent with): the rollout confirms it with one sandbox status call. A
 gateway without the extension (404/405) turns the watcher off, and rollouts poll as
 before.
+
+The same channel carries two more reports about a rollout: the wrapper's ``started``
+(it runs and can report the exit: a rollout that never hears it polls its sandbox
+instead of waiting for a report that cannot come) and the gateway's own ``refused``
+(it refused a turn of the rollout: a limit was reached, the rollout was cancelled...;
+the env stops the agent at once, whatever the agent does with the refusal). A
+refusal is the gateway's word, not the agent's, and no later report of the agent
+erases it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
@@ -77,19 +85,45 @@ class ExitBoard:
         """The number of the latest report."""
         return self._seq
 
-    def report(self, rollout_id: str, exit_code: int | None) -> None:
-        """Record (or replace) the exit report of ``rollout_id`` and wake the waiters
-        (a repeat within :data:`REPORT_WAKE_INTERVAL` wakes them when it ends)."""
-        self._seq += 1
-        self._reports.pop(rollout_id, None)
-        self._reports[rollout_id] = {
+    def report(self, rollout_id: str, exit_code: int | None, *, started: bool = False) -> None:
+        """Record (or replace) the agent's report about ``rollout_id`` (its exit, or with
+        ``started`` that its launch wrapper runs) and wake the waiters (a repeat within
+        :data:`REPORT_WAKE_INTERVAL` wakes them when it ends). A refusal the gateway
+        reported stays on the rollout's report (see :meth:`refused`)."""
+        previous = self._reports.get(rollout_id)
+        if started and previous is not None:
+            return  # sent beside the agent: it may come after the agent's exit report
+        report: ExitReport = {"rollout_id": rollout_id, "exit_code": exit_code, "seq": 0}
+        if started:
+            report["started"] = True
+        if previous is not None and "refused" in previous:
+            report["refused"] = previous["refused"]  # the agent cannot erase it
+        self._post(report, urgent=False)
+
+    def refused(self, rollout_id: str, code: str) -> None:
+        """The gateway refused a turn of ``rollout_id`` (``code`` says why): report it at
+        once, whatever the agent reported just before (the env stops the agent on it).
+        Only the first refusal of a rollout is reported."""
+        previous = self._reports.get(rollout_id)
+        if previous is not None and "refused" in previous:
+            return
+        report: ExitReport = {
             "rollout_id": rollout_id,
-            "exit_code": exit_code,
-            "seq": self._seq,
+            "exit_code": previous["exit_code"] if previous is not None else None,
+            "seq": 0,
+            "refused": code,
         }
+        self._post(report, urgent=True)
+
+    def _post(self, report: ExitReport, *, urgent: bool) -> None:
+        rollout_id = report["rollout_id"]
+        self._seq += 1
+        report["seq"] = self._seq
+        self._reports.pop(rollout_id, None)
+        self._reports[rollout_id] = report
         now = self._clock()
         last = self._last_wake.get(rollout_id)
-        if last is None or now - last >= self.wake_interval:
+        if urgent or last is None or now - last >= self.wake_interval:
             self._last_wake[rollout_id] = now
             self.wake()
         elif self._deferred_wake is None:
@@ -216,8 +250,9 @@ class ExitWatcher:
         self.supported: bool | None = None
         #: ``None`` until known; whether the gateway serves the exit stream.
         self.streaming: bool | None = None if stream else False
-        self._waiters: dict[str, asyncio.Future[int | None]] = {}
-        self._unclaimed: OrderedDict[str, int | None] = OrderedDict()
+        # Per rollout: the future and whether it takes the whole report (else its code).
+        self._waiters: dict[str, tuple[asyncio.Future[Any], bool]] = {}
+        self._unclaimed: OrderedDict[str, ExitReport] = OrderedDict()
         self._cursor = 0
         self._poll_instead = False  # the stream was refused: one long-poll first
         self._lines = 0  # lines of the current stream
@@ -230,12 +265,22 @@ class ExitWatcher:
         return self._cursor
 
     def subscribe(self, rollout_id: str) -> asyncio.Future[int | None]:
-        """A future resolved with the exit code the agent of ``rollout_id`` reports."""
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        """A future resolved with the exit code of the next report about ``rollout_id``."""
+        return self._subscribe(rollout_id, whole=False)
+
+    def subscribe_report(self, rollout_id: str) -> asyncio.Future[ExitReport]:
+        """A future resolved with the next report about ``rollout_id`` itself (its exit,
+        its wrapper's start, or the gateway's refusal of a turn). One waiter per rollout:
+        a new subscription replaces the previous one."""
+        return self._subscribe(rollout_id, whole=True)
+
+    def _subscribe(self, rollout_id: str, *, whole: bool) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if rollout_id in self._unclaimed:
-            future.set_result(self._unclaimed.pop(rollout_id))
+            report = self._unclaimed.pop(rollout_id)
+            future.set_result(report if whole else report["exit_code"])
             return future
-        self._waiters[rollout_id] = future
+        self._waiters[rollout_id] = (future, whole)
         if (
             not self._closed
             and self.supported is not False
@@ -246,9 +291,9 @@ class ExitWatcher:
 
     def unsubscribe(self, rollout_id: str) -> None:
         """Stop waiting for ``rollout_id`` (its wait ended another way)."""
-        future = self._waiters.pop(rollout_id, None)
-        if future is not None and not future.done():
-            future.cancel()
+        waiter = self._waiters.pop(rollout_id, None)
+        if waiter is not None and not waiter[0].done():
+            waiter[0].cancel()
         if not self._waiters and self._task is not None:
             self._task.cancel()  # nobody waits: no stream or long-poll held open
             self._task = None
@@ -261,7 +306,7 @@ class ExitWatcher:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         waiters, self._waiters = self._waiters, {}
-        for future in waiters.values():
+        for future, _ in waiters.values():
             if not future.done() and future.get_loop() is asyncio.get_running_loop():
                 future.cancel()
 
@@ -338,12 +383,14 @@ class ExitWatcher:
             return
         report = cast(ExitReport, line)
         self._cursor = report["seq"]
-        future = self._waiters.pop(report["rollout_id"], None)
-        if future is not None:
+        waiter = self._waiters.pop(report["rollout_id"], None)
+        if waiter is not None:
+            future, whole = waiter
             if not future.done():
-                future.set_result(report["exit_code"])
+                future.set_result(report if whole else report["exit_code"])
             return
-        self._unclaimed[report["rollout_id"]] = report["exit_code"]
+        self._unclaimed.pop(report["rollout_id"], None)
+        self._unclaimed[report["rollout_id"]] = report
         while len(self._unclaimed) > UNCLAIMED_LIMIT:
             self._unclaimed.popitem(last=False)
 

@@ -6,7 +6,11 @@ The agent's command runs behind a small POSIX ``sh`` wrapper that
   the agent's process tree after a timeout, before anything is scored), and
 - reports the agent's exit code to the gateway (``POST {OPENAI_BASE_URL}/exit`` with the
   rollout's key, see :mod:`rollout_gateway.exits`) with whichever HTTP client the image
-  has: curl, wget or python3; nothing if it has none (sandbox polling still notices).
+  has: curl, wget or python3; nothing if it has none (sandbox polling still notices), and
+- says, as the agent starts, that it can: the same call with ``"started": true``, sent
+  beside the agent (not before it). An image with none of those clients sends nothing,
+  and an env that hears no start report of a rollout polls its sandbox adaptively
+  instead of waiting for an exit report that cannot come.
 
 Nothing here depends on verifiers: any adapter that starts agents with a shell command
 uses it.
@@ -21,19 +25,31 @@ import shlex
 AGENT_PID_NAME = ".rollout-gateway-agent.pid"
 AGENT_PID_FILE = f'"${{TMPDIR:-/tmp}}/{AGENT_PID_NAME}"'
 
+
+def _post_script(body: str) -> str:
+    """POSIX sh posting the JSON ``body`` (a shell word, may use ``$code``) to the rollout's
+    exit route with whichever HTTP client the image has (curl, wget, python3); silently
+    nothing if none."""
+    return (
+        f'b={body}; u="$OPENAI_BASE_URL/exit"; '
+        'k="Bearer $OPENAI_API_KEY"; h="Authorization: $k"; '
+        '{ curl -fsS -m 10 -X POST -H "$h" -H "Content-Type: application/json" -d "$b" "$u" '
+        '|| wget -q -T 10 -O /dev/null --header="$h" --header="Content-Type: application/json" '
+        '--post-data="$b" "$u" '
+        "|| python3 -c 'import os,sys,urllib.request as r; r.urlopen(r.Request(sys.argv[1], "
+        'sys.argv[2].encode(), {"Authorization": sys.argv[3], '
+        '"Content-Type": "application/json"}), timeout=10)\' "$u" "$b" "$k"; '
+        "} >/dev/null 2>&1"
+    )
+
+
 #: POSIX sh run after the agent exits: report ``$code`` to the gateway, with whichever HTTP
 #: client the image has (curl, wget, python3); silently nothing if none. A hint only.
-REPORT_EXIT_SCRIPT = (
-    'b="{\\"exit_code\\": $code}"; u="$OPENAI_BASE_URL/exit"; '
-    'k="Bearer $OPENAI_API_KEY"; h="Authorization: $k"; '
-    '{ curl -fsS -m 10 -X POST -H "$h" -H "Content-Type: application/json" -d "$b" "$u" '
-    '|| wget -q -T 10 -O /dev/null --header="$h" --header="Content-Type: application/json" '
-    '--post-data="$b" "$u" '
-    "|| python3 -c 'import os,sys,urllib.request as r; r.urlopen(r.Request(sys.argv[1], "
-    'sys.argv[2].encode(), {"Authorization": sys.argv[3], '
-    '"Content-Type": "application/json"}), timeout=10)\' "$u" "$b" "$k"; '
-    "} >/dev/null 2>&1"
-)
+REPORT_EXIT_SCRIPT = _post_script('"{\\"exit_code\\": $code}"')
+
+#: POSIX sh run beside the agent as it starts: tell the gateway the wrapper can report
+#: the agent's exit (nothing is sent, so nothing is heard, from an image without a client).
+REPORT_STARTED_SCRIPT = _post_script('\'{"exit_code": null, "started": true}\'')
 
 
 def agent_launch_command(
@@ -47,8 +63,8 @@ def agent_launch_command(
         inner = f"echo $$ > {pid_file}; exec sh -c {shlex.quote(run_command)}"
     else:
         inner = (
-            f"echo $$ > {pid_file}; sh -c {shlex.quote(run_command)}; code=$?; "
-            f"{REPORT_EXIT_SCRIPT}; exit $code"
+            f"echo $$ > {pid_file}; ( {REPORT_STARTED_SCRIPT} ) </dev/null >/dev/null 2>&1 & "
+            f"sh -c {shlex.quote(run_command)}; code=$?; {REPORT_EXIT_SCRIPT}; exit $code"
         )
     return f"sh -c {shlex.quote(inner)}"
 
@@ -67,6 +83,7 @@ __all__ = [
     "AGENT_PID_FILE",
     "AGENT_PID_NAME",
     "REPORT_EXIT_SCRIPT",
+    "REPORT_STARTED_SCRIPT",
     "agent_launch_command",
     "stop_agent_script",
 ]

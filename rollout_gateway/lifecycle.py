@@ -71,7 +71,14 @@ class RolloutRecord:
     agent_base_url: str | None = None
     sandbox_id: str | None = None
     agent_started: bool = False
+    #: The agent runs behind the launch wrapper that reports its start and exit
+    #: (:func:`rollout_gateway.launch.agent_launch_command`); without it the sandbox is
+    #: polled adaptively, as no report can come.
+    agent_reports: bool = False
     agent_exit: AgentExit | None = None
+    #: The gateway refused a turn of the rollout (the refusal's code, from the exit
+    #: channel): the agent was stopped then.
+    refused: str | None = None
     agent_timed_out: bool = False
     agent_polls: int = 0
     trajectory: dict[str, Any] | None = None
@@ -294,12 +301,16 @@ class GatewayRollout:
         probe: Callable[[], Awaitable[AgentExit | None]],
         *,
         is_transient: Callable[[BaseException], bool] = lambda e: False,
+        on_refusal: Callable[[], Awaitable[Any]] | None = None,
     ) -> Coroutine[Any, Any, AgentExit]:
-        """Call ``probe`` (``None`` while the agent runs) until the agent exited.
+        """Call ``probe`` (``None`` while the agent runs) until the agent exited;
+        ``on_refusal`` stops the agent when the gateway refuses one of its turns.
 
         See :func:`rollout_gateway.agent_wait.poll_until_exit`.
         """
-        return agent_wait.poll_until_exit(self, probe, is_transient=is_transient)
+        return agent_wait.poll_until_exit(
+            self, probe, is_transient=is_transient, on_refusal=on_refusal
+        )
 
     def wait_for_agent(self, until_exit: Awaitable[Any]) -> Coroutine[Any, Any, None]:
         """Wait for ``until_exit``, racing the agent timeout and the tunnel's death.
@@ -313,11 +324,13 @@ class GatewayRollout:
         """The rollout's tunnel lease, once leased."""
         return self._lease
 
-    async def fetch_trajectory(self) -> dict[str, Any]:
-        """Fetch the recorded trajectory into ``record.trajectory``."""
+    async def fetch_trajectory(self, *, expand: bool = True) -> dict[str, Any]:
+        """Fetch the recorded trajectory into ``record.trajectory`` (``expand=False``: a
+        delta-form answer as it came, see :meth:`GatewayClient.get_trajectory`)."""
         record = self.record
         assert record.gateway_url is not None
-        answer = await self.resources.client(record.gateway_url).get_trajectory(record.rollout_id)
+        client = self.resources.client(record.gateway_url)
+        answer = await client.get_trajectory(record.rollout_id, expand=expand)
         record.trajectory = dict(answer)
         return record.trajectory
 
@@ -419,7 +432,7 @@ class GatewayRollout:
         # An agent that may still be running must add no turn (one never started cannot);
         # a cancelled or timed-out rollout is cancelled at the gateway in any case.
         agent_loose = record.agent_started and record.agent_exit is None
-        if agent_loose or record.cancelled or record.timed_out:
+        if (agent_loose or record.cancelled or record.timed_out) and record.register_sent:
             await self.steps.quiet("cancel", hooks.cancel)
         if record.agent_timed_out or record.timed_out:
             if record.agent_started and agent_loose:
@@ -429,7 +442,8 @@ class GatewayRollout:
         if not record.cancelled and not self._infra_failed() and not self._misconfigured():
             await self.steps.guarded("score", hooks.score, PostRolloutError)
         await self.steps.guarded("release", hooks.release, RolloutInfraError)
-        await self.steps.guarded("unregister", hooks.unregister, GatewayError)
+        if record.register_sent:  # never for a rollout whose register failed
+            await self.steps.guarded("unregister", hooks.unregister, GatewayError)
         await self.steps.guarded("delete_sandbox", hooks.delete_sandbox, SandboxError)
         record.times["end"] = time.time()
         record.stop_condition = self._stop_condition()

@@ -22,7 +22,9 @@ class PollPolicy:
 
     When the gateway reports agent exits (see :mod:`rollout_gateway.exits`), the sandbox
     is asked only every ``safety_interval`` seconds, as a safety net for an agent that
-    died without reporting, plus once to confirm a report.
+    died without reporting, plus once to confirm a report. That holds once the launch
+    wrapper's start report is heard; a rollout that hears none within ``start_grace``
+    seconds (an image without an HTTP client) is polled adaptively, as without reports.
     """
 
     min_interval: float = 0.05
@@ -30,6 +32,7 @@ class PollPolicy:
     elapsed_fraction: float = 0.05
     max_consecutive_read_errors: int = 5
     safety_interval: float = 10.0
+    start_grace: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.min_interval <= self.max_interval:
@@ -38,6 +41,8 @@ class PollPolicy:
             raise ValueError("PollPolicy.elapsed_fraction must be non-negative")
         if self.safety_interval <= 0:
             raise ValueError("PollPolicy.safety_interval must be positive")
+        if self.start_grace < 0:
+            raise ValueError("PollPolicy.start_grace must be non-negative")
         if self.max_consecutive_read_errors < 1:
             raise ValueError("PollPolicy.max_consecutive_read_errors must be at least 1")
 

@@ -338,15 +338,25 @@ def flatten_sampling_args(*sources: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 class ExitReport(TypedDict):
-    """One agent exit as its launch wrapper reported it: a hint, to be confirmed.
+    """One report on the exit channel about a rollout's agent.
 
-    The agent holds the key the report is made with, so the env must confirm a report
-    with the sandbox before it trusts it.
+    - An agent exit, as its launch wrapper reported it: a hint, to be confirmed. The
+      agent holds the key the report is made with, so the env must confirm it with the
+      sandbox before it trusts it.
+    - ``started``: the launch wrapper started the agent and can report its exit (it has
+      an HTTP client); an env that hears nothing of the kind polls the sandbox instead.
+    - ``refused``: the gateway itself refused a turn of the rollout (the refusal's code,
+      :data:`TurnRefusalCode` or ``context_length_exceeded``): the rollout is over and the
+      env should stop its agent now, whatever the agent does. Only the gateway makes
+      these (an agent's own report cannot carry it), and a later report of the agent
+      keeps it.
     """
 
     rollout_id: str
     exit_code: int | None
     seq: int
+    started: NotRequired[bool]
+    refused: NotRequired[str]
 
 
 class ExitsResponse(TypedDict):
@@ -396,6 +406,10 @@ def check_exit_stream_line(data: Any) -> ExitStreamLine:
         raise ValueError("an exit report needs a string 'rollout_id' and an integer 'seq'")
     if code is not None and not _is_int(code):
         raise ValueError("an exit report's 'exit_code' must be an integer or null")
+    if "refused" in data and not isinstance(data["refused"], str):
+        raise ValueError("an exit report's 'refused' must be a string")
+    if "started" in data and not isinstance(data["started"], bool):
+        raise ValueError("an exit report's 'started' must be true or false")
     return cast(ExitReport, data)
 
 
@@ -413,6 +427,11 @@ class StepTokens(TypedDict):
     completion_logprobs: list[float]
     overlong_prompt: bool
     is_truncated: bool
+    #: MoE router replay (token-in mode with an engine that returns it): the expert ids
+    #: per position, ``{"data": base64 of uint8/uint16 [positions, layers, top_k],
+    #: "shape", "start", "dtype"}``, positions ``start ..`` of ``prompt_ids +
+    #: completion_ids`` (verifiers' ``RoutedExperts`` / ``RoutedExpertsPayload``).
+    routed_experts: NotRequired[dict[str, Any]]
 
 
 class TrajectoryStepBody(TypedDict):
@@ -447,6 +466,8 @@ class TurnError(TypedDict):
     message: str
     #: HTTP status the gateway answered the agent.
     status_code: int
+    #: The engine's own HTTP status, when it answered with an error (a failed turn).
+    upstream_status: NotRequired[int]
 
 
 class FailedTurn(TypedDict):
@@ -590,6 +611,8 @@ def expand_delta_steps(steps: list[dict[str, Any]]) -> list[TrajectoryStepBody]:
                 "overlong_prompt": delta["overlong_prompt"],
                 "is_truncated": delta["is_truncated"],
             }
+            if delta.get("routed_experts") is not None:
+                tokens["routed_experts"] = delta["routed_experts"]
             history_ids = [*prompt_ids, *completion_ids]
         else:
             history_ids = []
@@ -641,6 +664,8 @@ def delta_steps(steps: list[TrajectoryStepBody]) -> list[dict[str, Any]]:
                 "overlong_prompt": tokens["overlong_prompt"],
                 "is_truncated": tokens["is_truncated"],
             }
+            if tokens.get("routed_experts") is not None:
+                delta["routed_experts"] = tokens["routed_experts"]
             history_ids = [*prompt_ids, *tokens["completion_ids"]]
         else:
             history_ids = []

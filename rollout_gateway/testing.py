@@ -33,6 +33,11 @@ from rollout_gateway import protocol
 from rollout_gateway.exits import ExitBoard
 from rollout_gateway.launch import AGENT_PID_NAME
 
+#: Text of the launch wrapper's start and exit reports that survives the shell quoting of
+#: :func:`rollout_gateway.launch.agent_launch_command` (how the fake tells it was used).
+_STARTED_MARK = '"started": true'
+_EXIT_MARK = '\\"exit_code\\": $code'
+
 Failure = int | BaseException
 """An injected failure: an HTTP status to answer, or an exception to raise."""
 
@@ -141,6 +146,25 @@ class FakeGateway:
         """A :class:`FakeSandboxClient` ``on_agent_exit`` hook: the wrapper's report."""
         self.report_exit(rollout_id_of(sandbox), exit_code)
 
+    def agent_started(self, sandbox: FakeSandbox) -> None:
+        """A :class:`FakeSandboxClient` ``on_agent_start`` hook: the wrapper's start report."""
+        rollout_id = rollout_id_of(sandbox)
+        if self.exit_reports and rollout_id in self.rollouts:
+            self.exit_board.report(rollout_id, None, started=True)
+
+    def refuse(self, rollout_id: str, code: str = "max_turns_reached") -> None:
+        """Refuse the rollout's turns from now on (as at a limit) and report the refusal
+        on the exit channel, as the reference gateway does."""
+        rollout = self.rollouts[rollout_id]
+        rollout.status = "completed"
+        if self.exit_reports:
+            self.exit_board.refused(rollout_id, code)
+
+    def watch(self, sandboxes: FakeSandboxClient) -> None:
+        """Hear the launch wrapper's reports of ``sandboxes``' agents (start and exit)."""
+        sandboxes.on_agent_start = self.agent_started
+        sandboxes.on_agent_exit = self.agent_exited
+
     async def handle(self, request: httpx.Request) -> httpx.Response:
         """The transport's handler."""
         latency = self.latency() if callable(self.latency) else self.latency
@@ -169,7 +193,8 @@ class FakeGateway:
             return _error(404, f"unknown rollout {rollout_id}")
         if op == "exit" and request.method == "POST" and self.exit_reports:
             body = json.loads(request.content or b"{}")
-            self.exit_board.report(rollout_id, body.get("exit_code"))
+            started = body.get("started") is True
+            self.exit_board.report(rollout_id, body.get("exit_code"), started=started)
             return _answer(200, {"rollout_id": rollout_id, "status": "exit_reported"})
         if op == "trajectory" and request.method == "GET":
             return _answer(200, self._trajectory(rollout, request.url.params.get("format")))
@@ -295,6 +320,8 @@ class FakeSandbox:
     agent_task: asyncio.Task[int] | None = None
     agent_exit_time: float | None = None
     job: BackgroundJob | None = None
+    #: The command the agent's job was started with.
+    command: str = ""
     files: dict[str, str] = field(default_factory=dict)
 
 
@@ -324,8 +351,14 @@ class FakeSandboxClient:
         ready_latency: float | Callable[[], float] = 0.0,
     ) -> None:
         self.agent = agent or _exit_zero
-        #: Called with the exit code when an agent returns (a launch wrapper's report).
+        #: Called with the exit code when an agent started behind the reporting launch
+        #: wrapper returns (the wrapper's exit report); a killed agent reports nothing.
         self.on_agent_exit: Callable[[FakeSandbox, int], None] | None = None
+        #: Called when an agent starts behind the reporting launch wrapper (its start report).
+        self.on_agent_start: Callable[[FakeSandbox], None] | None = None
+        #: Whether the image has an HTTP client for the wrapper's reports (``False``: an
+        #: image without curl, wget and python3: the wrapper reports nothing).
+        self.http_client = True
         self.create_latency = create_latency
         self.ready_latency = ready_latency
         self.sandboxes: dict[str, FakeSandbox] = {}
@@ -376,6 +409,9 @@ class FakeSandboxClient:
         """Start the agent coroutine as the sandbox's background job."""
         self._enter("start_background_job")
         sandbox = self._live(sandbox_id)
+        sandbox.command = command
+        if self._reports(command, _STARTED_MARK) and self.on_agent_start is not None:
+            self.on_agent_start(sandbox)
         sandbox.agent_task = asyncio.ensure_future(self._run_agent(sandbox))
         sandbox.job = BackgroundJob(
             job_id=f"job-{sandbox_id}",
@@ -397,8 +433,13 @@ class FakeSandboxClient:
         finally:
             if sandbox.agent_exit_time is None:
                 sandbox.agent_exit_time = time.monotonic()
-                if self.on_agent_exit is not None:
+                reports = self._reports(sandbox.command, _EXIT_MARK)
+                if reports and self.on_agent_exit is not None:
                     self.on_agent_exit(sandbox, code)
+
+    def _reports(self, command: str, mark: str) -> bool:
+        """Whether a job started with ``command`` sends the wrapper's report marked ``mark``."""
+        return self.http_client and mark in command
 
     async def get_background_job(
         self, sandbox_id: str, job: BackgroundJob, timeout: int | None = None

@@ -261,6 +261,10 @@ class TunnelPool:
         """Public root URL for ``gateway_url``, opening or replacing the tunnel as needed."""
         return (await self.lease(gateway_url)).url
 
+    def gateway_urls(self) -> list[str]:
+        """The gateway URLs a tunnel was opened for (one per gateway host and port)."""
+        return list(dict.fromkeys(self._urls[key] for key in self._handles if key in self._urls))
+
     async def _healthy_handle(self, gateway_url: str, key: tuple[str, int]) -> TunnelHandle:
         if self._closed:
             raise GatewayTunnelError("tunnel pool is closed (env torn down)")

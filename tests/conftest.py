@@ -41,7 +41,7 @@ def tunnels() -> FakeTunnelProvider:
 @pytest.fixture
 def sandboxes(gateway: FakeGateway) -> FakeSandboxClient:
     client = FakeSandboxClient(two_turn_agent(gateway))
-    client.on_agent_exit = gateway.agent_exited  # the launch wrapper's exit report
+    gateway.watch(client)  # the launch wrapper's start and exit reports
     return client
 
 

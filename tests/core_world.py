@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_gateway.client import RetryPolicy
+from rollout_gateway.launch import agent_launch_command
 from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
 from rollout_gateway.polling import PollPolicy
 from rollout_gateway.resources import GatewayResources
@@ -77,7 +78,7 @@ class World:
         self.resources = GatewayResources(self.settings, self.tunnels)
         if self.sandboxes.agent.__name__ == "_exit_zero":
             self.sandboxes.agent = one_turn_agent(self.gateway)
-        self.sandboxes.on_agent_exit = self.gateway.agent_exited
+        self.gateway.watch(self.sandboxes)
 
     def rollout(self) -> tuple[GatewayRollout, SandboxHooks]:
         rollout = GatewayRollout(self.resources)
@@ -133,7 +134,10 @@ class SandboxHooks(RolloutHooks):
         sandbox = await self.sandboxes.create(request)
         self.rollout.record.sandbox_id = sandbox.id
         self.rollout.record.agent_started = True
-        self.job = await self.sandboxes.start_background_job(sandbox.id, "agent")
+        reports = self.rollout.settings.exit_reports
+        command = agent_launch_command("agent", report_exit=reports)
+        self.job = await self.sandboxes.start_background_job(sandbox.id, command)
+        self.rollout.record.agent_reports = reports
 
     async def wait(self) -> None:
         await self._enter("wait")

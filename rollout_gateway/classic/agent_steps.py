@@ -97,12 +97,14 @@ class AgentSandboxSteps(_Base):
         """Start ``run_command`` as a background job in the rollout's sandbox."""
         if not self.use_gateway:
             return await super().start_agent(state)
-        command = agent_launch_command(
-            self.run_command, report_exit=self.gateway_settings.exit_reports
-        )
+        reports = self.gateway_settings.exit_reports
+        command = agent_launch_command(self.run_command, report_exit=reports)
         job = await self.sandbox_client.start_background_job(state["sandbox_id"], command)
         state["background_job"] = job
         state["agent_start_time"] = time.time()
+        rollout = self._gateway_rollouts.get(state.get("rollout_id", ""))
+        if rollout is not None:  # the wrapper reports the agent's start and exit
+            rollout.record.agent_reports = reports
 
     async def poll_job_completion(
         self, state: State, sandbox_id: str, background_job: BackgroundJob
@@ -121,7 +123,9 @@ class AgentSandboxSteps(_Base):
 
         rollout = self._core(state)
         agent_exit = await rollout.poll_until_exit(
-            probe, is_transient=is_retryable_sandbox_read_error
+            probe,
+            is_transient=is_retryable_sandbox_read_error,
+            on_refusal=lambda: self.stop_agent(state),  # the rollout is over: end the agent
         )
         state["agent_polls"] = rollout.record.agent_polls
         state["agent_exit_code"] = agent_exit.exit_code

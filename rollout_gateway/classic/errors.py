@@ -5,7 +5,9 @@ A trainer on verifiers 0.3 reschedules a rollout whose ``state["error"]`` is a
 that subclasses both the core class (so ``except rollout_gateway.GatewayError`` still
 matches) and the matching verifiers class: ``vf.TunnelError`` for tunnel failures,
 ``vf.SandboxError`` for sandbox failures, ``CliAgentEnv``'s own ``AgentError`` (an
-``InfraError``) for an agent that crashed, ``vf.InfraError`` for the rest.
+``InfraError``) for an agent that crashed, ``vf.ModelError`` and ``vf.InfraError`` for an
+engine outage behind the gateway (:class:`~rollout_gateway.errors.EngineError`),
+``vf.InfraError`` for the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ import verifiers as vf
 from verifiers.envs.experimental.cli_agent_env import AgentError
 
 from rollout_gateway import errors as core
+
+
+def _vf_bases(cls: type[BaseException]) -> tuple[type[vf.Error], ...]:
+    if issubclass(cls, core.EngineError):
+        # CliAgentEnv's own interception records a failed model call as vf.ModelError;
+        # an InfraError too, so a trainer reschedules it (an outage, not the policy).
+        return (vf.ModelError, vf.InfraError)
+    return (_vf_base(cls),)
 
 
 def _vf_base(cls: type[BaseException]) -> type[vf.Error]:
@@ -36,7 +46,7 @@ def vf_error_class(cls: type[BaseException]) -> type[BaseException]:
     vf_cls = _VF_CLASSES.get(cls)
     if vf_cls is None:
         namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__}
-        vf_cls = _VF_CLASSES[cls] = type(cls.__name__, (cls, _vf_base(cls)), namespace)
+        vf_cls = _VF_CLASSES[cls] = type(cls.__name__, (cls, *_vf_bases(cls)), namespace)
     return vf_cls
 
 

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_gateway import protocol
 from rollout_gateway.classic.errors import to_vf_error
-from rollout_gateway.errors import AgentCrashError, AgentStartError, EmptyTrajectoryError
+from rollout_gateway.classic.stops import LIMIT_STOPS, TRUNCATING_STOPS, limit_stop
+from rollout_gateway.errors import (
+    AgentCrashError,
+    AgentStartError,
+    EmptyTrajectoryError,
+    EngineError,
+)
 from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
 
 if TYPE_CHECKING:
@@ -60,7 +66,14 @@ class ClassicHooks(RolloutHooks):
         # Counted as possibly registered before any request, so it is unregistered
         # even when an override registers by other means or is cancelled mid-flight.
         self.record.register_sent = True
-        await self.env.register_rollout(self.state)
+        try:
+            await self.env.register_rollout(self.state)
+        except Exception:
+            # As the earlier mixin: a rollout whose register failed is not unregistered
+            # (an override's unregister_rollout may assume a registered rollout). One the
+            # gateway did register before the answer was lost expires at its idle TTL.
+            self.record.register_sent = False
+            raise
 
     async def open_tunnel(self) -> None:
         state = self.state
@@ -98,13 +111,39 @@ class ClassicHooks(RolloutHooks):
             self.record.agent_exit = self.record.agent_exit or exit_from_state(self.state)
 
     async def fetch(self) -> None:
-        await self.env.fetch_trajectory(self.state)
+        state = self.state
+        await self.env.fetch_trajectory(state)
+        # The limit the gateway enforced, as CliAgentEnv names its stop (it checks its
+        # stops every turn; here they are known once the trajectory is): set before
+        # scoring, so post_rollout and verifiers' own stop checks see it.
+        stop = limit_stop(state.get("gateway_truncation_reason"), self.record.refused)
+        if stop is not None and not state.get("is_completed"):
+            state["stop_condition"] = stop
+            state["is_completed"] = True
+            if stop in TRUNCATING_STOPS:
+                state["prompt_too_long"] = True
+                state["is_truncated"] = True
 
     async def check(self) -> None:
         env, state = self.env, self.state
         num_turns = len(state.get("trajectory") or [])
         exit_code = state.get("agent_exit_code")
-        if exit_code not in (None, 0) and not state.get("agent_timed_out"):
+        # Ended at a limit the gateway enforced (fetch set its stop): a non-zero exit is
+        # the agent dying on the refusal, or stopped for it, not a crash; as CliAgentEnv,
+        # which stops the agent itself at such a limit.
+        at_limit = self.record.refused is not None or (
+            state.get("is_completed") and state.get("stop_condition") in LIMIT_STOPS
+        )
+        if exit_code not in (None, 0) and not state.get("agent_timed_out") and not at_limit:
+            outage = self._engine_failure(num_turns)
+            if outage is not None:  # the agent died on the engine's failures
+                raise to_vf_error(
+                    EngineError(
+                        f"the engine behind the gateway failed the agent's last model call "
+                        f"({outage}); the agent then exited (exit_code={exit_code}, "
+                        f"rollout_id={state['rollout_id']})"
+                    )
+                )
             from verifiers.envs.experimental.cli_agent_env import make_agent_error
 
             where = "before any model call" if num_turns == 0 else f"after {num_turns} turn(s)"
@@ -118,6 +157,21 @@ class ClassicHooks(RolloutHooks):
                 f"agent exited (exit_code={exit_code}) without a model call "
                 f"(rollout_id={state['rollout_id']})"
             )
+
+    def _engine_failure(self, num_turns: int) -> str | None:
+        """The engine failure of the agent's last model call, when the gateway recorded
+        one (``failed_turns`` after the last recorded turn), else ``None``."""
+        answer = self.record.trajectory or {}
+        failed = [
+            f
+            for f in answer.get("failed_turns") or ()
+            if isinstance(f, dict) and f.get("after_steps") == num_turns
+        ]
+        if not failed:
+            return None
+        error = failed[-1].get("error") or {}
+        status = error.get("upstream_status") or error.get("status_code")
+        return f"{error.get('type')} {status}: {error.get('message')}"
 
     async def score(self) -> None:
         env, state = self.env, self.state

@@ -212,12 +212,18 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         await self._core(state).cancel()
 
     async def get_gateway_tunnel_url(self, local_addr: str | None = None) -> str:
-        """Public root URL of the gateway at ``local_addr`` (shared tunnel per host).
+        """Public root URL of the gateway at ``local_addr`` (one shared tunnel per host).
 
-        Called with the rollout's gateway host; another ``local_addr`` names another
-        gateway host on the same port and scheme.
+        Inside a rollout: the rollout's gateway host (the tunnel it leases), or another
+        ``local_addr`` on the same port and scheme. Outside one (an env's own setup, after
+        its rollouts), as the earlier mixin: the tunnel of ``local_addr`` on
+        ``gateway_port``, started if needed; without ``local_addr``, the one tunnel open
+        (or the configured ``gateway_url``'s); ``ValueError`` when that is ambiguous.
         """
-        rollout = self._current_rollout()
+        ref = current_rollout.get()
+        rollout = ref() if ref is not None else None
+        if rollout is None:
+            return await self._shared_tunnel_url(local_addr)
         gateway_url = rollout.record.gateway_url or ""
         if local_addr not in (None, protocol.gateway_host(gateway_url)):
             port = self.gateway_settings.gateway_port
@@ -227,13 +233,44 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         assert rollout.record.tunnel_url is not None
         return rollout.record.tunnel_url
 
-    def _current_rollout(self) -> GatewayRollout:
-        # The earlier signature carries no state: the rollout is the current task's.
-        ref = current_rollout.get()
-        rollout = ref() if ref is not None else None
-        if rollout is None:
-            raise GatewayConfigError("get_gateway_tunnel_url called outside a gateway rollout")
-        return rollout
+    async def _shared_tunnel_url(self, local_addr: str | None) -> str:
+        """The earlier mixin's ``get_gateway_tunnel_url`` outside a rollout."""
+        tunnels = self.gateway_resources().tunnels
+        settings = self.gateway_settings
+        if local_addr is not None:
+            scheme = (settings.gateway_url or "http://").split("://", 1)[0]
+            return await tunnels.get_url(f"{scheme}://{local_addr}:{settings.gateway_port}")
+        gateways = tunnels.gateway_urls()
+        if not gateways and settings.gateway_url:
+            gateways = [settings.gateway_url]
+        if len(gateways) == 1:
+            return await tunnels.get_url(gateways[0])  # replaced if it died
+        if not gateways:
+            raise ValueError("local_addr is required when starting tunnel")
+        raise ValueError("local_addr is required when multiple tunnels are active")
+
+    # The earlier mixin's public attributes, set by init_gateway there (settings here).
+
+    @property
+    def gateway_port(self) -> int:
+        """The gateway's port when its URL names none (``GatewaySettings.gateway_port``)."""
+        return self.gateway_settings.gateway_port
+
+    @gateway_port.setter
+    def gateway_port(self, port: int) -> None:
+        self.init_gateway(gateway_port=port)
+
+    @property
+    def gateway_timeout_seconds(self) -> float | None:
+        """Seconds an agent may run (``GatewaySettings.agent_timeout``; ``None``: no limit)."""
+        return self.gateway_settings.agent_timeout
+
+    @gateway_timeout_seconds.setter
+    def gateway_timeout_seconds(self, seconds: float | None) -> None:
+        self.init_gateway(timeout_seconds=seconds)
+
+    #: The earlier mixin's own (private) name of the agent timeout.
+    _gateway_timeout_seconds = gateway_timeout_seconds
 
     async def fetch_trajectory(self, state: State) -> None:
         """Fetch the trajectory and write it into the state (see :mod:`.trajectory`)."""

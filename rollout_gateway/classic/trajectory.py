@@ -27,6 +27,7 @@ from verifiers.types import (
 )
 from verifiers.utils.message_utils import normalize_messages
 
+from rollout_gateway.classic.stops import TRUNCATING_STOPS, limit_stop
 from rollout_gateway.errors import GatewayProtocolError
 from rollout_gateway.protocol import common_prefix_len
 
@@ -213,7 +214,8 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
 
     Sets ``trajectory`` (when sent), ``prompt`` (when sent and non-empty),
     ``gateway_completion`` (the answer's ``completion``, rendered into ``completion`` by
-    the mixin), ``is_truncated`` (only ever raised, never lowered) and
+    the mixin), ``is_truncated`` (only ever raised, never lowered; as ``CliAgentEnv``
+    counts it, see :mod:`.stops`) and
     ``gateway_status`` / ``gateway_num_turns``. Nothing is erased for a missing field.
     """
     model = str(answer.get("model") or state.get("model") or "")
@@ -238,7 +240,12 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
     if isinstance(completion, list):
         conversation = cache.convert(prompt_messages + completion, "completion")
         state["gateway_completion"] = conversation[len(prompt_messages) :]
-    if answer.get("is_truncated") or any(s["is_truncated"] for s in steps):
+    # As CliAgentEnv counts it: a truncated turn, or a limit that truncates by itself
+    # (prompt_too_long); not the turn count or the completion budget (.stops).
+    reason = answer.get("truncation_reason")
+    stop = limit_stop(reason)
+    top_level = bool(answer.get("is_truncated")) and (stop is None or stop in TRUNCATING_STOPS)
+    if top_level or any(s["is_truncated"] for s in steps):
         state["is_truncated"] = True
     if "status" in answer:
         state["gateway_status"] = answer["status"]

@@ -5,8 +5,12 @@
 - :class:`GatewayEnvMixin`, :class:`GatewayEnv`, :class:`GatewayEnvConfig`: the
   ``gateway`` interception type of an env's config (``--env.interception.type gateway``).
 - :class:`GatewayInterceptionConfig`, :data:`InterceptionChoice`: the config block.
-- Errors: gateway failures are v1's own ``InterceptionError`` / ``TunnelError``;
-  :class:`GatewayFeatureError` (a ``TaskError``) refuses tasks with per-turn env hooks.
+- Errors and stops are v1's own (:mod:`.errors`, :mod:`.stops`): ``InterceptionError`` /
+  ``TunnelError`` for the gateway, ``ProviderError`` for the engine behind it,
+  ``TaskError`` for a task whose hooks need the env on every turn
+  (:class:`GatewayFeatureError` at ``serving()``); the gateway's limits under v1's names.
+- Versions: :data:`SUPPORTED_VERIFIERS`, checked on import
+  (:class:`UnsupportedVerifiersError`); every v1 internal used is in :mod:`.internals`.
 - :class:`LocalSandboxRuntime`, :class:`LocalSandboxRuntimeConfig`: the ``local_sandbox``
   runtime type (``--env.agent.runtime.type local_sandbox``), contained local sandboxes
   for v1 agents; :data:`RuntimeChoice` and :class:`LocalSandboxAgentConfig` accept it in
@@ -17,7 +21,8 @@
 from rollout_gateway.verifiers_stack import V1, require_stack
 
 # Before any verifiers.v1 import, which fails on verifiers 0.3 with a message about
-# verifiers' internals: name the extra to install instead.
+# verifiers' internals: name the extra to install instead. (Then every module here imports
+# verifiers through .internals, whose import checks the version within the v1 stack.)
 require_stack(V1, "rollout_gateway.v1")
 
 from rollout_gateway.v1.config import (
@@ -31,18 +36,29 @@ from rollout_gateway.v1.config import (
     RuntimeChoice,
 )
 from rollout_gateway.v1.env import GatewayEnv, GatewayEnvConfig, GatewayEnvMixin
-from rollout_gateway.v1.errors import GatewayFeatureError, interception_error
+from rollout_gateway.v1.errors import GatewayFeatureError, feature_error, interception_error
 from rollout_gateway.v1.harness_sync import gateway_synced, gateway_synced_agent
 from rollout_gateway.v1.interception import GatewayInterception
+from rollout_gateway.v1.internals import (
+    SUPPORTED_VERIFIERS,
+    TESTED_VERIFIERS,
+    UnsupportedVerifiersError,
+)
 from rollout_gateway.v1.runtime import (
     LocalSandboxRuntime,
     LocalSandboxStartError,
     check_local_sandbox,
 )
+from rollout_gateway.v1.stops import ADAPTER_STOPS, REFUSAL_STOPS, TRUNCATION_STOPS
 from rollout_gateway.v1.trace_sync import TraceSync
 
 __all__ = [
+    "ADAPTER_STOPS",
     "DEFAULT_ADMIN_TOKEN_VAR",
+    "REFUSAL_STOPS",
+    "SUPPORTED_VERIFIERS",
+    "TESTED_VERIFIERS",
+    "TRUNCATION_STOPS",
     "GatewayEnv",
     "GatewayEnvConfig",
     "GatewayEnvMixin",
@@ -58,6 +74,8 @@ __all__ = [
     "LocalSandboxStartError",
     "RuntimeChoice",
     "TraceSync",
+    "UnsupportedVerifiersError",
+    "feature_error",
     "check_local_sandbox",
     "gateway_synced",
     "gateway_synced_agent",

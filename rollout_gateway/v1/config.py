@@ -19,24 +19,23 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import verifiers.v1 as vf
 from pydantic import Field, field_validator
 from pydantic_config import BaseConfig
-from verifiers.v1.interception import (
-    ElasticInterceptionPoolConfig,
-    InterceptionServerConfig,
-    StaticInterceptionPoolConfig,
-)
-from verifiers.v1.interception.base import BaseInterceptionConfig
-from verifiers.v1.runtimes import (
+
+from rollout_gateway.v1.internals import (
     ApptainerConfig,
+    BaseInterceptionConfig,
     BaseRuntimeInfo,
     DockerConfig,
     E2BConfig,
+    ElasticInterceptionPoolConfig,
+    InterceptionServerConfig,
     ModalConfig,
     PodmanConfig,
     PrimeConfig,
+    StaticInterceptionPoolConfig,
     SubprocessConfig,
+    vf,
 )
 
 #: Environment variable holding the gateway's control-plane token, by default.

@@ -30,15 +30,6 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from verifiers.v1.configs.agent import agent_config_fields
-from verifiers.v1.env import Env
-from verifiers.v1.envs.single_agent import SingleAgentEnv, SingleAgentEnvConfig
-from verifiers.v1.interception import (
-    ElasticInterceptionPoolConfig,
-    Interception,
-    make_interception,
-)
-
 from rollout_gateway.v1.config import (
     GatewayInterceptionConfig,
     InterceptionChoice,
@@ -49,10 +40,19 @@ from rollout_gateway.v1.errors import GatewayFeatureError
 from rollout_gateway.v1.features import toolset_features
 from rollout_gateway.v1.harness_sync import gateway_synced
 from rollout_gateway.v1.interception import GatewayInterception
+from rollout_gateway.v1.internals import (
+    ElasticInterceptionPoolConfig,
+    Env,
+    Interception,
+    SingleAgentEnv,
+    SingleAgentEnvConfig,
+    agent_config_fields,
+    make_interception,
+)
 from rollout_gateway.v1.runtime import check_local_sandbox
 
 if TYPE_CHECKING:
-    from verifiers.v1.env import Env as _Base
+    from rollout_gateway.v1.internals import Env as _Base
 else:
     _Base = object
 

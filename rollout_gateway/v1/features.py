@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verifiers.v1.session import RolloutSession
+from rollout_gateway.v1.internals import RolloutSession
 
 
 def session_features(session: RolloutSession) -> list[str]:

@@ -30,14 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from verifiers.v1.harness import Harness
-from verifiers.v1.runtimes import ProgramResult, Runtime
+from rollout_gateway.v1.internals import Harness, ProgramResult, Runtime, Trace
 
 if TYPE_CHECKING:
-    from verifiers.v1.agent import Agent
-    from verifiers.v1.trace import Trace
-
     from rollout_gateway.v1.interception import GatewayInterception
+    from rollout_gateway.v1.internals import Agent
 
 _CLASSES: dict[tuple[type, int], type] = {}
 
@@ -53,17 +50,25 @@ class GatewaySyncedHarness(Harness):
 
     # Each segment starts with launch (v1's default resume relaunches through it): the
     # trace is then behind the gateway until the segment's exit is synced (a segment cut
-    # by a timeout never is). A class with its own resume gets the same mark there.
+    # by a timeout never is). A class with its own resume gets the same mark there. The
+    # segment runs under the rollout's refusal watch: a turn the gateway refuses ends it
+    # at once, whatever the program does with the refusal (see :mod:`.refusals`).
     async def launch(self, ctx: Any, trace: Trace, *args: Any, **kwargs: Any) -> ProgramResult:
-        self.gateway_interception.segment_started(trace)
-        return await super().launch(ctx, trace, *args, **kwargs)
+        interception = self.gateway_interception
+        interception.segment_started(trace)
+        async with interception.refusal_watch(trace) as watch:
+            return await super().launch(ctx, trace, *args, **kwargs)
+        return watch.result()  # only when the refusal ended the segment
 
 
 async def _marked_resume(
     self: GatewaySyncedHarness, ctx: Any, trace: Trace, *args: Any, **kwargs: Any
 ) -> ProgramResult:
-    self.gateway_interception.segment_started(trace)
-    return await super(GatewaySyncedHarness, self).resume(ctx, trace, *args, **kwargs)
+    interception = self.gateway_interception
+    interception.segment_started(trace)
+    async with interception.refusal_watch(trace) as watch:
+        return await super(GatewaySyncedHarness, self).resume(ctx, trace, *args, **kwargs)
+    return watch.result()
 
 
 def gateway_synced(harness: Harness, interception: GatewayInterception) -> Harness:

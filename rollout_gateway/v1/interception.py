@@ -35,9 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from verifiers.v1.interception import Interception, Slot
-from verifiers.v1.session import RolloutSession
-from verifiers.v1.trace import Trace
 
 from rollout_gateway import protocol
 from rollout_gateway.client import RetryPolicy
@@ -47,13 +44,12 @@ from rollout_gateway.resources import GatewayResources
 from rollout_gateway.settings import GatewaySettings
 from rollout_gateway.tunnels import TunnelProvider
 from rollout_gateway.v1.config import GatewayInterceptionConfig
-from rollout_gateway.v1.errors import (
-    GatewayFeatureError,
-    interception_error,
-    to_v1_error,
-)
+from rollout_gateway.v1.errors import feature_error, interception_error, to_v1_error
 from rollout_gateway.v1.features import session_features
 from rollout_gateway.v1.harness_sync import forget
+from rollout_gateway.v1.internals import Interception, RolloutSession, Slot, Trace
+from rollout_gateway.v1.refusals import RefusalWatch
+from rollout_gateway.v1.stops import limit_stop, refusal_stop
 from rollout_gateway.v1.trace_sync import TraceSync
 
 logger = logging.getLogger(__name__)
@@ -83,6 +79,11 @@ class _Active:
     #: The trace holds every turn: synced after the last harness segment exited (and no
     #: segment started since), so the release need not fetch the trajectory again.
     exit_synced: bool = False
+    #: A trajectory fetch failed and v1 got its error: the rollout records it once, so
+    #: the release does not fetch (and fail) again.
+    sync_failed: bool = False
+    #: The limit the gateway reported refusing a turn on the exit channel (v1's name).
+    refused: str | None = None
 
 
 class _V1Hooks(RolloutHooks):
@@ -200,7 +201,7 @@ class GatewayInterception(Interception):
             features.append("tool servers on the /state channel")
         if features:
             if self.fallback is None:
-                raise GatewayFeatureError(features)
+                raise feature_error(features)  # v1's TaskError: stop task_error
             logger.info("rollout %s: v1 interception (%s)", session.trace.id, "; ".join(features))
             async with self.fallback.acquire(session) as slot:
                 yield slot
@@ -311,25 +312,52 @@ class GatewayInterception(Interception):
         if active is not None:
             active.exit_synced = False
 
+    def refusal_watch(self, trace: Trace) -> RefusalWatch:
+        """The refusal watch of ``trace``'s rollout: ``async with`` it around a harness
+        segment, and the segment ends when the gateway refuses one of its turns (see
+        :mod:`.refusals`). A trace with no gateway slot gets a watch that never fires."""
+        active = self._active.get(trace.id)
+        if active is None or not self.settings.exit_reports or self._resources is None:
+            return RefusalWatch(None, None)
+        record = active.rollout.record
+        assert record.gateway_url is not None
+        watcher = self._resources.exit_watcher(record.gateway_url)
+
+        def refused(code: str) -> None:
+            active.rollout.record.refused = code
+            active.refused = refusal_stop(code)
+
+        return RefusalWatch(watcher, record.rollout_id, on_refusal=refused)
+
     async def _sync(self, active: _Active, *, exit_code: int | None) -> None:
         async with active.lock:
-            if active.session.released:
-                return  # v1 sealed the trace: what it concluded is what scores
+            if active.session.released or active.sync_failed:
+                # v1 sealed the trace (what it concluded is what scores), or already got
+                # this rollout's fetch failure: one failure is recorded once.
+                return
             try:
-                answer = await active.rollout.fetch_trajectory()
+                answer = await active.rollout.fetch_trajectory(expand=False)
             except RolloutGatewayError as e:
+                active.sync_failed = True
                 raise to_v1_error(e, "gateway trajectory") from e
-            active.sync.apply(answer.get("trajectory") or [])
-            trace = active.session.trace
-            # The limit that refused a turn the agent asked for (v1's names for v1's
-            # limits; the gateway's own budgets by their names): the rollout's stop.
+            active.sync.apply(answer)
+            session = active.session
+            trace = session.trace
+            # The limit that refused a turn the agent asked for, under v1's name for it
+            # (v1 counts these as truncation): the rollout's stop, as v1's server sets
+            # it before it answers the refusal.
             reported: Any = answer.get("truncation_reason") or answer.get("truncated_reason")
-            if isinstance(reported, str) and reported:
-                trace.stop(reported)
+            stop = limit_stop(reported) or active.refused
+            if stop is not None:
+                trace.stop(stop)
             elif exit_code not in (None, 0):
-                limit = active.session.limits.reached(trace)
+                limit = session.limits.reached(trace)
                 if limit is not None:
                     trace.stop(limit)
+            # What v1's server leaves on the session: the error of the latest exchange when
+            # it failed (the engine behind the gateway), which v1 records instead of a
+            # HarnessError when the harness dies on it (stop provider_error).
+            session.error = active.sync.last_failure
 
 
 __all__ = ["GatewayInterception"]

@@ -36,15 +36,19 @@ from pathlib import Path
 from typing import Any, cast
 
 from prime_sandboxes import APIError, CreateSandboxRequest, SandboxFileNotFoundError
-from verifiers.v1 import runtimes as v1_runtimes
-from verifiers.v1.errors import SandboxError
-from verifiers.v1.runtimes import ProgramResult, Runtime, RuntimeProcess
 
 from rollout_gateway.local_sandbox import LocalSandboxClient, LocalSandboxError, processes
 from rollout_gateway.v1.config import (
     IsolationChoice,
     LocalSandboxRuntimeConfig,
     LocalSandboxRuntimeInfo,
+)
+from rollout_gateway.v1.internals import (
+    ProgramResult,
+    Runtime,
+    RuntimeProcess,
+    SandboxError,
+    v1_runtimes,
 )
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
 import verifiers as vf
 from core_world import NO_WAIT_RETRY, no_wait
 from helpers import FAST_POLL, task_dataset
@@ -58,7 +59,8 @@ class EarlierStyleEnv(RolloutGatewayMixin, vf.CliAgentEnv):
 
     async def get_gateway_tunnel_url(self, local_addr: str | None = None) -> str:
         self.steps["get_gateway_tunnel_url"] += 1
-        assert local_addr == "gateway.test"  # the earlier call shape: the gateway's host
+        # The earlier call shape: the gateway's host (or none, outside a rollout).
+        assert local_addr in ("gateway.test", None)
         return await super().get_gateway_tunnel_url(local_addr=local_addr)
 
     async def build_env_vars(self, state: vf.State) -> dict[str, str]:
@@ -333,5 +335,174 @@ async def test_a_timed_out_agent_is_stopped_before_post_rollout(gateway, tunnels
         assert state["agent_exit_code"] == 137  # the stopped job's own exit
         assert gateway.cancelled == [state["rollout_id"]]
         assert len(state["trajectory"]) == 1  # what was recorded is kept
+    finally:
+        await env._teardown()
+
+
+# ------------------------------------------------ more of the earlier mixin's contract
+
+
+class SetupCallsTunnel(EarlierStyleEnv):
+    """Written the earlier way: the env asks for the gateway's tunnel in its own setup
+    (outside any rollout), then without ``local_addr`` once one is open."""
+
+    async def setup_gateway_tunnel(self) -> tuple[str, str]:
+        first = await self.get_gateway_tunnel_url(local_addr="gateway.test")
+        again = await self.get_gateway_tunnel_url()
+        return first, again
+
+
+async def test_get_gateway_tunnel_url_outside_a_rollout_gives_the_hosts_shared_tunnel(
+    gateway, tunnels, model_client
+):
+    env = SetupCallsTunnel(
+        sandbox_client=FakeSandboxClient(one_turn(gateway)),
+        gateway={"transport": gateway.transport(), "tunnel_provider": tunnels, "sleep": no_wait},
+        sandbox_creations_per_minute=None,
+    )
+    try:
+        first, again = await env.setup_gateway_tunnel()
+        assert first == again == "https://tunnel-1.example"
+        assert tunnels.opened == [("gateway.test", 8000)]  # local_addr on gateway_port
+        state = await env.rollout(task_row(0), model_client, "m", {})
+        assert state["error"] is None
+        assert state["tunnel_url"] == first and len(tunnels.opened) == 1  # shared, not a new one
+        # After the rollout, as in an env's own teardown step: the same tunnel.
+        assert await env.get_gateway_tunnel_url() == first
+    finally:
+        await env._teardown()
+
+
+async def test_get_gateway_tunnel_url_without_local_addr_and_no_tunnel_says_so(gateway, tunnels):
+    env = build(gateway, FakeSandboxClient(), tunnels)
+    try:
+        with pytest.raises(ValueError, match="local_addr is required"):
+            await env.get_gateway_tunnel_url()
+    finally:
+        await env._teardown()
+
+
+async def test_init_gateway_sets_the_earlier_public_attributes(gateway, tunnels):
+    env = build(gateway, FakeSandboxClient(), tunnels, gateway_port=8123, timeout_seconds=600)
+    try:
+        assert env.gateway_port == 8123
+        assert env.gateway_timeout_seconds == 600
+        assert env._gateway_timeout_seconds == 600  # the earlier mixin's own name of it
+        env.gateway_port = 9000  # an env may still set them before its rollouts
+        env.gateway_timeout_seconds = None
+        assert env.gateway_settings.gateway_port == 9000
+        assert env.gateway_settings.agent_timeout is None
+    finally:
+        await env._teardown()
+
+
+async def test_unregister_is_not_called_for_a_rollout_whose_register_failed(
+    gateway, tunnels, model_client
+):
+    sandboxes = FakeSandboxClient(one_turn(gateway))
+    gateway.fail("register", 400)
+    env = build(gateway, sandboxes, tunnels)
+    try:
+        state = await env.rollout(task_row(0), model_client, "m", {})
+        assert isinstance(state["error"], vf.InfraError)
+        assert env.steps["register_rollout"] == 1
+        assert env.steps["unregister_rollout"] == 0  # as the earlier mixin: never registered
+        assert gateway.op_counts["unregister"] == 0 and gateway.op_counts["cancel"] == 0
+        assert sandboxes.alive == []
+    finally:
+        await env._teardown()
+
+
+class OwnStartAgent(EarlierStyleEnv):
+    """Written the earlier way: starts the agent's command itself, without the launch
+    wrapper (so no exit report can come)."""
+
+    async def start_agent(self, state: vf.State) -> None:
+        self.steps["start_agent"] += 1
+        state["background_job"] = await self.sandbox_client.start_background_job(
+            state["sandbox_id"], self.run_command
+        )
+        state["agent_start_time"] = time.time()
+        state["agent_completed"] = False
+
+
+def quick_agent(gateway: FakeGateway):
+    async def agent(sandbox: FakeSandbox) -> int:
+        gateway.add_turn(rollout_id_of(sandbox), [{"role": "user", "content": "x"}], [])
+        await asyncio.sleep(0.05)
+        return 0
+
+    return agent
+
+
+class RecordedSleep:
+    """The settings' sleep, real, recording every wait asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        await asyncio.sleep(seconds)
+
+
+async def test_quick_rollouts_of_an_own_start_agent_are_not_held_to_the_safety_poll(
+    gateway, tunnels, model_client
+):
+    sleep = RecordedSleep()
+    sandboxes = FakeSandboxClient(quick_agent(gateway))
+    gateway.watch(sandboxes)
+    env = OwnStartAgent(
+        sandbox_client=sandboxes,
+        gateway={"transport": gateway.transport(), "tunnel_provider": tunnels, "sleep": sleep},
+        sandbox_creations_per_minute=None,
+        max_retries=0,
+    )
+    try:
+        started = time.monotonic()
+        for i in range(20):
+            state = await env.rollout(task_row(i), model_client, "m", {})
+            assert state["error"] is None and state["agent_exit_code"] == 0
+        took = time.monotonic() - started
+        # The env knows it did not use the wrapper: it polls adaptively (PollPolicy's
+        # default 10 s safety interval is never waited on), so 20 quick rollouts take
+        # about 20 x 0.1 s, not 20 x 10 s.
+        assert max(sleep.asked) < env.gateway_settings.poll.safety_interval
+        assert took < 10.0, took
+    finally:
+        await env._teardown()
+
+
+async def test_an_image_without_an_http_client_is_polled_adaptively(gateway, tunnels, model_client):
+    sleep = RecordedSleep()
+    sandboxes = FakeSandboxClient(quick_agent(gateway))
+    sandboxes.http_client = False  # no curl, wget nor python3: the wrapper says nothing
+    gateway.watch(sandboxes)
+    env = build(gateway, sandboxes, tunnels)
+    env.init_gateway(sleep=sleep, poll={})  # the default PollPolicy
+    try:
+        started = time.monotonic()
+        state = await env.rollout(task_row(0), model_client, "m", {})
+        took = time.monotonic() - started
+        assert state["error"] is None and state["agent_exit_code"] == 0
+        policy = env.gateway_settings.poll
+        # No start report within start_grace: polled adaptively, never the safety wait.
+        assert max(sleep.asked) < policy.safety_interval
+        assert took < policy.start_grace + 2.0, took
+    finally:
+        await env._teardown()
+
+
+async def test_with_the_wrappers_reports_the_sandbox_is_asked_only_to_confirm(
+    gateway, tunnels, model_client
+):
+    sandboxes = FakeSandboxClient(quick_agent(gateway))
+    gateway.watch(sandboxes)
+    env = build(gateway, sandboxes, tunnels)
+    env.init_gateway(sleep=RecordedSleep(), poll={})
+    try:
+        state = await env.rollout(task_row(0), model_client, "m", {})
+        assert state["error"] is None
+        assert sandboxes.calls["get_background_job"] == 1  # the exit report, confirmed once
     finally:
         await env._teardown()

@@ -171,7 +171,7 @@ async def test_per_rollout_api_key_reaches_the_agent(sandboxes, tunnels, model_c
         return 0
 
     sandboxes.agent = agent
-    sandboxes.on_agent_exit = gateway.agent_exited
+    gateway.watch(sandboxes)
     from helpers import FAST_POLL, FAST_RETRY, GatewayTestEnv
 
     env = GatewayTestEnv(

@@ -163,3 +163,31 @@ def test_no_policy_fields_without_versions():
     state = fresh_state()
     apply_trajectory(state, {"trajectory": [step()], "model": "gm"})
     assert "policy_versions" not in state and "gateway_truncation_reason" not in state
+
+
+def test_a_steps_routed_experts_reach_the_trainer_as_verifiers_payload():
+    # Token-in mode's MoE routing (router replay): the step's tokens carry it in verifiers
+    # 0.3's RoutedExpertsPayload shape, which prime-rl's bridge for 0.3 envs reads.
+    routing = {"data": "AAECAw==", "shape": [2, 1, 2], "start": 0, "dtype": "uint8"}
+    state = fresh_state()
+    [converted] = apply_trajectory(
+        state,
+        {"trajectory": [step(tokens={**tokens([1, 2], [3]), "routed_experts": routing})]},
+    )
+    assert converted["tokens"]["routed_experts"] == routing
+    assert state["trajectory"][0]["tokens"]["routed_experts"] == routing
+
+
+@pytest.mark.parametrize(
+    ("reason", "truncated"),
+    [("max_turns", False), ("max_completion_tokens", False), ("max_context", True), (None, True)],
+)
+def test_is_truncated_is_counted_as_cli_agent_env_counts_it(reason, truncated):
+    # The turn limit and the completion budget do not truncate a rollout by themselves in
+    # verifiers 0.3 (its stop names them); the context does (prompt_too_long). A gateway
+    # that names no reason is taken at its word.
+    state = fresh_state()
+    apply_trajectory(
+        state, {"trajectory": [step()], "is_truncated": True, "truncation_reason": reason}
+    )
+    assert state["is_truncated"] is truncated

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import verifiers.v1 as vf
 from fix_bug_v1 import FixBugHarness
+from fix_bug_v1.harness import run_program
 
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.protocol import expand_delta_steps
@@ -125,6 +126,6 @@ def script_harness(filename: str, source: str) -> type[FixBugHarness]:
         async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw):  # type: ignore[override]
             await runtime.write(filename, source.encode())
             env = {"OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
-            return await runtime.run_program([sys.executable, filename], env)
+            return await run_program(runtime, [sys.executable, filename], env)
 
     return ScriptHarness

@@ -57,8 +57,8 @@ async def test_multi_turn_tool_rollout_is_one_branch_equal_to_the_gateway_record
     assert len(steps) == 4
     ids, mask, logprobs = expected_branch(steps)
     branch = trace.branches[0]
-    assert branch.token_ids == ids
-    assert branch.sampled_mask == mask
+    assert list(branch.token_ids) == ids
+    assert list(branch.sampled_mask) == mask
     sampled = [lp for lp, m in zip(branch.logprobs, branch.sampled_mask, strict=True) if m]
     assert sampled == logprobs
     assert [c.finish_reason for c in trace.calls] == ["tool_calls"] * 3 + ["stop"]
@@ -195,7 +195,8 @@ async def test_task_with_per_turn_hooks_is_refused_before_anything_registers(
     trace = await run(stack, interception, task)
     assert not trace.ok
     error = trace.errors[-1]
-    assert error.type == "GatewayFeatureError"
+    # v1's own TaskError, so v1's own stop name (not "gatewayfeature_error").
+    assert error.type == "TaskError" and trace.stop_condition == "task_error"
     assert "@stop hooks on the live trace (stop_early)" in error.message
     assert spy.count("/register") == 0
 

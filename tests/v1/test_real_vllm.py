@@ -67,6 +67,6 @@ async def test_three_turns_on_real_vllm_are_one_branch_equal_to_the_record() -> 
     assert trace.num_turns == 3 and trace.num_branches == 1
     ids, mask, logprobs = expected_branch(spy.trajectories[-1]["trajectory"])
     branch = trace.branches[0]
-    assert branch.token_ids == ids and branch.sampled_mask == mask
+    assert list(branch.token_ids) == ids and list(branch.sampled_mask) == mask
     sampled = [lp for lp, m in zip(branch.logprobs, branch.sampled_mask, strict=True) if m]
     assert sampled == pytest.approx(logprobs)

@@ -61,4 +61,11 @@ class FixBugHarness(vf.Harness[FixBugHarnessConfig]):
             "AGENT_MAX_TURNS": str(self.config.max_agent_turns),
             "AGENT_COMMAND_TIMEOUT": str(self.config.command_timeout),
         }
-        return await runtime.run_program([sys.executable, "agent.py"], env)
+        return await run_program(runtime, [sys.executable, "agent.py"], env)
+
+
+async def run_program(runtime: Runtime, argv: list[str], env: dict[str, str]) -> ProgramResult:
+    """Run the harness's main program: ``Runtime.run_program`` (verifiers 0.4.0), which
+    later 0.4 builds fold into ``Runtime.run``."""
+    runner = getattr(runtime, "run_program", None) or runtime.run
+    return await runner(argv, env)

@@ -301,6 +301,8 @@ class ChatTurns:
                 record.rollout_id, record.num_turns + 1, upstream.label, exc.kind, exc.detail,
             )  # fmt: skip
             if is_context_overflow(exc):
+                # The rollout is over (recorded truncated): the env stops its agent.
+                gateway.exit_board.refused(record.rollout_id, "context_length_exceeded")
                 raise context_overflow_error(exc) from None
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
@@ -352,6 +354,9 @@ class ChatTurns:
             check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         except ApiError as exc:
             self.gateway.metrics.refused_turns.inc(str(exc.code))
+            # Told on the exit channel too: whatever the agent does with the refusal
+            # (agent frameworks retry some 4xx for minutes), the env stops it.
+            self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
             raise
         return history, new_bytes
 

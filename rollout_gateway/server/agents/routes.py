@@ -41,7 +41,9 @@ class AgentRoutes:
         return self.gateway.keyed_record(bearer_token(request))
 
     async def report_exit(self, request: Request) -> Response:
-        """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit."""
+        """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit
+        (``{"exit_code": int}``) or, with ``"started": true``, that it started the agent.
+        Nothing else of the body is kept: a refusal is the gateway's to report."""
         record = self._agent_record(request)
         body = await read_json_object(request, CONTROL_BODY_LIMIT)
         exit_code = body.get("exit_code")
@@ -49,7 +51,10 @@ class AgentRoutes:
             isinstance(exit_code, bool) or not isinstance(exit_code, int)
         ):
             raise ApiError(400, "'exit_code' must be an integer or null", "invalid_request_error")
-        self.gateway.exit_board.report(record.rollout_id, exit_code)
+        started = body.get("started", False)
+        if not isinstance(started, bool):
+            raise ApiError(400, "'started' must be true or false", "invalid_request_error")
+        self.gateway.exit_board.report(record.rollout_id, exit_code, started=started)
         return JSONBytesResponse({"rollout_id": record.rollout_id, "status": "exit_reported"})
 
     async def models(self, request: Request) -> Response:

@@ -53,6 +53,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rollout_gateway.server.engines.routed_experts import (
+    PROMPT_START_FIELD,
+    read_routed_experts,
+    replay_start,
+)
 from rollout_gateway.server.engines.upstream import (
     UpstreamError,
     raise_for_upstream_status,
@@ -251,8 +256,11 @@ class TokenInEngine:
 
         return await asyncio.to_thread(locked)
 
-    async def prompt_ids(self, turn: EngineTurn, tools: list[Any] | None) -> tuple[list[int], bool]:
-        """The turn's prompt ids, and whether they were bridged onto the previous turn's.
+    async def prompt_ids(
+        self, turn: EngineTurn, tools: list[Any] | None
+    ) -> tuple[list[int], int | None]:
+        """The turn's prompt ids, and how many ids of the previous turn's prompt +
+        completion they were bridged onto (``None``: rendered from scratch).
 
         Raises :class:`UpstreamError` (400) when the renderer cannot render the agent's
         messages or tools (a tool call that is not an object, arguments that are not
@@ -270,7 +278,7 @@ class TokenInEngine:
 
     async def _prompt_ids(
         self, turn: EngineTurn, tools: list[Any] | None
-    ) -> tuple[list[int], bool]:
+    ) -> tuple[list[int], int | None]:
         messages = [recorded_message(m) for m in turn.messages]
         previous = turn.record.recorder.last_turn_ids()
         if previous is not None and turn.shared is not None:
@@ -283,11 +291,11 @@ class TokenInEngine:
                     )
                 )
                 if bridged is not None:
-                    return list(bridged.token_ids), True
+                    return list(bridged.token_ids), len(prev_prompt) + len(prev_completion)
         rendered = await self._encode(
             lambda: self.renderer.render(messages, tools=tools, add_generation_prompt=True)
         )
-        return list(rendered.token_ids), False
+        return list(rendered.token_ids), None
 
     async def complete(self, turn: EngineTurn) -> dict[str, Any]:
         """Render (or bridge), generate, parse: the turn's answer as a vLLM chat completion
@@ -305,8 +313,8 @@ class TokenInEngine:
                 code="unsupported_in_token_in_mode",
             )
         sampling = sampling_for_generate(body)
-        prompt_ids, bridged = await self.prompt_ids(turn, tools)
-        turn.extras["bridged"] = bridged
+        prompt_ids, bridged_onto = await self.prompt_ids(turn, tools)
+        turn.extras["bridged"] = bridged_onto is not None
         turn.extras["renderer"] = self.name
         # Chat-template controls the generate endpoint has no equivalent for (TrainClient
         # does not apply them either): recorded, so a trainer can see they were not honoured.
@@ -330,10 +338,17 @@ class TokenInEngine:
         sampling.setdefault("skip_special_tokens", False)
         # What the step records as "the sampling actually sent".
         turn.upstream_body = {**sampling, "model": body.get("model")}
+        # Router replay (an engine with enable_return_routed_experts): a bridged turn asks
+        # only for the positions the previous turns' routing does not hold.
+        start = replay_start(bridged_onto) if bridged_onto else 0
+        if start:
+            sampling = {**sampling, PROMPT_START_FIELD: start}
         answer = await self._post(
             turn, {"model": body.get("model"), "token_ids": prompt_ids, "sampling_params": sampling}
         )
-        return self._completion(answer, prompt_ids, tools, body.get("model"))
+        completion = self._completion(answer, prompt_ids, tools, body.get("model"))
+        turn.routed_experts = read_routed_experts(answer["choices"][0], start)
+        return completion
 
     async def _post(self, turn: EngineTurn, request: dict[str, Any]) -> dict[str, Any]:
         pool = turn.pool

@@ -190,6 +190,8 @@ class EngineTurn:
         #: The recorded sample's completion ids and finish reason, once the answer is in.
         self.completion_ids: list[int] | None = None
         self.finish_reason: str | None = None
+        #: Token-in mode: the turn's MoE routing (see :mod:`.routed_experts`), if sent.
+        self.routed_experts: dict[str, Any] | None = None
 
     async def call(self, emit: Callable[[bytes], None] | None) -> EngineResult:
         """Call the engine and record the step.
@@ -292,9 +294,16 @@ class EngineTurn:
 
     def _note_failure(self, exc: UpstreamError) -> None:
         """Keep a failed call in the rollout's ``failed_turns`` (bounded)."""
+        error: TurnError = {
+            "type": exc.kind,
+            "message": exc.message,
+            "status_code": exc.status_code,
+        }
+        if exc.upstream_status is not None:
+            error["upstream_status"] = exc.upstream_status
         failed: FailedTurn = {
             "after_steps": self.record.recorder.num_steps,
-            "error": {"type": exc.kind, "message": exc.message, "status_code": exc.status_code},
+            "error": error,
             "timing": self._base_extras(None)["timing"],
         }
         self.record.failed_turns.append(dict(failed))
@@ -383,6 +392,7 @@ class EngineTurn:
             history=self.history,
             extras=extras,
             prompt_ids_json=prompt_ids_json,
+            routed_experts=self.routed_experts,
         )
 
 

@@ -41,12 +41,22 @@ class UpstreamError(Exception):
     exception repr. ``detail`` is for the operator's log only.
     """
 
-    def __init__(self, kind: ErrorKind, status_code: int, message: str, detail: str = "") -> None:
+    def __init__(
+        self,
+        kind: ErrorKind,
+        status_code: int,
+        message: str,
+        detail: str = "",
+        *,
+        upstream_status: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.status_code = status_code
         self.message = message
         self.detail = detail or message
+        #: The engine's own HTTP status, for an error answer (the failed turn records it).
+        self.upstream_status = upstream_status
 
 
 #: What the agent and the operator are told when the connection to an upstream fails.
@@ -173,11 +183,14 @@ def raise_for_upstream_status(response: HTTPAnswer, label: str) -> None:
             agent_status(status),
             f"upstream error {status}",
             f"{label} answered {status}: {_upstream_message(response)}",
+            upstream_status=status,
         )
     if status >= 400:
         message = (_engine_error_message(response) or f"upstream error {status}")[:2000]
         detail = f"{label} answered {status}: {_upstream_message(response)}"
-        raise UpstreamError("http_4xx", agent_status(status), message, detail)
+        raise UpstreamError(
+            "http_4xx", agent_status(status), message, detail, upstream_status=status
+        )
 
 
 def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:

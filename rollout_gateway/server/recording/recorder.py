@@ -42,6 +42,8 @@ class _Step:
     is_truncated: bool
     extras: dict[str, Any]
     abandoned: bool = False  # nobody received the answer: not a turn the agent saw
+    #: Token-in mode's MoE routing of the turn (``{data, shape, start, dtype}``).
+    routed_experts: dict[str, Any] | None = None
 
 
 @dataclass
@@ -131,6 +133,7 @@ class TrajectoryRecorder:
         extras: Mapping[str, Any] | None = None,
         prompt_ids_json: bytes | None = None,
         truncated: bool = False,
+        routed_experts: dict[str, Any] | None = None,
     ) -> None:
         """Record one turn: the request's ``messages`` and the returned ``completion``.
 
@@ -142,8 +145,10 @@ class TrajectoryRecorder:
         ``prompt_ids``: only what the previous prompt's text does not hold is parsed.
         ``extras`` (turn facts, see :class:`~rollout_gateway.protocol.StepExtras`) go into
         the step's ``extras``; ``truncated`` marks the step truncated whatever its finish
-        reason. The step gets ``prefix_break`` when its prompt ids do not extend the
-        previous step's prompt + completion ids.
+        reason. ``routed_experts`` (token-in mode's router replay, aligned to the turn's
+        ids by its ``start``) goes into the step's ``tokens`` when it has ids. The step
+        gets ``prefix_break`` when its prompt ids do not extend the previous step's
+        prompt + completion ids.
         """
         step_extras: dict[str, Any] = dict(extras or {})
         tools = step_extras.get("tools")
@@ -193,7 +198,10 @@ class TrajectoryRecorder:
             tokens.is_truncated = tokens.is_truncated or truncated
 
         completion_list = [dict(m) for m in completion]
-        self._steps.append(_Step(shared, new_messages, completion_list, tokens, truncated, extras))
+        routing = routed_experts if tokens is not None else None
+        self._steps.append(
+            _Step(shared, new_messages, completion_list, tokens, truncated, extras, False, routing)
+        )
         self._history.advance(history, new_messages, completion_list)
         self._before_last = before
 
@@ -222,6 +230,8 @@ class TrajectoryRecorder:
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
+                if step.routed_experts is not None:
+                    body_tokens["routed_experts"] = step.routed_experts
             prev_messages = [*prompt, *step.completion]
             out.append(
                 {
@@ -266,6 +276,8 @@ class TrajectoryRecorder:
                     "overlong_prompt": t.overlong_prompt,
                     "is_truncated": t.is_truncated,
                 }
+                if step.routed_experts is not None:
+                    body_tokens["routed_experts"] = step.routed_experts
             out.append(
                 {
                     "prompt_shared": step.shared_messages,

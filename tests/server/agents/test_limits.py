@@ -209,3 +209,62 @@ async def test_the_chat_route_parses_big_bodies_under_the_gateway_bound(make_gat
     )
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert state["calls"] == 3 and state["max"] == 1
+
+
+async def exits(gw: GatewayHarness) -> list[dict]:
+    return (await gw.client.get("/v1/rollouts/exits", params={"after": 0})).json()["exits"]
+
+
+async def test_a_refused_turn_is_reported_on_the_exit_channel_once(make_gateway) -> None:
+    # Whatever the agent does with the 403 (some frameworks retry it for minutes), the env
+    # hears of it on the exit channel and stops the agent.
+    gw = await make_gateway(default_max_turns=1)
+    await gw.register("r1")
+    assert (await gw.chat("r1", turn("t0"))).status_code == 200
+    assert await exits(gw) == []
+    for _ in range(3):  # the agent retries the refused turn
+        await refused(gw, "r1", turn("t1"), "max_turns_reached")
+    (report,) = await exits(gw)
+    assert (report["rollout_id"], report["refused"]) == ("r1", "max_turns_reached")
+    first_seq = report["seq"]
+    assert (await exits(gw))[0]["seq"] == first_seq  # the retries reported nothing more
+
+
+async def test_the_agent_cannot_erase_or_forge_a_refusal(make_gateway) -> None:
+    gw = await make_gateway(default_max_turns=1)
+    await gw.register("r1")
+    await gw.register("r2")
+    await gw.chat("r1", turn("t0"))
+    await refused(gw, "r1", turn("t1"), "max_turns_reached")
+    headers = gw.agent_headers("r1")
+    # Its own exit report (or a forged one) keeps the gateway's refusal on the report.
+    r = await gw.client.post("/v1/rollouts/r1/exit", json={"exit_code": 0}, headers=headers)
+    assert r.status_code == 200
+    r = await gw.client.post(
+        "/v1/rollouts/r2/exit",
+        json={"exit_code": None, "refused": "max_turns_reached"},
+        headers=gw.agent_headers("r2"),
+    )
+    assert r.status_code == 200
+    reports = {e["rollout_id"]: e for e in await exits(gw)}
+    assert reports["r1"]["refused"] == "max_turns_reached" and reports["r1"]["exit_code"] == 0
+    assert "refused" not in reports["r2"]  # an agent's word is not a refusal
+
+
+async def test_the_wrappers_start_report_never_replaces_an_exit(make_gateway) -> None:
+    gw = await make_gateway()
+    await gw.register("r1")
+    await gw.register("r2")
+    started = {"exit_code": None, "started": True}
+    await gw.client.post("/v1/rollouts/r1/exit", json=started, headers=gw.agent_headers("r1"))
+    exit_report = {"exit_code": 3}
+    await gw.client.post("/v1/rollouts/r2/exit", json=exit_report, headers=gw.agent_headers("r2"))
+    # Sent beside the agent, a start report may arrive after the exit: it is dropped then.
+    await gw.client.post("/v1/rollouts/r2/exit", json=started, headers=gw.agent_headers("r2"))
+    reports = {e["rollout_id"]: e for e in await exits(gw)}
+    assert reports["r1"]["started"] is True and reports["r1"]["exit_code"] is None
+    assert reports["r2"]["exit_code"] == 3 and "started" not in reports["r2"]
+    bad = await gw.client.post(
+        "/v1/rollouts/r1/exit", json={"started": "yes"}, headers=gw.agent_headers("r1")
+    )
+    assert bad.status_code == 400

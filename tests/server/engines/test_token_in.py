@@ -101,13 +101,24 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class FakeTokenEngine:
     """vLLM 0.32 with ``--enable-scale-out`` (or without: ``scale_out=False``)."""
 
-    def __init__(self, tokenizer_dir: Path, answers: list[str], *, scale_out: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer_dir: Path,
+        answers: list[str],
+        *,
+        scale_out: bool = True,
+        routing: str | None = None,
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.close = self.tok.convert_tokens_to_ids("<end_of_turn>")
         self.answers = list(answers)
         self.scale_out = scale_out
+        #: ``enable_return_routed_experts``: ``"object"`` (prime-rl's server), ``"npy"``
+        #: (vLLM's own serving), or ``None`` (off).
+        self.routing = routing
+        self.routed: list[Any] = []
         self.max_model_len = 4096
         self.requests: list[dict[str, Any]] = []
         self.sent: list[tuple[list[int], list[float]]] = []
@@ -130,6 +141,12 @@ class FakeTokenEngine:
             logprobs = [-0.25 - 0.01 * i for i in range(len(ids))]
             self.sent.append((ids, logprobs))
             n = len(body["token_ids"])
+            choice_extra: dict[str, Any] = {}
+            if self.routing is not None:
+                start = body["sampling_params"].get("routed_experts_prompt_start", 0)
+                choice_extra["routed_experts"] = self.routed_experts(
+                    [*body["token_ids"], *ids], start
+                )
             return JSONResponse(
                 {
                     "request_id": f"generate-tokens-{len(self.requests)}",
@@ -154,6 +171,7 @@ class FakeTokenEngine:
                                     for t, lp in zip(ids, logprobs, strict=True)
                                 ]
                             },
+                            **choice_extra,
                         }
                     ],
                 }
@@ -169,6 +187,26 @@ class FakeTokenEngine:
                 Route("/v1/models", models, methods=["GET"]),
             ]
         )
+
+    def routed_experts(self, sequence: list[int], start: int) -> Any:
+        """The expert ids of positions ``start ..`` of ``sequence`` (2 layers, top-2: the
+        token id and the position, mod 256), the last one excluded (no forward pass ran on
+        the last sampled token), encoded as the engine does."""
+        import base64
+        import io
+
+        import numpy as np
+
+        rows = [[[t % 256, p % 256]] * 2 for p, t in enumerate(sequence)][start:-1]
+        array = np.array(rows, dtype=np.uint8).reshape(len(rows), 2, 2)
+        self.routed.append(array)
+        if self.routing == "npy":  # vllm/entrypoints/scale_out/token_in_token_out/serving.py
+            buffer = io.BytesIO()
+            np.save(buffer, array.astype(np.int32))
+            return base64.b64encode(buffer.getvalue()).decode()
+        # prime_rl/inference/vllm/routed_experts.py: serialize_routed_experts
+        data = base64.b64encode(array.tobytes()).decode("ascii")
+        return {"data": data, "shape": list(array.shape), "start": start, "dtype": "uint8"}
 
 
 async def token_in_gateway(
@@ -424,3 +462,110 @@ async def test_messages_the_template_cannot_render_are_400_not_500(
     assert traj["num_turns"] == 0 and traj["failed_turns"][0]["error"]["status_code"] == 400
     assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
     assert engine.requests == []  # nothing reached the engine
+
+
+async def tool_rollout(gw: Any, rollout_id: str, turns: int = 3) -> list[dict[str, Any]]:
+    """``turns`` turns whose requests extend each other (bridged), the agents' answers."""
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "List the files."}]
+    answers = []
+    for turn in range(turns):
+        r = await gw.chat(rollout_id, {"model": "x", "messages": messages, "tools": TOOLS})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        answers.append(answer)
+        message = answer["choices"][0]["message"]
+        messages += [message, {"role": "user", "content": f"Go on ({turn})."}]
+    return answers
+
+
+@pytest.mark.parametrize("encoding", ["object", "npy"])
+async def test_routed_experts_are_recorded_per_turn_aligned_to_its_tokens(
+    make_gateway: GatewayFactory, tokenizer_dir: Path, encoding: str
+) -> None:
+    import base64
+
+    import numpy as np
+
+    engine = FakeTokenEngine(tokenizer_dir, ["One.", "Two.", "Three."], routing=encoding)
+    gw = await token_in_gateway(make_gateway, engine, tokenizer_dir)
+    assert (await gw.register("r1")).status_code == 200
+    answers = await tool_rollout(gw, "r1")
+    # The agent never gets the routing (megabytes per turn on a real model).
+    assert all("routed_experts" not in a["choices"][0] for a in answers)
+
+    traj = (await gw.trajectory("r1")).json()
+    steps = traj["trajectory"]
+    held = 0
+    for step, request, sent in zip(steps, engine.requests, engine.routed, strict=True):
+        tokens = step["tokens"]
+        routed = tokens["routed_experts"]
+        # A bridged turn asks from the previous turn's last position (no forward pass ran
+        # on it), as verifiers v1's TrainClient does; the first turn from 0.
+        start = request["sampling_params"].get("routed_experts_prompt_start", 0)
+        assert start == max(held - 1, 0)
+        assert (routed["start"], routed["shape"], routed["dtype"]) == (
+            start,
+            [*sent.shape],
+            "uint8",
+        )
+        rows = np.frombuffer(base64.b64decode(routed["data"]), dtype=np.uint8).reshape(sent.shape)
+        sequence = tokens["prompt_ids"] + tokens["completion_ids"]
+        assert len(rows) == len(sequence) - start - 1
+        assert [int(r[0][0]) for r in rows] == [t % 256 for t in sequence[start:-1]]
+        held = len(sequence)
+    # The delta form (what the env adapters fetch) carries it too.
+    delta = (await gw.client.get(
+        "/v1/rollouts/r1/trajectory",
+        params={"format": "delta"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )).json()  # fmt: skip
+    assert [s["tokens"]["routed_experts"] for s in delta["trajectory"]] == [
+        s["tokens"]["routed_experts"] for s in steps
+    ]
+
+
+async def test_without_routed_experts_the_steps_carry_none(
+    make_gateway: GatewayFactory, tokenizer_dir: Path
+) -> None:
+    engine = FakeTokenEngine(tokenizer_dir, ["One.", "Two."])
+    gw = await token_in_gateway(make_gateway, engine, tokenizer_dir)
+    assert (await gw.register("r1")).status_code == 200
+    await tool_rollout(gw, "r1", turns=2)
+    steps = (await gw.trajectory("r1")).json()["trajectory"]
+    assert all("routed_experts" not in s["tokens"] for s in steps)
+
+
+async def test_the_v1_branch_carries_the_routing_the_trainer_replays(
+    make_gateway: GatewayFactory, tokenizer_dir: Path
+) -> None:
+    # What prime-rl reads (Branch.routed_experts -> TrainingSample.routed_experts): the
+    # gateway's record replayed into a v1 trace is one branch whose routing has a row per
+    # token, each the routing of its own position.
+    pytest.importorskip("rollout_gateway.v1", reason="the v1 adapter needs verifiers 0.4")
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.task import TaskData
+    from verifiers.v1.trace import AgentInfo, TraceTask
+
+    from rollout_gateway.v1.trace_sync import TraceSync
+
+    engine = FakeTokenEngine(tokenizer_dir, ["One.", "Two.", "Three."], routing="object")
+    gw = await token_in_gateway(make_gateway, engine, tokenizer_dir)
+    assert (await gw.register("r1")).status_code == 200
+    await tool_rollout(gw, "r1")
+    answer = (await gw.client.get(
+        "/v1/rollouts/r1/trajectory",
+        params={"format": "delta"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )).json()  # fmt: skip
+    trace = vf.Trace(
+        task=TraceTask(type="T", data=TaskData(prompt="x")),
+        agent=AgentInfo(config=AgentConfig(model="m")),
+    )
+    TraceSync(trace, model="m", sampling=None, rollout_id="r1").apply(answer)
+    (branch,) = trace.branches
+    experts = branch.routed_experts
+    assert experts is not None and experts.shape == (len(branch.token_ids), 2, 2)
+    # Every position's row is its own token's (the last: v1's placeholder, a copy).
+    assert [int(r[0][1]) for r in experts[:-1]] == list(range(len(branch.token_ids) - 1))
+    assert [int(r[0][0]) for r in experts[:-1]] == [t % 256 for t in branch.token_ids[:-1]]

@@ -183,6 +183,9 @@ async def test_context_overflow_is_recorded_and_ends_the_rollout(
     assert err["code"] == "context_length_exceeded" and "rollout is over" in err["message"]
     later = await gw.chat("r1", HI)
     assert later.status_code == 403 and later.json()["error"]["code"] == "rollout_completed"
+    # The rollout is over: the env hears it on the exit channel (the first refusal's why).
+    exits = (await gw.client.get("/v1/rollouts/exits", params={"after": 0})).json()["exits"]
+    assert [(e["rollout_id"], e["refused"]) for e in exits] == [("r1", "context_length_exceeded")]
 
     traj = (await gw.trajectory("r1")).json()
     assert traj["is_truncated"] is True and traj["status"] == "completed"
@@ -281,6 +284,7 @@ async def test_failed_engine_calls_are_listed_not_recorded_as_steps(
     assert entry["error"] == {
         "type": "http_5xx",
         "message": "upstream error 503",
-        "status_code": 502,
+        "status_code": 502,  # what the agent got
+        "upstream_status": 503,  # what the engine said (verifiers v1 records this one)
     }
     assert entry["timing"]["upstream_s"] >= 0

@@ -1,0 +1,219 @@
+"""Every part of verifiers v1 the adapter uses, in one module, behind a version check.
+
+The adapter plugs into v1 through names ``verifiers.v1`` does not re-export (its
+interception contract, the trace graph, the chat dialect, the harness and session
+classes, the agent-config helper), and those move between verifiers releases: prime-rl
+pins verifiers by git commit, and at an older commit ``agent_config_fields`` lives in
+``verifiers.v1.agent``, not ``verifiers.v1.configs.agent``. So:
+
+- the rest of :mod:`rollout_gateway.v1` imports verifiers only from here;
+- importing this module first checks the installed verifiers against
+  :data:`SUPPORTED_VERIFIERS` and raises :class:`UnsupportedVerifiersError` (an
+  ``ImportError``) naming the installed and the supported versions, before any v1
+  import can fail deep inside an env server; an internal that moved under a version
+  inside the range fails with the same error, naming what is missing.
+
+Tested releases: see :data:`TESTED_VERIFIERS` (docs/v1.md says the same).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+#: verifiers versions the adapter accepts (PEP 440 specifier, checked at import).
+SUPPORTED_VERIFIERS = ">=0.4.0,<0.5"
+#: The versions the whole test suite passes with: the one 0.4 release on PyPI, which the
+#: ``[v1]`` extra pins. (docs/v1.md says what else was run: the newest 0.4.1 pre-release.)
+TESTED_VERIFIERS = ("0.4.0",)
+
+
+class UnsupportedVerifiersError(ImportError):
+    """The installed verifiers is not one the v1 adapter supports."""
+
+    def __init__(self, installed: str | None, detail: str = "") -> None:
+        self.installed = installed
+        what = f"verifiers {installed}" if installed else "no verifiers"
+        message = (
+            f"rollout_gateway.v1 needs verifiers {SUPPORTED_VERIFIERS} (tested: "
+            f"{', '.join(TESTED_VERIFIERS)}); {what} is installed"
+        )
+        if detail:
+            message += f": {detail}"
+        message += ". Install rollout-gateway[v1], or the verifiers your trainer pins if it "
+        message += "is in that range."
+        super().__init__(message)
+
+
+def _version_tuple(version: str) -> tuple[int, int, int, bool]:
+    """``(major, minor, micro, is_release)`` of a PEP 440 version (enough for the range)."""
+    head = version.split("+", 1)[0]
+    parts: list[int] = []
+    rest = head
+    for _ in range(3):
+        digits = ""
+        while rest and rest[0].isdigit():
+            digits, rest = digits + rest[0], rest[1:]
+        parts.append(int(digits or 0))
+        if rest.startswith("."):
+            rest = rest[1:]
+        if not rest or not rest[0].isdigit():
+            break
+    while len(parts) < 3:
+        parts.append(0)
+    return parts[0], parts[1], parts[2], not rest or rest.startswith("post")
+
+
+def is_supported(version: str) -> bool:
+    """Whether ``version`` is in :data:`SUPPORTED_VERIFIERS` (pre-releases of 0.4.0,
+    e.g. ``0.4.0.dev3``, are before 0.4.0 and so not; those of 0.4.1 are)."""
+    major, minor, micro, release = _version_tuple(version)
+    if (major, minor) != (0, 4):
+        return False
+    return micro > 0 or release
+
+
+def check_verifiers(version: str | None = None) -> str:
+    """The installed verifiers version; raises :class:`UnsupportedVerifiersError` unless
+    it is supported (``version`` stands in for the installed one, for tests)."""
+    if version is None:
+        try:
+            version = metadata.version("verifiers")
+        except metadata.PackageNotFoundError:
+            raise UnsupportedVerifiersError(None) from None
+    if not is_supported(version):
+        raise UnsupportedVerifiersError(version)
+    return version
+
+
+VERIFIERS_VERSION = check_verifiers()
+
+
+try:
+    import verifiers.v1 as vf
+
+    # Public names of verifiers.v1 (re-exported by the package in every tested version).
+    from verifiers.v1 import (
+        Agent,
+        AssistantMessage,
+        Env,
+        Error,
+        Harness,
+        InterceptionError,
+        ModelCall,
+        ProgramResult,
+        ProviderError,
+        Response,
+        RolloutError,
+        Runtime,
+        Sampling,
+        TaskError,
+        TimeSpan,
+        ToolMessage,
+        Trace,
+        TunnelError,
+        TurnTokens,
+        Usage,
+        graph,
+    )
+
+    # Runtimes: the runtime configs (the local_sandbox runtime type joins their union) and
+    # the runtime module (whose runtime registry the local_sandbox runtime extends).
+    from verifiers.v1 import runtimes as v1_runtimes
+
+    # The internals, below: each moved between versions or may.
+    # The agent-config helper (``verifiers.v1.agent`` at older commits).
+    from verifiers.v1.configs.agent import agent_config_fields
+
+    # The chat dialect: requests and messages of recorded turns, as v1's server parses them.
+    from verifiers.v1.dialects.chat import ChatDialect, parse_message
+    from verifiers.v1.envs.single_agent import SingleAgentEnv, SingleAgentEnvConfig
+
+    # The error model's stop names (``<boundary>_error``).
+    from verifiers.v1.errors import SandboxError, stop_condition
+
+    # The trace graph: replaying recorded turns as v1's server commits them.
+    from verifiers.v1.graph import PendingTurn, prepare_turn
+
+    # The interception contract, and v1's own interception types.
+    from verifiers.v1.interception import (
+        BaseInterceptionConfig,
+        ElasticInterceptionPoolConfig,
+        Interception,
+        InterceptionServerConfig,
+        Slot,
+        StaticInterceptionPoolConfig,
+        make_interception,
+    )
+    from verifiers.v1.runtimes import (
+        ApptainerConfig,
+        BaseRuntimeInfo,
+        DockerConfig,
+        E2BConfig,
+        ModalConfig,
+        PodmanConfig,
+        PrimeConfig,
+        RuntimeProcess,
+        SubprocessConfig,
+    )
+    from verifiers.v1.session import RolloutSession
+except ImportError as e:  # an internal moved: say which verifiers, not just which name
+    raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
+
+
+__all__ = [
+    "Agent",
+    "ApptainerConfig",
+    "BaseRuntimeInfo",
+    "DockerConfig",
+    "E2BConfig",
+    "ModalConfig",
+    "PodmanConfig",
+    "PrimeConfig",
+    "RuntimeProcess",
+    "SandboxError",
+    "SubprocessConfig",
+    "v1_runtimes",
+    "AssistantMessage",
+    "BaseInterceptionConfig",
+    "ChatDialect",
+    "ElasticInterceptionPoolConfig",
+    "Env",
+    "Error",
+    "Harness",
+    "Interception",
+    "InterceptionError",
+    "InterceptionServerConfig",
+    "ModelCall",
+    "PendingTurn",
+    "ProgramResult",
+    "ProviderError",
+    "Response",
+    "RolloutError",
+    "RolloutSession",
+    "Runtime",
+    "Sampling",
+    "SingleAgentEnv",
+    "SingleAgentEnvConfig",
+    "Slot",
+    "StaticInterceptionPoolConfig",
+    "TaskError",
+    "TimeSpan",
+    "ToolMessage",
+    "Trace",
+    "TunnelError",
+    "TurnTokens",
+    "Usage",
+    "agent_config_fields",
+    "graph",
+    "make_interception",
+    "parse_message",
+    "prepare_turn",
+    "stop_condition",
+    "vf",
+    "SUPPORTED_VERIFIERS",
+    "TESTED_VERIFIERS",
+    "VERIFIERS_VERSION",
+    "UnsupportedVerifiersError",
+    "check_verifiers",
+    "is_supported",
+]
