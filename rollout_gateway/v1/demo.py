@@ -36,6 +36,16 @@ from rollout_gateway.demo.stack import (
     WorkItem,
     off_loop,
 )
+from rollout_gateway.v1.internals import (
+    EvalConfig,
+    EvalRunInfo,
+    ModelContext,
+    create_attempt_log_dir,
+    load_environment,
+    plan_rollouts,
+    type_adapter,
+    write_config,
+)
 
 TRACES_FILE = "traces.jsonl"
 #: The example's taskset id (:mod:`rollout_gateway_fix_bug_v1`).
@@ -49,7 +59,6 @@ _MODULES = (
     "verifiers.v1.tasksets",
     "verifiers.v1.harnesses",
     "verifiers.v1.envs",
-    "verifiers.v1.cli.eval.resume",
     "verifiers.v1.cli.output",
     "verifiers.v1.configs.cli.eval",
     "verifiers.v1.utils.loaders",
@@ -134,8 +143,6 @@ def plan_resume(
     v1's own runtime types, a closed union without the ``local_sandbox`` runtime, and
     would drop every episode of this run as malformed.
     """
-    from verifiers.v1.utils.eval import plan_rollouts
-
     path = run_dir / TRACES_FILE
     lines: dict[str, bytes] = {}
     stored: list[Any] = []
@@ -194,8 +201,6 @@ class V1Stack(DemoStack):
 
     def eval_config(self, setup: StackSetup) -> Any:
         """The run as v1's ``EvalConfig`` (what ``vf-eval`` would have resolved)."""
-        from verifiers.v1.configs.cli.eval import EvalConfig
-
         opts = setup.options
         run_dir = setup.run_dir.resolve()
         return EvalConfig.model_validate(
@@ -223,10 +228,6 @@ class V1Stack(DemoStack):
         )
 
     async def start(self, setup: StackSetup, stack: contextlib.AsyncExitStack) -> list[WorkItem]:
-        from verifiers.v1.cli.output import create_attempt_log_dir, write_config
-        from verifiers.v1.clients import ModelContext
-        from verifiers.v1.utils.eval import plan_rollouts
-
         self._setup = setup
         # Resolving the config and building the env and its tasks is seconds of pydantic
         # work the first time: off the event loop, so that a signal stops setup at once.
@@ -254,8 +255,6 @@ class V1Stack(DemoStack):
 
     def _build(self, setup: StackSetup) -> tuple[Any, Any, list[Any]]:
         """The resolved config, the env (not serving yet) and the tasks it runs."""
-        from verifiers.v1.utils.loaders import load_environment
-
         config = self.eval_config(setup)
         env = load_environment(config.env)
         env.gateway_admin_token = setup.admin_token  # never through the environment
@@ -286,8 +285,6 @@ class V1Stack(DemoStack):
 
     async def _persist(self, episode: Any) -> None:
         """v1's persistence hook (``on_complete``): one line, whole, before anything else."""
-        from verifiers.v1.episode import EvalRunInfo
-
         assert self._setup is not None and self._config is not None
         episode.record_run(EvalRunInfo(id=self._config.run.id, name=self._config.run.name))
         with (self._setup.run_dir / TRACES_FILE).open("ab") as f:
@@ -302,8 +299,6 @@ class V1Stack(DemoStack):
         ``local_sandbox`` runtime's info, which pydantic then writes by its own type (in
         full: ``tests/test_demo_v1.py`` reads it back) after one warning per union
         member."""
-        from verifiers.v1.utils.trace_store import type_adapter
-
         return bytes(
             type_adapter(type(episode)).dump_json(
                 episode, exclude_none=True, context=FULL_PRECISION, warnings=False
