@@ -6,6 +6,22 @@ that keeps it out of every agent's reach is a file readable by its owner only: `
 when the file does not exist, and the env reads it through
 ``ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE=PATH`` (a path, not the secret, is what sits in the
 env's environment; a contained sandbox sees neither the variable nor the file).
+
+The env side reads it once, with :func:`take_admin_token` (:meth:`GatewaySettings.
+resolved_admin_token`, the v1 gateway env when it starts serving, the v1 interception):
+
+- it reads the file ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE`` names, else the variable
+  (``$ROLLOUT_GATEWAY_ADMIN_TOKEN``, or the one the settings name);
+- it removes those variables from this process's environment (``os.environ``), so
+  nothing started afterwards inherits them: not verifiers v1's ``subprocess`` runtime
+  (which passes the env process's environment on, less names containing ``API_KEY``),
+  not tool servers, not any helper;
+- it keeps the token in this process's memory for every later reader.
+
+The local sandboxes never pass the host environment on at all; this closes the runtimes
+that do. What an agent of an uncontained runtime can still reach (it runs as the env's
+user: the token file itself, ``/proc/<env pid>/environ`` as it was at exec): see the docs'
+security page.
 """
 
 from __future__ import annotations
@@ -13,6 +29,8 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_gateway.errors import GatewayConfigError
@@ -65,6 +83,77 @@ def read_admin_token_file(path: str | os.PathLike[str]) -> str:
     return token
 
 
+@dataclass(frozen=True)
+class _Taken:
+    token: str | None  # None: the file could not be read (``error`` says why)
+    source: str  # where it came from, for messages: never the token itself
+    error: str | None = None
+
+
+_taken: dict[str, _Taken] = {}
+_lock = threading.Lock()
+
+
+def take_admin_token(var: str = ADMIN_TOKEN_ENV) -> str | None:
+    """The env side's admin token, read once (see the module docstring).
+
+    Reads the file named by ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE``, else ``$<var>``; then
+    removes both (and ``$ROLLOUT_GATEWAY_ADMIN_TOKEN``) from ``os.environ`` and keeps the
+    token in memory, so later calls return it with the variables gone. A variable set
+    again later is read again (and removed again). ``None`` when no token was ever given.
+
+    Raises :class:`AdminTokenFileError` naming the variable when the file cannot be read
+    or is empty (and again on every later call, until a variable is set again).
+    """
+    with _lock:
+        path, value = _pop_admin_token_variables(var)
+        if path:
+            source = f"the admin token in {path} (the file ${ADMIN_TOKEN_FILE_ENV} named)"
+            try:
+                _taken[var] = _Taken(read_admin_token_file(path), source)
+            except AdminTokenFileError as e:
+                _taken[var] = _Taken(None, source, f"${ADMIN_TOKEN_FILE_ENV}: {e}")
+        elif value is not None and value.strip():
+            _taken[var] = _Taken(value.strip(), f"the admin token in ${var}")
+        taken = _taken.get(var)
+    if taken is None:
+        return None
+    if taken.error is not None:
+        raise AdminTokenFileError(taken.error)
+    return taken.token
+
+
+def discard_admin_token_variables(var: str = ADMIN_TOKEN_ENV) -> None:
+    """Remove the admin token's variables from ``os.environ`` without reading them (an
+    env given its token explicitly: nothing it starts inherits them either)."""
+    with _lock:
+        _pop_admin_token_variables(var)
+
+
+def admin_token_source(var: str = ADMIN_TOKEN_ENV) -> str | None:
+    """Where :func:`take_admin_token` found the token of ``var`` (for messages), or ``None``."""
+    with _lock:
+        taken = _taken.get(var)
+    return taken.source if taken else None
+
+
+def forget_admin_tokens() -> None:
+    """Drop the tokens taken so far (tests: each starts from its own environment)."""
+    with _lock:
+        _taken.clear()
+
+
+def _pop_admin_token_variables(var: str) -> tuple[str | None, str | None]:
+    """Pop the file variable, ``$<var>`` and ``$ROLLOUT_GATEWAY_ADMIN_TOKEN`` (by its name
+    it holds this token, whatever ``var`` says; kept in memory under its own name)."""
+    path = os.environ.pop(ADMIN_TOKEN_FILE_ENV, None)
+    value = os.environ.pop(var, None) if var else None
+    default = os.environ.pop(ADMIN_TOKEN_ENV, None)
+    if default is not None and default.strip() and var != ADMIN_TOKEN_ENV:
+        _taken[ADMIN_TOKEN_ENV] = _Taken(default.strip(), f"the admin token in ${ADMIN_TOKEN_ENV}")
+    return path, value
+
+
 def readable_by_others(path: str | os.PathLike[str]) -> bool:
     """Whether users other than the file's owner may read it (group or other bits)."""
     try:
@@ -78,8 +167,12 @@ __all__ = [
     "ADMIN_TOKEN_ENV",
     "ADMIN_TOKEN_FILE_ENV",
     "AdminTokenFileError",
+    "admin_token_source",
     "create_admin_token_file",
+    "discard_admin_token_variables",
+    "forget_admin_tokens",
     "new_admin_token",
     "read_admin_token_file",
     "readable_by_others",
+    "take_admin_token",
 ]

@@ -174,6 +174,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     _add_limit_options(p)
     _add_connection_options(p)
     _add_registry_options(p)
+    _add_state_options(p)
     p.add_argument("--disabled", action="store_true", help="start disabled: register answers 503")
     _add_log_level(p)
     p.set_defaults(func=run_serve)
@@ -355,6 +356,28 @@ def _add_registry_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _add_state_options(p: argparse.ArgumentParser) -> None:
+    """``serve``: where the gateway keeps its state (see docs/state.md)."""
+    state = p.add_argument_group(
+        "state (default: in memory, lost with the process; see docs/state.md)"
+    )
+    state.add_argument(
+        "--state-dir", metavar="DIR",
+        help="keep rollouts, recorded turns, keys, limits, exit reports and the policy "
+        "version in a SQLite database in DIR (created 0700; one gateway per directory): a "
+        "gateway restarted on DIR, even after kill -9, goes on with every rollout, and a "
+        "retry of a turn answered before the restart gets that answer. Unwritable, full, "
+        "or written by another version: serve exits with status 2",
+    )  # fmt: skip
+    state.add_argument(
+        "--state-sync", choices=("normal", "full"), default=None,
+        help="with --state-dir, when a turn counts as stored before its answer is sent: "
+        "normal = in the database's log (survives the gateway's process being killed), "
+        "full = flushed to the device too (survives power loss; more latency per turn) "
+        "(default: normal)",
+    )  # fmt: skip
+
+
 def prepare_admin_token_file(args: argparse.Namespace) -> str | None:
     """Create the admin token file for ``--create-admin-token``; what to tell the user.
 
@@ -428,6 +451,9 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
                 "--tokenizer: required with --upstream-mode token-in (the upstream's "
                 "/v1/models names no local model directory)"
             )
+    state_dir, state_sync = getattr(args, "state_dir", None), getattr(args, "state_sync", None)
+    if state_sync is not None and state_dir is None:
+        raise ServeOptionError("--state-sync: only with --state-dir (memory state is never synced)")
     return GatewayConfig(
         upstream_mode=mode,
         tokenizer=tokenizer,
@@ -455,6 +481,8 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
         max_connections=args.max_connections,
+        state_dir=state_dir,
+        state_sync=state_sync or "normal",
     )
 
 
@@ -480,9 +508,13 @@ def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
+    import asyncio
+
     from rollout_gateway.server import create_app, serve
     from rollout_gateway.server.engines.token_in import TokenInUnavailable
     from rollout_gateway.server.ops.gc_tuning import tune_for_serving
+    from rollout_gateway.server.state.backends import store_for
+    from rollout_gateway.server.state.store import StoreError
 
     try:
         notice = prepare_admin_token_file(args)
@@ -493,8 +525,16 @@ def run_serve(args: argparse.Namespace) -> int:
     for line in (notice or "").splitlines():
         print(f"rollout-gateway serve: {line}", file=sys.stderr, flush=True)
     _setup_logging(args.log_level)
+    store = store_for(config)
     try:
-        app = create_app(config)
+        # Opened before serving: a state directory that cannot be used is refused here,
+        # with its reason, instead of a gateway that starts and fails its first turn.
+        asyncio.run(store.open())
+    except StoreError as e:
+        print(f"rollout-gateway serve: error: --state-dir: {e}", file=sys.stderr)
+        return 2
+    try:
+        app = create_app(config, store=store)
     except TokenInUnavailable as e:  # the message names the option
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
@@ -570,13 +610,23 @@ _DEMO_EPILOG = "{epilog}"
 
 
 def _isolation_help() -> str:
-    from rollout_gateway.local_sandbox import FALLBACK_ORDER, unavailable_reasons
+    from rollout_gateway.local_sandbox import FALLBACK_ORDER, tools, unavailable_reasons
+    from rollout_gateway.local_sandbox.limits import enforcement
 
     reasons = unavailable_reasons()
     lines = ["local sandbox isolation (strongest first; auto takes the first available):"]
     for mode in FALLBACK_ORDER:
-        lines.append(f"  {mode:<14}{'available' if reasons[mode] is None else reasons[mode]}")
+        state = "available" if reasons[mode] is None else reasons[mode]
+        program = tools.bwrap()
+        if mode.value == "bwrap" and reasons[mode] is None and program is not None:
+            state = f"available ({program.source} bwrap)"
+        lines.append(f"  {mode:<14}{state}")
     lines.append("  process-group no containment: only with --isolation process-group")
+    offered = [m for m in FALLBACK_ORDER if reasons[m] is None]
+    uid = offered[0].uses_sandbox_uid if offered else False
+    lines.append("limits each sandbox gets on this host (in the mode auto takes):")
+    for kind, how in enforcement(uid).items():
+        lines.append(f"  {kind:<14}{how}")
     return "\n".join(lines)
 
 

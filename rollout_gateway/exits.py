@@ -26,8 +26,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, cast
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from typing import Any, Protocol, cast
 
 from rollout_gateway import protocol
 from rollout_gateway.client import GatewayClient
@@ -56,11 +56,25 @@ REPORT_WAKE_INTERVAL = 1.0
 STREAM_REOPEN_PAUSE = 0.05
 
 
+class ExitJournal(Protocol):
+    """Where a board's reports are kept beyond the process (the gateway's state store)."""
+
+    def exit_saved(self, report: ExitReport) -> None:
+        """``report`` (numbered) is its rollout's report now."""
+        ...
+
+    def exit_forgotten(self, rollout_id: str) -> None:
+        """The rollout's report was dropped."""
+        ...
+
+
 class ExitBoard:
     """Exit reports of registered rollouts, numbered, with waiters for new ones.
 
     Waiting costs no task: a waiter awaits the board's event under
     :func:`asyncio.timeout` (a timer), so hundreds of long-polls hold no helper tasks.
+    ``journal`` (optional) is told of every report and every dropped one; a restarted
+    board is filled again with :meth:`restore`.
     """
 
     def __init__(
@@ -68,6 +82,7 @@ class ExitBoard:
         *,
         wake_interval: float = REPORT_WAKE_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        journal: ExitJournal | None = None,
     ) -> None:
         # In ``seq`` order (a replaced report moves to the end): the newest are last.
         self._reports: dict[str, ExitReport] = {}
@@ -79,6 +94,23 @@ class ExitBoard:
         self._clock = clock
         self._last_wake: dict[str, float] = {}  # per rollout (see REPORT_WAKE_INTERVAL)
         self._deferred_wake: asyncio.TimerHandle | None = None
+        self._journal = journal
+
+    def restore(self, reports: Iterable[ExitReport], cursor: int) -> None:
+        """Hold ``reports`` (oldest first) again, numbering on from ``cursor`` (a restart:
+        an env's cursor from before it stays valid)."""
+        for report in sorted(reports, key=lambda r: r["seq"]):
+            self._reports.pop(report["rollout_id"], None)
+            self._reports[report["rollout_id"]] = report
+        self._seq = max(self._seq, cursor, *(r["seq"] for r in self._reports.values()))
+
+    def apply(self, report: ExitReport) -> None:
+        """Hold ``report``, numbered elsewhere (another gateway on a shared store), and
+        wake the waiters; the cursor goes on from its number."""
+        self._reports.pop(report["rollout_id"], None)
+        self._reports[report["rollout_id"]] = report
+        self._seq = max(self._seq, report["seq"])
+        self.wake()
 
     @property
     def cursor(self) -> int:
@@ -121,6 +153,8 @@ class ExitBoard:
         report["seq"] = self._seq
         self._reports.pop(rollout_id, None)
         self._reports[rollout_id] = report
+        if self._journal is not None:
+            self._journal.exit_saved(report)
         now = self._clock()
         last = self._last_wake.get(rollout_id)
         if urgent or last is None or now - last >= self.wake_interval:
@@ -141,7 +175,8 @@ class ExitBoard:
 
     def forget(self, rollout_id: str) -> None:
         """Drop the report of an unregistered rollout (the board holds only live ones)."""
-        self._reports.pop(rollout_id, None)
+        if self._reports.pop(rollout_id, None) is not None and self._journal is not None:
+            self._journal.exit_forgotten(rollout_id)
         self._last_wake.pop(rollout_id, None)
 
     def resume_point(self, after: int) -> int:
@@ -395,4 +430,11 @@ class ExitWatcher:
             self._unclaimed.popitem(last=False)
 
 
-__all__ = ["EXIT_COALESCE", "STREAM_REOPEN_PAUSE", "UNCLAIMED_LIMIT", "ExitBoard", "ExitWatcher"]
+__all__ = [
+    "EXIT_COALESCE",
+    "STREAM_REOPEN_PAUSE",
+    "UNCLAIMED_LIMIT",
+    "ExitBoard",
+    "ExitJournal",
+    "ExitWatcher",
+]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +20,13 @@ from typing import Any
 import httpx
 
 from rollout_gateway import protocol
-from rollout_gateway.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, read_admin_token_file
+from rollout_gateway.admin_token import (
+    ADMIN_TOKEN_ENV,
+    ADMIN_TOKEN_FILE_ENV,
+    admin_token_source,
+    discard_admin_token_variables,
+    take_admin_token,
+)
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.errors import GatewayConfigError
 from rollout_gateway.polling import PollPolicy
@@ -51,7 +56,9 @@ class GatewaySettings:
             ``None`` for the adapter's default (direct for local sandboxes, else prime).
         admin_token: control-plane bearer token; ``None`` reads the file named by
             ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE``, else the ``admin_token_env`` variable.
-        admin_token_env: name of the environment variable holding the admin token.
+        admin_token_env: name of the environment variable holding the admin token. The
+            variables are removed from the process's environment once read (also when
+            ``admin_token`` is given), so that nothing it starts later inherits them.
         retry: retry policy of control-plane calls (or a mapping of its fields).
         poll: how often to ask the sandbox whether the agent exited (or a mapping of
             its fields).
@@ -197,30 +204,26 @@ class GatewaySettings:
         """The admin token: ``admin_token``, else the file named by
         ``$ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE``, else the ``admin_token_env`` variable.
 
-        Raises :class:`GatewayConfigError` naming the variable when that file cannot
-        be read.
+        Read once with :func:`rollout_gateway.admin_token.take_admin_token`: the variables
+        leave ``os.environ`` (no agent started later inherits them), the token stays in
+        memory. Raises :class:`GatewayConfigError` naming the variable when that file
+        cannot be read.
         """
         if self.admin_token:
+            discard_admin_token_variables(self.admin_token_env)
             return self.admin_token
-        path = os.environ.get(ADMIN_TOKEN_FILE_ENV)
-        if path:
-            try:
-                return read_admin_token_file(path)
-            except GatewayConfigError as e:
-                raise GatewayConfigError(f"${ADMIN_TOKEN_FILE_ENV}: {e}") from None
-        return (os.environ.get(self.admin_token_env) or "").strip() or None
+        return take_admin_token(self.admin_token_env)
 
     def admin_token_help(self) -> str:
         """What to set when the gateway refuses the token: where this env took it from."""
-        gave = (
-            "the admin token of GatewaySettings.admin_token"
-            if self.admin_token
-            else f"the admin token in the file ${ADMIN_TOKEN_FILE_ENV} names"
-            if os.environ.get(ADMIN_TOKEN_FILE_ENV)
-            else f"the admin token in ${self.admin_token_env}"
-            if (os.environ.get(self.admin_token_env) or "").strip()
-            else None
-        )
+        if self.admin_token:
+            gave: str | None = "the admin token of GatewaySettings.admin_token"
+        else:
+            try:
+                take_admin_token(self.admin_token_env)
+            except GatewayConfigError:
+                pass  # resolved_admin_token() reports it
+            gave = admin_token_source(self.admin_token_env)
         where = (
             f"set ${ADMIN_TOKEN_FILE_ENV} to the gateway's token file (the file of "
             f"`rollout-gateway serve --admin-token-file`), or ${self.admin_token_env} to "

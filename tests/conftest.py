@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from stacks import STACK, ignored_paths
 
+from rollout_gateway.admin_token import forget_admin_tokens
 from rollout_gateway.settings import GatewaySettings
 
 #: Tests of the other verifiers stack are not collected (see tests/stacks.py).
@@ -26,6 +27,13 @@ if STACK == "classic":  # the fixtures below serve the classic (verifiers 0.3) t
     from openai import AsyncOpenAI
 
     from rollout_gateway.testing import FakeGateway, FakeSandboxClient, FakeTunnelProvider
+
+
+@pytest.fixture(autouse=True)
+def _fresh_admin_tokens() -> None:
+    """Each test reads the admin token from its own environment (the env side keeps a
+    token it read in memory, process-wide)."""
+    forget_admin_tokens()
 
 
 @pytest.fixture

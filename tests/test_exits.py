@@ -34,6 +34,32 @@ async def test_the_board_numbers_reports_and_forgets_unregistered_rollouts():
     assert [r["rollout_id"] for r in board.since(10_000)["exits"]] == ["b"]
 
 
+async def test_a_board_restored_or_fed_from_elsewhere_numbers_on():
+    """A restarted gateway's board is filled again from its store; a report numbered at
+    another gateway (a shared store) is applied as numbered: cursors stay valid."""
+    saved: list[dict] = []
+
+    class Journal:
+        def exit_saved(self, report):
+            saved.append(dict(report))
+
+        def exit_forgotten(self, rollout_id):
+            saved.append({"forgot": rollout_id})
+
+    board = ExitBoard(journal=Journal())
+    board.restore([{"rollout_id": "a", "exit_code": 0, "seq": 4}], cursor=6)
+    assert board.cursor == 6 and board.since(0)["exits"][0]["rollout_id"] == "a"
+    board.report("b", 1)
+    assert saved == [{"rollout_id": "b", "exit_code": 1, "seq": 7}]
+    waiting = asyncio.ensure_future(board.wait(7, 10))
+    await asyncio.sleep(0)
+    board.apply({"rollout_id": "c", "exit_code": 2, "seq": 9})
+    assert [r["rollout_id"] for r in (await waiting)["exits"]] == ["c"]
+    assert board.cursor == 9
+    board.forget("a")
+    assert saved[-1] == {"forgot": "a"}
+
+
 async def test_the_long_poll_wakes_on_a_report():
     board = ExitBoard()
     waiter = asyncio.ensure_future(board.wait(0, timeout=5))

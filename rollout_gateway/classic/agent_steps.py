@@ -10,6 +10,7 @@ builds on it; with ``use_gateway = False`` each falls through to ``CliAgentEnv``
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from rollout_gateway.lifecycle import (
     GatewayRollout,
     agent_environment,
 )
+from rollout_gateway.local_sandbox import LocalSandboxClient
 from rollout_gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -157,7 +159,12 @@ class AgentSandboxSteps(_Base):
         sandbox_id, job = state.get("sandbox_id"), state.get("background_job")
         if not sandbox_id:
             return
-        await self.sandbox_client.execute_command(sandbox_id, stop_agent_script(), timeout=30)
+        if isinstance(self.sandbox_client, LocalSandboxClient):
+            # From the host: in its namespace modes a command run inside cannot see the
+            # agent (each command has its own PID namespace).
+            await asyncio.to_thread(self.sandbox_client.stop_processes, sandbox_id)
+        else:
+            await self.sandbox_client.execute_command(sandbox_id, stop_agent_script(), timeout=30)
         if job is None:
             return
         rollout = self._core(state)

@@ -30,7 +30,7 @@ from prime_sandboxes import (
     SandboxImagePullError,
 )
 
-from rollout_gateway.local_sandbox import layout, uids
+from rollout_gateway.local_sandbox import cgroups, disks, layout, limits, uids
 from rollout_gateway.local_sandbox.commands import SandboxCommandAPI
 from rollout_gateway.local_sandbox.file_api import SandboxFileAPI
 from rollout_gateway.local_sandbox.isolation import IsolationMode, choose_mode, python_dirs
@@ -71,6 +71,15 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         max_read_bytes: largest file ``read_file`` returns whole.
         sweep_stale: at construction, remove sandboxes whose owning client is gone.
         register_atexit: delete this client's sandboxes at interpreter exit.
+        pids_limit: processes (and threads) each sandbox may have at once (``create``'s
+            ``pids`` overrides it per sandbox; ``None``: no limit).
+        enforce_limits: give each sandbox its cgroups and its own file system where the
+            host offers them (:mod:`~rollout_gateway.local_sandbox.limits`); the
+            watchdog stops a sandbox past a limit either way.
+
+    Each sandbox's memory, disk and CPU come from its request (``memory_gb``,
+    ``disk_size_gb``, ``cpu_cores``); how this host enforces them:
+    :meth:`limit_enforcement`.
     """
 
     def __init__(
@@ -86,6 +95,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         max_read_bytes: int = 10 * 1024 * 1024,
         sweep_stale: bool = True,
         register_atexit: bool = True,
+        pids_limit: int | None = limits.DEFAULT_PIDS,
+        enforce_limits: bool = True,
     ) -> None:
         self.isolation: IsolationMode = choose_mode(isolation)
         traversable = self.isolation in (IsolationMode.UNSHARE, IsolationMode.UID)
@@ -100,6 +111,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         self._max_output_bytes = max_output_bytes
         self._max_read_bytes = max_read_bytes
         self._registry = SandboxRegistry(clock, kill_grace)
+        self._pids_limit = pids_limit
+        self._enforce_limits = enforce_limits
         if sweep_stale:
             self.sweep_stale()
         if register_atexit:
@@ -114,8 +127,9 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def create(self, request: CreateSandboxRequest) -> Sandbox:
-        """Create a sandbox: fresh directories (and uid), seeded from a local image if named.
+    async def create(self, request: CreateSandboxRequest, *, pids: int | None = None) -> Sandbox:
+        """Create a sandbox: fresh directories (and uid), seeded from a local image if named,
+        with its limits (``pids``: a local extension, overriding ``pids_limit``).
 
         A local image that cannot be read leaves the sandbox in status ``ERROR`` and
         :meth:`wait_for_creation` raises ``SandboxImagePullError``, as for a failed pull.
@@ -128,6 +142,12 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
             created_at=datetime.now(UTC),
             deadline=self._clock() + request.timeout_minutes * 60,
             mode=self.isolation,
+            limits=limits.SandboxLimits.of(
+                memory_gb=request.memory_gb,
+                disk_size_gb=request.disk_size_gb,
+                pids=pids if pids is not None else self._pids_limit,
+                cpu_cores=request.cpu_cores,
+            ),
         )
         # Registered before any await: a cancelled create() still leaves nothing behind.
         self._registry.add(sb)
@@ -148,11 +168,43 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         return sb.model()
 
     def _prepare(self, sb: LocalSandbox) -> None:
-        """Claim the uid, make the directories, seed the image (blocking: in a thread)."""
+        """Claim the uid, make the directories, seed the image (blocking: in a thread).
+
+        Under the sandbox's setup lock, which its destruction waits for: a sandbox
+        deleted (or torn down) while this runs is removed with all this makes, and one
+        deleted before it starts is not made at all.
+        """
+        with sb.setup_lock:
+            if not sb.dead:
+                self._make(sb)
+
+    def _make(self, sb: LocalSandbox) -> None:
         if sb.mode.uses_sandbox_uid:
             sb.lease = uids.claim_uid()
-        meta = {"mode": str(sb.mode), "uid": sb.lease.uid if sb.lease else None}
-        sb.lock_fd = layout.create_dirs(sb.dirs, sb.owner, meta, self._traversable)
+        meta: dict[str, Any] = {"mode": str(sb.mode), "uid": sb.lease.uid if sb.lease else None}
+        mount = None
+        if self._enforce_limits and sb.limits.disk_bytes and disks.availability() is None:
+            image = layout.disk_image(self.root, sb.id)
+            disk_bytes = sb.limits.disk_bytes
+
+            def mount(base: Path) -> None:
+                disks.create(image, base, disk_bytes)
+                sb.disk_image = image
+
+        sb.lock_fd = layout.create_dirs(sb.dirs, sb.owner, meta, self._traversable, mount)
+        found = cgroups.hierarchy()
+        if self._enforce_limits and isinstance(found, cgroups.Hierarchy):
+            sb.cgroup = cgroups.SandboxCgroup.create(
+                found,
+                sb.id,
+                memory_bytes=sb.limits.memory_bytes,
+                pids=sb.limits.pids,
+                cpu_cores=sb.limits.cpu_cores,
+            )
+            # Where the stale sweep finds them should this process die (they may sit
+            # under this process's own group, which another process does not know).
+            meta["cgroups"] = sb.cgroup.paths()
+            layout.write_meta(sb.dirs, meta)
         source = local_image_path(sb.request.docker_image)
         if source is not None:
             error = seed(source, sb.work)
@@ -239,6 +291,29 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         if sb is None:
             self._registry.raise_missing(sandbox_id)
         return sb.dirs
+
+    def stop_processes(self, sandbox_id: str) -> None:
+        """Kill every process of a sandbox and keep the sandbox (its files, for scoring).
+
+        A local extension of the API: in the namespace modes each command has its own
+        PID namespace, so a stop command run inside the sandbox cannot see the others;
+        this stops them from the host, in every mode. Blocking: call it off the loop.
+        """
+        sb = self._registry.get(sandbox_id)
+        if sb is None:
+            self._registry.raise_missing(sandbox_id)
+        self._registry.stop_processes(sb)
+
+    def enforce_limits(self) -> list[str]:
+        """Stop every sandbox past a resource limit now (the reaper thread does this every
+        ``reap_interval``); the ids stopped."""
+        return self._registry.enforce_limits()
+
+    def limit_enforcement(self) -> dict[str, str]:
+        """How this client's sandboxes' limits are enforced on this host, in words."""
+        if not self._enforce_limits:
+            return {"processes": "off", "memory": "off", "disk": "off", "cpu": "off"}
+        return limits.enforcement(self.isolation.uses_sandbox_uid)
 
     def delete_all(self) -> None:
         """Synchronously kill and remove every sandbox of this client.

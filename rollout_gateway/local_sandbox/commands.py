@@ -97,8 +97,13 @@ class SandboxCommandAPI:
                 out_path.unlink(missing_ok=True)
                 err_path.unlink(missing_ok=True)
 
+        await asyncio.to_thread(self._registry.enforce_sandbox, sb, proc)
         stdout, stderr = await asyncio.to_thread(collect)
-        return CommandResponse(stdout=stdout, stderr=stderr, exit_code=processes.exit_code(rc))
+        return CommandResponse(
+            stdout=stdout,
+            stderr=_with_breach(sb, proc, stderr),
+            exit_code=processes.exit_code(rc),
+        )
 
     async def start_background_job(
         self,
@@ -161,11 +166,12 @@ class SandboxCommandAPI:
                 completed=True,
                 exit_code=code,
                 stdout=stdout,
-                stderr=stderr,
+                stderr=_with_breach(sb, entry.proc, stderr),
                 stdout_truncated=out_trunc,
                 stderr_truncated=err_trunc,
             )
 
+        await asyncio.to_thread(self._registry.enforce_sandbox, sb, entry.proc)
         entry.status = await asyncio.to_thread(collect)
         return entry.status
 
@@ -239,13 +245,19 @@ class SandboxCommandAPI:
             processes.rlimit_args(
                 timeout_minutes=req.timeout_minutes,
                 cpu_cores=req.cpu_cores,
-                memory_gb=req.memory_gb,
+                # Address space only where no memory cgroup bounds the whole sandbox (it
+                # breaks programs that reserve much more than they use).
+                memory_gb=req.memory_gb if sb.cgroup is None else None,
                 disk_size_gb=req.disk_size_gb,
+                # The uid's process count where no pids cgroup counts the sandbox's (the
+                # cgroup's refusals are what the watchdog sees).
+                nproc=sb.limits.pids if sb.mode.uses_sandbox_uid and sb.cgroup is None else None,
             )
             if self._apply_rlimits
             else []
         )
         confinement = sb.confinement(self._read_only)
+        prefix = sb.cgroup.enter_argv() if sb.cgroup is not None else None
         script = shell_script(command, working_dir)
 
         def start() -> Any:
@@ -253,16 +265,25 @@ class SandboxCommandAPI:
                 if sb.dead:
                     self._registry.raise_missing(sb.id, command)
                 if stdout_path is None or stderr_path is None:
-                    proc = processes.spawn_piped(confinement, script, proc_env, limits)
+                    proc = processes.spawn_piped(confinement, script, proc_env, limits, prefix)
                 else:
                     proc = processes.spawn(
-                        confinement, script, proc_env, stdout_path, stderr_path, limits
+                        confinement, script, proc_env, stdout_path, stderr_path, limits, prefix
                     )
                 sb.procs.add(proc)
                 sb.leaders.add(proc.pid)
             return proc
 
         return await asyncio.to_thread(start)
+
+
+def _with_breach(sb: LocalSandbox, proc: Any, stderr: str) -> str:
+    """A command's stderr, plus why the sandbox was stopped if that ended the command."""
+    if sb.breach is None or proc.pid not in sb.stopped_leaders:
+        return stderr
+    return f"{stderr}{'' if not stderr or stderr.endswith(chr(10)) else chr(10)}" + (
+        f"[local sandbox {sb.id} stopped: {sb.breach}]\n"
+    )
 
 
 def _read_tail(path: Path, limit: int | None) -> tuple[str, bool]:

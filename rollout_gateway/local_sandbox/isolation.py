@@ -99,6 +99,9 @@ class Confinement:
     gid: int | None = None
     #: Host directories mounted read-only at the same path (``bwrap`` only).
     read_only: tuple[Path, ...] = field(default_factory=tuple)
+    #: Size bound of the RAM-backed ``/tmp`` of a ``bwrap`` command (also charged to the
+    #: sandbox's memory cgroup where there is one).
+    tmpfs_bytes: int | None = None
 
 
 # ---------------------------------------------------------------- availability
@@ -209,10 +212,10 @@ def _probe(mode: IsolationMode) -> str | None:
         return None
     if mode.uses_sandbox_uid and not mode.has_mount_namespace_view:
         return (
-            f"this Python ({os.path.realpath(sys.executable)}) does not run as an "
-            f"unprivileged uid here ({why}); a parent directory is likely not searchable "
-            "by others (e.g. Python under a 0700 home): use bwrap, or a Python installed "
-            "outside such a directory"
+            f"this Python ({os.path.realpath(sys.executable)}) cannot run as the "
+            f"sandbox's uid here ({why.rsplit(': ', 1)[-1]}): a parent directory is not "
+            "searchable by others (e.g. under a 0700 home); use bwrap, or a Python "
+            "installed outside such a directory"
         )
     return why
 
@@ -390,7 +393,11 @@ def bwrap_argv(confinement: Confinement) -> list[str]:
             mounts.bind(path, path)
     mounts.special("--proc", "/proc")
     mounts.special("--dev", "/dev")
+    # RAM-backed: bounded in size, and charged to the sandbox's memory cgroup.
+    if confinement.tmpfs_bytes is not None:
+        mounts.args += ["--size", str(confinement.tmpfs_bytes)]
     mounts.special("--tmpfs", "/tmp", "1777")
+    mounts.args += ["--size", str(16 * 1024 * 1024)]
     mounts.special("--tmpfs", "/run", "0755")
     for path in confinement.read_only:
         mounts.bind(path, path)

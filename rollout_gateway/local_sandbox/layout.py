@@ -5,7 +5,7 @@
 - ``work/`` and ``tmp/``: the sandbox's working directory (``HOME``) and ``TMPDIR``,
   owned by the sandbox's uid, mode 0700; the only places a sandbox can write.
 - ``.state/``: host-owned, 0700: ``lock`` (held with ``flock`` by the owning client for
-  the sandbox's lifetime), ``meta.json`` (its uid and mode) and command logs.
+  the sandbox's lifetime), ``meta.json`` (its uid, mode and cgroup directories) and command logs.
 
 The stale sweep trusts nothing a sandbox can write: a sandbox is stale when its ``lock``
 can be taken (its owner is gone: the kernel dropped the lock), and only host-owned,
@@ -14,6 +14,7 @@ non-symlink entries with a well-formed id are considered.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -21,11 +22,12 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_gateway.local_sandbox import processes, uids
+from rollout_gateway.local_sandbox import cgroups, disks, processes, uids
 from rollout_gateway.local_sandbox.errors import SandboxRootError
 
 logger = logging.getLogger(__name__)
@@ -84,24 +86,38 @@ def prepare_root(root: Path, shared_with_uids: bool) -> Path:
 
 
 def create_dirs(
-    dirs: SandboxDirs, owner: tuple[int, int] | None, meta: dict[str, Any], traversable: bool
+    dirs: SandboxDirs,
+    owner: tuple[int, int] | None,
+    meta: dict[str, Any],
+    traversable: bool,
+    mount: Callable[[Path], None] | None = None,
 ) -> int:
     """Create a sandbox's directories and metadata; return the fd holding its lock.
 
     ``traversable``: the sandbox's uid reaches ``work`` through the host path (no mount
-    namespace), so ``base`` must be searchable by others.
+    namespace), so ``base`` must be searchable by others. ``mount``: called on the empty
+    ``base`` first (the sandbox's own file system goes there).
     """
     dirs.base.mkdir(mode=0o700)
+    if mount is not None:
+        mount(dirs.base)
     os.chmod(dirs.base, 0o711 if traversable else 0o700)
     dirs.state.mkdir(mode=0o700)
     lock_fd = os.open(dirs.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    (dirs.state / "meta.json").write_text(json.dumps(meta))
+    write_meta(dirs, meta)
     for path in (dirs.work, dirs.tmp):
         path.mkdir(mode=0o700)
         if owner is not None:
             os.chown(path, *owner)
     return lock_fd
+
+
+def write_meta(dirs: SandboxDirs, meta: dict[str, Any]) -> None:
+    """(Re)write a sandbox's host-written metadata (what the stale sweep reads)."""
+    tmp = dirs.state / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    tmp.replace(dirs.state / "meta.json")
 
 
 def chown_tree(path: Path, owner: tuple[int, int]) -> None:
@@ -139,6 +155,22 @@ def _stale(base: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else {}
 
 
+def disk_image(root: Path, sandbox_id: str) -> Path:
+    """Where a sandbox's file-system image lives: beside its directory, root-only (0600)."""
+    return root / f".{sandbox_id}.disk"
+
+
+def remove_base(root: Path, base: Path) -> None:
+    """Remove a sandbox's directory: its own file system unmounted, its image deleted."""
+    if disks.mounted(base):
+        shutil.rmtree(base, ignore_errors=True)  # its content, before the mount goes
+        with contextlib.suppress(OSError):
+            disks.remove(disk_image(root, base.name), base)
+    else:
+        disk_image(root, base.name).unlink(missing_ok=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def sweep_stale(root: Path) -> list[str]:
     """Kill and remove every sandbox in ``root`` whose owning client is gone."""
     removed: list[str] = []
@@ -155,11 +187,29 @@ def sweep_stale(root: Path) -> list[str]:
             uids.kill_uid(uid)
         elif meta.get("mode") == "process-group":
             processes.kill_marked(base.name, ())
-        shutil.rmtree(base, ignore_errors=True)
+        cgroups.sweep(base.name, meta.get("cgroups", ()))
+        remove_base(root, base)
         removed.append(base.name)
+    # Images whose sandbox directory is already gone (a crash between the two removals).
+    for entry in entries:
+        name = entry.name
+        if name.startswith(".") and name.endswith(".disk"):
+            sandbox_id = name[1 : -len(".disk")]
+            if SANDBOX_ID.fullmatch(sandbox_id) and not (root / sandbox_id).exists():
+                entry.unlink(missing_ok=True)
     if removed:
         logger.info("Removed %d stale local sandbox(es) from %s", len(removed), root)
     return removed
 
 
-__all__ = ["SANDBOX_ID", "SandboxDirs", "chown_tree", "create_dirs", "prepare_root", "sweep_stale"]
+__all__ = [
+    "SANDBOX_ID",
+    "SandboxDirs",
+    "chown_tree",
+    "create_dirs",
+    "disk_image",
+    "prepare_root",
+    "remove_base",
+    "sweep_stale",
+    "write_meta",
+]

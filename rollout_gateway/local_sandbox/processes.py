@@ -33,8 +33,10 @@ def rlimit_args(
     cpu_cores: float | None,
     memory_gb: float | None,
     disk_size_gb: float | None,
+    nproc: int | None = None,
 ) -> list[str]:
-    """``prlimit`` prefix: CPU time, address space, largest file, no core dumps."""
+    """``prlimit`` prefix: CPU time, address space, largest file, no core dumps, and (for
+    a command running as the sandbox's own uid) the processes that uid may have."""
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         return []
@@ -43,11 +45,14 @@ def rlimit_args(
         limits["as"] = int(memory_gb * _GiB)
     if disk_size_gb and disk_size_gb > 0:
         limits["fsize"] = int(disk_size_gb * _GiB)
+    if nproc is not None and nproc > 0:
+        limits["nproc"] = nproc
     current = {
         "core": resource.RLIMIT_CORE,
         "cpu": resource.RLIMIT_CPU,
         "as": resource.RLIMIT_AS,
         "fsize": resource.RLIMIT_FSIZE,
+        "nproc": resource.RLIMIT_NPROC,
     }
     args = [prlimit]
     for name, value in limits.items():
@@ -65,9 +70,12 @@ def spawn(
     stdout_path: Path,
     stderr_path: Path,
     limits: list[str],
+    prefix: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``/bin/sh -c script`` confined, in its own session; output appended to files."""
-    argv = [*confining_argv(confinement), *limits, "/bin/sh", "-c", script]
+    """Start ``/bin/sh -c script`` confined, in its own session; output appended to files.
+
+    ``prefix`` runs first, on the host (e.g. entering the sandbox's cgroups)."""
+    argv = [*(prefix or []), *confining_argv(confinement), *limits, "/bin/sh", "-c", script]
     with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
         return subprocess.Popen(
             argv,
@@ -82,10 +90,14 @@ def spawn(
 
 
 def spawn_piped(
-    confinement: Confinement, script: str, env: dict[str, str], limits: list[str]
+    confinement: Confinement,
+    script: str,
+    env: dict[str, str],
+    limits: list[str],
+    prefix: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Like :func:`spawn`, with stdin, stdout and stderr as pipes (a live process)."""
-    argv = [*confining_argv(confinement), *limits, "/bin/sh", "-c", script]
+    argv = [*(prefix or []), *confining_argv(confinement), *limits, "/bin/sh", "-c", script]
     return subprocess.Popen(
         argv,
         cwd=confinement.work,

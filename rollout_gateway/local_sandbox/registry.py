@@ -1,7 +1,8 @@
 """The table of a local client's sandboxes: live ones, ones being destroyed, tombstones.
 
 Owns destruction (kill every process, remove the directories, free the uid) and the
-reaper thread that destroys sandboxes past their lifetime, so that
+reaper thread that destroys sandboxes past their lifetime and stops those past a
+resource limit (:mod:`~rollout_gateway.local_sandbox.limits`), so that
 :class:`~rollout_gateway.local_sandbox.LocalSandboxClient` only maps prime-sandboxes'
 API onto it. Thread-safe: the reaper, ``atexit`` and the event loop's worker threads all
 reach it.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import weakref
 from collections import OrderedDict
@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from prime_sandboxes import APIError, SandboxNotRunningError, SandboxTimeoutError
 
-from rollout_gateway.local_sandbox import processes
+from rollout_gateway.local_sandbox import layout, limits, processes, uids
 from rollout_gateway.local_sandbox.sandbox import LocalSandbox
 
 logger = logging.getLogger(__name__)
@@ -101,24 +101,73 @@ class SandboxRegistry:
             self._destroying[sb.id] = sb
         with sb.lock:
             sb.dead = True  # no new process can start from here on
-            procs = list(sb.procs)
-            leaders = set(sb.leaders)
+        # A create() cancelled mid-way (or a teardown meanwhile) leaves its worker thread
+        # making the sandbox: wait for it, so that what it makes is removed below.
+        sb.setup_lock.acquire()
         try:
-            processes.kill_leaders(procs, self._kill_grace)  # type: ignore[arg-type]
-            # What is left in the commands' sessions: e.g. a namespace's init still being
-            # set up (still root, not yet the sandbox's uid) when its launcher died.
-            processes.kill_marked(sb.id, leaders)
+            self._kill_everything(sb)
             if sb.lease is not None:
                 sb.lease.release()  # kill -1 as the sandbox's uid, then free the uid
-            shutil.rmtree(sb.dirs.base, ignore_errors=True)
-            if sb.lock_fd is not None:
+            if sb.cgroup is not None:
+                sb.cgroup.remove()
+            if sb.lock_fd is not None:  # closed first: it lives on the sandbox's disk
                 fd, sb.lock_fd = sb.lock_fd, None
                 os.close(fd)
+            layout.remove_base(sb.dirs.base.parent, sb.dirs.base)
             if status == "TIMEOUT":
                 logger.warning("Local sandbox %s exceeded its lifetime; killed", sb.id)
         finally:
+            sb.setup_lock.release()
             with self._lock:
                 self._destroying.pop(sb.id, None)
+
+    def _kill_everything(self, sb: LocalSandbox) -> None:
+        """SIGTERM the commands' process groups, SIGKILL what outlives the grace, then
+        everything else of the sandbox (its cgroups, its sessions, its uid)."""
+        with sb.lock:
+            procs = list(sb.procs)
+            leaders = set(sb.leaders)
+        processes.kill_leaders(procs, self._kill_grace)  # type: ignore[arg-type]
+        if sb.cgroup is not None:
+            sb.cgroup.kill_all()
+        # What is left in the commands' sessions: e.g. a namespace's init still being
+        # set up (still root, not yet the sandbox's uid) when its launcher died.
+        processes.kill_marked(sb.id, leaders)
+        if sb.lease is not None:
+            uids.kill_uid(sb.lease.uid)
+
+    def stop_processes(self, sb: LocalSandbox) -> None:
+        """Kill every process of a live sandbox; the sandbox stays (blocking)."""
+        self._kill_everything(sb)
+
+    def enforce_limits(self) -> list[str]:
+        """Stop every live sandbox past a limit (kill all its processes, record why);
+        their ids."""
+        with self._lock:
+            live = list(self._live.values())
+        return [sb.id for sb in live if self.enforce_sandbox(sb)]
+
+    def enforce_sandbox(self, sb: LocalSandbox, ended: object = None) -> bool:
+        """Stop ``sb`` if it is past a limit (``ended``: a command that just ended, which
+        the limit may have ended); whether it was stopped now."""
+        if sb.breach is not None or sb.dead:
+            return False
+        try:
+            why = limits.breach(
+                sb.limits, sb.cgroup, {}, sb.disk_image is not None, str(sb.dirs.base)
+            )
+        except OSError:
+            return False  # being removed meanwhile
+        if why is None:
+            return False
+        with sb.lock:
+            sb.stopped_leaders = {p.pid for p in sb.procs if p.poll() is None}  # type: ignore[attr-defined]
+            if ended is not None:
+                sb.stopped_leaders.add(ended.pid)  # type: ignore[attr-defined]
+        sb.breach = why
+        logger.warning("Local sandbox %s stopped: %s", sb.id, why)
+        self._kill_everything(sb)
+        return True
 
     def destroy_all(self) -> None:
         """Destroy every sandbox, including those another thread is destroying.
@@ -158,6 +207,7 @@ class SandboxRegistry:
                         return
                     try:
                         registry.reap_expired()
+                        registry.enforce_limits()
                     except Exception:
                         logger.exception("Local sandbox reaper failed")
                     del registry

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from prime_sandboxes import BackgroundJob, BackgroundJobStatus, CreateSandboxRequest, Sandbox
 
+from rollout_gateway.local_sandbox.cgroups import SandboxCgroup
 from rollout_gateway.local_sandbox.files import Anchor
 from rollout_gateway.local_sandbox.isolation import Confinement, IsolationMode
 from rollout_gateway.local_sandbox.layout import SandboxDirs
+from rollout_gateway.local_sandbox.limits import SandboxLimits
 from rollout_gateway.local_sandbox.processes import MARKER_ENV_VAR
 from rollout_gateway.local_sandbox.uids import UidLease
 
@@ -47,11 +49,22 @@ class LocalSandbox:
     error_type: str | None = None
     error_message: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Held while the sandbox is made (directories, file system, cgroups, image): its
+    #: destruction waits for it, so nothing is made after the sandbox was removed.
+    setup_lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False
     procs: set[object] = field(default_factory=set)
     jobs: dict[str, Job] = field(default_factory=dict)
     leaders: set[int] = field(default_factory=set)  # pid (= session id) of every command
     counter: int = 0
+    limits: SandboxLimits = field(default_factory=lambda: SandboxLimits(None, None, None, None))
+    #: Its cgroups (where the host offers them) and its own file system's image, if any.
+    cgroup: SandboxCgroup | None = None
+    disk_image: Path | None = None
+    #: Why the watchdog stopped it (a limit reached), once it did, and the commands that
+    #: were running then (their leaders' pids).
+    breach: str | None = None
+    stopped_leaders: set[int] = field(default_factory=set)
 
     @property
     def work(self) -> Path:
@@ -76,6 +89,7 @@ class LocalSandbox:
             uid=owner[0] if owner else None,
             gid=owner[1] if owner else None,
             read_only=read_only if self.mode is IsolationMode.BWRAP else (),
+            tmpfs_bytes=self.limits.memory_bytes,
         )
 
     def anchors(self) -> tuple[Anchor, list[Anchor]]:

@@ -14,7 +14,8 @@ Where things are, in the order a chat turn meets them: :mod:`.runner` (uvicorn) 
 checked by :mod:`.agents.limits`); :mod:`.engines` (:mod:`.engines.turn`: the engine call
 and its step, the upstream clients, token-in mode); :mod:`.recording`
 (:mod:`.recording.recorder` and :mod:`.recording.token_branches`: the trajectory);
-:mod:`.state` (the registry of rollouts, retries, policy versions); :mod:`.control`
+:mod:`.state` (the registry of rollouts, retries, policy versions, and the store they are
+kept in: memory or SQLite); :mod:`.control`
 (register, trajectory, cancel, unregister, exits, policy version); :mod:`.ops` (metrics,
 memory, the garbage collector). :mod:`.context` is the gateway as the agent API and the
 control plane see it.

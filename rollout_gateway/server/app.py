@@ -17,6 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -37,7 +40,7 @@ from rollout_gateway.protocol import (
     EXITS_PATH,
     POLICY_VERSION_PATH,
 )
-from rollout_gateway.server.agents.chat import ChatTurns
+from rollout_gateway.server.agents.chat import ChatTurns, store_refusal
 from rollout_gateway.server.agents.endpoint import ChatEndpoint
 from rollout_gateway.server.agents.routes import AgentRoutes
 from rollout_gateway.server.config import GatewayConfig
@@ -57,18 +60,29 @@ from rollout_gateway.server.http.responses import (
 )
 from rollout_gateway.server.ops.memory import MemoryTrimmer
 from rollout_gateway.server.ops.metrics import GatewayMetrics
+from rollout_gateway.server.state.backends import store_for
 from rollout_gateway.server.state.policy import PolicyClock
 from rollout_gateway.server.state.registry import (
     Clock,
     RolloutRecord,
     RolloutRegistry,
+    key_digest,
+    key_matches,
 )
+from rollout_gateway.server.state.store import GatewayStore, StoreContents, StoreError
+from rollout_gateway.server.state.stored import StoredRollouts
 
 logger = logging.getLogger("rollout_gateway.server")
 
-#: Compared against when a path names no registered rollout (no timing difference
-#: between an unknown rollout and a wrong key); matches no key (keys are URL-safe).
-_NO_ROLLOUT_KEY = "\x00 no rollout"
+#: A turn's claim on a shared store outlives the longest upstream call by this much
+#: before another gateway may take it over (its holder is then taken for dead).
+_CLAIM_MARGIN_S = 60.0
+
+
+def _wall_clock(clock: Clock) -> Clock:
+    """Unix time that moves with ``clock`` (a test's fake monotonic clock moves it too)."""
+    offset = time.time() - clock()
+    return lambda: offset + clock()
 
 
 class Gateway:
@@ -80,6 +94,9 @@ class Gateway:
         upstream_transport: httpx transport(s) to reach the upstreams (tests).
         token_in: the renderer and generate call of ``upstream_mode="token-in"``; loaded
             from ``config.tokenizer`` / ``config.renderer`` when not given.
+        store: where the state goes (default: the backend ``config`` names,
+            :func:`~.state.backends.store_for`); opened in the app's lifespan (or before,
+            by the caller: ``open`` is idempotent).
     """
 
     def __init__(
@@ -91,6 +108,7 @@ class Gateway:
         | Mapping[str, httpx.AsyncBaseTransport]
         | None = None,
         token_in: TokenInEngine | None = None,
+        store: GatewayStore | None = None,
     ) -> None:
         self.config = config
         if config.upstream_mode == "token-in" and token_in is None:
@@ -116,6 +134,18 @@ class Gateway:
             on_remove=self._on_remove,
             on_expire=self._on_expire,
         )
+        #: Where what must not be lost goes (see :mod:`.state.store`).
+        self.store = store if store is not None else store_for(config)
+        #: The registry written through to the store.
+        self.rollouts = StoredRollouts(
+            self.registry,
+            self.store,
+            owner=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}",
+            lease_s=config.upstream_timeout_s + _CLAIM_MARGIN_S,
+            retry_window_s=config.retry_dedupe_window_s,
+            clock=clock,
+            wall_clock=_wall_clock(clock),
+        )
         #: The policy version in effect (announced by the trainer).
         self.policy = PolicyClock()
         #: What runs behind each upstream (probed at start-up, again on use until it answers).
@@ -125,7 +155,7 @@ class Gateway:
         self.body_parser = BodyParser(config.max_concurrent_parses)
         self.trimmer = MemoryTrimmer()
         #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`).
-        self.exit_board = ExitBoard()
+        self.exit_board = ExitBoard(journal=self.rollouts)
         #: The open exit streams (capped; ended on shutdown).
         self.exit_streams = ExitStreams(self.exit_board, max_streams=config.max_exit_streams)
 
@@ -135,6 +165,7 @@ class Gateway:
         self.trimmer.removed()
 
     def _on_expire(self, record: RolloutRecord) -> None:
+        self.rollouts.expired(record)
         self.metrics.expired_rollouts.inc()
         logger.info("rollout=%s expired after %.0f s idle", record.rollout_id, self.registry.ttl_s)
 
@@ -157,9 +188,9 @@ class Gateway:
             await probe_engine(self.pool.get(url).http, info, self.pool.get(url).label)
         return info
 
-    def record(self, rollout_id: str) -> RolloutRecord:
+    async def record(self, rollout_id: str) -> RolloutRecord:
         """The registered rollout ``rollout_id`` (404 when it is not)."""
-        record = self.registry.get(rollout_id)
+        record = await self.rollouts.find(rollout_id)
         if record is None:
             raise ApiError(
                 404, f"rollout {rollout_id} is not registered", "not_found",
@@ -167,7 +198,7 @@ class Gateway:
             )  # fmt: skip
         return record
 
-    def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
+    async def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
         """The rollout of a path-routed data-plane call, its key (``token``) checked.
 
         With per-rollout keys, no key is a 401; a key that is not the rollout's is the
@@ -176,12 +207,12 @@ class Gateway:
         """
         rollout_id = checked_rollout_id(rollout_id)
         if not self.config.require_rollout_keys:
-            return self.record(rollout_id)
+            return await self.record(rollout_id)
         if token is None:
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
-        record = self.registry.get(rollout_id)
-        expected = record.api_key if record is not None else None
-        if not token_matches(token, expected or _NO_ROLLOUT_KEY) or expected is None:
+        record = await self.rollouts.find(rollout_id)
+        digest = record.key_digest if record is not None else None
+        if not key_matches(token, digest):
             raise ApiError(
                 404, f"rollout {rollout_id} is not registered (or the api key is not its key)",
                 "not_found", code="rollout_not_found",
@@ -189,9 +220,9 @@ class Gateway:
         assert record is not None
         return record
 
-    def keyed_record(self, token: str | None) -> RolloutRecord:
+    async def keyed_record(self, token: str | None) -> RolloutRecord:
         """The rollout of a bearer-key routed call (``/v1/chat/completions``)."""
-        record = self.registry.by_key(token) if token else None
+        record = await self.rollouts.find_by_key(key_digest(token)) if token else None
         if record is None:
             raise ApiError(401, "missing or invalid rollout api key", "unauthorized")
         return record
@@ -222,6 +253,7 @@ class Gateway:
             warnings = [f"upstream {label}: {text}" if admin else text for label, text in problems]
             answer["warnings"] = list(dict.fromkeys(warnings))
         if admin:
+            answer["state"] = {"backend": self.store.name, "durable": self.store.durable}
             answer["upstreams"] = [
                 {**state, **self.engines[u.base_url].describe()}
                 for u, state in zip(self.pool.upstreams, self.pool.describe(), strict=True)
@@ -250,9 +282,30 @@ class Gateway:
             except Exception:  # a failed sweep must not kill the loop
                 logger.exception("periodic task failed")
 
+    def restore(self, contents: StoreContents) -> None:
+        """Hold again what the store held at start: rollouts (pinned to their upstream,
+        or to another when it is no longer configured), exit reports, the policy version."""
+        for problem in contents.damage:
+            logger.error("state store %s: %s", self.store.name, problem)
+        for record in self.rollouts.restore(contents.rollouts):
+            if record.upstream in self.engines:
+                self.pool.get(record.upstream).pinned += 1
+            else:
+                record.upstream = self.pool.pin().base_url
+        self.exit_board.restore(contents.exits, contents.exit_cursor)
+        if contents.policy.version is not None:
+            self.policy.adopt(contents.policy.version, contents.policy.updated_at)
+        if contents.rollouts:
+            logger.info(
+                "state: %d rollouts restored from the %s store",
+                len(contents.rollouts), self.store.name,
+            )  # fmt: skip
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Probe the engines; run the idle sweep and the upstream re-probe; close pools."""
+        """Open the store and restore its state; probe the engines; run the idle sweep
+        and the upstream re-probe; at the end, finish the store's writes and close it."""
+        self.restore(await self.store.open())
         await asyncio.gather(
             *(
                 probe_engine(self.pool.get(url).http, info, self.pool.get(url).label)
@@ -278,6 +331,8 @@ class Gateway:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.pool.aclose()
+            await self.rollouts.drain()
+            await self.store.close()
 
     # -- error rendering -----------------------------------------------------------------
 
@@ -291,6 +346,11 @@ class Gateway:
     async def _on_api_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
         return self.api_error_response(exc)
+
+    async def _on_store_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StoreError)
+        rollout_id = (request.path_params or {}).get("rollout_id", "-")
+        return self.api_error_response(store_refusal(exc, str(rollout_id)))
 
     async def _on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -307,6 +367,7 @@ def create_app(
     | Mapping[str, httpx.AsyncBaseTransport]
     | None = None,
     token_in: TokenInEngine | None = None,
+    store: GatewayStore | None = None,
 ) -> GatewayApp:
     """The gateway ASGI app. Its state is ``app.state.gateway`` (a :class:`Gateway`).
 
@@ -319,8 +380,11 @@ def create_app(
         upstream_transport: httpx transport for the upstreams, or one per upstream URL
             (tests route to in-process apps with ``httpx.ASGITransport``).
         token_in: token-in mode's engine (see :class:`Gateway`).
+        store: the state store (see :class:`Gateway`).
     """
-    gateway = Gateway(config, clock=clock, upstream_transport=upstream_transport, token_in=token_in)
+    gateway = Gateway(
+        config, clock=clock, upstream_transport=upstream_transport, token_in=token_in, store=store
+    )
     chat = ChatEndpoint(gateway.chat, keyed=False)
     chat_by_key = ChatEndpoint(gateway.chat, keyed=True)
     agent = AgentRoutes(gateway)
@@ -349,6 +413,7 @@ def create_app(
         ],
         exception_handlers={
             ApiError: gateway._on_api_error,
+            StoreError: gateway._on_store_error,
             HTTPException: gateway._on_http_error,
         },
         lifespan=gateway.lifespan,

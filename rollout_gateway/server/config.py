@@ -86,6 +86,14 @@ class GatewayConfig:
         max_rollouts: registry bound; register answers 503 past it.
         sweep_interval_s: period of the idle-rollout sweep.
 
+    State (see ``docs/state.md``):
+        state_dir: keep the gateway's state in a SQLite database in this directory
+            (durable across restarts; one gateway per directory). ``None``: in memory,
+            lost with the process.
+        state_sync: when a turn is on disk before its answer goes out: ``"normal"``
+            (written to the database's log: survives the process being killed) or
+            ``"full"`` (also flushed to the device: survives power loss).
+
     Connections (enforced by the HTTP server, :mod:`rollout_gateway.server.http.connections`):
         header_timeout_s: a connection must send a request's headers within this time.
         body_timeout_s: ... and its whole body within this time after the headers.
@@ -125,6 +133,8 @@ class GatewayConfig:
     upstream_mode: str = "chat"
     tokenizer: str | None = None
     renderer: str = "auto"
+    state_dir: str | None = None
+    state_sync: str = "normal"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -146,6 +156,10 @@ class GatewayConfig:
             raise ValueError(
                 f"upstream_client: 'httptools', 'aiohttp' or 'httpx', got {self.upstream_client!r}"
             )
+        if self.state_sync not in ("normal", "full"):
+            raise ValueError(f"state_sync: 'normal' or 'full', not {self.state_sync!r}")
+        if self.state_dir is not None and not self.state_dir.strip():
+            raise ValueError("state_dir: must not be empty")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token: must not be empty")
         if self.admin_token is None and not self.open_control_plane:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from rollout_gateway.server.ops.metrics import GatewayMetrics
     from rollout_gateway.server.state.policy import PolicyClock
     from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
+    from rollout_gateway.server.state.store import GatewayStore
+    from rollout_gateway.server.state.stored import StoredRollouts
 
 
 class GatewayContext(Protocol):
@@ -34,6 +36,10 @@ class GatewayContext(Protocol):
     config: GatewayConfig
     #: The registered rollouts (records, keys, recorded turns, budgets).
     registry: RolloutRegistry
+    #: The registry written through to the state store, and read back.
+    rollouts: StoredRollouts
+    #: The state store.
+    store: GatewayStore
     #: The policy version in effect.
     policy: PolicyClock
     #: The agents' exit reports.
@@ -50,15 +56,15 @@ class GatewayContext(Protocol):
         """The engine behind upstream ``url``."""
         ...
 
-    def record(self, rollout_id: str) -> RolloutRecord:
+    async def record(self, rollout_id: str) -> RolloutRecord:
         """The registered rollout ``rollout_id`` (404 when it is not)."""
         ...
 
-    def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
+    async def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
         """The rollout of a path-routed agent call, its key (``token``) checked."""
         ...
 
-    def keyed_record(self, token: str | None) -> RolloutRecord:
+    async def keyed_record(self, token: str | None) -> RolloutRecord:
         """The rollout of a call routed by its key (``token``)."""
         ...
 

@@ -15,7 +15,10 @@
   runtime type (``--env.agent.runtime.type local_sandbox``), contained local sandboxes
   for v1 agents; :data:`RuntimeChoice` and :class:`LocalSandboxAgentConfig` accept it in
   configs; :func:`check_local_sandbox` fails fast when this host cannot run them
-  (:class:`LocalSandboxStartError`, a v1 ``SandboxError``).
+  (:class:`LocalSandboxStartError`, a v1 ``SandboxError``); :func:`record_for_v1` records
+  a local-sandbox trace in v1's own vocabulary (v1's trace readers accept no other
+  runtime type; the gateway env applies it to every episode), :func:`local_sandbox_record`
+  reads the full record back.
 """
 
 from rollout_gateway.verifiers_stack import V1, require_stack
@@ -49,6 +52,7 @@ from rollout_gateway.v1.runtime import (
     LocalSandboxStartError,
     check_local_sandbox,
 )
+from rollout_gateway.v1.runtime_record import local_sandbox_record, record_for_v1
 from rollout_gateway.v1.stops import ADAPTER_STOPS, REFUSAL_STOPS, TRUNCATION_STOPS
 from rollout_gateway.v1.trace_sync import TraceSync
 
@@ -80,4 +84,6 @@ __all__ = [
     "gateway_synced",
     "gateway_synced_agent",
     "interception_error",
+    "local_sandbox_record",
+    "record_for_v1",
 ]

@@ -17,6 +17,9 @@ What the mixin overrides, and why:
   ``make_interception`` from its default config) serves those tasks.
 - ``_episode_agents()``: gives each agent's harness the sync hook of
   :mod:`rollout_gateway.v1.harness_sync` (v1 builds the agents of an episode there).
+- ``run_episode()``: records the traces of ``local_sandbox`` rollouts in v1's vocabulary
+  before v1 writes or sends them (:mod:`rollout_gateway.v1.runtime_record`: v1's trace
+  readers accept only v1's own runtime types), in every mode.
 
 While the env serves, this package's log records go where v1's own go (v1's CLIs show
 only the ``verifiers.v1`` logger): a refused admin token, logged once, reaches the
@@ -30,6 +33,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from rollout_gateway.admin_token import take_admin_token
 from rollout_gateway.v1.config import (
     GatewayInterceptionConfig,
     InterceptionChoice,
@@ -50,6 +54,7 @@ from rollout_gateway.v1.internals import (
     make_interception,
 )
 from rollout_gateway.v1.runtime import check_local_sandbox
+from rollout_gateway.v1.runtime_record import record_for_v1
 
 if TYPE_CHECKING:
     from rollout_gateway.v1.internals import Env as _Base
@@ -107,6 +112,10 @@ class GatewayEnvMixin(_Base):
         """v1's ``serving()``; in gateway mode with a :class:`GatewayInterception`."""
         await self._check_local_sandboxes()
         config = self._gateway_config()
+        if config is not None:
+            # Before any tool server or agent process starts: the token leaves this
+            # process's environment (kept in memory for the interception).
+            take_admin_token(config.admin_token_var)
         if config is None:
             async with super().serving():
                 yield
@@ -161,6 +170,15 @@ class GatewayEnvMixin(_Base):
         for spec in agent_config_fields(self.config).values():
             if isinstance(spec.runtime, LocalSandboxRuntimeConfig):
                 await check_local_sandbox(spec.runtime)
+
+    async def run_episode(self, *args: Any, **kwargs: Any) -> Any:
+        """v1's ``run_episode()``; each trace of a ``local_sandbox`` rollout recorded so
+        that v1's readers (``vf-replay``, ``vf-eval --resume``, the env-server client)
+        parse it (:func:`~rollout_gateway.v1.runtime_record.record_for_v1`)."""
+        episode = await super().run_episode(*args, **kwargs)
+        for trace in episode.traces:
+            record_for_v1(trace)
+        return episode
 
     def _episode_agents(self, *args: Any, **kwargs: Any) -> Any:
         agents = super()._episode_agents(*args, **kwargs)

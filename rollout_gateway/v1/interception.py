@@ -133,6 +133,8 @@ class GatewayInterception(Interception):
             retry=retry or RetryPolicy(),
             transport=transport,
         )
+        # Read now: the token leaves this process's environment before any agent starts.
+        self.settings.resolved_admin_token()
         self.fallback = fallback if self.config.fallback else None
         self._resources: GatewayResources | None = None
         self._active: dict[str, _Active] = {}

@@ -94,6 +94,7 @@ try:
     # Public names of verifiers.v1 (re-exported by the package in every tested version).
     from verifiers.v1 import (
         Agent,
+        AgentInfo,
         AssistantMessage,
         Env,
         Error,
@@ -154,6 +155,7 @@ try:
         PrimeConfig,
         RuntimeProcess,
         SubprocessConfig,
+        SubprocessRuntimeInfo,
     )
     from verifiers.v1.session import RolloutSession
 except ImportError as e:  # an internal moved: say which verifiers, not just which name
@@ -173,6 +175,40 @@ except ImportError as e:  # an internal moved: say which verifiers, not just whi
     raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
 
 
+def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
+    """Make v1's runtime table resolve configs of ``config_cls`` to ``runtime_cls``
+    (idempotent; every other config is resolved by v1's own function as before).
+
+    The one change the adapter makes to v1's behaviour, and why it is one: verifiers 0.4
+    builds a runtime from its config through one closed table, the private function
+    ``verifiers.v1.runtimes._runtime_cls`` (``{"subprocess": SubprocessRuntime, ...}
+    [config.type]``), which ``make_runtime`` (every rollout's box), ``provision_runtime``
+    and ``runtime_is_local`` (whether an agent's interception needs a tunnel) all call.
+    v1 has no registry, entry point or config hook for runtimes (harnesses, tasksets and
+    judges are plug-ins; runtimes are not), and no other seam avoids the table: handing
+    v1 a ready box (``Agent.run(task, runtime=box)``) still looks the agent's config up
+    in it (``runtime_is_local`` when the agent enters without an injected interception),
+    marks every trace ``borrowed`` and skips the per-task resource resolution; and a
+    rollout calls ``make_runtime`` as a module function, with no method of the agent or
+    env in between. So this wraps the table function once; ``rollout_gateway.v1.runtime``
+    calls it for ``local_sandbox`` when imported. ``tests/v1/test_runtime.py`` pins it
+    (the entry resolves; every v1 type resolves to v1's runtime of that name, as
+    before). What v1 *records* of a runtime needs no change to v1:
+    :mod:`rollout_gateway.v1.runtime_record`.
+    """
+    current = v1_runtimes._runtime_cls
+    if getattr(current, "rollout_gateway_runtime_type", None) is config_cls:
+        return
+
+    def resolve(config: object) -> type[Runtime]:
+        if isinstance(config, config_cls):
+            return runtime_cls
+        return current(config)
+
+    resolve.rollout_gateway_runtime_type = config_cls  # type: ignore[attr-defined]
+    v1_runtimes._runtime_cls = resolve
+
+
 __all__ = [
     "EvalConfig",
     "EvalRunInfo",
@@ -183,6 +219,7 @@ __all__ = [
     "type_adapter",
     "write_config",
     "Agent",
+    "AgentInfo",
     "ApptainerConfig",
     "BaseRuntimeInfo",
     "DockerConfig",
@@ -193,6 +230,8 @@ __all__ = [
     "RuntimeProcess",
     "SandboxError",
     "SubprocessConfig",
+    "SubprocessRuntimeInfo",
+    "install_runtime_type",
     "v1_runtimes",
     "AssistantMessage",
     "BaseInterceptionConfig",

@@ -14,12 +14,11 @@ Selecting it: a config whose agent ``runtime`` is a :data:`~rollout_gateway.v1.R
 :class:`~rollout_gateway.v1.LocalSandboxAgentConfig` with ``vf.Agent``) and
 ``runtime.type = "local_sandbox"``.
 
-verifiers 0.4.0 builds runtimes through a closed table (``verifiers.v1.runtimes.
-_runtime_cls``: ``make_runtime``, ``provision_runtime`` and ``runtime_is_local`` all read
-it) and has no registration hook. :func:`install_runtime_type` adds one entry to it, for
-configs of type ``local_sandbox`` only (every other type resolves as before); it runs when
-:mod:`rollout_gateway.v1` is imported. This is the one place the adapter changes
-verifiers' behaviour; ``tests/v1/test_runtime.py`` pins it.
+verifiers 0.4 has no way to register a runtime type: importing this module adds the
+``local_sandbox`` entry to v1's runtime table
+(:func:`rollout_gateway.v1.internals.install_runtime_type` says why that is the one change
+to v1's internals, and how it is pinned). How a trace
+records the runtime: :mod:`rollout_gateway.v1.runtime_record`.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from rollout_gateway.v1.internals import (
     Runtime,
     RuntimeProcess,
     SandboxError,
-    v1_runtimes,
+    install_runtime_type,
 )
 
 logger = logging.getLogger(__name__)
@@ -203,7 +202,7 @@ class LocalSandboxRuntime(Runtime):
             }
         )
         try:
-            sandbox = await client.create(request)
+            sandbox = await client.create(request, pids=config.pids)
             # Recorded before the wait: a failed start still reaches stop() with it.
             self.sandbox_id = sandbox.id
             self.info.id = sandbox.id
@@ -285,34 +284,11 @@ class LocalSandboxRuntime(Runtime):
             raise SandboxError(f"write {path!r}: {e}") from e
 
 
-# ---------------------------------------------------------------- v1's runtime table
-
-
-def install_runtime_type() -> None:
-    """Make v1's runtime table resolve ``local_sandbox`` configs to
-    :class:`LocalSandboxRuntime` (idempotent; every other type is resolved as before).
-
-    See the module docstring for why: verifiers 0.4.0 has no registration hook.
-    """
-    current = v1_runtimes._runtime_cls
-    if getattr(current, "rollout_gateway_local_sandbox", False):
-        return
-
-    def runtime_cls(config: Any) -> type[Runtime]:
-        if isinstance(config, LocalSandboxRuntimeConfig):
-            return LocalSandboxRuntime
-        return current(config)
-
-    runtime_cls.rollout_gateway_local_sandbox = True  # type: ignore[attr-defined]
-    v1_runtimes._runtime_cls = runtime_cls
-
-
-install_runtime_type()
+install_runtime_type(LocalSandboxRuntimeConfig, LocalSandboxRuntime)
 
 __all__ = [
     "LocalSandboxProcess",
     "LocalSandboxRuntime",
     "LocalSandboxStartError",
     "check_local_sandbox",
-    "install_runtime_type",
 ]

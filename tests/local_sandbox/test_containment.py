@@ -79,6 +79,24 @@ async def test_agent_cannot_read_host_or_sibling_secrets(sandboxes: LocalSandbox
     assert "ESCAPED" not in (status.stdout or "")
 
 
+async def test_the_env_admin_token_never_reaches_a_sandbox(
+    sandboxes: LocalSandboxClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The classic stack's runtime: the sandbox's whole environment, /proc/self/environ,
+    its command line and its files hold nothing of the env's token."""
+    token = "rg-admin-token-never-in-a-sandbox-0123"
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", token)
+    agent = await new(sandboxes)
+    dump = (
+        "env; cat /proc/self/environ; cat /proc/self/cmdline; "
+        'cat /proc/$$/environ; grep -r . "$HOME" "$TMPDIR" 2>/dev/null; echo done'
+    )
+    result = await sandboxes.execute_command(agent, dump)
+    assert result.stdout.strip().endswith("done"), result.stderr
+    assert "ROLLOUT_GATEWAY_LOCAL_SANDBOX_ID" in result.stdout  # the dump is real
+    assert token not in result.stdout and "ROLLOUT_GATEWAY_ADMIN_TOKEN" not in result.stdout
+
+
 async def test_agent_cannot_touch_another_sandbox(sandboxes: LocalSandboxClient) -> None:
     client = sandboxes
     agent = await new(client)

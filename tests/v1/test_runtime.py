@@ -115,6 +115,12 @@ def test_v1s_runtime_table_resolves_local_sandbox_and_nothing_else_changes(
     assert v1_runtimes.runtime_is_local(config)
     assert isinstance(make_runtime(config), LocalSandboxRuntime)
     assert isinstance(make_runtime(SubprocessConfig()), SubprocessRuntime)
+    # Every one of v1's own types resolves to v1's runtime of that name, as before.
+    for config_cls in typing.get_args(typing.get_args(v1_runtimes.RuntimeConfig)[0]):
+        config = config_cls()
+        runtime_cls = v1_runtimes._runtime_cls(config)
+        assert runtime_cls.__module__.startswith("verifiers.v1.runtimes.")
+        assert runtime_cls.__name__.lower() == f"{config.type}runtime"
 
 
 # ---------------------------------------------------------------- the contract
@@ -213,6 +219,51 @@ async def test_unwritable_root_is_a_typed_error(tmp_path: Path) -> None:
         await check_local_sandbox(config)
 
 
+async def test_vf_eval_with_sandboxes_this_host_cannot_run_stops_before_any_rollout(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The env checks its sandboxes when it starts serving: one error naming the mode and
+    what to do, no rollout run, nothing registered at the gateway."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "NO_COLOR": "1"}
+    process = await asyncio.create_subprocess_exec(
+        str(bin_dir / "vf-eval"),
+        "fix-bug-v1",
+        "-m",
+        "scripted",
+        "--client.base-url",
+        f"{stack.gateway_url}/v1",
+        "--env.agent.runtime.type",
+        "local_sandbox",
+        "--env.agent.runtime.root",
+        str(blocker / "root"),
+        "--env.interception.type",
+        "gateway",
+        "--env.interception.tunnel",
+        "direct",
+        "--no-push",
+        "--no-rich",
+        "-o",
+        str(tmp_path / "runs"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
+    text = output.decode()
+    assert process.returncode != 0, text[-3000:]
+    assert "LocalSandboxStartError" in text and "choose another root" in text, text[-3000:]
+    rows = [
+        line
+        for p in (tmp_path / "runs").rglob("traces.jsonl")
+        for line in p.read_text().splitlines()
+    ]
+    assert rows == []
+    assert stack.gateway.metrics.registrations.value() == 0
+
+
 # ---------------------------------------------------------------- a real agent
 
 
@@ -241,14 +292,31 @@ async def test_example_agent_runs_contained_through_the_gateway(
     assert len(stack.gateway.registry) == 0
 
 
-async def test_vf_eval_selects_local_sandbox_from_the_cli(
+async def _run(*argv: str, env: dict[str, str], cwd: Path | None = None) -> str:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env, cwd=cwd
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
+    text = output.decode()
+    assert process.returncode == 0, text[-3000:]
+    return text
+
+
+def _episodes(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "traces.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+async def test_vf_eval_selects_local_sandbox_from_the_cli_and_vf_replay_and_resume_read_the_run(
     stack: Stack, tmp_path: Path, sandbox_root: Path
 ) -> None:
+    """The run directory of a local-sandbox run is v1's own: ``vf-replay`` re-scores it and
+    ``vf-eval --resume`` keeps its finished rollouts (v1 parses every trace)."""
     mode = _mode(IsolationMode.BWRAP)
-    vf_eval = Path(sys.executable).with_name("vf-eval")
+    bin_dir = Path(sys.executable).parent
     env = {**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "NO_COLOR": "1"}
-    process = await asyncio.create_subprocess_exec(
-        str(vf_eval),
+    output = await _run(
+        str(bin_dir / "vf-eval"),
         "fix-bug-v1",
         "-m",
         "scripted",
@@ -268,23 +336,47 @@ async def test_vf_eval_selects_local_sandbox_from_the_cli(
         "-n",
         "2",
         "-o",
-        str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        str(tmp_path / "runs"),
         env=env,
     )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
-    assert process.returncode == 0, output.decode()[-3000:]
-    episodes = [
-        json.loads(line)
-        for path in tmp_path.rglob("traces.jsonl")
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
+    assert "serializer warnings" not in output and "SerializationUnexpected" not in output
+    (traces_file,) = (tmp_path / "runs").rglob("traces.jsonl")
+    run_dir = traces_file.parent
+    episodes = _episodes(run_dir)
     assert len(episodes) == 2
     for episode in episodes:
         (trace,) = episode["traces"]
         assert episode["ok"] and trace["stop_condition"] == "agent_completed"
         assert trace["rewards"]["tests_pass"]["score"] == 1.0
-        assert trace["agent"]["runtime"]["type"] == "local_sandbox"
+        pass
+        record = trace["info"]["local_sandbox"]
+        assert (record["type"], record["isolation"]) == ("local_sandbox", mode)
+        assert record["id"] == trace["agent"]["runtime"]["id"]
     assert list(sandbox_root.iterdir()) == []  # every sandbox removed
+    (saved,) = (run_dir / "configs" / "resolved").glob("*.json")
+    assert json.loads(saved.read_text())["env"]["agent"]["runtime"]["type"] == "local_sandbox"
+
+    # vf-replay re-scores every trace of the run
+    replay_out = tmp_path / "replay"
+    await _run(
+        str(bin_dir / "vf-replay"), str(run_dir), "-o", str(replay_out), "--no-rich", env=env
+    )
+    replayed = _episodes(replay_out)
+    assert len(replayed) == 2
+    assert {e["traces"][0]["info"]["local_sandbox"]["id"] for e in replayed} == {
+        e["traces"][0]["info"]["local_sandbox"]["id"] for e in episodes
+    }
+
+    # vf-eval --resume: a run cut short after one rollout runs only the other, contained
+    lines = traces_file.read_text().splitlines(keepends=True)
+    traces_file.write_text(lines[0])
+    resume_args = (str(bin_dir / "vf-eval"), "@", str(saved), "--resume")
+    output = await _run(*resume_args, env=env)
+    resumed = _episodes(run_dir)
+    assert len(resumed) == 2, output[-2000:]
+    assert traces_file.read_text().startswith(lines[0])  # the finished one kept as it was
+    assert resumed[1]["traces"][0]["info"]["local_sandbox"]["isolation"] == mode
+    assert resumed[1]["ok"]
+    output = await _run(*resume_args, env=env)
+    assert "nothing to resume" in output
+    assert list(sandbox_root.iterdir()) == []

@@ -65,9 +65,15 @@ from rollout_gateway.server.http.responses import (
     validate_messages,
 )
 from rollout_gateway.server.recording.history import HistoryMatch, recorded_message
-from rollout_gateway.server.state.dedupe import Turn, body_fingerprint
+from rollout_gateway.server.state.dedupe import Turn
 from rollout_gateway.server.state.limits_v1 import turn_token_counts
 from rollout_gateway.server.state.registry import RolloutRecord
+from rollout_gateway.server.state.store import (
+    AnswerKey,
+    StoreError,
+    TurnAnswer,
+    UnknownRolloutError,
+)
 
 if TYPE_CHECKING:
     from rollout_gateway.server.context import GatewayContext
@@ -120,7 +126,7 @@ class ChatTurns:
         body = await parse_json_object(raw, self.gateway.body_parser)
         messages = validate_messages(body, config.max_messages)
         validate_answer_flags(body)
-        fingerprint = body_fingerprint(raw)
+        fingerprint = self.gateway.rollouts.fingerprint(raw)
         idempotency_key = request.idempotency_key
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
@@ -144,7 +150,7 @@ class ChatTurns:
                     "rate_limit_error",
                     code="too_many_pending_turns",
                 )
-            turn = Turn(fingerprint, idempotency_key)
+            turn = Turn(fingerprint, idempotency_key, request.is_retry)
             if body.get("stream"):
                 turn.events = EventLog()
             # Written now, while the parsed body is in the CPU's caches: the history check
@@ -250,12 +256,40 @@ class ChatTurns:
         gateway = self.gateway
         try:
             async with record.lock:  # turns of one rollout run one at a time, in order
-                return await self._locked_turn(record, turn, body, messages, messages_text)
+                return await self._claimed_turn(record, turn, body, messages, messages_text)
+        except StoreError as exc:
+            raise store_refusal(exc, record.rollout_id) from None
         finally:
             if turn.events is not None:
                 turn.events.close()
             record.turns.finish(turn)
             gateway.registry.touch(record)
+
+    async def _claimed_turn(
+        self,
+        record: RolloutRecord,
+        turn: Turn,
+        body: dict[str, Any],
+        messages: list[Any],
+        messages_text: bytes,
+    ) -> dict[str, Any] | bytes:
+        """The turn under the rollout's claim in the store (one turn of a rollout at a
+        time across gateways; the record brought up to date first)."""
+        rollouts = self.gateway.rollouts
+        if not record.live:
+            raise _not_registered(record)
+        await rollouts.claim(record)
+        try:
+            answer = await rollouts.repeated_answer(
+                record, turn.fingerprint, turn.idempotency_key, is_retry=turn.is_retry
+            )
+            if answer is not None:  # answered before a restart, or by another gateway
+                self.gateway.metrics.deduplicated_requests.inc()
+                logger.info("rollout=%s retried request gets its stored answer", record.rollout_id)
+                return answer
+            return await self._locked_turn(record, turn, body, messages, messages_text)
+        finally:
+            await rollouts.release(record)
 
     async def _locked_turn(
         self,
@@ -267,7 +301,15 @@ class ChatTurns:
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
-        history, new_bytes = self._admit(record, messages, messages_text, body.get("stop"))
+        before = (record.recorder.num_abandoned, record.truncation_reason)
+        try:
+            history, new_bytes = self._admit(record, messages, messages_text, body.get("stop"))
+        except ApiError:
+            if (record.recorder.num_abandoned, record.truncation_reason) != before:
+                await gateway.rollouts.save(record)  # a limit reached, an answer taken back
+            raise
+        if record.recorder.num_abandoned != before[0]:
+            await gateway.rollouts.save(record)  # kept even if this turn is lost
         extends = bool(history.shared)
         gateway.registry.touch(record)
         upstream_body = build_upstream_request(
@@ -301,14 +343,24 @@ class ChatTurns:
                 record.rollout_id, record.num_turns + 1, upstream.label, exc.kind, exc.detail,
             )  # fmt: skip
             if is_context_overflow(exc):
+                await gateway.rollouts.commit(record, None)  # its step: the prompt refused
                 # The rollout is over (recorded truncated): the env stops its agent.
                 gateway.exit_board.refused(record.rollout_id, "context_length_exceeded")
                 raise context_overflow_error(exc) from None
+            await gateway.rollouts.save(record)  # the failed call, in failed_turns
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
             turn.events.relayed = True
+        _count_turn(record, call, result, new_bytes)
+        answer = _answer_of(result, body)
+        # Durable before the agent gets it: a retry after a crash gets this very answer.
+        key = AnswerKey(
+            turn.fingerprint, turn.idempotency_key, gateway.rollouts.wall_clock(),
+            record.recorder.num_steps - 1,
+        )  # fmt: skip
+        without = result.raw_without_prompt_ids if answer is result.raw else None
+        await gateway.rollouts.commit(record, TurnAnswer(key, answer, without))
         turn.recorded = True
-        self._count_turn(record, call, result, new_bytes)
         upstream_s = call.upstream_seconds()
         gateway.metrics.turns.inc(upstream.label)
         gateway.metrics.upstream_latency.observe(upstream_s, upstream.label)
@@ -318,7 +370,7 @@ class ChatTurns:
                 record.rollout_id, record.num_turns, (time.perf_counter() - start) * 1000,
                 upstream_s * 1000, call.finish_reason,
             )  # fmt: skip
-        return _answer_of(result, body)
+        return answer
 
     def _admit(
         self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
@@ -332,10 +384,7 @@ class ChatTurns:
         it is not a turn the agent saw.
         """
         if not record.live:
-            raise ApiError(
-                404, f"rollout {record.rollout_id} is not registered", "not_found",
-                code="rollout_not_found",
-            )  # fmt: skip
+            raise _not_registered(record)
         last = record.turns.last
         if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
             record.recorder.abandon_last()
@@ -360,23 +409,21 @@ class ChatTurns:
             raise
         return history, new_bytes
 
-    @staticmethod
-    def _count_turn(
-        record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
-    ) -> None:
-        """Count a recorded turn against the rollout's limits and budget."""
-        completion = result.completion
-        record.message_bytes += new_bytes
-        record.completion_tokens += _completion_tokens(completion, call.completion_ids)
-        record.num_turns += 1
-        if record.token_budget is not None:  # verifiers v1's token caps
-            record.token_budget.add_turn(
-                *turn_token_counts(
-                    completion, _id_count(result.prompt_ids_json), call.completion_ids
-                )
-            )
-        if record.at_max_turns and record.status == "active":
-            record.status = "completed"
+
+def _count_turn(
+    record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
+) -> None:
+    """Count a recorded turn against the rollout's limits and budget."""
+    completion = result.completion
+    record.message_bytes += new_bytes
+    record.completion_tokens += _completion_tokens(completion, call.completion_ids)
+    record.num_turns += 1
+    if record.token_budget is not None:  # verifiers v1's token caps
+        record.token_budget.add_turn(
+            *turn_token_counts(completion, _id_count(result.prompt_ids_json), call.completion_ids)
+        )
+    if record.at_max_turns and record.status == "active":
+        record.status = "completed"
 
 
 def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:
@@ -393,6 +440,28 @@ def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | b
     if wants_ids and result.prompt_ids_json is not None:
         completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
     return agent_answer(completion, body)
+
+
+def _not_registered(record: RolloutRecord) -> ApiError:
+    return ApiError(
+        404, f"rollout {record.rollout_id} is not registered", "not_found",
+        code="rollout_not_found",
+    )  # fmt: skip
+
+
+def store_refusal(exc: StoreError, rollout_id: str) -> ApiError:
+    """The answer to a request the state store failed: 404 for a rollout it no longer
+    holds; else a 503 the agent's SDK retries (nothing half-written was kept, and the
+    retry starts from what the store holds)."""
+    if isinstance(exc, UnknownRolloutError):
+        return ApiError(
+            404, f"rollout {rollout_id} is not registered", "not_found", code="rollout_not_found"
+        )
+    logger.error("rollout=%s state store failed: %s", rollout_id, exc)
+    return ApiError(
+        503, "the gateway's state store is unavailable; retry", "store_unavailable",
+        code="store_unavailable",
+    )  # fmt: skip
 
 
 def _left(turn: Turn) -> None:
@@ -426,4 +495,4 @@ async def _aiter(events: Iterator[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-__all__ = ["ChatTurns", "ClientGone"]
+__all__ = ["ChatTurns", "ClientGone", "store_refusal"]

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope, Send
 
+from rollout_gateway.server.agents.chat import store_refusal
 from rollout_gateway.server.agents.request import AgentRequest
 from rollout_gateway.server.http.guard import log_internal_error, send_internal_error
 from rollout_gateway.server.http.responses import ApiError
+from rollout_gateway.server.state.store import StoreError
 
 if TYPE_CHECKING:
     from rollout_gateway.server.agents.chat import ChatTurns
@@ -44,12 +46,16 @@ class ChatEndpoint:
         request = AgentRequest(scope, receive)
         try:
             if self.keyed:
-                record = gateway.keyed_record(request.bearer)
+                record = await gateway.keyed_record(request.bearer)
             else:
-                record = gateway.agent_record(scope["path_params"]["rollout_id"], request.bearer)
+                rollout_id = scope["path_params"]["rollout_id"]
+                record = await gateway.agent_record(rollout_id, request.bearer)
             response = await self.chat.handle(request, record)
         except ApiError as exc:
             response = gateway.api_error_response(exc)
+        except StoreError as exc:  # a shared store, reached to find the rollout
+            rollout_id = scope.get("path_params", {}).get("rollout_id", "-")
+            response = gateway.api_error_response(store_refusal(exc, rollout_id))
         except Exception:
             error_id = log_internal_error(scope, gateway.metrics.internal_errors.inc)
             await send_internal_error(send, error_id)

@@ -34,17 +34,18 @@ class AgentRoutes:
         self.gateway = gateway
         self._model_cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
-    def _agent_record(self, request: Request) -> RolloutRecord:
-        return self.gateway.agent_record(request.path_params["rollout_id"], bearer_token(request))
+    async def _agent_record(self, request: Request) -> RolloutRecord:
+        rollout_id = request.path_params["rollout_id"]
+        return await self.gateway.agent_record(rollout_id, bearer_token(request))
 
-    def _keyed_record(self, request: Request) -> RolloutRecord:
-        return self.gateway.keyed_record(bearer_token(request))
+    async def _keyed_record(self, request: Request) -> RolloutRecord:
+        return await self.gateway.keyed_record(bearer_token(request))
 
     async def report_exit(self, request: Request) -> Response:
         """``POST /v1/rollouts/{id}/exit``: the agent's launch wrapper reports its exit
         (``{"exit_code": int}``) or, with ``"started": true``, that it started the agent.
         Nothing else of the body is kept: a refusal is the gateway's to report."""
-        record = self._agent_record(request)
+        record = await self._agent_record(request)
         body = await read_json_object(request, CONTROL_BODY_LIMIT)
         exit_code = body.get("exit_code")
         if exit_code is not None and (
@@ -59,11 +60,11 @@ class AgentRoutes:
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/rollouts/{id}/models``: the upstream's model list (see :meth:`_models`)."""
-        return await self._models(self._agent_record(request))
+        return await self._models(await self._agent_record(request))
 
     async def models_by_key(self, request: Request) -> Response:
         """``GET /v1/models`` keyed by the per-rollout bearer key."""
-        return await self._models(self._keyed_record(request))
+        return await self._models(await self._keyed_record(request))
 
     async def _models(self, record: RolloutRecord) -> Response:
         """The upstream's model cards (with its ``max_model_len``), the registered model

@@ -46,6 +46,7 @@ from rollout_gateway.server.state.registry import (
     AlreadyRegisteredError,
     RegistryFullError,
     RolloutRecord,
+    key_digest,
 )
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class ControlPlane:
             token_budget = TokenBudget.from_register(body)
         except LimitsError as exc:
             raise ApiError(400, str(exc), "invalid_request_error") from None
-        if self.gateway.registry.get(rollout_id) is not None:
+        if await self.gateway.rollouts.find(rollout_id) is not None:
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
 
         config = self.gateway.config
@@ -135,6 +136,10 @@ class ControlPlane:
         if max_seq_len is None and config.default_max_context_tokens is None:
             # Default: the context length the engine serves (its /models max_model_len).
             max_seq_len = (await self.gateway.engine(upstream.base_url)).max_model_len
+        # The env's proposed key, so it knows the key even if this answer is lost.
+        api_key = None
+        if config.require_rollout_keys:
+            api_key = proposed_key or secrets.token_urlsafe(32)
         record = RolloutRecord(
             rollout_id=rollout_id,
             model=model,
@@ -144,10 +149,7 @@ class ControlPlane:
             max_seq_len=max_seq_len,
             upstream=upstream.base_url,
             last_activity=self.gateway.registry.clock(),
-            # The env's proposed key, so it knows the key even if this answer is lost.
-            api_key=(proposed_key or secrets.token_urlsafe(32))
-            if config.require_rollout_keys
-            else None,
+            key_digest=key_digest(api_key) if api_key is not None else None,
             max_total_completion_tokens=min(
                 max_completion or config.max_total_completion_tokens,
                 config.max_total_completion_tokens,
@@ -158,13 +160,16 @@ class ControlPlane:
             token_budget=token_budget,
         )
         try:
-            self.gateway.registry.add(record)
+            await self.gateway.rollouts.register(record)
         except AlreadyRegisteredError:
             self.gateway.pool.release(upstream.base_url)
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict") from None
         except RegistryFullError as exc:
             self.gateway.pool.release(upstream.base_url)
             raise ApiError(503, str(exc), "registry_full") from None
+        except BaseException:  # the store failed (503): nothing was registered
+            self.gateway.pool.release(upstream.base_url)
+            raise
         self.gateway.metrics.registrations.inc()
         logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.label)
         request_body: RegisterRequest = {
@@ -173,14 +178,14 @@ class ControlPlane:
             "max_turns": max_turns,
             "max_seq_len": max_seq_len,
         }
-        answer = register_response(rollout_id, request_body, api_key=record.api_key)
+        answer = register_response(rollout_id, request_body, api_key=api_key)
         return JSONBytesResponse(answer)
 
     async def trajectory(self, request: Request) -> Response:
         """``GET /v1/rollouts/{id}/trajectory``."""
         rollout_id = _rollout_id(request)
         self.gateway.check_admin(request)
-        record = self.gateway.record(rollout_id)
+        record = await self.gateway.rollouts.current(await self.gateway.record(rollout_id))
         self.gateway.registry.touch(record)
         prompt, completion, truncated = record.recorder.overview()
         delta = request.query_params.get("format") == "delta"
@@ -207,8 +212,9 @@ class ControlPlane:
         """``POST /v1/rollouts/{id}/cancel``: later chat calls are refused."""
         rollout_id = _rollout_id(request)
         self.gateway.check_admin(request)
-        record = self.gateway.record(rollout_id)
-        record.status = "cancelled"  # no lock: must not wait for a turn in flight
+        record = await self.gateway.record(rollout_id)
+        # No lock: must not wait for a turn in flight (a turn's later writes keep it).
+        await self.gateway.rollouts.cancel(record)
         self.gateway.registry.touch(record)
         logger.info("rollout=%s cancelled", rollout_id)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": "cancelled"}
@@ -218,7 +224,7 @@ class ControlPlane:
         """``POST /v1/rollouts/{id}/unregister``: forget the rollout and its trajectory."""
         rollout_id = _rollout_id(request)
         self.gateway.check_admin(request)
-        record = self.gateway.registry.remove(rollout_id)
+        record = await self.gateway.rollouts.unregister(rollout_id)
         if record is None:
             raise ApiError(
                 404, f"rollout {rollout_id} is not registered", "not_found",
@@ -276,10 +282,20 @@ class ControlPlane:
         version = body.get("version")
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ApiError(400, "'version' must be a non-negative integer", "invalid_request_error")
+        policy = self.gateway.policy
         try:
-            self.gateway.policy.announce(version)
+            policy.check(version)
         except StaleVersionError as exc:
             raise ApiError(409, str(exc), "conflict") from None
+        state = await self.gateway.store.announce_policy(version, policy.wall_clock())
+        assert state.version is not None
+        policy.adopt(state.version, state.updated_at)
+        if state.version != version:  # another gateway announced a newer one meanwhile
+            raise ApiError(
+                409,
+                f"policy version {version} is older than the version in effect ({state.version})",
+                "conflict",
+            )
         logger.info("policy version %d announced", version)
         return self._policy_answer()
 

@@ -150,6 +150,8 @@ class EngineResult:
     strict: bool = True
     #: The JSON text of the prompt's id array, cut out of ``raw``.
     prompt_ids_json: bytes | None = None
+    #: ``raw`` with that array replaced by ``null`` (what a store keeps of the answer).
+    raw_without_prompt_ids: bytes | None = None
     #: Whether the chunks were relayed to the agent as the engine sent them.
     relayed: bool = False
 
@@ -216,7 +218,8 @@ class EngineTurn:
                 # The prompt's ids stay JSON text: the recorder parses only what is new.
                 rest, prompt_ids_json = split_prompt_ids(raw)
                 completion, strict = parse_completion(rest)
-                result = EngineResult(completion, raw, strict, prompt_ids_json)
+                without = rest if prompt_ids_json is not None else None
+                result = EngineResult(completion, raw, strict, prompt_ids_json, without)
         except UpstreamError as exc:
             if is_context_overflow(exc):
                 self._record_overflow(exc)

@@ -1,12 +1,14 @@
 """Digests the gateway compares every turn: request bodies (retries), and the JSON array
 texts of a request's messages and of a prompt's ids.
 
-All are only ever compared within this process, within one rollout: a retry's body with
-the turn it repeats (:mod:`~rollout_gateway.server.state.dedupe`); a request's messages
+All but one are only ever compared within this process, within one rollout: a request's messages
 with the last recorded request's (:mod:`.history`); a prompt's id-array text with the
 previous prompt's (:mod:`.prompt_ids`, which the recorder only consults for a turn whose
 messages it has checked to extend the previous ones). They are 128-bit XXH3 with a
-secret seed drawn per process, so an agent cannot aim at a collision. XXH3 instead of
+secret seed drawn per process, so an agent cannot aim at a collision. A retry's body is
+compared with the turn it repeats (:mod:`~rollout_gateway.server.state.dedupe`) after a
+restart and across gateways too: it is keyed with the store's secret instead
+(:func:`keyed_fingerprint`). XXH3 instead of
 SHA-256 because the texts are large and hashed on every turn: at a 32k context the
 prompt's id text is 224 kB, and SHA-256 took 0.14 ms of it even with the CPU's SHA
 instructions (the largest piece of the gateway's own work that grew with the context);
@@ -25,6 +27,13 @@ _SEED = secrets.randbits(64)
 def fingerprint(data: bytes | memoryview) -> bytes:
     """The 16-byte digest of ``data``."""
     return xxhash.xxh3_128_digest(data, seed=_SEED)
+
+
+def keyed_fingerprint(data: bytes | memoryview, seed: int) -> bytes:
+    """The 16-byte digest of ``data`` under ``seed`` (a secret shared beyond this
+    process: request fingerprints that a retry after a restart, or on another gateway,
+    must match; see :attr:`~rollout_gateway.server.state.store.GatewayStore.secret`)."""
+    return xxhash.xxh3_128_digest(data, seed=seed)
 
 
 def prefix_hasher(data: bytes | memoryview) -> xxhash.xxh3_128:
@@ -54,4 +63,4 @@ def shared_elements(text: bytes, last: ArrayText | None) -> tuple[int, bytes, in
     return 0, fingerprint(body), len(body)
 
 
-__all__ = ["ArrayText", "fingerprint", "prefix_hasher", "shared_elements"]
+__all__ = ["ArrayText", "fingerprint", "keyed_fingerprint", "prefix_hasher", "shared_elements"]

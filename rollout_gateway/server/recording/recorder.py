@@ -12,7 +12,7 @@ the trajectory is fetched.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,25 +25,13 @@ from rollout_gateway.server.recording.history import (
     recorded_message,
     same_message,
 )
+from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
 from rollout_gateway.server.recording.token_branches import StepIds, TokenBranches
 
 #: Finish reasons that mean "the model did not end its turn itself": the sample is cut.
 #: ``abort``: the engine aborted the request (vLLM, SGLang); ``repetition``: a
 #: repetition detector stopped it; ``error``: the engine failed mid-generation.
 TRUNCATING_FINISH_REASONS = frozenset({"length", "abort", "repetition", "error"})
-
-
-@dataclass(slots=True)
-class _Step:
-    shared_messages: int  # leading messages shared with the previous prompt+completion
-    new_messages: list[dict[str, Any]]
-    completion: list[dict[str, Any]]
-    tokens: StepIds | None
-    is_truncated: bool
-    extras: dict[str, Any]
-    abandoned: bool = False  # nobody received the answer: not a turn the agent saw
-    #: Token-in mode's MoE routing of the turn (``{data, shape, start, dtype}``).
-    routed_experts: dict[str, Any] | None = None
 
 
 @dataclass
@@ -57,13 +45,14 @@ class TrajectoryRecorder:
 
     trajectory_id: str
     max_seq_len: int | None = None
-    _steps: list[_Step] = field(default_factory=list)
+    _steps: list[RecordedStep] = field(default_factory=list)
     #: History state before the last step (to undo an abandoned turn).
     _before_last: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
         self._ids = TokenBranches(self.max_seq_len)
         self._history = MessageHistory()
+        self._abandoned: list[int] = []
         #: The last recorded ``extras["tools"]``: a turn with the same tools shares it.
         self._tools: Any = None
 
@@ -104,20 +93,70 @@ class TrajectoryRecorder:
         held = len(self._history.messages)
         return tokens.prompt_ids.tolist(), tokens.completion_ids.tolist(), held
 
-    def abandon_last(self) -> None:
+    def abandon_last(self) -> int | None:
         """Mark the last step abandoned (its answer reached nobody) and forget it as the
-        history the next turn extends."""
+        history the next turn extends. Returns its index (``None``: nothing to abandon)."""
         if self._steps and not self._steps[-1].abandoned and self._before_last is not None:
-            self._steps[-1].abandoned = True
+            step = self._steps[-1]
+            step.abandoned = True
+            step.tokens = None  # its ids on the branch are dropped below (never served)
             history, ids = self._before_last
             self._history.restore(history)
             self._ids.restore(ids)  # drop what the abandoned step appended
             self._before_last = None
+            self._abandoned.append(len(self._steps) - 1)
+            return len(self._steps) - 1
+        return None
+
+    def prompt_ids_of(self, index: int) -> list[int] | None:
+        """The prompt ids of step ``index`` (``None``: it has none, or was abandoned)."""
+        step = self._steps[index] if 0 <= index < len(self._steps) else None
+        if step is None or step.abandoned or step.tokens is None:
+            return None
+        return step.tokens.prompt_ids.tolist()
+
+    @property
+    def last_step(self) -> RecordedStep:
+        """The step recorded last (raises ``IndexError`` when there is none)."""
+        return self._steps[-1]
+
+    def abandoned_indexes(self) -> list[int]:
+        """Indexes of the steps recorded as abandoned (a copy)."""
+        return list(self._abandoned)
+
+    def replay(self, steps: Sequence[StepDelta], abandoned: Collection[int] = ()) -> None:
+        """Hold ``steps`` again (a store's copy of this rollout's steps, in order; those
+        whose index is in ``abandoned`` were abandoned): steps, branches and history come
+        out as recording them made them. Call on an empty recorder."""
+        if self._steps:
+            raise ValueError("replay into a recorder that holds steps already")
+        for index, delta in enumerate(steps):
+            before = (self._history.snapshot(), self._ids.snapshot())
+            tokens = None
+            if delta.tokens is not None:
+                t = delta.tokens
+                tokens = self._ids.replay(
+                    t.prefix_len, t.prompt_new_ids, t.completion_ids, t.completion_logprobs,
+                    t.overlong_prompt, t.is_truncated,
+                )  # fmt: skip
+            else:
+                self._ids.reset()
+            routing = delta.routed_experts if tokens is not None else None
+            step = RecordedStep(
+                delta.shared_messages, delta.new_messages, delta.completion, tokens,
+                delta.is_truncated, delta.extras, False, routing,
+            )  # fmt: skip
+            self._steps.append(step)
+            shared = HistoryMatch(delta.shared_messages)
+            self._history.advance(shared, delta.new_messages, delta.completion)
+            self._before_last = before
+            if index in abandoned:
+                self.abandon_last()
 
     @property
     def num_abandoned(self) -> int:
         """Steps recorded as abandoned."""
-        return sum(1 for s in self._steps if s.abandoned)
+        return len(self._abandoned)
 
     def record(
         self,
@@ -200,7 +239,9 @@ class TrajectoryRecorder:
         completion_list = [dict(m) for m in completion]
         routing = routed_experts if tokens is not None else None
         self._steps.append(
-            _Step(shared, new_messages, completion_list, tokens, truncated, extras, False, routing)
+            RecordedStep(
+                shared, new_messages, completion_list, tokens, truncated, extras, False, routing
+            )
         )
         self._history.advance(history, new_messages, completion_list)
         self._before_last = before

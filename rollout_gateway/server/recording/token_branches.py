@@ -140,5 +140,33 @@ class TokenBranches:
         self.last_ids = segment  # the next turn's prompt usually extends this
         return StepIds(segment, prefix, prompt_end, len(segment), lps, overlong, too_long)
 
+    def replay(
+        self,
+        prefix_len: int,
+        prompt_new_ids: array,
+        completion_ids: array,
+        logprobs: array,
+        overlong_prompt: bool,
+        is_truncated: bool,
+    ) -> StepIds:
+        """Store a recorded step again from its delta (a store's copy): its prompt is the
+        branch's first ``prefix_len`` ids, then ``prompt_new_ids``; the branches come out
+        as :meth:`add` made them."""
+        last = self.last_ids
+        if prefix_len > len(last):
+            raise ValueError(f"a step shares {prefix_len} ids with a branch of {len(last)}")
+        if last and prefix_len == len(last):
+            segment = last  # it extended the branch in place
+        else:
+            segment = last[:prefix_len]
+        segment.extend(prompt_new_ids)
+        prompt_end = len(segment)
+        segment.extend(completion_ids)
+        self.last_ids = segment
+        self._last_prompt_text = None  # digests are this process's own: parsed whole next
+        return StepIds(
+            segment, prefix_len, prompt_end, len(segment), logprobs, overlong_prompt, is_truncated
+        )
+
 
 __all__ = ["BranchSnapshot", "PromptIds", "StepIds", "TokenBranches"]

@@ -9,6 +9,10 @@ running and the last answered one; a request matching one of them (same
 ``Idempotency-Key``, or an identical body) waits for that turn's answer instead of
 starting a new turn. A turn whose answer reached nobody is *abandoned* (recorded, but
 not as a step the agent saw) once the agent moves on.
+
+The tracker holds this process's turns. A retry whose original was answered before a
+restart, or by another gateway, is matched against the stored answer instead
+(:func:`~rollout_gateway.server.state.store.answer_matches`).
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_gateway.server.recording.digests import fingerprint
+from rollout_gateway.server.recording.digests import keyed_fingerprint
 
 
-def body_fingerprint(raw: bytes) -> bytes:
-    """A digest of a request body (an SDK retry resends the same bytes)."""
-    return fingerprint(raw)
+def body_fingerprint(raw: bytes, seed: int) -> bytes:
+    """A digest of a request body (an SDK retry resends the same bytes), keyed with
+    ``seed`` (the store's secret: a retry after a restart, or sent to another gateway,
+    matches its original)."""
+    return keyed_fingerprint(raw, seed)
 
 
 @dataclass(eq=False)
@@ -32,6 +38,8 @@ class Turn:
 
     fingerprint: bytes
     idempotency_key: str | None
+    #: The request that started it is marked as a retry (``x-stainless-retry-count``).
+    is_retry: bool = False
     task: asyncio.Task[Any] = field(default=None)  # type: ignore[arg-type]  # set at start
     #: Requests (the original and its retries) waiting for the answer, still connected.
     waiters: int = 0

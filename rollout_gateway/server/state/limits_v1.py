@@ -34,7 +34,8 @@ class TokenBudget:
     max_total_tokens: int | None = None
     input_tokens: int = 0
     output_tokens: int = 0
-    _previous_total: int = 0
+    #: The previous turn's prompt + completion tokens (a turn's new input is beyond it).
+    previous_total: int = 0
 
     @classmethod
     def from_register(cls, body: Mapping[str, Any]) -> TokenBudget | None:
@@ -66,9 +67,9 @@ class TokenBudget:
 
     def add_turn(self, prompt_tokens: int, completion_tokens: int) -> None:
         """Count one served turn (``prompt_tokens`` including cache reads)."""
-        self.input_tokens += max(0, prompt_tokens - self._previous_total)
+        self.input_tokens += max(0, prompt_tokens - self.previous_total)
         self.output_tokens += completion_tokens
-        self._previous_total = prompt_tokens + completion_tokens
+        self.previous_total = prompt_tokens + completion_tokens
 
 
 def turn_token_counts(

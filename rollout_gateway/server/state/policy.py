@@ -34,6 +34,14 @@ class PolicyClock:
     #: Announcements so far (a turn compares counts to see an update it spanned).
     epoch: int = 0
 
+    def check(self, version: int) -> None:
+        """Raise :class:`StaleVersionError` when ``version`` is older than the one in
+        effect (an announcement that must be refused)."""
+        if self.version is not None and version < self.version:
+            raise StaleVersionError(
+                f"policy version {version} is older than the version in effect ({self.version})"
+            )
+
     def announce(self, version: int) -> None:
         """Make ``version`` the one in effect. Announcing the current one again is a no-op.
 
@@ -49,6 +57,15 @@ class PolicyClock:
             return
         self.version = version
         self.updated_at = self.wall_clock()
+        self.epoch += 1
+
+    def adopt(self, version: int, updated_at: float | None) -> None:
+        """Make ``version`` the one in effect as the store holds it (announced through
+        the store, restored at start, or announced at another gateway)."""
+        if version == self.version:
+            return
+        self.version = version
+        self.updated_at = updated_at
         self.epoch += 1
 
     def stamp(self, engine_version: str | None = None) -> int | None:

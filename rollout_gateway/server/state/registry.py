@@ -1,8 +1,14 @@
-"""The registry of rollouts: records, per-rollout turn lock, idle expiry, size bound."""
+"""The registry of rollouts: records, per-rollout turn lock, idle expiry, size bound.
+
+The records are the gateway's working copy of its rollouts; what must outlive the
+process is written through to the gateway's store (:mod:`.stored`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import time
 import uuid
 from collections.abc import Callable
@@ -13,9 +19,28 @@ from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus, TruncationR
 from rollout_gateway.server.recording.recorder import TrajectoryRecorder
 from rollout_gateway.server.state.dedupe import TurnTracker
 from rollout_gateway.server.state.limits_v1 import TokenBudget
+from rollout_gateway.server.state.store import AnswerKey
 
 #: A monotonic clock in seconds (injectable so tests can expire rollouts instantly).
 Clock = Callable[[], float]
+
+
+def key_digest(api_key: str) -> str:
+    """The digest a rollout's key is known by (SHA-256, hex): the gateway keeps and
+    stores this, never the key."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+#: Compared against when there is no key to compare with (an unknown rollout takes as
+#: long to refuse as a wrong key); the digest of no key.
+_NO_DIGEST = "0" * 64
+
+
+def key_matches(api_key: str, digest: str | None) -> bool:
+    """Whether ``api_key`` is the key of ``digest``, in the same time whether ``digest``
+    is one or ``None`` (no rollout)."""
+    same = hmac.compare_digest(key_digest(api_key), digest or _NO_DIGEST)
+    return same and digest is not None
 
 
 @dataclass
@@ -29,7 +54,8 @@ class RolloutRecord:
     max_seq_len: int | None
     upstream: str
     last_activity: float
-    api_key: str | None = None
+    #: Digest of the per-rollout key (:func:`key_digest`; ``None``: keys are off).
+    key_digest: str | None = None
     status: RolloutStatus = "active"
     num_turns: int = 0
     #: Budgets (see :mod:`rollout_gateway.server.agents.limits`); ``None``: no bound.
@@ -53,9 +79,25 @@ class RolloutRecord:
     truncated_reason: str | None = None
     #: verifiers v1 token caps of the rollout (``server/state/limits_v1.py``), if it set any.
     token_budget: TokenBudget | None = None
+    #: Reported on every step (a uuid per rollout).
+    trajectory_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    #: Wall time of the registration.
+    registered_at: float = field(default_factory=time.time)
+    #: The store's revision of the rollout this copy reflects (-1: not current).
+    revision: int = 0
+    #: Whether the recorder holds the stored steps (false for a rollout read back from
+    #: the store until its first use).
+    loaded: bool = True
+    #: The last answered turn, which a retry from before a restart (or from another
+    #: gateway) may repeat (see :func:`~.store.answer_matches`).
+    answer_key: AnswerKey | None = None
 
     def __post_init__(self) -> None:
-        self.recorder = TrajectoryRecorder(str(uuid.uuid4()), self.max_seq_len)
+        self.reset_recorder()
+
+    def reset_recorder(self) -> None:
+        """Give the record an empty recorder (its steps are then replayed into it)."""
+        self.recorder = TrajectoryRecorder(self.trajectory_id, self.max_seq_len)
 
     @property
     def at_max_turns(self) -> bool:
@@ -92,7 +134,7 @@ class RolloutRegistry:
         self._on_remove = on_remove  # e.g. release the upstream pin
         self._on_expire = on_expire  # e.g. count expiries
         self._records: dict[str, RolloutRecord] = {}
-        self._by_key: dict[str, RolloutRecord] = {}
+        self._by_key: dict[str, RolloutRecord] = {}  # by key digest
 
     def __len__(self) -> int:
         return len(self._records)
@@ -115,13 +157,28 @@ class RolloutRegistry:
                     f"gateway is at its limit of {self.max_rollouts} registered rollouts; "
                     "unregister finished rollouts or raise --max-rollouts"
                 )
+        self.hold(record)
+
+    def hold(self, record: RolloutRecord) -> None:
+        """Hold ``record`` without the checks of :meth:`add` (a rollout read back from the
+        store: it was registered already)."""
         self._records[record.rollout_id] = record
-        if record.api_key is not None:
-            self._by_key[record.api_key] = record
+        if record.key_digest is not None:
+            self._by_key[record.key_digest] = record
+
+    def has_room(self) -> bool:
+        """Whether :meth:`add` would take one more rollout (expiring idle ones to make room)."""
+        if len(self._records) >= self.max_rollouts:
+            self.expire_idle()
+        return len(self._records) < self.max_rollouts
 
     def by_key(self, api_key: str) -> RolloutRecord | None:
         """The live record whose per-rollout key is ``api_key`` (bearer-key routing)."""
-        record = self._by_key.get(api_key)
+        return self.by_key_digest(key_digest(api_key))
+
+    def by_key_digest(self, digest: str) -> RolloutRecord | None:
+        """The live record whose key has this digest."""
+        record = self._by_key.get(digest)
         if record is None:
             return None
         return self.get(record.rollout_id)
@@ -143,11 +200,20 @@ class RolloutRegistry:
         record = self._records.pop(rollout_id, None)
         if record is not None:
             record.live = False
-            if record.api_key is not None:
-                self._by_key.pop(record.api_key, None)
+            if record.key_digest is not None:
+                self._by_key.pop(record.key_digest, None)
             if self._on_remove is not None:
                 self._on_remove(record)
         return record
+
+    def discard(self, rollout_id: str) -> None:
+        """Drop a record :meth:`add` took but whose registration did not go through (no
+        removal hook runs)."""
+        record = self._records.pop(rollout_id, None)
+        if record is not None:
+            record.live = False
+            if record.key_digest is not None:
+                self._by_key.pop(record.key_digest, None)
 
     def expire_idle(self) -> list[RolloutRecord]:
         """Drop every rollout idle for longer than the TTL; returns the dropped ones."""
@@ -173,4 +239,6 @@ __all__ = [
     "RegistryFullError",
     "RolloutRecord",
     "RolloutRegistry",
+    "key_digest",
+    "key_matches",
 ]

@@ -1,0 +1,231 @@
+"""The bytes a durable or shared backend stores: steps, answers, registrations, counters.
+
+Every record is *sealed*: its bytes then an 8-byte XXH3-64 of them, checked when read, so a
+damaged or truncated record is found (:class:`~.store.StoreCorruptError`) instead of being
+served as a wrong trajectory.
+
+A step (:func:`encode_step`) is a fixed header, its token arrays packed (4 bytes per id and
+per logprob, little-endian: ``int32`` / ``float32``, what the recorder holds), then a JSON
+object of its messages and extras. The header's first byte is the format version; the JSON
+object's keys are optional (a reader takes the keys it knows and ignores the others), so
+a field added to steps later (a refusal report, routed experts) is a new key, not a new
+format. An answer keeps the agent's bytes, without the prompt's ids when it carried them
+(they are the step's; :func:`encode_answer`).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from typing import Any
+
+import orjson
+import xxhash
+
+from rollout_gateway.server.recording.steps import RecordedStep, StepDelta, TokenDelta
+from rollout_gateway.server.state.store import (
+    AnswerKey,
+    StoreCorruptError,
+    StoreVersionError,
+    TurnAnswer,
+)
+
+#: Version of the step and answer formats (the first byte of each).
+FORMAT_VERSION = 1
+
+#: version, flags, shared messages, prefix ids, new prompt ids, completion ids.
+_STEP_HEADER = struct.Struct("<BBIIII")
+_HAS_TOKENS, _OVERLONG, _TOKENS_TRUNCATED, _TRUNCATED = 1, 2, 4, 8
+_WITHOUT_PROMPT_IDS = 1
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def seal(payload: bytes) -> bytes:
+    """``payload`` with its checksum appended."""
+    return payload + xxhash.xxh3_64_digest(payload)
+
+
+def seal_parts(*parts: bytes | memoryview) -> bytes:
+    """The parts joined and sealed, copied once (a step's token arrays are large)."""
+    hasher = xxhash.xxh3_64()
+    for part in parts:
+        hasher.update(part)
+    return b"".join((*parts, hasher.digest()))
+
+
+def sealed(blob: bytes) -> bool:
+    """Whether ``blob``'s checksum matches (no copy: for a scan of many records)."""
+    return len(blob) >= 8 and xxhash.xxh3_64_digest(memoryview(blob)[:-8]) == blob[-8:]
+
+
+def unseal(blob: bytes, what: str) -> bytes:
+    """The payload of a sealed ``blob`` (raises :class:`StoreCorruptError` naming
+    ``what`` when its checksum does not match)."""
+    if len(blob) < 8 or xxhash.xxh3_64_digest(memoryview(blob)[:-8]) != blob[-8:]:
+        raise StoreCorruptError(f"{what}: checksum mismatch (damaged or truncated record)")
+    return blob[:-8]
+
+
+def encode_json(value: Any) -> bytes:
+    """A sealed JSON record (a registration, counters, an exit report)."""
+    return seal(orjson.dumps(value))
+
+
+def decode_json(blob: bytes, what: str) -> Any:
+    """The value of a sealed JSON record."""
+    try:
+        return orjson.loads(unseal(blob, what))
+    except orjson.JSONDecodeError as exc:
+        raise StoreCorruptError(f"{what}: not JSON ({exc})") from None
+
+
+def _packed(values: array, start: int = 0, end: int | None = None) -> bytes | memoryview:
+    """``values[start:end]`` as little-endian bytes (a view, no copy, on this byte order)."""
+    if _BIG_ENDIAN:
+        values = values[start:end]
+        values.byteswap()
+        return values.tobytes()
+    return memoryview(values)[start:end].cast("B")
+
+
+def _unpacked(typecode: str, data: bytes | memoryview) -> array:
+    values = array(typecode)
+    values.frombytes(data)
+    if _BIG_ENDIAN:
+        values.byteswap()
+    return values
+
+
+def encode_step(step: RecordedStep) -> bytes:
+    """A step's sealed bytes: only its ids beyond the prefix it shares (see the module doc)."""
+    flags = _TRUNCATED if step.is_truncated else 0
+    ids: bytes | memoryview = b""
+    logprobs: bytes | memoryview = b""
+    prefix = new = completion = 0
+    tokens = step.tokens
+    if tokens is not None:
+        flags |= _HAS_TOKENS
+        flags |= _OVERLONG if tokens.overlong_prompt else 0
+        flags |= _TOKENS_TRUNCATED if tokens.is_truncated else 0
+        prefix = tokens.prefix_len
+        new = tokens.prompt_end - prefix
+        completion = tokens.completion_end - tokens.prompt_end
+        ids = _packed(tokens.segment, prefix, tokens.completion_end)
+        logprobs = _packed(tokens.completion_logprobs)
+        if len(tokens.completion_logprobs) != completion:
+            raise ValueError("a step's logprobs and completion ids differ in length")
+    header = _STEP_HEADER.pack(FORMAT_VERSION, flags, step.shared_messages, prefix, new, completion)
+    fields: dict[str, Any] = {"m": step.new_messages, "c": step.completion, "x": step.extras}
+    if step.routed_experts is not None:
+        fields["r"] = step.routed_experts
+    body = orjson.dumps(fields)
+    try:
+        return seal_parts(header, ids, logprobs, body)
+    finally:  # views of the arrays must not outlive this call (the branch grows in place)
+        for view in (ids, logprobs):
+            if isinstance(view, memoryview):
+                view.release()
+
+
+def decode_step(blob: bytes, what: str) -> StepDelta:
+    """A step from its sealed bytes."""
+    payload = memoryview(unseal(blob, what))
+    if len(payload) < _STEP_HEADER.size:
+        raise StoreCorruptError(f"{what}: shorter than a step header")
+    version, flags, shared, prefix, new, completion = _STEP_HEADER.unpack_from(payload)
+    if version != FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{what}: step format {version}, this gateway reads {FORMAT_VERSION}"
+        )
+    at = _STEP_HEADER.size
+    ids_end = at + 4 * (new + completion)
+    json_at = ids_end + 4 * completion
+    if json_at > len(payload):
+        raise StoreCorruptError(f"{what}: token arrays beyond the record")
+    tokens = None
+    if flags & _HAS_TOKENS:
+        tokens = TokenDelta(
+            prefix,
+            _unpacked("i", payload[at : at + 4 * new]),
+            _unpacked("i", payload[at + 4 * new : ids_end]),
+            _unpacked("f", payload[ids_end:json_at]),
+            bool(flags & _OVERLONG),
+            bool(flags & _TOKENS_TRUNCATED),
+        )
+    try:
+        body = orjson.loads(payload[json_at:])
+    except orjson.JSONDecodeError as exc:
+        raise StoreCorruptError(f"{what}: messages are not JSON ({exc})") from None
+    return StepDelta(
+        shared, body.get("m") or [], body.get("c") or [], tokens, bool(flags & _TRUNCATED),
+        body.get("x") or {}, body.get("r"),
+    )  # fmt: skip
+
+
+def encode_answer(answer: TurnAnswer) -> bytes:
+    """An answer's sealed bytes: the agent's, less the prompt's ids when it had them."""
+    body = answer.body
+    flags = 0
+    if answer.without_prompt_ids is not None:
+        data, flags = answer.without_prompt_ids, _WITHOUT_PROMPT_IDS
+    elif isinstance(body, bytes):
+        data = body
+    elif "prompt_token_ids" in body and body["prompt_token_ids"] is not None:
+        data, flags = orjson.dumps({**body, "prompt_token_ids": None}), _WITHOUT_PROMPT_IDS
+    else:
+        data = orjson.dumps(body)
+    return seal_parts(bytes((FORMAT_VERSION, flags)), data)
+
+
+def decode_answer(blob: bytes, what: str) -> tuple[bytes, bool]:
+    """An answer's bytes, and whether its ``prompt_token_ids`` were left out (``null``)."""
+    payload = unseal(blob, what)
+    if len(payload) < 2:
+        raise StoreCorruptError(f"{what}: shorter than an answer header")
+    if payload[0] != FORMAT_VERSION:
+        raise StoreVersionError(f"{what}: answer format {payload[0]}, this gateway reads 1")
+    return payload[2:], bool(payload[1] & _WITHOUT_PROMPT_IDS)
+
+
+_ANSWER_KEY = struct.Struct("<B16sdIH")  # version, fingerprint, finished_at, step, key length
+
+
+def encode_answer_key(key: AnswerKey) -> bytes:
+    """What identifies an answered turn, sealed."""
+    idempotency = (key.idempotency_key or "").encode()
+    flag = FORMAT_VERSION if key.idempotency_key is not None else FORMAT_VERSION | 0x80
+    head = _ANSWER_KEY.pack(flag, key.fingerprint, key.finished_at, key.step, len(idempotency))
+    return seal(head + idempotency)
+
+
+def decode_answer_key(blob: bytes, what: str) -> AnswerKey:
+    """An answered turn's identity from its sealed bytes."""
+    payload = unseal(blob, what)
+    if len(payload) < _ANSWER_KEY.size:
+        raise StoreCorruptError(f"{what}: shorter than an answer key")
+    flag, fingerprint, finished_at, step, length = _ANSWER_KEY.unpack_from(payload)
+    if flag & 0x7F != FORMAT_VERSION:
+        raise StoreVersionError(f"{what}: answer key format {flag & 0x7F}, this gateway reads 1")
+    raw = payload[_ANSWER_KEY.size : _ANSWER_KEY.size + length]
+    if len(raw) != length:
+        raise StoreCorruptError(f"{what}: its idempotency key is cut short")
+    idempotency = None if flag & 0x80 else raw.decode()
+    return AnswerKey(fingerprint, idempotency, finished_at, step)
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "decode_answer",
+    "decode_answer_key",
+    "decode_json",
+    "decode_step",
+    "encode_answer",
+    "encode_answer_key",
+    "encode_json",
+    "encode_step",
+    "seal",
+    "seal_parts",
+    "sealed",
+    "unseal",
+]

@@ -1,0 +1,237 @@
+"""The memory backend: the gateway's state in this process only (the default).
+
+Nothing survives the process: a restarted gateway has lost every rollout. It keeps
+references, not copies (a step is the recorder's own object, an answer the bytes the agent
+got), so a turn costs what it cost before the store seam: a few dictionary operations.
+
+``MemoryStore(shared=True)`` is one store several gateways in one process share, as
+gateways share Redis: turn slots are claimed and waited for, and each gateway reloads
+what another one changed. The tests of the shared path run on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+
+import orjson
+
+from rollout_gateway.protocol import ExitReport
+from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
+from rollout_gateway.server.state.store import (
+    GatewayStore,
+    PolicyState,
+    Registration,
+    RolloutCounters,
+    RolloutExistsError,
+    RolloutRow,
+    StoreContents,
+    StoredAnswer,
+    TurnAnswer,
+    TurnCommit,
+    TurnConflictError,
+    UnknownRolloutError,
+)
+
+
+@dataclass(slots=True)
+class _Rollout:
+    registration: Registration
+    counters: RolloutCounters
+    revision: int = 0
+    cancelled: bool = False
+    steps: list[RecordedStep] = field(default_factory=list)
+    answer: TurnAnswer | None = None
+    #: The gateway holding the turn slot, until when (loop time), and the waiters' event.
+    owner: str | None = None
+    lease_until: float = 0.0
+    released: asyncio.Event | None = None
+
+
+class MemoryStore(GatewayStore):
+    """The gateway's state in this process's memory.
+
+    Args:
+        shared: several gateways of this process use it (their records are then caches
+            of it, as with a shared backend).
+    """
+
+    name = "memory"
+    durable = False
+
+    def __init__(self, *, shared: bool = False) -> None:
+        self.shared = shared
+        self._secret = secrets.token_bytes(32)
+        self._rollouts: dict[str, _Rollout] = {}
+        self._by_key: dict[str, str] = {}
+        self._exits: dict[str, ExitReport] = {}
+        self._policy = PolicyState()
+
+    @property
+    def secret(self) -> bytes:
+        """Made with the store (a restart makes a new one: nothing else survives it)."""
+        return self._secret
+
+    async def open(self) -> StoreContents:
+        """What this store holds now (nothing, unless other gateways share it)."""
+        exits = sorted(self._exits.values(), key=lambda r: r["seq"])
+        return StoreContents(
+            rollouts=[] if self.shared else [self._row(r) for r in self._rollouts.values()],
+            policy=PolicyState(self._policy.version, self._policy.updated_at),
+            exits=[dict(r) for r in exits],  # type: ignore[misc]
+            exit_cursor=exits[-1]["seq"] if exits else 0,
+        )
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    def _get(self, rollout_id: str) -> _Rollout:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise UnknownRolloutError(rollout_id)
+        return rollout
+
+    @staticmethod
+    def _row(rollout: _Rollout) -> RolloutRow:
+        answer = rollout.answer
+        return RolloutRow(
+            registration=dict(rollout.registration),  # type: ignore[arg-type]
+            counters=dict(rollout.counters),  # type: ignore[arg-type]
+            revision=rollout.revision,
+            steps=len(rollout.steps),
+            answer_key=answer.key if answer is not None else None,
+            cancelled=rollout.cancelled,
+        )
+
+    # -- rollouts ------------------------------------------------------------------------
+
+    async def create_rollout(self, row: RolloutRow) -> None:
+        """Hold a new rollout."""
+        rollout_id = row.registration["rollout_id"]
+        if rollout_id in self._rollouts:
+            raise RolloutExistsError(rollout_id)
+        self._rollouts[rollout_id] = _Rollout(row.registration, row.counters)
+        digest = row.registration.get("key_digest")
+        if digest is not None:
+            self._by_key[digest] = rollout_id
+
+    async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
+        """The held rollout (a copy)."""
+        rollout = self._rollouts.get(rollout_id)
+        return self._row(rollout) if rollout is not None else None
+
+    async def rollout_for_key(self, key_digest: str) -> str | None:
+        """The rollout whose key has this digest."""
+        return self._by_key.get(key_digest)
+
+    async def save_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Replace the counters."""
+        rollout = self._get(rollout_id)
+        rollout.counters = counters
+        rollout.revision += 1
+        return rollout.revision
+
+    async def cancel_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Cancel for good and replace the counters."""
+        rollout = self._get(rollout_id)
+        rollout.cancelled = True
+        rollout.counters = counters
+        rollout.revision += 1
+        return rollout.revision
+
+    async def delete_rollout(self, rollout_id: str) -> bool:
+        """Drop the rollout, its steps, answer and exit report."""
+        rollout = self._rollouts.pop(rollout_id, None)
+        self._exits.pop(rollout_id, None)
+        if rollout is None:
+            return False
+        digest = rollout.registration.get("key_digest")
+        if digest is not None and self._by_key.get(digest) == rollout_id:
+            del self._by_key[digest]
+        if rollout.released is not None:
+            rollout.released.set()  # waiting claims find it gone
+        return True
+
+    # -- turns ---------------------------------------------------------------------------
+
+    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
+        """The stored revision; shared, once ``owner`` holds the slot."""
+        rollout = self._get(rollout_id)
+        if not self.shared:
+            return rollout.revision
+        loop = asyncio.get_running_loop()
+        while rollout.owner not in (None, owner) and loop.time() < rollout.lease_until:
+            if rollout.released is None:
+                rollout.released = asyncio.Event()
+            released = rollout.released
+            try:
+                async with asyncio.timeout(rollout.lease_until - loop.time()):
+                    await released.wait()
+            except TimeoutError:
+                pass  # the owner's lease ran out: take the slot over
+            rollout = self._get(rollout_id)
+        rollout.owner = owner
+        rollout.lease_until = loop.time() + lease_s
+        return rollout.revision
+
+    async def release_turn(self, rollout_id: str, owner: str) -> None:
+        """Free the slot if ``owner`` holds it."""
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None or rollout.owner != owner:
+            return
+        rollout.owner = None
+        if rollout.released is not None:
+            rollout.released.set()
+            rollout.released = None
+
+    async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
+        """Append the step (by reference), replace the counters and the answer."""
+        rollout = self._get(rollout_id)
+        if commit.index != len(rollout.steps):
+            raise TurnConflictError(
+                f"rollout {rollout_id}: step {commit.index} committed on {len(rollout.steps)}"
+            )
+        rollout.steps.append(commit.step)
+        rollout.counters = commit.counters
+        if commit.answer is not None:  # the agent's bytes only (not a second copy of them)
+            rollout.answer = TurnAnswer(commit.answer.key, commit.answer.body)
+        rollout.revision += 1
+        return rollout.revision
+
+    async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
+        """The held steps from ``start`` (their ids copied out of the branches)."""
+        return [step.delta() for step in self._get(rollout_id).steps[start:]]
+
+    async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
+        """The last answer, as the agent got it."""
+        rollout = self._rollouts.get(rollout_id)
+        answer = rollout.answer if rollout is not None else None
+        if answer is None:
+            return None
+        body = answer.body
+        return StoredAnswer(body if isinstance(body, bytes) else orjson.dumps(body))
+
+    # -- exit reports and the policy version -----------------------------------------------
+
+    async def save_exit(self, report: ExitReport) -> None:
+        """Keep the report (if its rollout is held, or none are: a board of its own)."""
+        self._exits[report["rollout_id"]] = dict(report)  # type: ignore[assignment]
+
+    async def forget_exit(self, rollout_id: str) -> None:
+        """Drop the rollout's report."""
+        self._exits.pop(rollout_id, None)
+
+    async def announce_policy(self, version: int, at: float) -> PolicyState:
+        """Forward only."""
+        current = self._policy
+        if current.version is None or version > current.version:
+            self._policy = PolicyState(version, at)
+        return PolicyState(self._policy.version, self._policy.updated_at)
+
+    async def load_policy(self) -> PolicyState:
+        """The version in effect."""
+        return PolicyState(self._policy.version, self._policy.updated_at)
+
+
+__all__ = ["MemoryStore"]

@@ -1,0 +1,430 @@
+"""The SQLite backend: one gateway's state, durable across restarts (``serve --state-dir``).
+
+One database file (``state.db``) in WAL mode, in a directory one gateway holds (a lock
+file: a second gateway on the same directory is refused). Writes go through one
+writer with group commit (:mod:`.sqlite_writer`: on the event loop, or with
+``synchronous="full"`` on a thread); a turn's write is committed before the agent gets
+its answer. Reads (a rollout reloaded, its steps replayed at first use after a
+restart) use a connection of their own on the event loop's thread.
+
+Tables (:mod:`.sqlite_schema`): ``meta`` (secret, exit cursor, policy version),
+``rollouts`` (a row per rollout: sealed registration and counters, revision, cancelled
+flag), ``steps`` (a row per step in commit order: its :func:`~.codec.encode_step` bytes
+and the rollout's counters and revision after it), ``answers`` (each rollout's last
+answer) and ``exits``. Every record is checksummed
+(:mod:`.codec`). At open the database's structure is checked (``PRAGMA quick_check``) and
+every rollout and step read and checked; damage is reported with what was kept (see
+:mod:`.sqlite_recovery`), never served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout_gateway.protocol import ExitReport
+from rollout_gateway.server.recording.steps import StepDelta
+from rollout_gateway.server.state import codec
+from rollout_gateway.server.state.sqlite_recovery import check_and_load, load_row, salvage
+from rollout_gateway.server.state.sqlite_schema import (
+    DATABASE_FILE,
+    connect,
+    lock_directory,
+    prepare,
+)
+from rollout_gateway.server.state.sqlite_writer import LoopWriter, ThreadWriter, Writer
+from rollout_gateway.server.state.store import (
+    GatewayStore,
+    PolicyState,
+    RolloutCounters,
+    RolloutExistsError,
+    RolloutRow,
+    StoreContents,
+    StoreCorruptError,
+    StoredAnswer,
+    StoreUnavailableError,
+    TurnCommit,
+    TurnConflictError,
+    UnknownRolloutError,
+)
+
+logger = logging.getLogger("rollout_gateway.server")
+
+
+@dataclass(slots=True)
+class _Held:
+    """What the store keeps in memory of a stored rollout (single writer: always current)."""
+
+    row_id: int
+    revision: int
+    steps: int
+
+
+class SQLiteStore(GatewayStore):
+    """A gateway's state in ``directory/state.db``.
+
+    Args:
+        directory: the state directory (created 0700 when missing).
+        synchronous: ``"normal"`` (a commit is in the database's log: it survives the
+            process; the log is flushed to the device at checkpoints) or ``"full"`` (each
+            commit is flushed to the device: it survives power loss).
+    """
+
+    name = "sqlite"
+    durable = True
+    shared = False
+
+    def __init__(self, directory: str | os.PathLike[str], *, synchronous: str = "normal") -> None:
+        if synchronous not in ("normal", "full"):
+            raise ValueError(f"synchronous: 'normal' or 'full', not {synchronous!r}")
+        self.directory = Path(directory)
+        self.path = self.directory / DATABASE_FILE
+        self.synchronous = synchronous
+        self._secret = b""
+        self._lock_fd: int | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._writer: Writer | None = None
+        self._held: dict[str, _Held] = {}
+        self._contents: StoreContents | None = None
+
+    @property
+    def secret(self) -> bytes:
+        """Made when the database was created; read from it at every open."""
+        return self._secret
+
+    # -- open and close ------------------------------------------------------------------
+
+    async def open(self) -> StoreContents:
+        """Open the directory's database (see the module doc). Idempotent: a second call
+        returns what the first found (a caller may open the store before the app does, to
+        refuse a bad directory before serving)."""
+        if self._contents is None:
+            self._contents = self._open()
+        return self._contents
+
+    def _open(self) -> StoreContents:
+        self._lock_fd = lock_directory(self.directory, self.path)
+        try:
+            damage: list[str] = []
+            try:
+                conn = connect(self.path, self.synchronous)
+                try:
+                    self._secret = prepare(conn)
+                    loaded = check_and_load(conn)
+                finally:
+                    conn.close()
+            except StoreCorruptError as exc:
+                damage, loaded = salvage(self.path, self.synchronous, str(exc))
+                conn = connect(self.path, self.synchronous)
+                try:
+                    self._secret = prepare(conn)
+                finally:
+                    conn.close()
+            self._reader = connect(self.path, self.synchronous)
+
+            def connection() -> sqlite3.Connection:
+                return connect(self.path, self.synchronous)
+
+            if self.synchronous == "full":
+                self._writer = ThreadWriter(connection)
+            else:
+                self._writer = LoopWriter(connection, Path(f"{self.path}-wal"))
+            self._writer.start()
+        except BaseException:
+            self._release()
+            raise
+        self._held = {
+            row.registration["rollout_id"]: _Held(row_id, row.revision, row.steps)
+            for row_id, row in loaded.rollouts
+        }
+        return StoreContents(
+            rollouts=[row for _, row in loaded.rollouts],
+            policy=loaded.policy,
+            exits=loaded.exits,
+            exit_cursor=loaded.exit_cursor,
+            damage=[*damage, *loaded.damage],
+        )
+
+    async def close(self) -> None:
+        """Commit what is queued, checkpoint the log into the database, release it."""
+        writer, self._writer = self._writer, None
+        if isinstance(writer, ThreadWriter):
+            await asyncio.get_running_loop().run_in_executor(None, writer.close)
+        elif writer is not None:
+            writer.close()  # its last commit runs here, on the loop
+        if self._reader is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._reader.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._release()
+
+    def _release(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = None
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _write(self, write: Any) -> Any:
+        if self._writer is None:
+            raise StoreUnavailableError("the state store is not open")
+        return await self._writer.submit(write)
+
+    def _read(self) -> sqlite3.Connection:
+        if self._reader is None:
+            raise StoreUnavailableError("the state store is not open")
+        return self._reader
+
+    def _get(self, rollout_id: str) -> _Held:
+        if self._writer is None:
+            raise StoreUnavailableError("the state store is not open")
+        held = self._held.get(rollout_id)
+        if held is None:
+            raise UnknownRolloutError(rollout_id)
+        return held
+
+    # -- rollouts ------------------------------------------------------------------------
+
+    async def create_rollout(self, row: RolloutRow) -> None:
+        """Insert the rollout's row (and its empty answer)."""
+        rollout_id = row.registration["rollout_id"]
+        if rollout_id in self._held:
+            raise RolloutExistsError(rollout_id)
+        registration = codec.encode_json(row.registration)
+        counters = codec.encode_json(row.counters)
+        digest = row.registration.get("key_digest")
+
+        def write(conn: sqlite3.Connection) -> int:
+            # Checked first: a write must fail before it changes anything (no savepoints).
+            taken = "SELECT 1 FROM rollouts WHERE rollout_id = ?"
+            if conn.execute(taken, (rollout_id,)).fetchone() is not None:
+                raise RolloutExistsError(rollout_id)
+            cursor = conn.execute(
+                "INSERT INTO rollouts (rollout_id, key_digest, registration, counters, revision, "
+                "cancelled) VALUES (?, ?, ?, ?, 0, 0)",
+                (rollout_id, digest, registration, counters),
+            )
+            row_id = cursor.lastrowid
+            assert row_id is not None
+            conn.execute("INSERT INTO answers (rollout) VALUES (?)", (row_id,))
+            return row_id
+
+        row_id = await self._write(write)
+        self._held[rollout_id] = _Held(row_id, 0, 0)
+
+    async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
+        """Read the rollout's row back (with its last step's counters)."""
+        return load_row(self._read(), rollout_id)
+
+    async def rollout_for_key(self, key_digest: str) -> str | None:
+        """The rollout whose key has this digest."""
+        found = (
+            self._read()
+            .execute("SELECT rollout_id FROM rollouts WHERE key_digest = ?", (key_digest,))
+            .fetchone()
+        )
+        return found[0] if found is not None else None
+
+    async def save_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Replace the counters."""
+        return await self._update(rollout_id, codec.encode_json(counters), cancel=False)
+
+    async def cancel_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Cancel for good and replace the counters."""
+        return await self._update(rollout_id, codec.encode_json(counters), cancel=True)
+
+    async def _update(self, rollout_id: str, counters: bytes, *, cancel: bool) -> int:
+        held = self._get(rollout_id)
+        row_id, revision = held.row_id, held.revision + 1
+        held.revision = revision  # the next write goes on from it (writes run in order)
+        sql = "UPDATE rollouts SET counters = ?, revision = ?" + (
+            ", cancelled = 1" if cancel else ""
+        )
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(sql + " WHERE id = ?", (counters, revision, row_id))
+
+        await self._written(rollout_id, write)
+        return revision
+
+    async def delete_rollout(self, rollout_id: str) -> bool:
+        """Delete the rollout's row, steps, answer and exit report."""
+        held = self._held.pop(rollout_id, None)
+
+        def write(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
+            if held is None:
+                return False
+            conn.execute("DELETE FROM steps WHERE rollout = ?", (held.row_id,))
+            conn.execute("DELETE FROM answers WHERE rollout = ?", (held.row_id,))
+            conn.execute("DELETE FROM rollouts WHERE id = ?", (held.row_id,))
+            return True
+
+        try:
+            return bool(await self._write(write))
+        except BaseException:
+            if held is not None:
+                self._held.setdefault(rollout_id, held)  # still stored
+            raise
+
+    # -- turns ---------------------------------------------------------------------------
+
+    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
+        """The stored revision (one gateway: no slot to take)."""
+        return self._get(rollout_id).revision
+
+    async def release_turn(self, rollout_id: str, owner: str) -> None:
+        """Nothing to release."""
+
+    async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
+        """The step with the counters, and the answer, if the step is next."""
+        held = self._get(rollout_id)
+        if commit.index != held.steps:
+            raise TurnConflictError(
+                f"rollout {rollout_id}: step {commit.index} committed on {held.steps}"
+            )
+        row_id, index, revision = held.row_id, commit.index, held.revision + 1
+        step = (
+            row_id, index, revision, codec.encode_json(commit.counters),
+            codec.encode_step(commit.step),
+        )  # fmt: skip
+        answer = None
+        if commit.answer is not None:
+            key = codec.encode_answer_key(commit.answer.key)
+            answer = (key, codec.encode_answer(commit.answer), row_id)
+        held.revision, held.steps = revision, index + 1  # the next turn goes on from them
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO steps (rollout, idx, revision, counters, body) VALUES (?, ?, ?, ?, ?)",
+                step,
+            )
+            if answer is not None:
+                conn.execute(
+                    "UPDATE answers SET answer_key = ?, answer = ? WHERE rollout = ?", answer
+                )
+
+        await self._written(rollout_id, write)
+        return revision
+
+    async def _written(self, rollout_id: str, write: Any) -> None:
+        """Run ``write``; when it fails, the rollout's held figures are read back from the
+        database (what the failed write counted on was not written)."""
+        try:
+            await self._write(write)
+        except BaseException:
+            if rollout_id in self._held:
+                found = load_row(self._read(), rollout_id)
+                if found is None:
+                    self._held.pop(rollout_id, None)
+                else:
+                    held = self._held[rollout_id]
+                    held.revision, held.steps = found.revision, found.steps
+            raise
+
+    async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
+        """Read the steps back, each checked."""
+        held = self._get(rollout_id)
+        found = (
+            self._read()
+            .execute(
+                "SELECT idx, body FROM steps WHERE rollout = ? AND idx >= ? ORDER BY idx",
+                (held.row_id, start),
+            )
+            .fetchall()
+        )
+        steps = []
+        for expected, (index, body) in enumerate(found, start):
+            if index != expected:
+                raise StoreCorruptError(f"rollout {rollout_id}: step {expected} is missing")
+            steps.append(codec.decode_step(body, f"rollout {rollout_id} step {index}"))
+        if start + len(steps) != held.steps:
+            raise StoreCorruptError(
+                f"rollout {rollout_id}: {start + len(steps)} steps stored, {held.steps} committed"
+            )
+        return steps
+
+    async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
+        """The last answer (without the prompt's ids when it had them)."""
+        held = self._held.get(rollout_id)
+        if held is None:
+            return None
+        found = (
+            self._read()
+            .execute("SELECT answer_key, answer FROM answers WHERE rollout = ?", (held.row_id,))
+            .fetchone()
+        )
+        if found is None or found[1] is None:
+            return None
+        what = f"rollout {rollout_id} answer"
+        key = codec.decode_answer_key(found[0], what)
+        body, without_prompt_ids = codec.decode_answer(found[1], what)
+        return StoredAnswer(body, key.step if without_prompt_ids else None)
+
+    # -- exit reports and the policy version -----------------------------------------------
+
+    async def save_exit(self, report: ExitReport) -> None:
+        """Keep the report; the cursor goes on from its number."""
+        rollout_id, seq = report["rollout_id"], report["seq"]
+        blob = codec.encode_json(report)
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO exits (rollout_id, seq, report) VALUES (?, ?, ?)",
+                (rollout_id, seq, blob),
+            )
+            conn.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'exit_cursor'", (seq,))
+
+        await self._write(write)
+
+    async def forget_exit(self, rollout_id: str) -> None:
+        """Drop the rollout's report."""
+        await self._write(
+            lambda conn: conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
+        )
+
+    async def announce_policy(self, version: int, at: float) -> PolicyState:
+        """Forward only, decided in the writer's transaction."""
+
+        def write(conn: sqlite3.Connection) -> PolicyState:
+            current = _policy(conn)
+            if current.version is None or version > current.version:
+                conn.execute("UPDATE meta SET value = ? WHERE key = 'policy_version'", (version,))
+                conn.execute("UPDATE meta SET value = ? WHERE key = 'policy_updated_at'", (at,))
+                return PolicyState(version, at)
+            return current
+
+        state: PolicyState = await self._write(write)
+        return state
+
+    async def load_policy(self) -> PolicyState:
+        """The version in effect."""
+        return _policy(self._read())
+
+
+def _policy(conn: sqlite3.Connection) -> PolicyState:
+    values = dict(
+        conn.execute(
+            "SELECT key, value FROM meta WHERE key IN ('policy_version', 'policy_updated_at')"
+        ).fetchall()
+    )
+    version = values.get("policy_version")
+    updated = values.get("policy_updated_at")
+    return PolicyState(
+        int(version) if version is not None else None,
+        float(updated) if updated is not None else None,
+    )
+
+
+__all__ = ["SQLiteStore"]

@@ -1,0 +1,373 @@
+"""The state seam: everything the gateway must not lose goes through :class:`GatewayStore`.
+
+The gateway works on its in-memory records (:mod:`.registry`: a rollout's counters, its
+recorder, its local turn queue); the store is written through at a few points and read
+back when the records are not current:
+
+* **rollouts**: :meth:`~GatewayStore.create_rollout` at register (fails when the id is
+  taken), :meth:`~GatewayStore.save_rollout` when the counters change without a step
+  (cancel, a refused turn, a failed engine call, an abandoned answer),
+  :meth:`~GatewayStore.delete_rollout` at unregister or expiry;
+  :meth:`~GatewayStore.load_rollout` / :meth:`~GatewayStore.rollout_for_key` /
+  :meth:`~GatewayStore.load_rollouts` read them back;
+* **turns**: :meth:`~GatewayStore.commit_turn` writes one turn atomically: its step (the
+  compact delta, :class:`~rollout_gateway.server.recording.steps.StepDelta`), the
+  rollout's counters and the answer a retry replays, conditional on the step's index, so
+  a turn is never recorded twice nor half; :meth:`~GatewayStore.load_steps` and
+  :meth:`~GatewayStore.load_answer` read them back;
+* **who runs a turn**: :meth:`~GatewayStore.claim_turn` / :meth:`~GatewayStore.release_turn`
+  (several gateways on one store: one turn of a rollout at a time, anywhere);
+* **exit reports** (:meth:`~GatewayStore.save_exit`, :meth:`~GatewayStore.forget_exit`,
+  :meth:`~GatewayStore.load_exits`) and the **policy version**
+  (:meth:`~GatewayStore.announce_policy`, :meth:`~GatewayStore.load_policy`);
+* the **secret** shared by every gateway on the store and by restarts
+  (:attr:`~GatewayStore.secret`): request fingerprints are keyed with it, so that a
+  retry after a restart, or on another gateway, matches its original.
+
+Backends: :mod:`.memory` (this process only; the default), :mod:`.sqlite` (one
+gateway, durable across restarts), and a shared one for several gateways (Redis). A
+backend that other processes write too says so with :attr:`~GatewayStore.shared`: the
+gateway then treats its records as a cache, checks their :attr:`RolloutRow.revision`
+under a claim and reloads what changed (see ``docs/state.md`` and the contract tests in
+``tests/server/state/test_store_contract.py``, which every backend passes).
+
+Every method may raise :class:`StoreUnavailableError` (the store cannot be reached or
+written now: the request gets a 503 its client retries; nothing half-written is kept).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from rollout_gateway.protocol import ExitReport
+from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
+
+
+class StoreError(Exception):
+    """A state store failed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached or written (unwritable directory, disk full, a lost
+    connection). At start the gateway exits; mid-run the request is answered 503."""
+
+
+class StoreVersionError(StoreError):
+    """The stored state was written by another version of the gateway (another schema):
+    it is refused, never misread."""
+
+
+class StoreCorruptError(StoreError):
+    """Stored state failed its checks (a damaged or truncated file, a record whose
+    checksum does not match). Never served as a trajectory."""
+
+
+class RolloutExistsError(StoreError):
+    """A rollout with this id is stored already."""
+
+
+class UnknownRolloutError(StoreError):
+    """No rollout with this id is stored (unregistered, expired, never registered)."""
+
+
+class TurnConflictError(StoreError):
+    """A turn was committed on a step count that is not the stored one (another gateway
+    committed first, or the turn is a duplicate): nothing was written."""
+
+
+class Registration(TypedDict, total=False):
+    """What register fixed for a rollout (written once). Optional fields may be added;
+    readers ignore keys they do not know."""
+
+    rollout_id: str
+    model: str
+    sampling_params: dict[str, Any]
+    max_turns: int
+    max_seq_len: int | None
+    upstream: str
+    #: SHA-256 of the rollout's key, hex (``None``: keys are off). The key itself is
+    #: never stored.
+    key_digest: str | None
+    trajectory_id: str
+    max_total_completion_tokens: int | None
+    max_context_tokens: int | None
+    max_message_bytes: int | None
+    #: verifiers v1 token caps (``server/state/limits_v1.py``), by name.
+    token_caps: dict[str, int] | None
+    #: Wall time of the registration.
+    registered_at: float
+
+
+class RolloutCounters(TypedDict, total=False):
+    """What a rollout's turns and the control plane change (rewritten on each change).
+    Optional fields may be added; readers ignore keys they do not know."""
+
+    status: str
+    num_turns: int
+    completion_tokens: int
+    message_bytes: int
+    truncation_reason: str | None
+    #: verifiers v1 token use: new input, output, and the previous turn's total.
+    input_tokens: int
+    output_tokens: int
+    previous_total: int
+    #: Indexes of the steps abandoned (their answer reached nobody).
+    abandoned: list[int]
+    #: Failed engine calls, the most recent (``protocol.FailedTurn``).
+    failed_turns: list[dict[str, Any]]
+    #: Wall time of the change (idle expiry counts from it after a restart).
+    updated_at: float
+
+
+@dataclass(slots=True)
+class AnswerKey:
+    """What identifies the last answered turn of a rollout, for a retry to match."""
+
+    #: Digest of the request body, keyed with :attr:`GatewayStore.secret`.
+    fingerprint: bytes
+    idempotency_key: str | None
+    #: Wall time of the answer.
+    finished_at: float
+    #: Index of the step the answer is the turn of.
+    step: int
+
+
+@dataclass(slots=True)
+class TurnAnswer:
+    """The answer of a committed turn, as a retry of it gets it again."""
+
+    key: AnswerKey
+    #: The answer as the agent got it: JSON bytes, or the object rendered to them.
+    body: bytes | dict[str, Any]
+    #: The same answer with its ``prompt_token_ids`` array replaced by ``null`` (bytes),
+    #: when the body carries one (a store need not keep the prompt's ids twice: they are
+    #: the step's); ``None`` when the body has none.
+    without_prompt_ids: bytes | None = None
+
+
+@dataclass(slots=True)
+class StoredAnswer:
+    """An answer read back from a store."""
+
+    #: The answer's JSON bytes.
+    body: bytes
+    #: Its ``prompt_token_ids`` are ``null`` in ``body`` and are this step's prompt ids
+    #: (``None``: ``body`` is the answer as it was).
+    prompt_ids_of_step: int | None = None
+
+
+@dataclass(slots=True)
+class TurnCommit:
+    """One turn, written at once (see :meth:`GatewayStore.commit_turn`)."""
+
+    #: The step's index: the number of steps stored before it.
+    index: int
+    step: RecordedStep
+    counters: RolloutCounters
+    #: The answer a retry replays (``None``: the turn answered nothing to replay, e.g. a
+    #: prompt the engine refused; the previous answer stays).
+    answer: TurnAnswer | None
+
+
+@dataclass(slots=True)
+class RolloutRow:
+    """A stored rollout."""
+
+    registration: Registration
+    counters: RolloutCounters
+    #: Bumped by every write to the rollout: a copy whose revision is the stored one
+    #: is current.
+    revision: int
+    #: Steps stored.
+    steps: int
+    #: The last answered turn (``None``: none yet).
+    answer_key: AnswerKey | None = None
+    #: Set by :meth:`GatewayStore.cancel_rollout`; never cleared by a later write.
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class PolicyState:
+    """The policy version in effect (``None``: never announced)."""
+
+    version: int | None = None
+    updated_at: float | None = None
+
+
+@dataclass(slots=True)
+class StoreContents:
+    """What :meth:`GatewayStore.open` found."""
+
+    #: Every stored rollout (single-gateway backends; a shared backend may leave it
+    #: empty and load rollouts on demand).
+    rollouts: list[RolloutRow] = field(default_factory=list)
+    policy: PolicyState = field(default_factory=PolicyState)
+    #: Exit reports of stored rollouts, oldest first, and the last number given.
+    exits: list[ExitReport] = field(default_factory=list)
+    exit_cursor: int = 0
+    #: Damage found and what was kept (logged at start; empty when all was well).
+    damage: list[str] = field(default_factory=list)
+
+
+class GatewayStore(abc.ABC):
+    """Where a gateway keeps what it must not lose (see the module doc).
+
+    Writes are durable (to the backend's promise, see ``docs/state.md``) when their
+    coroutine returns. Reads return copies the caller may keep.
+    """
+
+    #: Short name for logs and ``/health`` (``"memory"``, ``"sqlite"``...).
+    name: str = "store"
+    #: Other processes write this store too: records held in memory are a cache.
+    shared: bool = False
+    #: Whether what is stored survives this process.
+    durable: bool = False
+
+    @property
+    @abc.abstractmethod
+    def secret(self) -> bytes:
+        """32 random bytes made when the store was created, the same for every process
+        that opens it (request fingerprints are keyed with it). Valid after :meth:`open`."""
+
+    @abc.abstractmethod
+    async def open(self) -> StoreContents:
+        """Open (creating when new), check and read what is stored. Idempotent: a second
+        call returns what the first found (``serve`` opens the store before the app does,
+        to refuse a store it cannot use before serving).
+
+        Raises :class:`StoreUnavailableError` (cannot be opened or written),
+        :class:`StoreVersionError` (another schema), :class:`StoreCorruptError` (damage
+        beyond what can be kept: what was found damaged and kept is in
+        :attr:`StoreContents.damage` otherwise).
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Finish pending writes and release the store. Idempotent."""
+
+    # -- rollouts ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def create_rollout(self, row: RolloutRow) -> None:
+        """Store a new rollout (``row.revision`` and ``row.steps`` are 0). Raises
+        :class:`RolloutExistsError` when its id is stored already."""
+
+    @abc.abstractmethod
+    async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
+        """The stored rollout ``rollout_id`` (``None``: not stored)."""
+
+    @abc.abstractmethod
+    async def rollout_for_key(self, key_digest: str) -> str | None:
+        """The id of the rollout whose key has this digest (``None``: none)."""
+
+    @abc.abstractmethod
+    async def save_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Replace the rollout's counters; returns its new revision. Raises
+        :class:`UnknownRolloutError`."""
+
+    @abc.abstractmethod
+    async def cancel_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
+        """Mark the rollout cancelled (for good: no later write clears it) and replace
+        its counters; returns its new revision. Raises :class:`UnknownRolloutError`."""
+
+    @abc.abstractmethod
+    async def delete_rollout(self, rollout_id: str) -> bool:
+        """Drop the rollout with its steps, answer and exit report; whether it was stored."""
+
+    # -- turns ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
+        """Take the rollout's turn slot for ``owner`` (a gateway's id) and return the
+        rollout's revision as stored now.
+
+        On a shared store, waits while another owner holds the slot (a slot whose owner
+        died frees itself after ``lease_s``); the caller then compares the revision with
+        its copy and reloads what changed (another gateway's turn, a retry's original
+        answered there, a cancel). A single-gateway store needs no slot: it returns the
+        stored revision at once. Raises :class:`UnknownRolloutError`.
+        """
+
+    @abc.abstractmethod
+    async def release_turn(self, rollout_id: str, owner: str) -> None:
+        """Give the slot back (a no-op when ``owner`` does not hold it)."""
+
+    @abc.abstractmethod
+    async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
+        """Write one turn atomically: its step at ``commit.index``, the counters, and (when
+        given) the answer a retry replays. Returns the rollout's new revision.
+
+        Raises :class:`TurnConflictError` (and writes nothing) when ``commit.index`` is not
+        the number of steps stored, :class:`UnknownRolloutError` when the rollout is gone.
+        """
+
+    @abc.abstractmethod
+    async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
+        """The stored steps from index ``start`` on, in order. Raises
+        :class:`StoreCorruptError` when one fails its checks."""
+
+    @abc.abstractmethod
+    async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
+        """The last answered turn's answer (``None``: none stored)."""
+
+    # -- exit reports and the policy version -----------------------------------------------
+
+    @abc.abstractmethod
+    async def save_exit(self, report: ExitReport) -> None:
+        """Keep ``report`` (numbered already) as its rollout's exit report."""
+
+    @abc.abstractmethod
+    async def forget_exit(self, rollout_id: str) -> None:
+        """Drop the rollout's exit report."""
+
+    @abc.abstractmethod
+    async def announce_policy(self, version: int, at: float) -> PolicyState:
+        """Make ``version`` the one in effect unless a newer one is (forward only: a
+        compare-and-set); returns the state in effect afterwards."""
+
+    @abc.abstractmethod
+    async def load_policy(self) -> PolicyState:
+        """The policy version in effect as stored."""
+
+
+def answer_matches(
+    key: AnswerKey,
+    fingerprint: bytes,
+    idempotency_key: str | None,
+    *,
+    is_retry: bool,
+    now: float,
+    window_s: float,
+) -> bool:
+    """Whether a request repeats the answered turn ``key`` describes, as
+    :meth:`~.dedupe.TurnTracker.match` decides for a turn it holds: the same
+    ``Idempotency-Key``; else the same body within ``window_s`` of the answer, marked as
+    a retry (whether that answer reached its agent is not stored, so an unmarked repeat
+    is a new turn)."""
+    if idempotency_key is not None and key.idempotency_key is not None:
+        return idempotency_key == key.idempotency_key
+    return key.fingerprint == fingerprint and is_retry and now - key.finished_at <= window_s
+
+
+__all__ = [
+    "AnswerKey",
+    "GatewayStore",
+    "PolicyState",
+    "Registration",
+    "RolloutCounters",
+    "RolloutExistsError",
+    "RolloutRow",
+    "StoreContents",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreUnavailableError",
+    "StoreVersionError",
+    "StoredAnswer",
+    "TurnAnswer",
+    "TurnCommit",
+    "TurnConflictError",
+    "UnknownRolloutError",
+    "answer_matches",
+]
