@@ -8,8 +8,9 @@ one of the env's ``RunSlot`` episodes, its agent contained in a local sandbox (t
 ``--resume`` v1's own planner decides what runs again (episodes not ``ok`` are owed).
 The run directory is a v1 run directory:
 
-- ``configs/resolved/eval.json``: the resolved config (``vf-eval @ DIR/configs/resolved/eval.json
-  --resume`` takes it, against a gateway at the address it names);
+- ``configs/resolved/eval.json``: the resolved config, so ``vf-eval @ DIR/configs/resolved/eval.json
+  --resume`` continues the run (against a gateway at the address it names) and
+  ``vf-replay DIR`` re-scores it;
 - ``traces.jsonl``: one episode per line as each finishes, floats at full precision
   (v1's writer rounds per-token logprobs to 4 decimals; a trainer reads this file);
 - ``logs/attempt_<n>/eval.log`` (``logs/latest``): the env's and the gateway adapter's logs;
@@ -26,7 +27,6 @@ import json
 import logging
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from rollout_gateway.demo.stack import (
@@ -41,6 +41,7 @@ from rollout_gateway.v1.internals import (
     EvalRunInfo,
     ModelContext,
     create_attempt_log_dir,
+    eval_resume,
     load_environment,
     plan_rollouts,
     type_adapter,
@@ -132,38 +133,6 @@ def read_episodes(run_dir: Path) -> list[dict[str, Any]]:
     return episodes
 
 
-def plan_resume(
-    run_dir: Path, tasks: list[Any], num_rollouts: int, keep_failed: bool
-) -> list[tuple[Any, list[Any], int]]:
-    """What a resumed run owes: v1's planner (``plan_rollouts``) over the episodes kept,
-    and ``traces.jsonl`` rewritten (atomically) to those episodes, as written.
-
-    Kept: the ``ok`` episodes (v1's default verdict, ``Env.complete``), all of them with
-    ``keep_failed``. Not v1's ``cli.eval.resume.load``: it validates each row against
-    v1's own runtime types, a closed union without the ``local_sandbox`` runtime, and
-    would drop every episode of this run as malformed.
-    """
-    path = run_dir / TRACES_FILE
-    lines: dict[str, bytes] = {}
-    stored: list[Any] = []
-    for line in path.read_bytes().splitlines() if path.exists() else []:
-        try:
-            row = json.loads(line)
-            task_hash = row["task"]["hash"]
-            episode_id = row["id"]
-        except (ValueError, KeyError, TypeError):
-            continue  # torn or malformed: owed again
-        if not isinstance(row.get("traces"), list) or not (keep_failed or row.get("ok")):
-            continue
-        lines.setdefault(episode_id, line + b"\n")
-        stored.append(SimpleNamespace(id=episode_id, task=SimpleNamespace(hash=task_hash)))
-    plan = plan_rollouts(tasks, num_rollouts, stored)
-    tmp = path.with_name(f".{TRACES_FILE}.tmp")
-    tmp.write_bytes(b"".join(lines[episode.id] for _, kept, _ in plan for episode in kept))
-    tmp.replace(path)
-    return plan
-
-
 class V1Stack(DemoStack):
     """The demo's verifiers 0.4 part (see the module docstring).
 
@@ -241,7 +210,11 @@ class V1Stack(DemoStack):
         self._log_to(create_attempt_log_dir(setup.run_dir) / "eval.log", stack)
 
         if setup.resuming:
-            plan = plan_resume(setup.run_dir, tasks, config.num_rollouts, setup.keep_failed)
+            # v1's own loader and planner, as vf-eval --resume: episodes not kept (by the
+            # env's verdict, ok; all with --keep-failed) are dropped from traces.jsonl
+            # and owed again.
+            keep = (lambda episode: True) if setup.keep_failed else env.complete
+            plan = eval_resume.load(setup.run_dir, tasks, config.num_rollouts, keep)
         else:
             plan = plan_rollouts(tasks, config.num_rollouts)
         self._rewards = [s.reward for s in self.stored(setup.run_dir)]
@@ -293,15 +266,10 @@ class V1Stack(DemoStack):
     @staticmethod
     def dump(episode: Any) -> bytes:
         """An episode as ``traces.jsonl`` holds it: v1's serialization (typed subclass
-        fields kept, nulls left out), per-token floats at full precision.
-
-        Without serialization warnings: v1's ``RuntimeInfo`` union does not list the
-        ``local_sandbox`` runtime's info, which pydantic then writes by its own type (in
-        full: ``tests/test_demo_v1.py`` reads it back) after one warning per union
-        member."""
+        fields kept, nulls left out), per-token floats at full precision."""
         return bytes(
             type_adapter(type(episode)).dump_json(
-                episode, exclude_none=True, context=FULL_PRECISION, warnings=False
+                episode, exclude_none=True, context=FULL_PRECISION
             )
         )
 
@@ -320,4 +288,4 @@ class V1Stack(DemoStack):
         }
 
 
-__all__ = ["TASKSET_ID", "V1Stack", "plan_resume", "read_episodes", "runtime_config"]
+__all__ = ["TASKSET_ID", "V1Stack", "read_episodes", "runtime_config"]

@@ -164,6 +164,7 @@ except ImportError as e:  # an internal moved: say which verifiers, not just whi
 # What `rollout-gateway demo` runs a v1 eval with, as vf-eval does (rollout_gateway.v1.demo):
 # the resolved config and its files, env loading, planning, the trace store.
 try:
+    from verifiers.v1.cli.eval import resume as eval_resume
     from verifiers.v1.cli.output import create_attempt_log_dir, write_config
     from verifiers.v1.clients import ModelContext
     from verifiers.v1.configs.cli.eval import EvalConfig
@@ -214,6 +215,7 @@ __all__ = [
     "EvalRunInfo",
     "ModelContext",
     "create_attempt_log_dir",
+    "eval_resume",
     "load_environment",
     "plan_rollouts",
     "type_adapter",
