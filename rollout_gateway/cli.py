@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -661,18 +662,27 @@ def _demo_help_formatter() -> type[argparse.HelpFormatter]:
     from rollout_gateway.demo.options import DemoHelpFormatter
 
     class DemoHelp(DemoHelpFormatter):
-        """Help of ``demo``: the epilog says which sandbox isolation this host offers (probed
-        only when help is shown)."""
+        """Help of ``demo``, for the installed verifiers stack: its description and run
+        directory layout, and which sandbox isolation this host offers (probed only when
+        help is shown: probing starts processes)."""
 
         def _format_text(self, text: str) -> str:
-            if text == _ISOLATION_EPILOG:
-                text = _isolation_help()
+            from rollout_gateway.demo.options import STACK_HELP
+            from rollout_gateway.verifiers_stack import installed_stack
+
+            description, layout = STACK_HELP[installed_stack() or "classic"]
+            width = max(self._width - self._current_indent, 40)
+            if text == _DEMO_DESCRIPTION:
+                text = textwrap.fill(description, width)
+            elif text == _DEMO_EPILOG:
+                text = f"{_isolation_help()}\n\n{textwrap.fill(layout, width)}"
             return super()._format_text(text)
 
     return DemoHelp
 
 
-_ISOLATION_EPILOG = "{isolation}"
+_DEMO_DESCRIPTION = "{description}"
+_DEMO_EPILOG = "{epilog}"
 
 
 def _isolation_help() -> str:
@@ -693,10 +703,6 @@ def _isolation_help() -> str:
     lines.append("limits each sandbox gets on this host (in the mode auto takes):")
     for kind, how in enforcement(uid).items():
         lines.append(f"  {kind:<14}{how}")
-    lines.append(
-        "results: DIR/results.jsonl (one rollout per line, written as each finishes) and "
-        "DIR/metadata.json"
-    )
     return "\n".join(lines)
 
 
@@ -730,7 +736,7 @@ def _add_demo_needs_a_stack(
 
 @subcommand
 def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``rollout-gateway demo``: the whole system on one machine."""
+    """``rollout-gateway demo``: the whole system on one machine (the installed stack)."""
     from rollout_gateway.verifiers_stack import installed_stack
 
     if installed_stack() is None:
@@ -740,29 +746,29 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 
     p = subparsers.add_parser(
         "demo",
-        help="run the example env end to end on this machine",
-        description="Start the scripted model (or use --upstream) and the reference gateway "
-        "on loopback, run the example env (rollout_gateway.examples.fix_bug_env) in gateway "
-        "mode on contained local sandboxes, show progress, and write each rollout to "
-        "DIR/results.jsonl as it finishes. Ctrl-C or SIGTERM stops cleanly (finished results "
-        "kept, sandboxes removed); --resume DIR continues.",
-        epilog=_ISOLATION_EPILOG,
+        help="run the example env end to end on this machine (on the installed verifiers)",
+        description=_DEMO_DESCRIPTION,
+        epilog=_DEMO_EPILOG,
     )
     add_demo_arguments(p)
     p.formatter_class = _demo_help_formatter()
-    p.set_defaults(func=run_demo_command)
+    p.set_defaults(func=run_demo_command, command_parser=p)
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    """Run ``demo`` with parsed arguments."""
+    """Run ``demo`` with parsed arguments (exit code 2, one line, on invalid options)."""
     from rollout_gateway.demo import DemoError, options_from_args, run_demo
+    from rollout_gateway.demo.stack import exit_if_work_abandoned, off_loop_threads
 
     try:
         options = options_from_args(args)
     except DemoError as e:
-        print(f"demo: {e}")
+        print(f"rollout-gateway demo: error: {e}", file=sys.stderr)
         return 2
-    return run_demo(options)
+    before = off_loop_threads()
+    code = run_demo(options)
+    exit_if_work_abandoned(code, before)  # a stop during setup: don't wait for the import
+    return code
 
 
 def _version() -> str:
@@ -803,7 +809,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_any_options", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        # Reported by the subcommand's parser (``demo``'s: one line).
+        command_parser = getattr(args, "command_parser", None) or parser
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.func(args) or 0)
 
 

@@ -353,6 +353,7 @@ class EngineTurn:
             stop_reason=first.stop_reason if first else None,
             usage=answer.usage,
             cached_tokens=answer.cached_tokens,
+            tools=self.upstream_body.get("tools") or [],
         )
         if extras["policy_version"] is None:
             extras["policy_version"] = self.policy.stamp(answer.weight_version)
