@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -54,6 +55,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return _number(kind, lambda v: 0 < v < math.inf, "a positive number")
 
 
+#: A share of time: in (0, 1].
+_share = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 #: A TCP port (uvicorn took 70000 and bound another port).
 _port = _number(int, lambda v: 0 < v < 65536, "a port from 1 to 65535")
 #: A finite number >= 0.
@@ -255,14 +258,38 @@ def _add_limit_options(p: argparse.ArgumentParser) -> None:
     positive_int, positive_float = _positive(int), _positive(float)
     limits = p.add_argument_group("limits per request and per rollout")
     limits.add_argument(
-        "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, metavar="N",
-        help="largest request body (413 beyond; default: %(default)s)",
+        "--max-body-bytes", type=positive_int, default=defaults.DEFAULT_MAX_BODY_BYTES,
+        metavar="N", help="largest request body (413 beyond; default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-body-cost", type=positive_int, default=defaults.DEFAULT_MAX_BODY_COST,
+        metavar="BYTES",
+        help="largest estimated parse cost of a request body: its size plus 96 bytes per "
+        "',' '[' '{' in it (413 request_too_complex beyond, before parsing); one rollout's "
+        "requests alive at once hold at most this much together, more wait "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--body-memory", type=positive_int, default=defaults.DEFAULT_BODY_MEMORY,
+        metavar="BYTES",
+        help="request bodies being read or parsed at once, gateway-wide (at their size, "
+        "then at their parse cost); more wait before being read; must hold "
+        "--max-concurrent-parses x --max-body-cost + --max-body-bytes "
+        "(default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
         "--max-concurrent-parses", type=positive_int,
         default=defaults.DEFAULT_MAX_CONCURRENT_PARSES, metavar="N",
         help="request bodies over 256 KiB parsed at once, gateway-wide; more wait their "
         "turn (bounds the memory of many big bodies at once; default: %(default)s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--rollout-parse-share", type=_share, default=defaults.DEFAULT_ROLLOUT_PARSE_SHARE,
+        metavar="F",
+        help="share of the gateway's time one rollout's bodies over 256 KiB may take (read, "
+        "scanned, parsed, written again): after one took t of CPU, its next one waits "
+        "t x (1/F - 1) before it is read; in (0, 1], 1 turns the wait off "
+        "(default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
         "--max-messages", type=positive_int, default=defaults.DEFAULT_MAX_MESSAGES,
@@ -273,8 +300,8 @@ def _add_limit_options(p: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-exit-streams", type=positive_int,
         default=defaults.DEFAULT_MAX_EXIT_STREAMS, metavar="N",
-        help="exit-report streams open at once, one per env process; more get 429 and "
-        "long-poll meanwhile (default: %(default)s)",
+        help="exit-report streams open at once, one per env process, at most half the "
+        "connection cap; more get 429 and long-poll meanwhile (default: %(default)s)",
     )  # fmt: skip
     limits.add_argument(
         "--max-turns", type=positive_int, default=defaults.DEFAULT_MAX_TURNS, metavar="N",
@@ -321,9 +348,12 @@ def _add_connection_options(p: argparse.ArgumentParser) -> None:
         metavar="S", help="idle keep-alive connections close after this (default: %(default)s)",
     )  # fmt: skip
     conns.add_argument(
-        "--max-connections", type=positive_int, default=4096, metavar="N",
+        "--max-connections", type=positive_int, default=None, metavar="N",
         help="open connections at most; a new one closes the longest-idle connection (or "
-        "itself, when all are busy with a request; default: %(default)s)",
+        "itself, when all are busy with a request). Default: what the file-descriptor "
+        "limit leaves (serve raises its soft limit to the hard one; 64 are reserved, a "
+        "third of the rest goes to upstream connections), at most 4096; a number the "
+        "limit cannot hold is refused",
     )  # fmt: skip
     conns.add_argument(
         "--upstream-timeout", type=positive_float, default=600.0, metavar="S",
@@ -482,6 +512,14 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
     mode = getattr(args, "upstream_mode", "chat")
     if mode != "token-in" and tokenizer is not None:
         raise ServeOptionError("--tokenizer: only with --upstream-mode token-in")
+    if mode != "token-in" and getattr(args, "renderer", "auto") != "auto":
+        raise ServeOptionError("--renderer: only with --upstream-mode token-in")
+    for url in args.upstream:
+        if _is_own_address(url, args.host, args.port):
+            raise ServeOptionError(
+                f"--upstream {url}: that is this gateway's own address (--host {args.host} "
+                f"--port {args.port}); every turn would call the gateway again"
+            )
     if mode == "token-in" and tokenizer is None:
         tokenizer = served_model_path(args.upstream[0])
         if tokenizer is None:
@@ -506,7 +544,10 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         upstream_timeout_s=args.upstream_timeout,
         upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
+        max_body_cost=args.max_body_cost,
+        body_memory=args.body_memory,
         max_concurrent_parses=args.max_concurrent_parses,
+        rollout_parse_share=args.rollout_parse_share,
         max_exit_streams=args.max_exit_streams,
         max_messages=args.max_messages,
         upstream_api_key=os.environ.get("ROLLOUT_GATEWAY_UPSTREAM_API_KEY") or None,
@@ -531,6 +572,29 @@ class ServeOptionError(ValueError):
     """``serve`` options that cannot run (the message names the option)."""
 
 
+#: Addresses a gateway listening on all interfaces answers on (as an upstream's host).
+_THIS_MACHINE = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
+
+
+def _is_own_address(upstream: str, host: str, port: int) -> bool:
+    """Whether ``upstream`` points at the gateway itself (``host``:``port``)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(upstream)
+    try:
+        upstream_port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    if upstream_port != port:
+        return False
+    target = (parts.hostname or "").lower()
+    listen = host.strip("[]").lower()
+    if target == listen:
+        return True
+    # Listening on every interface (or on loopback): this machine's names reach it.
+    return listen in ("0.0.0.0", "::", "localhost", "127.0.0.1", "::1") and target in _THIS_MACHINE
+
+
 def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
     """The local directory the upstream serves its model from (vLLM's model card
     ``root``), or ``None`` when it does not answer or names no local directory."""
@@ -553,10 +617,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from rollout_gateway.server import create_app, serve
     from rollout_gateway.server.engines.token_in import TokenInUnavailable
+    from rollout_gateway.server.http.fds import raise_fd_limit
     from rollout_gateway.server.ops.gc_tuning import tune_for_serving
     from rollout_gateway.server.state.backends import store_for
     from rollout_gateway.server.state.store import StoreError
 
+    # This process only serves: as many connections as the hard limit allows.
+    raise_fd_limit()
     try:
         notice = prepare_admin_token_file(args)
         config = serve_config(args)
@@ -577,7 +644,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         app = create_app(config, store=store)
-    except TokenInUnavailable as e:  # the message names the option
+    except (TokenInUnavailable, ValueError) as e:  # the message names the option
+        # ValueError: what the process's limits cannot hold (--max-connections).
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
     tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
@@ -609,6 +677,13 @@ def add_scripted_model_parser(
     p.add_argument(
         "--model-name", default="scripted", help="model name it answers to (default: %(default)s)"
     )
+    p.add_argument(
+        "--max-model-len",
+        type=_positive(int),
+        default=None,
+        metavar="N",
+        help="refuse prompts of N tokens or more as vLLM does, 400 (default: no limit)",
+    )
     _add_log_level(p)
     p.set_defaults(func=run_scripted_model)
 
@@ -619,7 +694,9 @@ def run_scripted_model(args: argparse.Namespace) -> int:
     from rollout_gateway.server import serve
 
     _setup_logging(args.log_level)
-    app = create_scripted_model_app(model_name=args.model_name, latency_ms=args.latency_ms)
+    app = create_scripted_model_app(
+        model_name=args.model_name, latency_ms=args.latency_ms, max_model_len=args.max_model_len
+    )
     serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -628,18 +705,27 @@ def _demo_help_formatter() -> type[argparse.HelpFormatter]:
     from rollout_gateway.demo.options import DemoHelpFormatter
 
     class DemoHelp(DemoHelpFormatter):
-        """Help of ``demo``: the epilog says which sandbox isolation this host offers (probed
-        only when help is shown)."""
+        """Help of ``demo``, for the installed verifiers stack: its description and run
+        directory layout, and which sandbox isolation this host offers (probed only when
+        help is shown: probing starts processes)."""
 
         def _format_text(self, text: str) -> str:
-            if text == _ISOLATION_EPILOG:
-                text = _isolation_help()
+            from rollout_gateway.demo.options import STACK_HELP
+            from rollout_gateway.verifiers_stack import installed_stack
+
+            description, layout = STACK_HELP[installed_stack() or "classic"]
+            width = max(self._width - self._current_indent, 40)
+            if text == _DEMO_DESCRIPTION:
+                text = textwrap.fill(description, width)
+            elif text == _DEMO_EPILOG:
+                text = f"{_isolation_help()}\n\n{textwrap.fill(layout, width)}"
             return super()._format_text(text)
 
     return DemoHelp
 
 
-_ISOLATION_EPILOG = "{isolation}"
+_DEMO_DESCRIPTION = "{description}"
+_DEMO_EPILOG = "{epilog}"
 
 
 def _isolation_help() -> str:
@@ -660,10 +746,6 @@ def _isolation_help() -> str:
     lines.append("limits each sandbox gets on this host (in the mode auto takes):")
     for kind, how in enforcement(uid).items():
         lines.append(f"  {kind:<14}{how}")
-    lines.append(
-        "results: DIR/results.jsonl (one rollout per line, written as each finishes) and "
-        "DIR/metadata.json"
-    )
     return "\n".join(lines)
 
 
@@ -697,7 +779,7 @@ def _add_demo_needs_a_stack(
 
 @subcommand
 def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``rollout-gateway demo``: the whole system on one machine."""
+    """``rollout-gateway demo``: the whole system on one machine (the installed stack)."""
     from rollout_gateway.verifiers_stack import installed_stack
 
     if installed_stack() is None:
@@ -707,29 +789,29 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 
     p = subparsers.add_parser(
         "demo",
-        help="run the example env end to end on this machine",
-        description="Start the scripted model (or use --upstream) and the reference gateway "
-        "on loopback, run the example env (rollout_gateway.examples.fix_bug_env) in gateway "
-        "mode on contained local sandboxes, show progress, and write each rollout to "
-        "DIR/results.jsonl as it finishes. Ctrl-C or SIGTERM stops cleanly (finished results "
-        "kept, sandboxes removed); --resume DIR continues.",
-        epilog=_ISOLATION_EPILOG,
+        help="run the example env end to end on this machine (on the installed verifiers)",
+        description=_DEMO_DESCRIPTION,
+        epilog=_DEMO_EPILOG,
     )
     add_demo_arguments(p)
     p.formatter_class = _demo_help_formatter()
-    p.set_defaults(func=run_demo_command)
+    p.set_defaults(func=run_demo_command, command_parser=p)
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    """Run ``demo`` with parsed arguments."""
+    """Run ``demo`` with parsed arguments (exit code 2, one line, on invalid options)."""
     from rollout_gateway.demo import DemoError, options_from_args, run_demo
+    from rollout_gateway.demo.stack import exit_if_work_abandoned, off_loop_threads
 
     try:
         options = options_from_args(args)
     except DemoError as e:
-        print(f"demo: {e}")
+        print(f"rollout-gateway demo: error: {e}", file=sys.stderr)
         return 2
-    return run_demo(options)
+    before = off_loop_threads()
+    code = run_demo(options)
+    exit_if_work_abandoned(code, before)  # a stop during setup: don't wait for the import
+    return code
 
 
 def _version() -> str:
@@ -770,7 +852,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_any_options", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        # Reported by the subcommand's parser (``demo``'s: one line).
+        command_parser = getattr(args, "command_parser", None) or parser
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.func(args) or 0)
 
 

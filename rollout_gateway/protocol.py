@@ -534,6 +534,10 @@ class StepExtras(TypedDict, total=False):
     #: Token-in upstream mode: agent fields it cannot apply (``tool_choice``,
     #: ``parallel_tool_calls``, ``response_format``).
     not_applied: list[str]
+    #: The ``tools`` of the agent's request (its tool definitions; ``[]``: none). In the
+    #: delta form only on a step whose tools differ from the previous step's (the first
+    #: step included); :func:`expand_delta_steps` carries them forward.
+    tools: list[dict[str, Any]]
 
 
 class PolicyVersionRequest(TypedDict):
@@ -585,7 +589,13 @@ def expand_delta_steps(steps: list[dict[str, Any]]) -> list[TrajectoryStepBody]:
     out: list[TrajectoryStepBody] = []
     history: list[dict[str, Any]] = []
     history_ids: list[int] = []
+    tools: Any = None
     for step in steps:
+        extras = dict(step.get("extras") or {})
+        if "tools" in extras:
+            tools = extras["tools"]
+        elif tools is not None:
+            extras["tools"] = tools  # unchanged since the step that sent them
         prompt = [*history[: step["prompt_shared"]], *step["prompt_new"]]
         tokens: StepTokens | None = None
         delta = step.get("tokens")
@@ -616,7 +626,7 @@ def expand_delta_steps(steps: list[dict[str, Any]]) -> list[TrajectoryStepBody]:
                 "advantage": step.get("advantage"),
                 "is_truncated": step["is_truncated"],
                 "trajectory_id": step["trajectory_id"],
-                "extras": step.get("extras") or {},
+                "extras": extras,
             }
         )
     return out
@@ -631,9 +641,16 @@ def delta_steps(steps: list[TrajectoryStepBody]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []
     history_ids: list[int] = []
+    tools: Any = None
     for step in steps:
         prompt = step["prompt"]
         shared = common_prefix_len(history, prompt)
+        extras = dict(step.get("extras") or {})
+        if "tools" in extras:
+            if extras["tools"] == tools:
+                del extras["tools"]  # as the previous step's: carried forward on expansion
+            else:
+                tools = extras["tools"]
         delta: dict[str, Any] | None = None
         tokens = step["tokens"]
         if tokens is not None:
@@ -662,7 +679,7 @@ def delta_steps(steps: list[TrajectoryStepBody]) -> list[dict[str, Any]]:
                 "advantage": step.get("advantage"),
                 "is_truncated": step["is_truncated"],
                 "trajectory_id": step["trajectory_id"],
-                "extras": step.get("extras") or {},
+                "extras": extras,
             }
         )
         history = [*prompt, *step["completion"]]

@@ -29,15 +29,14 @@ STACK = detect_stack()
 CLASSIC_ONLY = [
     "classic",
     "examples",
-    "test_demo.py",
-    "test_demo_wheel.py",
+    "test_demo_classic.py",
     "test_integration_gateway.py",
     "test_client.py",
     "local_sandbox/test_local_sandbox.py",
 ]
 
 #: Paths (relative to ``tests/``) that need the verifiers 0.4 stack.
-V1_ONLY = ["v1"]
+V1_ONLY = ["v1", "test_demo_v1.py"]
 
 
 def ignored_paths() -> list[str]:

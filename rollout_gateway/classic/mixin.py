@@ -24,7 +24,7 @@ from rollout_gateway import protocol
 from rollout_gateway.classic.agent_steps import AgentSandboxSteps
 from rollout_gateway.classic.errors import to_vf_error
 from rollout_gateway.classic.hooks import ClassicHooks, current_rollout
-from rollout_gateway.classic.trajectory import apply_trajectory
+from rollout_gateway.classic.trajectory import apply_trajectory, recorded_tools
 from rollout_gateway.errors import (
     GatewayConfigError,
     RolloutGatewayError,
@@ -275,8 +275,12 @@ class RolloutGatewayMixin(AgentSandboxSteps):
     async def fetch_trajectory(self, state: State) -> None:
         """Fetch the trajectory and write it into the state (see :mod:`.trajectory`)."""
         answer = await self._core(state).fetch_trajectory()
-        for step in apply_trajectory(state, answer):
+        steps = apply_trajectory(state, answer)
+        for step in steps:
             self.increment_state_usage_from_response(state, step["response"])
+        tools = recorded_tools(steps)
+        if tools:  # the agent's tools, as CliAgentEnv takes them from intercepted requests
+            state["tool_defs"] = self.normalize_intercepted_tools(tools)
 
     # ------------------------------------------------------------------ the rollout
 

@@ -19,6 +19,7 @@ from verifiers.types import (
     ResponseMessage,
     ResponseTokens,
     State,
+    TimeSpan,
     ToolCall,
     TrajectoryStep,
     TrajectoryStepTokens,
@@ -254,6 +255,7 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
     if answer.get("truncation_reason"):
         state["gateway_truncation_reason"] = answer["truncation_reason"]
     if steps:
+        _record_model_time(state, steps)
         versions = [s["extras"].get("policy_version") for s in steps]
         if any(v is not None for v in versions):
             state["policy_versions"] = versions
@@ -268,11 +270,39 @@ def apply_trajectory(state: State, answer: Mapping[str, Any]) -> list[Trajectory
     return steps
 
 
+def _record_model_time(state: State, steps: Sequence[TrajectoryStep]) -> None:
+    """``timing.model``: one span per turn, the upstream call the gateway timed (what
+    verifiers' own loop records around each model call)."""
+    model = getattr(state.get("timing"), "model", None)
+    if model is None or not hasattr(model, "spans"):
+        return
+    spans = []
+    for step in steps:
+        timing = step["extras"].get("timing")
+        if not isinstance(timing, Mapping):
+            continue
+        start, took = timing.get("started_at"), timing.get("upstream_s")
+        if isinstance(start, int | float) and isinstance(took, int | float):
+            spans.append(TimeSpan(start=float(start), end=float(start) + float(took)))
+    model.spans = spans
+
+
+def recorded_tools(steps: Sequence[TrajectoryStep]) -> list[dict[str, Any]] | None:
+    """The agent's tool definitions as the gateway recorded them (the last turn's), or
+    None when it recorded none."""
+    for step in reversed(steps):
+        tools = step["extras"].get("tools")
+        if isinstance(tools, list):
+            return tools
+    return None
+
+
 __all__ = [
     "MessageCache",
     "apply_trajectory",
     "convert_messages",
     "convert_step",
     "convert_tokens",
+    "recorded_tools",
     "synthesize_response",
 ]

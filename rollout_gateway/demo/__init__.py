@@ -1,15 +1,20 @@
-"""``rollout-gateway demo``: the whole system on one machine, run like an evaluation tool.
+"""``rollout-gateway demo``: the whole system on one machine, run like an evaluation tool,
+on either verifiers stack (the installed one).
 
-- :mod:`.options`: what a run does (``DemoOptions``, the command-line arguments).
-- :mod:`.runner`: the run itself (servers, env, rollouts, signals, ``--resume``).
-- :mod:`.results`: ``results.jsonl`` and ``metadata.json``.
+- :mod:`.options`: what a run does (``DemoOptions``, the command-line arguments, checks).
+- :mod:`.runner`: the run itself, the same on both stacks (preflight, run directory,
+  setup, rollouts, signals, ``--timeout``, report, exit codes).
+- :mod:`.stack`: what differs between stacks (:class:`~.stack.DemoStack`); the adapters
+  are :mod:`.classic` (verifiers 0.3) and :mod:`rollout_gateway.v1.demo` (verifiers 0.4).
+- :mod:`.resume`: the settings ``--resume`` reuses and the ones it refuses.
+- :mod:`.run_dir`: the run directory and its ``metadata.json``.
 - :mod:`.progress`: the live progress bar / plain lines and the summary table.
-- :mod:`.preflight`: checks made before any sandbox starts.
+- :mod:`.preflight`: checks made before anything is created.
 """
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rollout_gateway.demo.options import (
     DemoError,
@@ -18,12 +23,21 @@ from rollout_gateway.demo.options import (
     options_from_args,
 )
 
+if TYPE_CHECKING:
+    from rollout_gateway.demo.stack import DemoStack
 
-def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
+
+def run_demo(
+    options: DemoOptions,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    stack: DemoStack | None = None,
+) -> int:
     """Run the demo; returns the process exit code (see :mod:`.runner`)."""
     from rollout_gateway.demo.runner import run_demo as _run_demo
 
-    return _run_demo(options, out)
+    return _run_demo(options, out, err, stack=stack)
 
 
 __all__ = ["DemoError", "DemoOptions", "add_demo_arguments", "options_from_args", "run_demo"]

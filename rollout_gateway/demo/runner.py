@@ -1,271 +1,302 @@
-"""``rollout-gateway demo``: the whole system on one machine, run like an evaluation tool.
+"""One demo run, the same on both verifiers stacks; the stack adapter does the rest.
 
-Starts the scripted model (or checks ``--upstream``) and the reference gateway on
-loopback, runs the example env (:mod:`rollout_gateway.examples.fix_bug_env`) in gateway
-mode on contained local sandboxes, writes each rollout to ``results.jsonl`` as it
-finishes, keeps ``metadata.json`` current, shows progress, and on Ctrl-C / SIGTERM /
-``--timeout`` stops cleanly: in-flight rollouts cancelled, finished ones kept, sandboxes
-removed, one status line, no traceback. ``--resume DIR`` continues such a run.
+In order:
+
+1. **preflight** (nothing exists yet): the output directory can be created (or, with
+   ``--resume``, the run's settings are taken and checked), the local sandboxes can
+   contain an agent here, the ``--upstream`` answers with the model. A failure is one
+   line and exit code 2, and leaves nothing behind.
+2. **the run directory** with ``metadata.json`` (status ``running``), held by this
+   process alone.
+3. **setup**: the stack is imported off the event loop, the scripted model (or the
+   ``--upstream``) and the rollout gateway start on loopback, the stack builds its env.
+4. **rollouts**, at most ``--concurrency`` at once, each written to the run directory as
+   it finishes, with live progress.
+5. **teardown and report**: env, gateway and sandboxes stopped, ``metadata.json`` given
+   its final status (``completed``, ``interrupted``, ``timed_out`` or ``failed``), a
+   table of every rollout.
+
+SIGINT / SIGTERM (and a closed output pipe) stop the run at any point, within a second
+during setup; ``--timeout`` covers all of it. Exit codes: 0 every rollout clean, 1 some
+failed (or setup failed), 2 bad input or preflight, 3 ``--timeout``, 128 + the signal
+(130 SIGINT, 143 SIGTERM, 141 output closed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
 import signal
 import sys
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, TextIO
 
-from rollout_gateway.demo.options import (
-    DEFAULT_OUTPUT_ROOT,
-    ENV_ID,
-    RESUMED_FIELDS,
-    DemoError,
-    DemoOptions,
+from rollout_gateway.demo.options import DemoError, DemoOptions
+from rollout_gateway.demo.preflight import UNCONTAINED_WARNING, check_upstream
+from rollout_gateway.demo.progress import ProgressView, Screen, Tally, print_summary
+from rollout_gateway.demo.resume import resume_command, resume_entry, resumed_options
+from rollout_gateway.demo.run_dir import (
+    RunDir,
+    check_new,
+    default_output,
+    now_iso,
+    read_metadata,
+    versions,
 )
-from rollout_gateway.demo.progress import ProgressView, Tally
-from rollout_gateway.demo.results import ResultsDir, now_iso, rollout_key, versions
+from rollout_gateway.demo.stack import (
+    DemoStack,
+    RolloutSummary,
+    StackSetup,
+    WorkItem,
+    check_stack,
+    load_stack,
+    off_loop,
+)
 
-#: Exit codes: all rollouts clean, some failed, bad input, timed out, signals (128 + n).
 EXIT_OK, EXIT_FAILED_ROLLOUTS, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
-_QUIET_LOGGERS = ("verifiers", "rollout_gateway", "httpx", "uvicorn")
+#: How each way of stopping early ends: (metadata status, exit code).
+_STOPS = {
+    "timeout": ("timed_out", EXIT_TIMEOUT),
+    "SIGINT": ("interrupted", 128 + signal.SIGINT),
+    "SIGTERM": ("interrupted", 128 + signal.SIGTERM),
+    "SIGPIPE": ("interrupted", 128 + signal.SIGPIPE),
+}
+#: Loggers the demo quiets unless ``--verbose`` (their warnings would garble the output).
+_LOGGERS = ("verifiers", "rollout_gateway", "httpx", "uvicorn")
 
 
-def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:
-    """Run the demo; returns the process exit code. Output goes to ``out`` (stdout)."""
+def run_demo(
+    options: DemoOptions,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    stack: DemoStack | None = None,
+) -> int:
+    """Run the demo; returns the process exit code. Progress and the report go to ``out``
+    (stdout), errors and warnings to ``err`` (stderr). ``stack``: the adapter to run
+    (default: the installed verifiers stack's)."""
     out = out or sys.stdout
-    _configure_logging(options.verbose)
+    err = err or sys.stderr
+    screen = Screen(out)
     try:
-        if _verifiers_is_v1():  # rollout-gateway[v1]: the v1 example through the gateway
-            from rollout_gateway.v1.demo import run_v1_demo
-
-            return asyncio.run(run_v1_demo(options, out))
-        return asyncio.run(_Demo(options, out).run())
+        with _demo_logging(options.verbose):
+            name = stack.name if stack is not None else check_stack(options.stack)
+            previous = None
+            if options.resume is not None:
+                previous = read_metadata(options.resume)
+                options = resumed_options(options, previous, name)
+            run = DemoRun(options, name, screen, err, previous, stack=stack)
+            return asyncio.run(run.main())
     except DemoError as e:
-        print(f"demo: {e}", file=out, flush=True)
+        print(f"rollout-gateway demo: error: {e}", file=err, flush=True)
         return EXIT_USAGE
     except KeyboardInterrupt:  # a signal before the demo's own handlers were in place
-        print("demo: interrupted while starting; nothing was run", file=out, flush=True)
+        screen.line("demo: interrupted while starting; nothing was created")
         return 128 + signal.SIGINT
 
 
-def _verifiers_is_v1() -> bool:
-    """Whether the installed verifiers is 0.4+ (``verifiers.v1`` only, no ``CliAgentEnv``)."""
-    from importlib import metadata
-
-    try:
-        major, minor = (int(p) for p in metadata.version("verifiers").split(".")[:2])
-    except (metadata.PackageNotFoundError, ValueError):
-        return False
-    return (major, minor) >= (0, 4)
-
-
-def _configure_logging(verbose: bool) -> None:
+@contextlib.contextmanager
+def _demo_logging(verbose: bool) -> Iterator[None]:
+    """Library logs to stderr with ``--verbose``; otherwise kept off the terminal (the v1
+    stack still writes them to the run's ``logs/``). Restored afterwards."""
+    saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in _LOGGERS]
+    handler: logging.Handler
     if verbose:
-        logging.basicConfig(
-            level=logging.INFO,
-            stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        )
-        for name in ("verifiers", "rollout_gateway"):
-            logging.getLogger(name).setLevel(logging.INFO)
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     else:
-        for name in _QUIET_LOGGERS:
-            logging.getLogger(name).setLevel(logging.ERROR)
+        handler = logging.NullHandler()
+    quiet = [(logger, logger.propagate) for logger, _ in saved]
+    for logger, _ in saved:
+        logger.setLevel(logging.WARNING if logger.name in ("httpx", "uvicorn") else logging.INFO)
+        logger.addHandler(handler)
+        logger.propagate = False  # the root's handlers (if any) would print them too
+    try:
+        yield
+    finally:
+        for (logger, level), (_, propagate) in zip(saved, quiet, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
-class _Demo:
-    """One run: preflight, servers, env, rollouts, teardown, report."""
+class DemoRun:
+    """One run: preflight, run directory, setup, rollouts, teardown, report."""
 
-    def __init__(self, options: DemoOptions, out: TextIO) -> None:
+    def __init__(
+        self,
+        options: DemoOptions,
+        stack_name: str,
+        screen: Screen,
+        err: TextIO,
+        previous: dict[str, Any] | None = None,
+        *,
+        stack: DemoStack | None = None,
+    ) -> None:
         self.options = options
-        self.out = out
+        self.stack_name = stack_name
+        #: The stack's adapter, imported in preflight (off the event loop) unless given.
+        self.stack: DemoStack | None = stack
+        self.screen = screen
+        self.err = err
+        #: The metadata of the run being resumed.
+        self.previous = previous
+        self.path = options.resume or options.output or default_output()
+        self.total = options.examples * options.rollouts_per_example
+        self.tally = Tally(total=self.total)
+        self.summaries: list[RolloutSummary] = []
+        self.run_dir: RunDir | None = None
+        self.metadata: dict[str, Any] = {}
+        self.phase = "preflight"
         self.stop_reason: str | None = None
-        self.work: asyncio.Task[None] | None = None
-        self.records: list[dict[str, Any]] = []
+        self.failure: str | None = None
+        self.nothing_to_run = False
         self.started = time.monotonic()
         self.started_at = now_iso()
-        self.metadata: dict[str, Any] = {}
+        self.work: asyncio.Task[None] | None = None
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        self.screen.line(text)
 
-    # ---------------------------------------------------------------- preflight
+    # ---------------------------------------------------------------- the run
 
-    def _open_results(self) -> tuple[ResultsDir, list[dict[str, Any]]]:
-        opts = self.options
-        if opts.resume is not None:
-            results, meta, records = ResultsDir.open_existing(opts.resume)
-            previous = meta.get("options") or {}
-            self.options = dataclasses.replace(
-                opts, **{k: previous[k] for k in RESUMED_FIELDS if k in previous}
-            )
-            return results, records
-        path = opts.output or DEFAULT_OUTPUT_ROOT / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-        return ResultsDir.create(path), []
-
-    def _sandbox_client(self) -> Any:
-        from rollout_gateway.local_sandbox import IsolationUnavailableError, LocalSandboxClient
-
+    async def main(self) -> int:
+        """The whole run; returns the exit code."""
+        loop = asyncio.get_running_loop()
+        self.screen.on_closed = lambda: self._stop("SIGPIPE")
+        self._claim_signals()
+        timer = loop.call_later(self.options.timeout, self._stop, "timeout")
+        self.work = asyncio.create_task(self._phases())
         try:
-            client = LocalSandboxClient(isolation=self.options.isolation)
-        except IsolationUnavailableError as e:
-            raise DemoError(str(e)) from None
-        except OSError as e:
-            raise DemoError(f"cannot prepare local sandboxes: {e}") from None
-        if not client.isolation.has_mount_namespace_view and not _reachable_by_others(
-            sys.executable
-        ):
-            client.teardown()
-            raise DemoError(
-                f"isolation {client.isolation} runs the agent as an unprivileged uid, which "
-                f"cannot run this Python ({os.path.realpath(sys.executable)}: a parent "
-                "directory is not searchable by others); install bubblewrap "
-                "(apt-get install bubblewrap) or use a Python installed outside such a directory"
-            )
-        return client
+            await self.work
+        except asyncio.CancelledError:
+            if self.stop_reason is None:
+                raise  # cancelled from outside: not ours to swallow
+        except DemoError as e:
+            if self.run_dir is None:
+                raise  # preflight: nothing was created, one line and exit 2
+            self.failure = str(e)
+            print(f"rollout-gateway demo: error: {e}", file=self.err, flush=True)
+        except Exception as e:
+            if self.run_dir is None:
+                raise
+            self.failure = f"{type(e).__name__}: {e}"
+            print(f"demo: {self.phase} failed: {self.failure}", file=self.err, flush=True)
+            if self.options.verbose:
+                import traceback
 
-    # ---------------------------------------------------------------- run
-
-    async def run(self) -> int:
-        from rollout_gateway.demo.preflight import check_upstream
-
-        results, previous = self._open_results()
-        opts = self.options
-        if opts.upstream:
-            await check_upstream(opts.upstream, str(opts.model))
-        sandboxes = self._sandbox_client()  # fails here, before anything runs, if uncontained
-        done_keys = {k for k in (rollout_key(r) for r in previous) if k is not None}
-        total = opts.examples * opts.rollouts_per_example
-        tally = Tally(total=total)
-        for record in previous:
-            if rollout_key(record) is not None:
-                tally.add(record)
-        self.metadata = {
-            "env_id": ENV_ID,
-            "model": opts.model or "scripted",
-            "upstream": opts.upstream or "scripted model (built in)",
-            "options": opts.recorded(),
-            "versions": versions(),
-            "isolation": str(sandboxes.isolation),
-            "started_at": self.started_at,
-            "status": "running",
-            "results": str(results.results.name),
-        }
-        if opts.resume is not None:
-            self.metadata["resumed_at"] = self.started_at
-        results.write_metadata({**self.metadata, "counts": self._counts(tally)})
-        self.say(f"results         {results.path}/")
-        self.say(f"local sandboxes isolation={sandboxes.isolation}")
-        try:
-            await self._serve_and_run(results, sandboxes, tally, done_keys)
+                traceback.print_exc(file=self.err)
         finally:
-            sandboxes.teardown()  # idempotent: the env's teardown already did it
-            results.close()
-        return self._finish(results, previous, tally)
+            timer.cancel()
+        return self._finish()
 
-    async def _serve_and_run(
-        self, results: ResultsDir, sandboxes: Any, tally: Tally, done_keys: set[tuple[int, int]]
-    ) -> None:
-        import verifiers as vf
-        from openai import AsyncOpenAI
+    async def _phases(self) -> None:
+        opts = self.options
+        # -- preflight: nothing is created or changed before it passes. The checks that
+        # need no stack come first (a dead --upstream is refused at once).
+        if opts.resume is None:
+            check_new(self.path)
+            if opts.upstream:
+                await check_upstream(opts.upstream, str(opts.model))
+        if self.stack is None:
+            self.stack = await off_loop(load_stack, self.stack_name)
+        stack = self.stack
+        if opts.resume is not None:
+            stored = self._kept(await off_loop(stack.stored, opts.resume))
+            if len(stored) >= self.total:
+                self.nothing_to_run = True
+                self.summaries = stored
+                return
+            if opts.upstream:
+                await check_upstream(opts.upstream, str(opts.model))
+        isolation = await off_loop(stack.resolve_isolation, opts.isolation)
+        if isolation == "process-group":
+            print(UNCONTAINED_WARNING, file=self.err, flush=True)
 
-        from rollout_gateway.examples import fix_bug_env
+        # -- the run directory.
+        self.run_dir = RunDir.open(self.path) if opts.resume else RunDir.create(self.path)
+        self.metadata = self._first_metadata(isolation)
+        self._write_metadata()
+        self.say(f"results         {self.path}/")
+        self.say(f"stack           {stack.name} (verifiers {stack.verifiers_version})")
+        self.say(f"local sandboxes isolation={isolation}")
+
+        # -- setup.
+        self.phase = "setup"
+        async with contextlib.AsyncExitStack() as resources:
+            await stack.prepare()
+            setup = await self._servers(resources, isolation)
+            items = await stack.start(setup, resources)
+            self._claim_signals()  # building an env may install its own handlers
+            self._count_stored()
+            if opts.resume is not None:
+                self.metadata["resumes"][-1]["to_run"] = len(items)
+                self.say(f"resuming: {self.tally.done} finished, {len(items)} to run")
+            self.say(
+                f"running {len(items)} rollouts ({opts.examples} tasks x "
+                f"{opts.rollouts_per_example}), {opts.concurrency} at once"
+            )
+            self.phase = "rollouts"
+            self._write_metadata()
+            with ProgressView(self.screen, self.tally) as view:
+                await self._rollouts(items, view)
+            self.phase = "teardown"
+
+    async def _servers(self, stack: contextlib.AsyncExitStack, isolation: str) -> StackSetup:
+        """The model (scripted, or the ``--upstream``) and the gateway, on loopback."""
         from rollout_gateway.scripted import create_scripted_model_app
         from rollout_gateway.server import GatewayConfig, create_app
 
         opts = self.options
-        # Closed in reverse: the env's teardown, then the gateway, then the scripted model.
-        async with contextlib.AsyncExitStack() as stack:
-            if opts.upstream:
-                upstream, model = opts.upstream.rstrip("/"), str(opts.model)
-            else:
-                model_root = await _serve(stack, create_scripted_model_app(), "scripted model")
-                upstream, model = f"{model_root}/v1", opts.model or "scripted"
-                self.say(f"scripted model  {upstream}")
-            admin_token = secrets.token_urlsafe(32)  # the gateway's control plane is protected
-            gateway_app = create_app(GatewayConfig(upstreams=[upstream], admin_token=admin_token))
-            gateway_root = await _serve(stack, gateway_app, "gateway")
-            self.say(f"rollout gateway {gateway_root}  (upstream {upstream})")
-            env = fix_bug_env.load_environment(
-                num_examples=opts.examples,
-                use_gateway=True,
-                sandbox_backend="local",
-                sandbox_client=sandboxes,
-                gateway={"tunnel_provider": "direct", "admin_token": admin_token},
-                timeout_seconds=min(opts.timeout, 600.0),
-            )
-            stack.push_async_callback(env._teardown)
-            # Last: uvicorn and verifiers' Environment both install SIGINT/SIGTERM handlers.
-            self._install_signal_handlers()
-            client = vf.OpenAIChatCompletionsClient(
-                AsyncOpenAI(base_url=f"{gateway_root}/v1", api_key="demo")
-            )
-            rows = [
-                (example_id, index, row)
-                for example_id, row in enumerate(env.get_dataset(n=opts.examples))
-                for index in range(opts.rollouts_per_example)
-                if (example_id, index) not in done_keys
-            ]
-            if done_keys:
-                self.say(f"resuming: {len(done_keys)} finished, {len(rows)} to run")
-            self.say(
-                f"running {len(rows)} rollouts ({opts.examples} tasks x "
-                f"{opts.rollouts_per_example}), {opts.concurrency} at once"
-            )
-            with ProgressView(self.out, tally.total, tally) as view:
-                self.work = asyncio.create_task(
-                    self._rollouts(env, client, model, rows, results, view)
+        if opts.upstream:
+            upstream, model = opts.upstream.rstrip("/"), str(opts.model)
+        else:
+            model_root = await _serve(stack, create_scripted_model_app(), "scripted model")
+            upstream, model = f"{model_root}/v1", "scripted"
+            self.say(f"scripted model  {upstream}")
+        admin_token = secrets.token_urlsafe(32)  # the gateway's control plane is protected
+        gateway = create_app(GatewayConfig(upstreams=[upstream], admin_token=admin_token))
+        gateway_root = await _serve(stack, gateway, "rollout gateway")
+        self._claim_signals()  # uvicorn captures SIGINT/SIGTERM while it serves
+        self.say(f"rollout gateway {gateway_root}  (upstream {upstream})")
+        return StackSetup(
+            options=opts,
+            run_dir=self.path,
+            gateway_url=gateway_root,
+            admin_token=admin_token,
+            model=model,
+            isolation=isolation,
+            resuming=opts.resume is not None,
+            keep_failed=opts.keep_failed,
+        )
+
+    async def _rollouts(self, items: list[WorkItem], view: ProgressView) -> None:
+        limit = asyncio.Semaphore(self.options.concurrency)
+        stack = self.stack
+        assert stack is not None
+
+        async def one(item: WorkItem) -> None:
+            try:
+                summary = await stack.run(item, limit)
+            except Exception as e:  # not written down: --resume runs it again
+                summary = RolloutSummary(
+                    example_id=item.example_id,
+                    rollout_index=item.rollout_index,
+                    task="?",
+                    reward=0.0,
+                    turns=0,
+                    error=f"{type(e).__name__}: {e}",
                 )
-                timer = asyncio.get_running_loop().call_later(opts.timeout, self._stop, "timeout")
-                try:
-                    await self.work
-                except asyncio.CancelledError:
-                    if self.stop_reason is None:
-                        raise  # cancelled from outside: not ours to swallow
-                finally:
-                    timer.cancel()
-            if self.stop_reason is not None:
-                self.say(f"demo: stopping ({self._reason_text()}); removing sandboxes...")
+            self.tally.add(summary)
+            self.summaries.append(summary)
+            view.finished(summary, self.options.verbose)
+            self._write_metadata()
 
-    async def _rollouts(
-        self,
-        env: Any,
-        client: Any,
-        model: str,
-        rows: list[tuple[int, int, dict[str, Any]]],
-        results: ResultsDir,
-        view: ProgressView,
-    ) -> None:
-        opts = self.options
-        limit = asyncio.Semaphore(opts.concurrency)
-        sampling = {"temperature": opts.temperature, "max_tokens": opts.max_tokens}
-
-        async def one(example_id: int, index: int, row: dict[str, Any]) -> None:
-            async with limit:
-                started = time.monotonic()
-                data: dict[str, Any] = {k: row[k] for k in ("prompt", "answer", "info") if k in row}
-                data["example_id"] = example_id
-                output = await env.run_rollout(
-                    data, client, model, sampling, state_columns=["trajectory"]
-                )
-            record = dict(output)
-            record["example_id"] = example_id
-            record["rollout_index"] = index
-            record["duration_s"] = round(time.monotonic() - started, 3)
-            record["sandbox_isolation"] = self.metadata["isolation"]
-            stored = results.append(record)  # on disk before anything else can go wrong
-            self.records.append(stored)
-            view.finished(stored, opts.verbose)
-
-        tasks = [asyncio.create_task(one(*row)) for row in rows]
+        tasks = [asyncio.create_task(one(item)) for item in items]
         try:
             await asyncio.gather(*tasks)
         except BaseException:
@@ -275,80 +306,156 @@ class _Demo:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
+    def _kept(self, stored: list[RolloutSummary]) -> list[RolloutSummary]:
+        """The stored rollouts a resumed run keeps (failures too with ``--keep-failed``)."""
+        kept = [s for s in stored if self.options.keep_failed or not s.failed]
+        return kept[: self.total]
+
+    def _count_stored(self) -> None:
+        """Count what the run directory holds once the stack planned against it."""
+        if self.options.resume is None:
+            return
+        assert self.run_dir is not None and self.stack is not None
+        self.summaries = self._kept(self.stack.stored(self.run_dir.path))
+        self.tally = Tally(total=self.total)
+        for summary in self.summaries:
+            self.tally.add(summary)
+
     # ---------------------------------------------------------------- stopping
 
-    def _install_signal_handlers(self) -> None:
+    def _claim_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self._stop, sig.name)
 
     def _stop(self, reason: str) -> None:
         if self.stop_reason is not None:
             return  # already stopping; cleanup continues
         self.stop_reason = reason
+        if self.phase in ("setup", "rollouts"):
+            what = "removing sandboxes" if self.phase == "rollouts" else "setup abandoned"
+            self.say(f"demo: stopping ({self._reason_text()}); {what}...")
         if self.work is not None and not self.work.done():
             self.work.cancel()
 
     def _reason_text(self) -> str:
         if self.stop_reason == "timeout":
             return f"--timeout {self.options.timeout:g} s reached"
+        if self.stop_reason == "SIGPIPE":
+            return "output closed"
         return f"{self.stop_reason} received"
 
-    def _counts(self, tally: Tally) -> dict[str, Any]:
-        return {
-            "total": tally.total,
-            "done": tally.done,
-            "failed": tally.failed,
-            "pending": tally.total - tally.done,
-            "mean_reward": tally.mean_reward,
-        }
+    # ---------------------------------------------------------------- metadata and report
 
-    def _finish(self, results: ResultsDir, previous: list[dict[str, Any]], tally: Tally) -> int:
-        status = {None: "completed", "timeout": "timed_out"}.get(self.stop_reason, "interrupted")
+    def _first_metadata(self, isolation: str) -> dict[str, Any]:
+        opts = self.options
+        previous = self.previous or {}
+        assert self.stack is not None
+        meta: dict[str, Any] = {
+            "stack": self.stack.name,
+            "env_id": self.stack.env_id,
+            "model": opts.model or "scripted",
+            "upstream": opts.upstream or "scripted model (built in)",
+            "options": opts.recorded(),
+            "versions": versions(),
+            "isolation": isolation,
+            "started_at": previous.get("started_at", self.started_at),
+            "status": "running",
+            "pid": os.getpid(),
+            "counts": self.tally.counts(),
+        }
+        resumes = list(previous.get("resumes") or [])
+        if opts.resume is not None:
+            resumes.append(resume_entry(opts, self.started_at, self.total - self.tally.done))
+            meta["resumes"] = resumes
+        return meta
+
+    def _write_metadata(self) -> None:
+        if self.run_dir is None:
+            return
+        self.metadata["counts"] = self.tally.counts()
+        # The stack's keys (vf-eval's, on classic) first: the demo's own win a collision.
+        extra = self.stack.metadata() if self.stack is not None else {}
+        self.run_dir.write_metadata({**extra, **self.metadata})
+
+    def _finish(self) -> int:
         duration = time.monotonic() - self.started
+        if self.nothing_to_run:
+            return self._report_nothing_to_run()
+        if self.run_dir is None:  # stopped during preflight
+            self.say(f"demo: stopped ({self._reason_text()}) before anything was created")
+            return _STOPS[self.stop_reason or "SIGINT"][1]
+        status, code = self._outcome()
+        previous = self.previous or {}
         self.metadata.update(
             status=status,
             finished_at=now_iso(),
-            duration_s=round(duration, 3),
-            counts=self._counts(tally),
+            duration_s=round(float(previous.get("duration_s") or 0.0) + duration, 3),
         )
-        results.write_metadata(self.metadata)
-        view = ProgressView(self.out, tally.total)
-        mean = tally.mean_reward
+        if self.failure is not None:
+            self.metadata["error"] = self.failure
+        if self.stop_reason is not None:
+            self.metadata["stopped_by"] = self.stop_reason
+        self.metadata.pop("pid", None)
+        self.phase = "teardown"
+        self._write_metadata()
+        self.run_dir.unlock()
+        mean = self.tally.mean_reward
         lines = [
             ("status", status + (f" ({self._reason_text()})" if self.stop_reason else "")),
-            ("rollouts", f"{tally.done}/{tally.total} done, {tally.failed} failed"),
+            ("rollouts", f"{self.tally.done}/{self.tally.total} done, {self.tally.failed} failed"),
             ("mean reward", f"{mean:.3f}" if mean is not None else "-"),
             ("elapsed", f"{duration:.1f} s"),
-            ("isolation", self.metadata["isolation"]),
-            ("results", str(results.results)),
-            ("metadata", str(results.metadata_path)),
+            ("isolation", str(self.metadata.get("isolation"))),
+            ("run directory", f"{self.path}/"),
+            ("files", ", ".join(p for p in self.run_dir.listing() if p.count("/") <= 1)),
         ]
-        if tally.done < tally.total:
-            lines.append(("resume with", f"rollout-gateway demo --resume {results.path}"))
-        view.summary([*previous, *self.records], lines)
-        if self.stop_reason == "timeout":
-            return EXIT_TIMEOUT
+        if self.tally.done < self.tally.total or self.tally.failed:
+            lines.append(("resume with", resume_command(self.path)))
+        print_summary(self.screen, self.summaries, lines)
+        return code
+
+    def _outcome(self) -> tuple[str, int]:
         if self.stop_reason is not None:
-            return 128 + int(getattr(signal, self.stop_reason, signal.SIGINT))
-        return EXIT_FAILED_ROLLOUTS if tally.failed else EXIT_OK
+            return _STOPS[self.stop_reason]
+        if self.failure is not None:
+            return "failed", EXIT_USAGE if self.phase == "preflight" else EXIT_FAILED_ROLLOUTS
+        status = "completed" if self.tally.done >= self.tally.total else "interrupted"
+        return status, EXIT_FAILED_ROLLOUTS if self.tally.failed else EXIT_OK
 
-
-def _reachable_by_others(path: str) -> bool:
-    """Whether an unprivileged user can reach ``path``'s real location."""
-    real = Path(os.path.realpath(path))
-    return all(os.stat(parent).st_mode & 0o001 for parent in real.parents)
+    def _report_nothing_to_run(self) -> int:
+        failed = sum(1 for s in self.summaries if s.failed)
+        self.say(
+            f"nothing to resume in {self.path}: all {self.total} rollouts finished"
+            + (f" ({failed} failed, kept with --keep-failed)" if failed else "")
+        )
+        rewards = [s.reward for s in self.summaries]
+        lines = [
+            ("status", str((self.previous or {}).get("status", "completed"))),
+            ("rollouts", f"{len(self.summaries)}/{self.total} done, {failed} failed"),
+            ("mean reward", f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"),
+            ("run directory", f"{self.path}/"),
+        ]
+        print_summary(self.screen, self.summaries, lines)
+        return EXIT_FAILED_ROLLOUTS if failed else EXIT_OK
 
 
 async def _serve(stack: contextlib.AsyncExitStack, app: Any, what: str) -> str:
-    """Serve ``app`` on loopback until ``stack`` closes; a failed start is a DemoError."""
+    """Serve ``app`` on loopback until ``stack`` closes."""
     from rollout_gateway.server import running_server
 
     try:
         return await stack.enter_async_context(running_server(app))
     except Exception as e:
-        raise DemoError(f"could not start the {what}: {e}") from e
+        raise RuntimeError(f"could not start the {what}: {e}") from e
 
 
-__all__ = ["EXIT_FAILED_ROLLOUTS", "EXIT_OK", "EXIT_TIMEOUT", "EXIT_USAGE", "run_demo"]
+__all__ = [
+    "EXIT_FAILED_ROLLOUTS",
+    "EXIT_OK",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "DemoRun",
+    "run_demo",
+]

@@ -41,9 +41,25 @@ def _int_or_none(value: Any, name: str) -> int | None:
     return value
 
 
-def build_completion(body: dict[str, Any], model_name: str) -> dict[str, Any]:
-    """The ``chat.completion`` dict the scripted model answers to request ``body``."""
+def build_completion(
+    body: dict[str, Any], model_name: str, max_model_len: int | None = None
+) -> dict[str, Any]:
+    """The ``chat.completion`` dict the scripted model answers to request ``body``.
+
+    With ``max_model_len``, a prompt of that many tokens or more is refused as vLLM
+    refuses it (400, "This model's maximum context length is ...").
+    """
     messages = validate_messages(body)
+    if max_model_len is not None:
+        prompt_tokens = tok.prompt_length(messages)
+        if prompt_tokens >= max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"your request has {prompt_tokens} input tokens. Please reduce the length "
+                "of the input messages.",
+                "BadRequestError",
+            )
     temperature = body.get("temperature")
     if temperature is not None and not isinstance(temperature, int | float):
         raise ApiError(400, "'temperature' must be a number", "invalid_request_error")
@@ -111,21 +127,29 @@ def build_completion(body: dict[str, Any], model_name: str) -> dict[str, Any]:
 
 
 def create_scripted_model_app(
-    *, model_name: str = "scripted", latency_ms: float = 0.0
+    *, model_name: str = "scripted", latency_ms: float = 0.0, max_model_len: int | None = None
 ) -> Starlette:
     """The scripted model's ASGI app. Its OpenAI base URL is ``http://host:port/v1``.
 
     ``latency_ms`` is added (as an ``asyncio.sleep``) to every chat completion, to emulate
-    generation time without blocking other requests.
+    generation time without blocking other requests. ``max_model_len``: prompts of that
+    many tokens or more are refused as vLLM refuses them (and the model card says it).
     """
 
     async def models(request: Request) -> Response:
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "rollout-gateway"}
+        card: dict[str, Any] = {
+            "id": model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "rollout-gateway",
+        }
+        if max_model_len is not None:
+            card["max_model_len"] = max_model_len
         return JSONResponse({"object": "list", "data": [card]})
 
     async def chat_completions(request: Request) -> Response:
         body = await read_json_object(request, _MAX_BODY_BYTES)
-        completion = build_completion(body, model_name)
+        completion = build_completion(body, model_name, max_model_len)
         if latency_ms > 0:
             await asyncio.sleep(latency_ms / 1000.0)
         if body.get("stream"):

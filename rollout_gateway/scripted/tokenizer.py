@@ -92,6 +92,15 @@ def encode_prompt(messages: Sequence[Mapping[str, Any]]) -> list[int]:
     return ids
 
 
+def prompt_length(messages: Sequence[Mapping[str, Any]]) -> int:
+    """``len(encode_prompt(messages))``, without building the ids."""
+    length = 1 + len(encode_text("assistant\n"))
+    for message in messages:
+        role = str(message.get("role", "user"))
+        length += 2 + len(f"{role}\n{message_text(message)}".encode())
+    return length
+
+
 def encode_completion(text: str) -> list[int]:
     """Token ids of a full (not truncated) completion: its text then ``IM_END``."""
     return [*encode_text(text), IM_END]
@@ -106,6 +115,7 @@ __all__ = [
     "encode_prompt",
     "encode_text",
     "message_text",
+    "prompt_length",
     "render_tool_call",
     "token_logprob",
     "token_str",

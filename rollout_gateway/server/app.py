@@ -52,8 +52,10 @@ from rollout_gateway.server.engines.token_in import TokenInEngine, load_renderer
 from rollout_gateway.server.engines.upstream import UpstreamPool
 from rollout_gateway.server.http.auth import bearer_token, token_matches
 from rollout_gateway.server.http.dispatch import GatewayApp
+from rollout_gateway.server.http.fds import fd_limit, plan_fds
 from rollout_gateway.server.http.guard import GuardMiddleware
-from rollout_gateway.server.http.jsonio import BodyParser, JSONBytesResponse
+from rollout_gateway.server.http.intake import BodyIntake
+from rollout_gateway.server.http.jsonio import JSONBytesResponse
 from rollout_gateway.server.http.responses import (
     ApiError,
     checked_rollout_id,
@@ -123,13 +125,22 @@ class Gateway:
             token_in = TokenInEngine(load_renderer(config.tokenizer, config.renderer))
         #: Token-in mode's renderer and generate call (``None`` in chat mode).
         self.token_in = token_in if config.upstream_mode == "token-in" else None
+        #: How the process's file descriptors are shared (connection caps).
+        self.fd_plan = plan_fds(
+            fd_limit(),
+            max_connections=config.max_connections,
+            per_upstream_pool=config.max_connections_per_upstream,
+            # httptools: each upstream has its lean pool and an aiohttp one beside it.
+            upstream_pools=len(config.upstreams)
+            * (2 if config.upstream_client == "httptools" else 1),
+        )
         self.pool = UpstreamPool(
             config.upstreams,
             timeout_s=config.upstream_timeout_s,
             connect_timeout_s=config.upstream_connect_timeout_s,
             transport=upstream_transport,
             api_key=config.upstream_api_key,
-            max_connections=config.max_connections_per_upstream,
+            max_connections=self.fd_plan.upstream_connections,
             client=config.upstream_client,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
@@ -158,9 +169,9 @@ class Gateway:
         #: What runs behind each upstream (probed at start-up, again on use until it answers).
         self.engines = {url: EngineInfo() for url in config.upstreams}
         self.chat = ChatTurns(self)
-        #: Request-body parsing, with the gateway-wide bound on concurrent big parses.
-        self.body_parser = BodyParser(config.max_concurrent_parses)
         self.trimmer = MemoryTrimmer()
+        #: Request bodies: admitted, costed and parsed within the gateway's bounds.
+        self.intake = BodyIntake(config.intake_limits(), on_big_release=self.trimmer.freed)
         #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`).
         #: On a shared store the store numbers them for every gateway (:meth:`report_exit`).
         shared = self.store.shared
@@ -170,7 +181,9 @@ class Gateway:
         )
         self._exit_posts: set[asyncio.Task[None]] = set()
         #: The open exit streams (capped; ended on shutdown).
-        self.exit_streams = ExitStreams(self.exit_board, max_streams=config.max_exit_streams)
+        # Each holds a connection open: at most half of the connection cap.
+        max_streams = max(1, min(config.max_exit_streams, self.fd_plan.agent_connections // 2))
+        self.exit_streams = ExitStreams(self.exit_board, max_streams=max_streams)
         self.store.watch(self)
 
     def _on_remove(self, record: RolloutRecord) -> None:

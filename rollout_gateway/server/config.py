@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 from urllib.parse import urlsplit
 
+from rollout_gateway.server.http.intake import IntakeLimits
+
 #: Uvicorn keep-alive (seconds). Must exceed the idle timeout of client connection pools
 #: (httpx's default ``keepalive_expiry`` is 5 s, the OpenAI SDK's is the same): if the
 #: server closed idle connections first, a client could send its next turn on a socket the
@@ -19,8 +21,21 @@ DEFAULT_MAX_TOTAL_COMPLETION_TOKENS = 4_000_000
 #: Bytes of chat messages a rollout may make the gateway store (history is stored once;
 #: a rollout that rewrites its history every turn pays for every copy).
 DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES = 64 * 1024 * 1024
-#: Request bodies over 256 KiB parsed at once, gateway-wide (see ``jsonio.BodyParser``).
+#: Largest request body.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Request bodies over 256 KiB parsed at once, gateway-wide (see ``http.intake``).
 DEFAULT_MAX_CONCURRENT_PARSES = 2
+#: Largest estimated parse cost (memory) of one request body, and of one rollout's
+#: requests alive at once (see ``http.intake``): a 16 MiB body of chat text costs about
+#: 140 MiB by the estimate, 16 MiB of ``[{}, ...]`` about 1 GiB.
+DEFAULT_MAX_BODY_COST = 256 * 1024 * 1024
+#: Request bodies being read or parsed at once, gateway-wide, at their size while read
+#: and their estimated cost while parsed (see ``http.intake``).
+DEFAULT_BODY_MEMORY = 1024 * 1024 * 1024
+#: Share of the gateway's time one rollout's big bodies (over 256 KiB) may take to be
+#: read, scanned, parsed and written again (the interpreter serves nobody else while it
+#: parses). Low, as the kernel's copy of the bytes is not measured.
+DEFAULT_ROLLOUT_PARSE_SHARE = 0.02
 #: Exit streams open at once (one per env process; see ``server.control.exit_stream``).
 DEFAULT_MAX_EXIT_STREAMS = 64
 #: Messages in one chat request. Each costs work on the event loop every turn (the
@@ -52,7 +67,6 @@ class GatewayConfig:
             ``"aiohttp"``, or ``"httpx"`` (always used when a test injects an httpx
             transport). See
             :mod:`rollout_gateway.server.engines.upstream_http`.
-        max_connections_per_upstream: size of each upstream's HTTP connection pool.
         probe_interval_s: period of the re-probe of unhealthy upstreams.
         stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
             many seconds without a chunk (tunnels and proxies drop silent connections).
@@ -66,8 +80,19 @@ class GatewayConfig:
     Per request and per rollout:
         max_body_bytes: largest accepted request body (413 beyond, checked from
             ``Content-Length`` and while reading).
+        max_body_cost: largest estimated parse cost (bytes of memory) of one request
+            body (413 ``request_too_complex`` beyond, before parsing); one rollout's
+            requests alive at once hold at most this much together (more wait).
+        body_memory: request bodies being read, waiting to be parsed, or parsed at once,
+            gateway-wide, in bytes (at their size, then at their estimated cost): more
+            wait before being read. Must hold ``max_concurrent_parses`` parses of
+            ``max_body_cost`` plus one body of ``max_body_bytes``.
         max_concurrent_parses: request bodies over 256 KiB parsed at the same time,
             gateway-wide (each costs several times its size while parsed; more wait).
+        rollout_parse_share: share of the gateway's time one rollout's bodies over
+            256 KiB may take to be read, scanned, parsed and written again (in (0, 1]; 1:
+            no wait). After one took ``t`` of CPU, that rollout's next one waits
+            ``t * (1 / share - 1)`` before it is read.
         max_exit_streams: exit streams open at once, gateway-wide (one per env
             process; more are answered 429 and long-poll meanwhile).
         max_messages: messages in one chat request (400 ``too_many_messages`` beyond).
@@ -104,7 +129,13 @@ class GatewayConfig:
         header_timeout_s: a connection must send a request's headers within this time.
         body_timeout_s: ... and its whole body within this time after the headers.
         keep_alive_s: idle keep-alive connections are closed after this.
-        max_connections: open connections at most; new ones are closed at once beyond.
+        max_connections: open connections at most (a new one beyond closes the one idle
+            longest, or itself). ``None``: derived from the process's file-descriptor
+            limit (``RLIMIT_NOFILE``), at most 4096; see
+            :mod:`rollout_gateway.server.http.fds`. A number the limit cannot hold is
+            refused when the server starts.
+        max_connections_per_upstream: size of each upstream's HTTP connection pool (at
+            most what the file-descriptor limit leaves for upstream connections).
     """
 
     upstreams: list[str] = field(default_factory=list)
@@ -117,8 +148,11 @@ class GatewayConfig:
     upstream_timeout_s: float = 600.0
     upstream_connect_timeout_s: float = 5.0
     upstream_client: Literal["httptools", "aiohttp", "httpx"] = "httptools"
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_cost: int = DEFAULT_MAX_BODY_COST
+    body_memory: int = DEFAULT_BODY_MEMORY
     max_concurrent_parses: int = DEFAULT_MAX_CONCURRENT_PARSES
+    rollout_parse_share: float = DEFAULT_ROLLOUT_PARSE_SHARE
     max_exit_streams: int = DEFAULT_MAX_EXIT_STREAMS
     max_messages: int = DEFAULT_MAX_MESSAGES
     sweep_interval_s: float = 30.0
@@ -134,7 +168,7 @@ class GatewayConfig:
     header_timeout_s: float = 30.0
     body_timeout_s: float = 120.0
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
-    max_connections: int = 4096
+    max_connections: int | None = None
     stream_keepalive_s: float = 10.0
     upstream_mode: str = "chat"
     tokenizer: str | None = None
@@ -188,6 +222,68 @@ class GatewayConfig:
             raise ValueError(
                 "admin_token: required (or set open_control_plane=True explicitly, loopback only)"
             )
+        for problem in self.contradictions():
+            raise ValueError(problem)
+
+    def contradictions(self) -> list[str]:
+        """Settings that each look valid but cannot hold together (each message names
+        the fields, and the ``serve`` options or variables that set them)."""
+        out = []
+        if self.open_control_plane and self.admin_token is not None:
+            out.append(
+                "open_control_plane (--open-control-plane): an admin token is configured too"
+            )
+        seen: set[str] = set()
+        for url in self.upstreams:
+            if url in seen:
+                out.append(f"upstreams (--upstream): {_redacted(url)} is listed twice")
+            seen.add(url)
+        if self.upstream_api_key is not None:
+            key = self.upstream_api_key
+            if not key or not all("!" <= c <= "~" for c in key):
+                out.append(
+                    "upstream_api_key ($ROLLOUT_GATEWAY_UPSTREAM_API_KEY): must be printable "
+                    "ASCII without spaces (it is sent as an HTTP header)"
+                )
+            with_credentials = [u for u in self.upstreams if _has_credentials(u)]
+            if with_credentials:
+                out.append(
+                    f"upstreams (--upstream): {_redacted(with_credentials[0])} carries "
+                    "credentials (user:password@) and upstream_api_key "
+                    "($ROLLOUT_GATEWAY_UPSTREAM_API_KEY) is set too: an upstream request "
+                    "cannot carry both; keep one"
+                )
+        if self.upstream_mode != "token-in":
+            if self.tokenizer is not None:
+                out.append("tokenizer (--tokenizer): only with upstream_mode 'token-in'")
+            if self.renderer != "auto":
+                out.append("renderer (--renderer): only with upstream_mode 'token-in'")
+        out.extend(self.intake_limits().problems())
+        return out
+
+    def intake_limits(self) -> IntakeLimits:
+        """The request-body bounds (see :mod:`rollout_gateway.server.http.intake`)."""
+        return IntakeLimits(
+            max_body_bytes=self.max_body_bytes,
+            max_body_cost=self.max_body_cost,
+            body_memory=self.body_memory,
+            max_concurrent_parses=self.max_concurrent_parses,
+            rollout_parse_share=self.rollout_parse_share,
+        )
+
+
+def _has_credentials(url: str) -> bool:
+    parts = urlsplit(url)
+    return bool(parts.username or parts.password)
+
+
+def _redacted(url: str) -> str:
+    """``url`` without the credentials in it (messages may reach logs)."""
+    parts = urlsplit(url)
+    if not (parts.username or parts.password):
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"***@{host}").geturl()
 
 
 def _check_field(name: str, kind: str, value: object) -> None:
@@ -216,12 +312,16 @@ def _check_field(name: str, kind: str, value: object) -> None:
 
 
 __all__ = [
+    "DEFAULT_BODY_MEMORY",
     "DEFAULT_KEEP_ALIVE_S",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_BODY_COST",
     "DEFAULT_MAX_CONCURRENT_PARSES",
     "DEFAULT_MAX_EXIT_STREAMS",
     "DEFAULT_MAX_MESSAGES",
     "DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES",
     "DEFAULT_MAX_TOTAL_COMPLETION_TOKENS",
     "DEFAULT_MAX_TURNS",
+    "DEFAULT_ROLLOUT_PARSE_SHARE",
     "GatewayConfig",
 ]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from rollout_gateway.server.engines.probe import EngineInfo
     from rollout_gateway.server.engines.token_in import TokenInEngine
     from rollout_gateway.server.engines.upstream import UpstreamPool
-    from rollout_gateway.server.http.jsonio import BodyParser
+    from rollout_gateway.server.http.intake import BodyIntake
     from rollout_gateway.server.http.responses import ApiError
     from rollout_gateway.server.ops.metrics import GatewayMetrics
     from rollout_gateway.server.state.policy import PolicyClock
@@ -48,8 +48,8 @@ class GatewayContext(Protocol):
     pool: UpstreamPool
     #: Token-in mode's renderer and generate call (``None`` in chat mode).
     token_in: TokenInEngine | None
-    #: Request-body parsing, with the gateway-wide bound on concurrent big parses.
-    body_parser: BodyParser
+    #: Request bodies: admitted, costed and parsed within the gateway's bounds.
+    intake: BodyIntake
     metrics: GatewayMetrics
 
     async def engine(self, url: str) -> EngineInfo:

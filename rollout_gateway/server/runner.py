@@ -32,10 +32,10 @@ from rollout_gateway.server.http.auth import is_loopback_host
 from rollout_gateway.server.http.connections import uvicorn_options
 
 
-def _gateway_config(app: Any) -> GatewayConfig | None:
+def _gateway(app: Any) -> Any:
+    """The app's gateway (:class:`~rollout_gateway.server.app.Gateway`), if it is one."""
     gateway = getattr(getattr(app, "state", None), "gateway", None)
-    config = getattr(gateway, "config", None)
-    return config if isinstance(config, GatewayConfig) else None
+    return gateway if isinstance(getattr(gateway, "config", None), GatewayConfig) else None
 
 
 def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
@@ -46,14 +46,16 @@ def _uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Co
         "timeout_keep_alive": DEFAULT_KEEP_ALIVE_S,
         "lifespan": "on",
     }
-    config = _gateway_config(app)
-    if config is not None:
+    gateway = _gateway(app)
+    if gateway is not None:
+        config = gateway.config
         if config.open_control_plane and not is_loopback_host(host):
             raise ValueError(
                 f"open_control_plane: a gateway without admin token only serves on a "
                 f"loopback address, not {host!r}"
             )
-        options.update(uvicorn_options(config))  # header/body timeouts, connection cap
+        # Header/body timeouts, and the connection cap of its file-descriptor plan.
+        options.update(uvicorn_options(config, gateway.fd_plan.agent_connections))
     options.update(kwargs)
     return uvicorn.Config(app, host=host, port=port, **options)
 

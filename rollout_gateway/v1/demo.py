@@ -1,150 +1,291 @@
-"""``rollout-gateway demo`` on verifiers 0.4: the v1 example in gateway mode, on one machine.
+"""The demo on verifiers 0.4 (``rollout-gateway[v1]``): :class:`V1Stack`.
 
-Runs the scripted model (or ``--upstream``), the reference gateway and the
-``fix-bug-v1`` example's agents on v1's subprocess runtime through
-:class:`GatewayInterception`, prints one line per rollout and a summary, and writes the
-traces as JSONL. ``rollout-gateway demo`` runs this when verifiers 0.4 is installed.
+Runs the v1 example (:mod:`rollout_gateway.examples.fix_bug_v1`, taskset id
+``rollout-gateway-fix-bug-v1``) through v1's own eval machinery, in gateway mode: the
+env is loaded from a resolved ``EvalConfig`` as ``vf-eval`` loads it, each rollout is
+one of the env's ``RunSlot`` episodes, its agent contained in a local sandbox (the
+``local_sandbox`` runtime, :class:`rollout_gateway.v1.LocalSandboxRuntime`), and on
+``--resume`` v1's own planner decides what runs again (episodes not ``ok`` are owed).
+The run directory is a v1 run directory:
 
-It honours ``--max-tokens``, ``--timeout`` (the finished traces are kept; exit code 3)
-and ``--verbose`` (each failed rollout's errors in full) as the 0.3 demo does, and
-refuses ``--resume`` and ``--isolation``: it writes no ``metadata.json`` to resume from,
-and its agents run on v1's subprocess runtime, not in local sandboxes.
+- ``configs/resolved/eval.json``: the resolved config, so ``vf-eval @ DIR/configs/resolved/eval.json
+  --resume`` continues the run (against a gateway at the address it names) and
+  ``vf-replay DIR`` re-scores it;
+- ``traces.jsonl``: one episode per line as each finishes, floats at full precision
+  (v1's writer rounds per-token logprobs to 4 decimals; a trainer reads this file);
+- ``logs/attempt_<n>/eval.log`` (``logs/latest``): the env's and the gateway adapter's logs;
+- ``metadata.json``: the demo's record (settings, status, counts, resumes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import importlib
 import json
-import secrets
-import time
+import logging
+import uuid
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from rollout_gateway.demo.options import DEFAULT_OUTPUT_ROOT, DemoError, DemoOptions
-from rollout_gateway.demo.runner import EXIT_FAILED_ROLLOUTS, EXIT_OK, EXIT_TIMEOUT
+from rollout_gateway.demo.stack import (
+    DemoStack,
+    RolloutSummary,
+    StackSetup,
+    WorkItem,
+    off_loop,
+)
+from rollout_gateway.v1.internals import (
+    EvalConfig,
+    EvalRunInfo,
+    ModelContext,
+    create_attempt_log_dir,
+    eval_resume,
+    load_environment,
+    plan_rollouts,
+    type_adapter,
+    write_config,
+)
+
+TRACES_FILE = "traces.jsonl"
+#: The example's taskset id (:mod:`rollout_gateway_fix_bug_v1`).
+TASKSET_ID = "rollout-gateway-fix-bug-v1"
+#: Per-token floats written at full precision (v1's ``RECORD_FLOAT_DECIMALS`` otherwise).
+FULL_PRECISION = {"float_decimals": None}
+_MODULES = (
+    "verifiers.v1",
+    # Loading an env by id imports these packages (every built-in taskset, harness, env:
+    # seconds), on the event loop unless they are imported here first.
+    "verifiers.v1.tasksets",
+    "verifiers.v1.harnesses",
+    "verifiers.v1.envs",
+    "verifiers.v1.cli.output",
+    "verifiers.v1.configs.cli.eval",
+    "verifiers.v1.utils.loaders",
+    "rollout_gateway.v1",
+    "rollout_gateway.examples.fix_bug_v1",
+    "rollout_gateway_fix_bug_v1",
+)
+_LOGGERS = ("verifiers", "rollout_gateway")
 
 
-async def run_v1_demo(options: DemoOptions, out: TextIO) -> int:
-    """The v1 demo; returns the exit code (0: every rollout ran cleanly, 1: some failed,
-    3: the run's time limit came first)."""
-    _refuse_unsupported(options)
-    import verifiers.v1 as vf
+def runtime_config(isolation: str) -> dict[str, Any]:
+    """The ``[env.agent.runtime]`` block the example's agents run on: a contained local
+    sandbox (:class:`rollout_gateway.v1.LocalSandboxRuntime`) in the isolation mode
+    preflight resolved, so a resumed run is contained as the run was."""
+    return {"type": "local_sandbox", "isolation": isolation}
 
-    from rollout_gateway.scripted import create_scripted_model_app
-    from rollout_gateway.server import GatewayConfig, create_app, running_server
-    from rollout_gateway.v1 import (
-        GatewayInterception,
-        GatewayInterceptionConfig,
-        gateway_synced_agent,
+
+# ---------------------------------------------------------------- reading a run directory
+
+
+def _episode_summary(episode: dict[str, Any], rollout_index: int) -> RolloutSummary:
+    """The demo's view of one stored episode (plain JSON: no verifiers import)."""
+    traces = episode.get("traces") or []
+    trace = traces[0] if traces else {}
+    task = (trace.get("task") or episode.get("task") or {}).get("data") or {}
+    rewards = trace.get("rewards") or {}
+    reward = sum(
+        float(r.get("score") or 0.0) * float(r.get("weight", 1.0))
+        for r in rewards.values()
+        if isinstance(r, dict)
+    )
+    calls = trace.get("calls") or []
+    usages = [c.get("usage") or {} for c in calls]
+    errors = [*(episode.get("errors") or []), *(trace.get("errors") or [])]
+    timing = trace.get("timing") or {}
+    scoring_end = float((timing.get("scoring") or {}).get("end") or 0.0)
+    start = float(timing.get("start") or 0.0)
+    error = None
+    if not episode.get("ok"):
+        shown = [f"{e.get('type', 'Error')}: {e.get('message', '')}".strip() for e in errors]
+        stop = trace.get("stop_condition")
+        error = "; ".join(shown) or f"not ok (stop: {stop})"
+    return RolloutSummary(
+        example_id=int(task.get("idx") or 0),
+        rollout_index=rollout_index,
+        task=str(task.get("name") or task.get("id") or "?"),
+        reward=reward,
+        turns=sum(1 for n in trace.get("nodes") or [] if n.get("sampled")),
+        prompt_tokens=int((usages[-1].get("prompt_tokens") or 0) if usages else 0)
+        + int((usages[-1].get("cached_input_tokens") or 0) if usages else 0),
+        completion_tokens=sum(int(u.get("completion_tokens") or 0) for u in usages),
+        seconds=round(scoring_end - start, 3) if scoring_end and start else 0.0,
+        error=error,
     )
 
+
+def read_episodes(run_dir: Path) -> list[dict[str, Any]]:
+    """The episodes of ``traces.jsonl``; torn or malformed lines are left out."""
     try:
-        from fix_bug_v1 import FixBugHarnessConfig, FixBugTaskset
-    except ImportError as e:
-        raise DemoError(
-            "the v1 example is not installed: pip install -e examples/fix_bug_v1"
-        ) from e
-
-    admin_token = secrets.token_urlsafe(32)
-    async with contextlib.AsyncExitStack() as stack:
+        lines = (run_dir / TRACES_FILE).read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    episodes = []
+    for line in lines:
         try:
-            if options.upstream:
-                upstream, model = options.upstream.rstrip("/"), str(options.model)
-            else:
-                model_root = await stack.enter_async_context(
-                    running_server(create_scripted_model_app())
-                )
-                upstream, model = f"{model_root}/v1", options.model or "scripted"
-                print(f"scripted model  {upstream}", file=out)
-            gateway_app = create_app(GatewayConfig(upstreams=[upstream], admin_token=admin_token))
-            gateway_root = await stack.enter_async_context(running_server(gateway_app))
-        except Exception as e:
-            raise DemoError(f"could not start the servers: {e}") from e
-        print(f"rollout gateway {gateway_root}  (upstream {upstream}, verifiers v1)", file=out)
-        interception = await stack.enter_async_context(
-            GatewayInterception(GatewayInterceptionConfig(tunnel="direct"), admin_token=admin_token)
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("traces"), list):
+            episodes.append(row)
+    return episodes
+
+
+class V1Stack(DemoStack):
+    """The demo's verifiers 0.4 part (see the module docstring).
+
+    Attributes:
+        gateway_transport: httpx transport of the env's control-plane clients (tests
+            read the trajectories the gateway answered through it).
+    """
+
+    name = "v1"
+    env_id = TASKSET_ID
+    gateway_transport: Any = None
+
+    def __init__(self) -> None:
+        self._env: Any = None
+        self._ctx: Any = None
+        self._config: Any = None
+        self._setup: StackSetup | None = None
+        self._rewards: list[float] = []
+
+    def stored(self, run_dir: Path) -> list[RolloutSummary]:
+        seen: dict[int, int] = {}
+        summaries = []
+        for episode in read_episodes(run_dir):
+            summary = _episode_summary(episode, 0)
+            index = seen.get(summary.example_id, 0)
+            seen[summary.example_id] = index + 1
+            summaries.append(dataclasses.replace(summary, rollout_index=index))
+        return summaries
+
+    async def prepare(self) -> None:
+        for module in _MODULES:
+            await off_loop(importlib.import_module, module)
+
+    # ---------------------------------------------------------------- the run
+
+    def eval_config(self, setup: StackSetup) -> Any:
+        """The run as v1's ``EvalConfig`` (what ``vf-eval`` would have resolved)."""
+        opts = setup.options
+        run_dir = setup.run_dir.resolve()
+        return EvalConfig.model_validate(
+            {
+                "env": {
+                    "taskset": {"id": TASKSET_ID},
+                    "interception": {
+                        "type": "gateway",
+                        "url": setup.gateway_url,
+                        "tunnel": "direct",
+                    },
+                    "agent": {"runtime": runtime_config(setup.isolation)},
+                },
+                "model": setup.model,
+                "client": {"type": "eval", "base_url": f"{setup.gateway_url}/v1"},
+                "sampling": {"temperature": opts.temperature, "max_tokens": opts.max_tokens},
+                "select": {"limit": opts.examples},
+                "num_rollouts": opts.rollouts_per_example,
+                "max_concurrent": opts.concurrency,
+                "output_dir": str(run_dir.parent),
+                "run": {"name": f"demo-{TASKSET_ID}-{setup.model}", "dir": run_dir.name},
+                "push": False,
+                "rich": None,
+            }
         )
-        config = vf.AgentConfig(
-            model=model,
-            client=vf.EvalClientConfig(base_url=f"{gateway_root}/v1"),
-            harness=FixBugHarnessConfig(),
-            runtime=vf.SubprocessConfig(),
-            sampling=vf.SamplingConfig(
-                temperature=options.temperature, max_tokens=options.max_tokens
-            ),
+
+    async def start(self, setup: StackSetup, stack: contextlib.AsyncExitStack) -> list[WorkItem]:
+        self._setup = setup
+        # Resolving the config and building the env and its tasks is seconds of pydantic
+        # work the first time: off the event loop, so that a signal stops setup at once.
+        config, env, tasks = await off_loop(self._build, setup)
+        self._config, self._env = config, env
+        config.run.assign_id(uuid.uuid4().hex)
+        write_config(config, setup.run_dir)  # a resume names this attempt's addresses
+        traces = setup.run_dir / TRACES_FILE
+        if not setup.resuming:
+            traces.write_text("")
+        self._log_to(create_attempt_log_dir(setup.run_dir) / "eval.log", stack)
+
+        if setup.resuming:
+            # v1's own loader and planner, as vf-eval --resume: episodes not kept (by the
+            # env's verdict, ok; all with --keep-failed) are dropped from traces.jsonl
+            # and owed again.
+            keep = (lambda episode: True) if setup.keep_failed else env.complete
+            plan = eval_resume.load(setup.run_dir, tasks, config.num_rollouts, keep)
+        else:
+            plan = plan_rollouts(tasks, config.num_rollouts)
+        self._rewards = [s.reward for s in self.stored(setup.run_dir)]
+        await stack.enter_async_context(env.serving())
+        self._ctx = ModelContext(client=config.client, model=config.model, sampling=config.sampling)
+        return [
+            WorkItem(task.data.idx, len(kept) + n, env.slots(task, 1)[0])
+            for task, kept, owed in plan
+            for n in range(owed)
+        ]
+
+    def _build(self, setup: StackSetup) -> tuple[Any, Any, list[Any]]:
+        """The resolved config, the env (not serving yet) and the tasks it runs."""
+        config = self.eval_config(setup)
+        env = load_environment(config.env)
+        env.gateway_admin_token = setup.admin_token  # never through the environment
+        env.gateway_transport = self.gateway_transport
+        return config, env, list(env.taskset.select(config.select))
+
+    def _log_to(self, path: Path, stack: contextlib.AsyncExitStack) -> None:
+        """The attempt's ``eval.log``: v1's and the adapter's logs (as vf-eval tees them)."""
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        verbose = self._setup is not None and self._setup.options.verbose
+        handler.setLevel(logging.DEBUG if verbose else logging.INFO)
+        for name in _LOGGERS:
+            logging.getLogger(name).addHandler(handler)
+
+        def close() -> None:
+            for name in _LOGGERS:
+                logging.getLogger(name).removeHandler(handler)
+            handler.close()
+
+        stack.callback(close)
+
+    async def run(self, item: WorkItem, limit: asyncio.Semaphore) -> RolloutSummary:
+        episode = await self._env.run_slot(item.handle, self._ctx, limit, self._persist)
+        summary = _episode_summary(json.loads(self.dump(episode)), item.rollout_index)
+        self._rewards.append(summary.reward)
+        return summary
+
+    async def _persist(self, episode: Any) -> None:
+        """v1's persistence hook (``on_complete``): one line, whole, before anything else."""
+        assert self._setup is not None and self._config is not None
+        episode.record_run(EvalRunInfo(id=self._config.run.id, name=self._config.run.name))
+        with (self._setup.run_dir / TRACES_FILE).open("ab") as f:
+            f.write(self.dump(episode) + b"\n")
+
+    @staticmethod
+    def dump(episode: Any) -> bytes:
+        """An episode as ``traces.jsonl`` holds it: v1's serialization (typed subclass
+        fields kept, nulls left out), per-token floats at full precision."""
+        return bytes(
+            type_adapter(type(episode)).dump_json(
+                episode, exclude_none=True, context=FULL_PRECISION
+            )
         )
-        agent = gateway_synced_agent(vf.Agent(config, interception=interception), interception)
-        tasks = list(FixBugTaskset(vf.TasksetConfig(id="fix-bug-v1")))[: options.examples]
-        gate = asyncio.Semaphore(options.concurrency)
-        traces: list[Any] = []  # in the order they finish: what a timeout keeps
 
-        async def one(task: Any) -> None:
-            async with gate:
-                trace = await agent.run(task)
-            print(_row(task, trace, verbose=options.verbose), file=out)
-            traces.append(trace)
-
-        total = len(tasks) * options.rollouts_per_example
-        timed_out = False
-        async with agent:
-            try:
-                async with asyncio.timeout(options.timeout):
-                    await asyncio.gather(
-                        *(one(t) for t in tasks for _ in range(options.rollouts_per_example))
-                    )
-            except TimeoutError:
-                timed_out = True
-    return _report(options, traces, total, timed_out, out)
+    def metadata(self) -> dict[str, Any]:
+        if self._config is None:
+            return {}
+        config = self._config
+        rewards = self._rewards
+        return {
+            "base_url": config.client.base_url,
+            "num_examples": config.select.limit,
+            "rollouts_per_example": config.num_rollouts,
+            "sampling_args": config.sampling.model_dump(exclude_none=True),
+            "avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+            "run_config": "configs/resolved/eval.json",
+        }
 
 
-def _report(
-    options: DemoOptions, traces: list[Any], total: int, timed_out: bool, out: TextIO
-) -> int:
-    """Write the finished traces, print the summary; the exit code."""
-    run_dir = options.output or DEFAULT_OUTPUT_ROOT / f"demo-v1-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(run_dir) / "traces.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with Path(path).open("w") as f:
-        for trace in traces:
-            f.write(json.dumps(trace.model_dump(mode="json")) + "\n")
-    failed = sum(1 for t in traces if not t.ok)
-    mean = sum(t.reward for t in traces) / max(1, len(traces))
-    print(
-        f"{len(traces)} rollouts, {failed} failed, mean reward {mean:.2f}, "
-        f"branches per rollout {[t.num_branches for t in traces]} -> {path}",
-        file=out,
-    )
-    if timed_out:
-        print(
-            f"timed out after {options.timeout:g} s (--timeout): {len(traces)} of {total} "
-            "rollouts finished; their traces are kept",
-            file=out,
-        )
-        return EXIT_TIMEOUT
-    return EXIT_OK if failed == 0 else EXIT_FAILED_ROLLOUTS
-
-
-def _refuse_unsupported(options: DemoOptions) -> None:
-    """The 0.3 demo's options this one cannot honour are refused, not ignored."""
-    given = []
-    if options.resume is not None:
-        given.append("--resume (the v1 demo writes no metadata.json to resume from)")
-    if options.isolation != DemoOptions().isolation:
-        given.append("--isolation (v1's agents run on its subprocess runtime)")
-    if given:
-        raise DemoError(f"not available with verifiers 0.4: {'; '.join(given)}")
-
-
-def _row(task: Any, trace: Any, *, verbose: bool = False) -> str:
-    row = (
-        f"{task.data.id:14} ok={trace.ok!s:5} reward={trace.reward:.2f} "
-        f"turns={trace.num_turns} branches={trace.num_branches} stop={trace.stop_condition}"
-    )
-    if trace.errors:
-        error = "; ".join(str(e) for e in trace.errors)
-        row += f" error={error if verbose else (error.splitlines() or [''])[0][:160]}"
-    return row
-
-
-__all__ = ["run_v1_demo"]
+__all__ = ["TASKSET_ID", "V1Stack", "read_episodes", "runtime_config"]

@@ -88,10 +88,13 @@ class GatewayEnvMixin(_Base):
     Attributes (tests and embedders set them before ``serving()``):
         gateway_transport: httpx transport of the control-plane clients.
         gateway_tunnel_provider: a ``TunnelProvider`` overriding the config's ``tunnel``.
+        gateway_admin_token: the control-plane token, handed over directly (default: read
+            from the variable the config's ``admin_token_var`` names).
     """
 
     gateway_transport: Any = None
     gateway_tunnel_provider: Any = None
+    gateway_admin_token: str | None = None
     _interception: Interception | None
 
     @property
@@ -144,6 +147,7 @@ class GatewayEnvMixin(_Base):
                 tunnel_provider=self.gateway_tunnel_provider,
                 fallback=fallback,
                 transport=self.gateway_transport,
+                admin_token=self.gateway_admin_token,
             )
             # Toolsets in play: every rollout of this taskset goes to the fallback.
             interception.force_fallback = bool(needs_env)

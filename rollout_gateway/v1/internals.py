@@ -161,6 +161,20 @@ try:
 except ImportError as e:  # an internal moved: say which verifiers, not just which name
     raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
 
+# What `rollout-gateway demo` runs a v1 eval with, as vf-eval does (rollout_gateway.v1.demo):
+# the resolved config and its files, env loading, planning, the trace store.
+try:
+    from verifiers.v1.cli.eval import resume as eval_resume
+    from verifiers.v1.cli.output import create_attempt_log_dir, write_config
+    from verifiers.v1.clients import ModelContext
+    from verifiers.v1.configs.cli.eval import EvalConfig
+    from verifiers.v1.episode import EvalRunInfo
+    from verifiers.v1.utils.eval import plan_rollouts
+    from verifiers.v1.utils.loaders import load_environment
+    from verifiers.v1.utils.trace_store import type_adapter
+except ImportError as e:  # an internal moved: say which verifiers, not just which name
+    raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
+
 
 def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
     """Make v1's runtime table resolve configs of ``config_cls`` to ``runtime_cls``
@@ -197,6 +211,15 @@ def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
 
 
 __all__ = [
+    "EvalConfig",
+    "EvalRunInfo",
+    "ModelContext",
+    "create_attempt_log_dir",
+    "eval_resume",
+    "load_environment",
+    "plan_rollouts",
+    "type_adapter",
+    "write_config",
     "Agent",
     "AgentInfo",
     "ApptainerConfig",

@@ -234,6 +234,9 @@ class TraceSync:
         # by each prefix of it), when its commit covered all of them.
         self._path: list[int] | None = None
         self._path_tools: Any = None
+        # The tools of the last step seen: the delta form sends a step's tools only when
+        # they changed (protocol.StepExtras.tools).
+        self._step_tools: Any = None
         self._sampling_cache: dict[bytes, Sampling | None] = {}
         self._tools_cache: dict[bytes, list[Any]] = {}
 
@@ -341,7 +344,8 @@ class TraceSync:
         completion_raw = list(step.get("completion") or ())
         extends = self._path is not None and shared == len(self._messages)
         prompt = self._prompt(index, shared, new_raw)
-        tools_raw = step.get("tools", extras.get("tools"))
+        tools_raw = step.get("tools", extras.get("tools", self._step_tools))
+        self._step_tools = tools_raw
         tokens = step.get("tokens")
         prompt_ids: list[int] | None = None
         if isinstance(tokens, Mapping):

@@ -276,3 +276,106 @@ def test_serve_help_describes_the_redis_options(capsys) -> None:
     out = " ".join(capsys.readouterr().out.split())
     assert "--redis URL" in out and "load balancer" in out and "status 2" in out
     assert "--redis-prefix PREFIX" in out and "--redis-lease SECONDS" in out
+
+
+# -- options that each look valid but cannot hold together (issue 26) --------------------
+
+
+def _serve(argv: list[str], monkeypatch, env: dict[str, str] | None = None) -> int:
+    """``main(["serve", ...])`` as far as it gets before serving (a gateway that would
+    start serves nothing here: its ``serve`` is replaced)."""
+    import rollout_gateway.server as server
+    from rollout_gateway.server.http import fds
+    from rollout_gateway.server.ops import gc_tuning
+
+    # What only a serving process does to itself stays out of the test process.
+    monkeypatch.setattr(gc_tuning, "tune_for_serving", lambda: None)
+    monkeypatch.setattr(fds, "raise_fd_limit", fds.fd_limit)
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_UPSTREAM_API_KEY", raising=False)
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    started: list[object] = []
+    monkeypatch.setattr(server, "serve", lambda app, **kwargs: started.append(app))
+    code = main(["serve", *argv])
+    assert code != 0 or started, "serve returned 0 without serving"
+    return code
+
+
+@pytest.mark.parametrize(
+    "argv,env,named",
+    [
+        # The issue's case: every turn was a 500 (one Authorization header, two sources).
+        (
+            ["--upstream", "http://user:secret@127.0.0.1:8001/v1"],
+            {"ROLLOUT_GATEWAY_UPSTREAM_API_KEY": "sk-upstream"},
+            "$ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
+        ),
+        (["--upstream", UP, "--renderer", "qwen3"], {}, "--renderer"),
+        (["--upstream", UP, "--upstream", UP + "/"], {}, "--upstream"),
+        (["--upstream", UP, "--max-body-cost", "1000"], {}, "--max-body-cost"),
+        (
+            ["--upstream", UP, "--body-memory", str(300 * 1024 * 1024)],
+            {},
+            "--body-memory",
+        ),
+        (
+            ["--upstream", UP],
+            {"ROLLOUT_GATEWAY_UPSTREAM_API_KEY": "two words"},
+            "ROLLOUT_GATEWAY_UPSTREAM_API_KEY",
+        ),
+        (["--upstream", "http://localhost:8000/v1"], {}, "own address"),
+        (["--upstream", "http://127.0.0.1:9000/v1", "--port", "9000"], {}, "own address"),
+    ],
+    ids=[
+        "credentials-and-api-key", "renderer-without-token-in", "same-upstream-twice",
+        "cost-below-body-size", "body-memory-too-small", "api-key-not-a-header",
+        "upstream-is-the-gateway", "upstream-is-the-gateway-on-its-port",
+    ],
+)  # fmt: skip
+def test_contradictory_options_are_refused_at_start_in_one_line(
+    argv: list[str], env: dict[str, str], named: str, monkeypatch, capsys
+) -> None:
+    assert _serve(argv, monkeypatch, env) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("rollout-gateway serve: error:")
+    assert named in err
+    assert "secret" not in err  # an upstream's credentials never reach the output
+
+
+def test_the_credentials_contradiction_holds_for_library_users_too() -> None:
+    with pytest.raises(ValueError, match="credentials"):
+        GatewayConfig(
+            upstreams=["http://user:secret@upstream/v1"],
+            admin_token=TOKEN,
+            upstream_api_key="sk-upstream",
+        )
+    # Each alone is fine.
+    GatewayConfig(upstreams=["http://user:secret@upstream/v1"], admin_token=TOKEN)
+    GatewayConfig(upstreams=[UP], admin_token=TOKEN, upstream_api_key="sk-upstream")
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--rollout-parse-share", "0"), ("--rollout-parse-share", "1.5"), ("--max-body-cost", "0"),
+     ("--body-memory", "-1"), ("--max-model-len", "0")],
+)  # fmt: skip
+def test_new_bounds_refuse_invalid_values_naming_them(option: str, value: str, capsys) -> None:
+    command = "scripted-model" if option == "--max-model-len" else "serve"
+    argv = [command, option, value] if command == "scripted-model" else [
+        "serve", "--upstream", UP, option, value
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+def test_consistent_new_bounds_start(monkeypatch) -> None:
+    argv = [
+        "--upstream", UP, "--max-body-bytes", str(4 * 1024 * 1024), "--max-body-cost",
+        str(64 * 1024 * 1024), "--body-memory", str(256 * 1024 * 1024),
+        "--rollout-parse-share", "1", "--max-connections", "64",
+    ]  # fmt: skip
+    assert _serve(argv, monkeypatch) == 0

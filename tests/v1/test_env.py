@@ -72,6 +72,8 @@ async def test_vf_eval_runs_the_example_in_gateway_mode(stack: Stack, tmp_path: 
         "--env.interception.tunnel",
         "direct",
         "--no-push",
+        "-n",
+        "2",
         "-o",
         str(tmp_path),
         stdout=asyncio.subprocess.PIPE,
@@ -86,7 +88,7 @@ async def test_vf_eval_runs_the_example_in_gateway_mode(stack: Stack, tmp_path: 
         for line in path.read_text().splitlines()
         if line.strip()
     ]
-    assert len(episodes) == 2  # both tasks, one rollout each
+    assert len(episodes) == 2  # two tasks, one rollout each
     for episode in episodes:
         (trace,) = episode["traces"]
         assert episode["ok"] and trace["stop_condition"] == "agent_completed"

@@ -333,6 +333,8 @@ async def test_vf_eval_selects_local_sandbox_from_the_cli_and_vf_replay_and_resu
         "--env.interception.tunnel",
         "direct",
         "--no-push",
+        "-n",
+        "2",
         "-o",
         str(tmp_path / "runs"),
         env=env,

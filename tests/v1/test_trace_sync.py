@@ -332,3 +332,27 @@ def test_the_steps_alone_are_still_taken_as_earlier_versions_took_them() -> None
     TraceSync(by_steps, model="m", sampling=None, rollout_id="r").apply(steps)
     TraceSync(by_answer, model="m", sampling=None, rollout_id="r").apply(answer(steps))
     assert nodes_of(by_steps) == nodes_of(by_answer)
+
+
+def test_the_agents_tools_sent_once_in_the_delta_form_hold_for_every_step() -> None:
+    # The gateway records each turn's tools; its delta form sends them on the first step
+    # and when they change (protocol.StepExtras.tools). Carried forward, the turns still
+    # extend one path: one branch, with the agent's tools on the trace.
+    from rollout_gateway.protocol import delta_steps
+
+    tools = [{"type": "function", "function": {"name": "run_shell", "parameters": {}}}]
+    steps = [
+        step([SYSTEM, USER], CALL, [1, 2, 3], [4, 5], tools=tools),
+        step([SYSTEM, USER, CALL, RESULT], ANSWER, [1, 2, 3, 4, 5, 6, 7], [8, 9], tools=tools),
+    ]
+    for s in steps:  # the full form's remaining fields
+        s.update(trajectory_id="t", reward=None, advantage=None)
+        s["tokens"] = {**s["tokens"], "overlong_prompt": False, "is_truncated": False}
+    delta = delta_steps(steps)
+    assert "tools" in delta[0]["extras"] and "tools" not in delta[1]["extras"]
+    trace = new_trace()
+    TraceSync(trace, model="m", sampling=None, rollout_id="r").apply(
+        {"format": "delta", "trajectory": delta}
+    )
+    assert trace.num_branches == 1
+    assert [tool.name for tool in trace.tools] == ["run_shell"]

@@ -1,7 +1,17 @@
-"""fix-bug-v1: a verifiers v1 taskset, harness and env for rollout-gateway's gateway mode."""
+"""``vf-eval fix-bug-v1``: the v1 fix-the-bug example as its own installable env package.
 
-from fix_bug_v1.env import FixBugEnv
-from fix_bug_v1.harness import FixBugHarness, FixBugHarnessConfig
-from fix_bug_v1.tasks import FixBugTask, FixBugTaskset
+The taskset, harness and env ship inside rollout-gateway
+(:mod:`rollout_gateway.examples.fix_bug_v1`, id ``rollout-gateway-fix-bug-v1``); this
+package gives them the id ``fix-bug-v1`` and is the shape of an env package a v1 env
+author writes: a top-level module exporting one ``Taskset``, ``Harness`` and ``Env``.
+"""
+
+from rollout_gateway.examples.fix_bug_v1 import (
+    FixBugEnv,
+    FixBugHarness,
+    FixBugHarnessConfig,
+    FixBugTask,
+    FixBugTaskset,
+)
 
 __all__ = ["FixBugEnv", "FixBugHarness", "FixBugHarnessConfig", "FixBugTask", "FixBugTaskset"]

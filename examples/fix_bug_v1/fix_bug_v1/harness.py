@@ -1,71 +1,9 @@
-"""An offline harness: the example agent script, run with the env's own interpreter.
+"""The harness (re-exported from :mod:`rollout_gateway.examples.fix_bug_v1`)."""
 
-v1's built-in ``bash``/``null`` harnesses install their dependencies with ``uv`` at setup,
-which needs a package index. This one writes ``agent.py`` (standard library + ``openai``)
-into the runtime and runs it with ``sys.executable``, so on the subprocess runtime it needs
-nothing beyond the env's own environment.
-"""
+from rollout_gateway.examples.fix_bug_v1.harness import (
+    FixBugHarness,
+    FixBugHarnessConfig,
+    run_program,
+)
 
-from __future__ import annotations
-
-import sys
-from importlib import resources
-from typing import Any
-
-import verifiers.v1 as vf
-from verifiers.v1.clients import ModelContext
-from verifiers.v1.runtimes import ProgramResult, Runtime
-from verifiers.v1.task import TaskData
-
-
-class FixBugHarnessConfig(vf.HarnessConfig):
-    """The agent's knobs."""
-
-    id: str = "fix-bug-v1"
-    max_agent_turns: int = 10
-    """The agent's own cap on model calls (``AGENT_MAX_TURNS``); v1's limits still apply."""
-    command_timeout: int = 60
-    """Seconds per shell command."""
-
-
-class FixBugHarness(vf.Harness[FixBugHarnessConfig]):
-    """Runs ``agent.py`` against the rollout's endpoint in the rollout's runtime."""
-
-    NEEDS_CONTAINER = False
-    SUPPORTS_RESUME = False
-
-    async def launch(
-        self,
-        ctx: ModelContext,
-        trace: vf.Trace,
-        runtime: Runtime,
-        endpoint: str,
-        secret: str,
-        mcp_urls: dict[str, str],
-        data: TaskData,
-        **kwargs: Any,
-    ) -> ProgramResult:
-        """Write the agent and its task into the runtime, run it to its exit."""
-        _, prompt = self.resolve_text_prompt(data)
-        # One agent script for both stacks: the classic example's, shipped in the package
-        # (its package imports verifiers 0.3 only lazily, so this works on 0.4).
-        agent = resources.files("rollout_gateway.examples.fix_bug_env").joinpath("agent.py")
-        source = agent.read_bytes()
-        await runtime.write("agent.py", source)
-        await runtime.write("task.md", (prompt or "").encode())
-        env = {
-            **self.config.env,
-            "OPENAI_BASE_URL": endpoint,
-            "OPENAI_API_KEY": secret,
-            "OPENAI_MODEL": ctx.model,
-            "AGENT_MAX_TURNS": str(self.config.max_agent_turns),
-            "AGENT_COMMAND_TIMEOUT": str(self.config.command_timeout),
-        }
-        return await run_program(runtime, [sys.executable, "agent.py"], env)
-
-
-async def run_program(runtime: Runtime, argv: list[str], env: dict[str, str]) -> ProgramResult:
-    """Run the harness's main program: ``Runtime.run_program`` (verifiers 0.4.0), which
-    later 0.4 builds fold into ``Runtime.run``."""
-    runner = getattr(runtime, "run_program", None) or runtime.run
-    return await runner(argv, env)
+__all__ = ["FixBugHarness", "FixBugHarnessConfig", "run_program"]

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from datasets import Dataset
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 __all__ = ["TASKS", "Task", "build_dataset", "replace_command", "task_prompt"]
 
@@ -236,6 +237,8 @@ def build_dataset(num_examples: int = -1) -> Dataset:
     row shares one Arrow schema). ``num_examples=-1`` keeps all tasks; larger values cycle
     through them.
     """
+    from datasets import Dataset  # imported here: the tasks themselves need no verifiers stack
+
     count = len(TASKS) if num_examples is None or num_examples < 0 else num_examples
     rows = []
     for i in range(count):

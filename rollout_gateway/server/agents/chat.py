@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server.agents.limits import (
     NO_RETRY_HEADERS,
+    check_takes_turn,
     check_turn_allowed,
     max_tokens_allowed,
 )
@@ -53,6 +54,7 @@ from rollout_gateway.server.engines.turn import (
 from rollout_gateway.server.engines.upstream import UpstreamError
 from rollout_gateway.server.engines.upstream_request import (
     build_upstream_request,
+    drop_unread_values,
     dropped_field_facts,
 )
 from rollout_gateway.server.http import jsonio
@@ -118,16 +120,37 @@ class ChatTurns:
     async def handle(self, request: AgentRequest, record: RolloutRecord) -> Response:
         """Answer one chat request of ``record`` (authenticated already)."""
         config = self.gateway.config
+        intake = self.gateway.intake
+        lease = request.lease = intake.lease(record.rollout_id)  # the endpoint releases it
         try:
-            raw = await request.body(config.max_body_bytes)
+            raw = await intake.read(
+                lease, request.receive, request.content_length, request.read_timer
+            )
         except ClientGone:
             logger.info("rollout=%s agent disconnected while sending", record.rollout_id)
             return Response(status_code=499)
-        body = await parse_json_object(raw, self.gateway.body_parser)
+        # A big body's work runs off the loop, on its rollout's share of time.
+        big = lease.big
+        fingerprint_of = self.gateway.rollouts.fingerprint  # keyed with the store's secret
+        fingerprint = (
+            await intake.offload(lease, fingerprint_of, raw) if big else fingerprint_of(raw)
+        )
+        idempotency_key = request.idempotency_key
+        if record.status != "active":  # may be refused before its body is parsed
+            try:
+                check_takes_turn(
+                    record, self.gateway.rollouts, fingerprint, idempotency_key,
+                    is_retry=request.is_retry,
+                )  # fmt: skip
+            except ApiError as exc:
+                self._tell_refusal(record, exc)
+                raise
+        body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
+        del raw  # only the parsed body lives on, without what is never read
+        lease.drop_raw()
+        drop_unread_values(body)
         messages = validate_messages(body, config.max_messages)
         validate_answer_flags(body)
-        fingerprint = self.gateway.rollouts.fingerprint(raw)
-        idempotency_key = request.idempotency_key
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
             turn = record.turns.match(fingerprint, idempotency_key, is_retry=request.is_retry)
@@ -155,7 +178,10 @@ class ChatTurns:
                 turn.events = EventLog()
             # Written now, while the parsed body is in the CPU's caches: the history check
             # and the upstream request both use this text (see recording/history.py).
-            text = jsonio.dumps(messages)
+            if big:
+                text = await intake.offload(lease, jsonio.dumps, messages)
+            else:
+                text = jsonio.dumps(messages)
             turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages, text))
             turn.task.add_done_callback(_retrieve)
             record.turns.start(turn)
@@ -181,7 +207,10 @@ class ChatTurns:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return JSONBytesResponse(answer)
+        try:
+            return JSONBytesResponse(answer)
+        except TypeError:  # orjson's JSONEncodeError: an answer nested deeper than it writes
+            raise ApiError(502, "upstream answer is malformed", "upstream_error") from None
 
     async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
         """Answer a streaming request from the turn's event log (see the module doc)."""
@@ -408,10 +437,7 @@ class ChatTurns:
         try:
             check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         except ApiError as exc:
-            self.gateway.metrics.refused_turns.inc(str(exc.code))
-            # Told on the exit channel too: whatever the agent does with the refusal
-            # (agent frameworks retry some 4xx for minutes), the env stops it.
-            self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
+            self._tell_refusal(record, exc)
             raise
         return history, new_bytes
 
@@ -421,6 +447,13 @@ class ChatTurns:
         if record.status == "completed" and record.truncation_reason is None:
             record.status = "active"
         self.gateway.metrics.abandoned_turns.inc()
+
+    def _tell_refusal(self, record: RolloutRecord, exc: ApiError) -> None:
+        """Count a refused turn, and tell it on the exit channel too: whatever the agent
+        does with the refusal (agent frameworks retry some 4xx for minutes), the env
+        stops it."""
+        self.gateway.metrics.refused_turns.inc(str(exc.code))
+        self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
 
 
 def _count_turn(
@@ -451,7 +484,10 @@ def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | b
     if everything and not body.get("stream") and result.raw is not None and result.strict:
         return result.raw
     if wants_ids and result.prompt_ids_json is not None:
-        completion["prompt_token_ids"] = jsonio.loads_lenient(result.prompt_ids_json)
+        try:
+            completion["prompt_token_ids"] = jsonio.loads(result.prompt_ids_json)
+        except jsonio.JSONDecodeError:
+            pass  # not ids JSON can carry: the step says so (tokens_error), the agent gets none
     return agent_answer(completion, body)
 
 

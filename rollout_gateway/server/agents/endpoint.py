@@ -45,27 +45,30 @@ class ChatEndpoint:
         gateway = self.gateway
         request = AgentRequest(scope, receive)
         try:
-            if self.keyed:
-                record = await gateway.keyed_record(request.bearer)
-            else:
-                rollout_id = scope["path_params"]["rollout_id"]
-                record = await gateway.agent_record(rollout_id, request.bearer)
-            response = await self.chat.handle(request, record)
-        except ApiError as exc:
-            response = gateway.api_error_response(exc)
-        except StoreError as exc:  # a shared store, reached to find the rollout
-            rollout_id = scope.get("path_params", {}).get("rollout_id", "-")
-            response = gateway.api_error_response(store_refusal(exc, rollout_id))
-        except Exception:
-            error_id = log_internal_error(scope, gateway.metrics.internal_errors.inc)
-            await send_internal_error(send, error_id)
-            return
-        try:
-            await response(scope, receive, send)
-        except Exception:
-            # The answer has started (a stream): the server can only drop the connection.
-            log_internal_error(scope, gateway.metrics.internal_errors.inc)
-            raise
+            try:
+                if self.keyed:
+                    record = await gateway.keyed_record(request.bearer)
+                else:
+                    rollout_id = scope["path_params"]["rollout_id"]
+                    record = await gateway.agent_record(rollout_id, request.bearer)
+                response = await self.chat.handle(request, record)
+            except ApiError as exc:
+                response = gateway.api_error_response(exc)
+            except StoreError as exc:  # a shared store, reached to find the rollout
+                rollout_id = scope.get("path_params", {}).get("rollout_id", "-")
+                response = gateway.api_error_response(store_refusal(exc, rollout_id))
+            except Exception:
+                error_id = log_internal_error(scope, gateway.metrics.internal_errors.inc)
+                await send_internal_error(send, error_id)
+                return
+            try:
+                await response(scope, receive, send)
+            except Exception:
+                # The answer has started (a stream): the server can only drop the connection.
+                log_internal_error(scope, gateway.metrics.internal_errors.inc)
+                raise
+        finally:
+            request.release()  # its body is answered: its budgets go to the next ones
 
 
 __all__ = ["ChatEndpoint"]

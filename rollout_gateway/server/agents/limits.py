@@ -10,7 +10,7 @@ reports ``is_truncated: true`` and ``truncation_reason``.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from rollout_gateway.protocol import (
     TURN_REFUSED_STATUS,
@@ -20,6 +20,10 @@ from rollout_gateway.protocol import (
 )
 from rollout_gateway.server.http.responses import ApiError
 from rollout_gateway.server.state.registry import RolloutRecord
+from rollout_gateway.server.state.store import answer_matches
+
+if TYPE_CHECKING:
+    from rollout_gateway.server.state.stored import StoredRollouts
 
 #: Header the OpenAI SDK honours to skip its retries (other clients go by the status).
 NO_RETRY_HEADERS = {"x-should-retry": "false"}
@@ -91,6 +95,42 @@ def check_turn_allowed(
         )
 
 
+def check_takes_turn(
+    record: RolloutRecord,
+    rollouts: StoredRollouts,
+    fingerprint: bytes,
+    idempotency_key: str | None,
+    *,
+    is_retry: bool,
+) -> None:
+    """Raise the refusal of a request to a rollout that takes no more turns (cancelled,
+    completed, or at a limit), before its body is parsed: one agent sending big bodies to
+    its finished rollout then costs the gateway a read and a hash each, not a parse.
+
+    Nothing is raised where the parsed path decides: when this process's copy of the
+    rollout may not be current (a shared store brings it up to date under the turn's
+    claim; a restored record is loaded then), when the request repeats an earlier turn (a
+    retry gets that turn's answer, from the turn tracker or from the store), when the last
+    answer reached nobody (the next turn takes it back: see ``ChatTurns._admit``), or
+    when the rollout is gone (its turn answers 404).
+    """
+    if rollouts.store.shared or not record.loaded or record.revision < 0 or not record.live:
+        return
+    if record.status != "cancelled":
+        if record.turns.match(fingerprint, idempotency_key, is_retry=is_retry) is not None:
+            return
+        last = record.turns.last
+        if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
+            return
+        key = record.answer_key
+        if key is not None and answer_matches(
+            key, fingerprint, idempotency_key, is_retry=is_retry,
+            now=rollouts.wall_clock(), window_s=rollouts.retry_window_s,
+        ):  # fmt: skip
+            return
+    check_turn_allowed(record, extends_history=False)
+
+
 def max_tokens_allowed(record: RolloutRecord, *, extends_history: bool) -> int | None:
     """Upper bound of the next turn's ``max_tokens`` from the rollout's budgets."""
     bounds: list[int] = []
@@ -101,4 +141,10 @@ def max_tokens_allowed(record: RolloutRecord, *, extends_history: bool) -> int |
     return max(1, min(bounds)) if bounds else None
 
 
-__all__ = ["NO_RETRY_HEADERS", "check_turn_allowed", "max_tokens_allowed", "refusal"]
+__all__ = [
+    "NO_RETRY_HEADERS",
+    "check_takes_turn",
+    "check_turn_allowed",
+    "max_tokens_allowed",
+    "refusal",
+]

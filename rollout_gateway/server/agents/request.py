@@ -13,7 +13,9 @@ from starlette.types import Receive, Scope
 
 from rollout_gateway.protocol import IDEMPOTENCY_KEY_HEADER, SDK_RETRY_COUNT_HEADER
 from rollout_gateway.server.http.auth import parse_bearer
-from rollout_gateway.server.http.responses import receive_body, until_disconnect
+from rollout_gateway.server.http.connections import READ_TIMER_KEY, ReadTimer
+from rollout_gateway.server.http.intake import BodyLease
+from rollout_gateway.server.http.responses import until_disconnect
 
 _AUTHORIZATION = b"authorization"
 _CONTENT_LENGTH = b"content-length"
@@ -29,7 +31,15 @@ class AgentRequest:
     would give); ASGI servers hand header names over lower-cased.
     """
 
-    __slots__ = ("receive", "authorization", "content_length", "idempotency_key", "retry_count")
+    __slots__ = (
+        "receive",
+        "authorization",
+        "content_length",
+        "idempotency_key",
+        "retry_count",
+        "lease",
+        "read_timer",
+    )
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.receive = receive
@@ -47,6 +57,10 @@ class AgentRequest:
         self.idempotency_key: str | None = (get(_IDEMPOTENCY_KEY) or "").strip() or None
         #: The OpenAI SDK's ``x-stainless-retry-count`` header's value.
         self.retry_count: str | None = get(_RETRY_COUNT)
+        #: What the request holds of the gateway's body budgets (released once answered).
+        self.lease: BodyLease | None = None
+        #: What reading the request costs the server (set by the gateway's HTTP protocol).
+        self.read_timer: ReadTimer | None = (scope.get("extensions") or {}).get(READ_TIMER_KEY)
 
     @property
     def bearer(self) -> str | None:
@@ -62,15 +76,14 @@ class AgentRequest:
         count = (self.retry_count or "").strip()
         return count.isascii() and count.isdigit() and count.strip("0") != ""
 
-    async def body(self, max_bytes: int) -> bytes:
-        """The body (413 beyond ``max_bytes``;
-        :class:`~rollout_gateway.server.http.responses.ClientGone` if the agent hangs up
-        first)."""
-        return await receive_body(self.receive, self.content_length, max_bytes)
-
     async def disconnected(self) -> None:
         """Return when the agent closes its connection (call once the body is read)."""
         await until_disconnect(self.receive)
+
+    def release(self) -> None:
+        """Give back what the request holds of the body budgets (it is answered)."""
+        if self.lease is not None:
+            self.lease.release()
 
 
 __all__ = ["AgentRequest"]

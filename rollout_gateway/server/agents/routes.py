@@ -17,14 +17,21 @@ from starlette.responses import Response
 
 from rollout_gateway.server.http.auth import bearer_token
 from rollout_gateway.server.http.jsonio import JSONBytesResponse
-from rollout_gateway.server.http.responses import CONTROL_BODY_LIMIT, ApiError, read_json_object
+from rollout_gateway.server.http.responses import ApiError, ClientGone, parse_json_object
 
 if TYPE_CHECKING:
     from rollout_gateway.server.context import GatewayContext
     from rollout_gateway.server.state.registry import RolloutRecord
 
+#: Largest exit report body (the launch wrapper sends ``{"exit_code": N}``).
+EXIT_BODY_LIMIT = 4096
+
 #: Fields of the upstream's model cards that ``/v1/models`` passes on to agents.
 _AGENT_CARD_FIELDS = ("id", "object", "created", "owned_by", "max_model_len")
+
+
+def _exit_too_large() -> ApiError:
+    return ApiError(413, f"exit report exceeds {EXIT_BODY_LIMIT} bytes", "request_too_large")
 
 
 class AgentRoutes:
@@ -46,7 +53,25 @@ class AgentRoutes:
         (``{"exit_code": int}``) or, with ``"started": true``, that it started the agent.
         Nothing else of the body is kept: a refusal is the gateway's to report."""
         record = await self._agent_record(request)
-        body = await read_json_object(request, CONTROL_BODY_LIMIT)
+        intake = self.gateway.intake
+        # Within the rollout's body budgets, like its chat requests: an agent could send
+        # any number of these at once.
+        lease = intake.lease(record.rollout_id)
+        try:
+            content_length = request.headers.get("content-length")
+            declared = (content_length or "").strip()
+            # isdigit() alone takes "²", which int() refuses: ASCII digits, a sane count.
+            if declared.isascii() and declared.isdigit() and len(declared) < 20:
+                if int(declared) > EXIT_BODY_LIMIT:
+                    raise _exit_too_large()
+            raw = await intake.read(lease, request.receive, content_length)
+            if len(raw) > EXIT_BODY_LIMIT:
+                raise _exit_too_large()
+            body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            lease.release()
         exit_code = body.get("exit_code")
         if exit_code is not None and (
             isinstance(exit_code, bool) or not isinstance(exit_code, int)

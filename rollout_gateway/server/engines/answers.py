@@ -13,6 +13,14 @@ The two engines put the training data in different places:
   ``metadata.weight_version``.
 
 Every choice is read (an ``n > 1`` answer keeps all its samples).
+
+An answer whose shape the gateway cannot take for a chat completion raises
+:class:`MalformedAnswer` before anything is recorded (the turn is then a 502, the
+upstream's fault): no choices, a choice or its message that is not an object, content
+that is not text (or a list of parts), tool calls that are not a list of objects with a
+function's name and arguments as text, a finish reason that is not text. Token fields
+that do not read as ids and logprobs are kept out of the step instead (``tokens: null``
+with ``tokens_error`` or ``tokens_missing``).
 """
 
 from __future__ import annotations
@@ -73,6 +81,38 @@ class EngineAnswer:
         return first.completion_ids is not None
 
 
+class MalformedAnswer(ValueError):
+    """An engine answer the gateway cannot read as a chat completion (see the module
+    docstring); its message says what is wrong."""
+
+
+def _check_message(message: Any, where: str) -> dict[str, Any]:
+    # dict, not Mapping: parsed JSON objects are dicts (and isinstance on an ABC is a
+    # Python-level check, the largest cost of reading a turn's answer).
+    if not isinstance(message, dict):
+        raise MalformedAnswer(f"{where}.message is not an object")
+    role = message.get("role")
+    if role is not None and not isinstance(role, str):
+        raise MalformedAnswer(f"{where}.message.role is not text")
+    for key in ("content", "reasoning", "reasoning_content"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str | list):
+            raise MalformedAnswer(f"{where}.message.{key} is not text")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return message
+    if not isinstance(calls, list):
+        raise MalformedAnswer(f"{where}.message.tool_calls is not a list")
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise MalformedAnswer(f"{where}.message.tool_calls holds a call without a function")
+        name, arguments = function.get("name"), function.get("arguments")
+        if not isinstance(name, str) or not isinstance(arguments, str | None):
+            raise MalformedAnswer(f"{where}.message.tool_calls: a function's name or arguments")
+    return message
+
+
 def _int_list(value: Any) -> list[int] | None:
     # Element types are checked by the recorder's array('i') conversion (in C).
     return value if isinstance(value, list) else None
@@ -80,18 +120,18 @@ def _int_list(value: Any) -> list[int] | None:
 
 def _content_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
     lp = choice.get("logprobs")
-    if not isinstance(lp, Mapping) or not isinstance(lp.get("content"), list):
+    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
         return None
     try:
         return [float(entry["logprob"]) for entry in lp["content"]]
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
 
 def _meta_output(choice: Mapping[str, Any]) -> tuple[list[int] | None, list[float] | None]:
     """Ids and logprobs from SGLang's ``meta_info.output_token_logprobs``."""
     meta = choice.get("meta_info")
-    entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
+    entries = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
     if not isinstance(entries, list):
         return None, None
     ids: list[int] = []
@@ -100,7 +140,7 @@ def _meta_output(choice: Mapping[str, Any]) -> tuple[list[int] | None, list[floa
         for entry in entries:
             logprobs.append(float(entry[0]) if entry[0] is not None else float("nan"))
             ids.append(entry[1])
-    except (IndexError, KeyError, TypeError, ValueError):
+    except (IndexError, KeyError, TypeError, ValueError, OverflowError):
         return None, None
     return ids, logprobs
 
@@ -116,11 +156,17 @@ def _sentinels(logprobs: Sequence[float] | None) -> list[int]:
 
 
 def _message(message: Any) -> dict[str, Any]:
-    return assistant_message(message if isinstance(message, Mapping) else {})
+    return assistant_message(message if isinstance(message, dict) else {})
 
 
 def read_choice(choice: Mapping[str, Any], position: int) -> ChoiceSample:
-    """One choice of an answer, in either engine's shape."""
+    """One choice of an answer, in either engine's shape (raises
+    :class:`MalformedAnswer`)."""
+    where = f"choices[{position}]"
+    message = _check_message(choice.get("message"), where)
+    finish_reason = choice.get("finish_reason")
+    if finish_reason is not None and not isinstance(finish_reason, str):
+        raise MalformedAnswer(f"{where}.finish_reason is not text")
     ids = _int_list(choice.get("token_ids"))
     if ids is None:
         ids = _int_list(choice.get("response_token_ids"))
@@ -135,9 +181,9 @@ def read_choice(choice: Mapping[str, Any], position: int) -> ChoiceSample:
         stop = choice.get("matched_stop")
     index = choice.get("index")
     return ChoiceSample(
-        index=index if isinstance(index, int) else position,
-        message=_message(choice.get("message")),
-        finish_reason=choice.get("finish_reason"),
+        index=index if isinstance(index, int) and not isinstance(index, bool) else position,
+        message=_message(message),
+        finish_reason=finish_reason,
         stop_reason=stop if isinstance(stop, int | str) else None,
         completion_ids=ids,
         completion_logprobs=logprobs,
@@ -146,31 +192,37 @@ def read_choice(choice: Mapping[str, Any], position: int) -> ChoiceSample:
 
 
 def _cached_tokens(usage: Any, choices: Sequence[Any]) -> int | None:
-    if isinstance(usage, Mapping):
+    if isinstance(usage, dict):
         details = usage.get("prompt_tokens_details")
-        if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             return details["cached_tokens"]
     for choice in choices:  # SGLang: meta_info.cached_tokens
-        meta = choice.get("meta_info") if isinstance(choice, Mapping) else None
-        if isinstance(meta, Mapping) and isinstance(meta.get("cached_tokens"), int):
+        meta = choice.get("meta_info") if isinstance(choice, dict) else None
+        if isinstance(meta, dict) and isinstance(meta.get("cached_tokens"), int):
             return meta["cached_tokens"]
     return None
 
 
 def read_answer(completion: Mapping[str, Any]) -> EngineAnswer:
-    """Read a (non-streamed or reassembled) chat completion from vLLM or SGLang."""
-    raw_choices = [c for c in completion.get("choices") or () if isinstance(c, Mapping)]
+    """Read a (non-streamed or reassembled) chat completion from vLLM or SGLang (raises
+    :class:`MalformedAnswer`)."""
+    raw_choices = completion.get("choices")
+    if not isinstance(raw_choices, list) or not raw_choices:
+        raise MalformedAnswer("no choices")
+    for i, choice in enumerate(raw_choices):
+        if not isinstance(choice, dict):
+            raise MalformedAnswer(f"choices[{i}] is not an object")
     choices = [read_choice(c, i) for i, c in enumerate(raw_choices)]
     prompt_ids = _int_list(completion.get("prompt_token_ids"))
     if prompt_ids is None and raw_choices:  # SGLang: on the choice
         prompt_ids = _int_list(raw_choices[0].get("prompt_token_ids"))
     usage = completion.get("usage")
     metadata = completion.get("metadata")
-    version = metadata.get("weight_version") if isinstance(metadata, Mapping) else None
+    version = metadata.get("weight_version") if isinstance(metadata, dict) else None
     return EngineAnswer(
         prompt_ids=prompt_ids,
         choices=choices,
-        usage=dict(usage) if isinstance(usage, Mapping) else None,
+        usage=dict(usage) if isinstance(usage, dict) else None,
         cached_tokens=_cached_tokens(usage, raw_choices),
         weight_version=str(version) if version is not None else None,
     )
@@ -178,6 +230,7 @@ def read_answer(completion: Mapping[str, Any]) -> EngineAnswer:
 
 __all__ = [
     "SENTINEL_LOGPROB",
+    "MalformedAnswer",
     "ChoiceSample",
     "EngineAnswer",
     "read_answer",

@@ -103,7 +103,9 @@ def read_model_cards(listing: Any) -> tuple[EngineKind, int | None]:
         if owner in ("vllm", "sglang"):
             kind = owner  # type: ignore[assignment]
         value = card.get("max_model_len")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        # A context length an engine can have (a bigger number is not one, and JSON
+        # could not carry it back in /health).
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**40:
             max_len = value if max_len is None else min(max_len, value)
     return kind, max_len
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from rollout_gateway.protocol import error_code
 from rollout_gateway.server.engines.upstream import agent_status
+from rollout_gateway.server.http import jsonio
 
 #: An SSE comment line: clients ignore it, proxies and tunnels see traffic.
 KEEPALIVE_EVENT = b": keepalive\n\n"
@@ -71,6 +72,10 @@ def _decode(payload: str) -> dict[str, Any]:
         ) from None
     if not isinstance(chunk, dict):
         raise StreamError("upstream sent a stream event that is not an object")
+    try:  # the chunk is relayed, and recorded: no value JSON cannot carry back
+        jsonio.check_writable(chunk)
+    except jsonio.UnwritableError as exc:
+        raise StreamError("upstream answer is malformed", detail=f"stream event: {exc}") from None
     error = chunk.get("error")
     if error is not None:
         message = error.get("message") if isinstance(error, Mapping) else str(error)
@@ -85,7 +90,39 @@ def _decode(payload: str) -> dict[str, Any]:
     choices = chunk.get("choices")
     if choices is not None and not isinstance(choices, list):
         raise StreamError("upstream sent a stream event that is not a chat completion chunk")
+    for choice in choices or ():
+        problem = _chunk_choice_problem(choice)
+        if problem is not None:  # relayed as it is, it would differ from what is recorded
+            raise StreamError("upstream answer is malformed", detail=f"stream event: {problem}")
     return chunk
+
+
+#: Text fields of a chunk's ``delta``.
+_DELTA_TEXT = ("role", "content", "reasoning", "reasoning_content")
+
+
+def _chunk_choice_problem(choice: Any) -> str | None:
+    """What is wrong with one choice of a chunk (``None``: nothing)."""
+    # dict, not Mapping: chunks are parsed JSON (an ABC's isinstance is slow per chunk).
+    if not isinstance(choice, dict):
+        return "a choice is not an object"
+    finish = choice.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        return "finish_reason is not text"
+    delta = choice.get("delta")
+    if delta is None:
+        return None
+    if not isinstance(delta, dict):
+        return "delta is not an object"
+    for key in _DELTA_TEXT:
+        if delta.get(key) is not None and not isinstance(delta[key], str):
+            return f"delta.{key} is not text"
+    calls = delta.get("tool_calls")
+    if calls is not None and not (
+        isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
+    ):
+        return "delta.tool_calls is not a list of objects"
+    return None
 
 
 @dataclass

@@ -60,6 +60,7 @@ from rollout_gateway.server.engines.routed_experts import (
 )
 from rollout_gateway.server.engines.upstream import (
     UpstreamError,
+    check_answer_writable,
     raise_for_upstream_status,
 )
 from rollout_gateway.server.http import jsonio
@@ -187,7 +188,8 @@ def read_generate_logprobs(choice: Mapping[str, Any], completion_ids: list[int])
     """Per-token logprobs of a generate answer's choice, in vLLM 0.32's token mode shape
     (``{"token_id": N, "logprob": x}``) or the ``token: "token_id:N"`` one renderers
     expects. Raises :class:`UpstreamError` (502) when they do not match the ids."""
-    content = (choice.get("logprobs") or {}).get("content")
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
     if not isinstance(content, list) or len(content) != len(completion_ids):
         raise UpstreamError(
             "protocol", 502, "token-in answer: logprobs do not match the completion ids"
@@ -199,14 +201,29 @@ def read_generate_logprobs(choice: Mapping[str, Any], completion_ids: list[int])
         named = entry.get("token_id")
         if named is None and isinstance(entry.get("token"), str):
             tail = entry["token"].removeprefix("token_id:")
-            named = int(tail) if tail.isdigit() else None
+            # isdigit() alone takes "²", which int() refuses, and int() refuses 4300 digits
+            named = int(tail) if tail.isascii() and tail.isdigit() and len(tail) <= 18 else None
         value = entry.get("logprob")
         if named != token_id or isinstance(value, bool) or not isinstance(value, int | float):
             raise UpstreamError(
                 "protocol", 502, "token-in answer: logprob entry does not match its token id"
             )
-        out.append(float(value))
+        try:
+            out.append(float(value))
+        except OverflowError:
+            raise UpstreamError("protocol", 502, "token-in answer: logprob out of range") from None
     return out
+
+
+#: Token ids are 32-bit (what the recorder stores); anything else is not an id.
+_MAX_TOKEN_ID = 2**31 - 1
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    """``value`` if it is a list of token ids, else ``None``."""
+    if isinstance(value, list) and all(type(t) is int and 0 <= t <= _MAX_TOKEN_ID for t in value):
+        return value
+    return None
 
 
 @dataclass
@@ -378,6 +395,7 @@ class TokenInEngine:
             raise UpstreamError("protocol", 502, "token-in answer is not JSON") from exc
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise UpstreamError("protocol", 502, "token-in answer has no choices")
+        check_answer_writable(data)
         return data
 
     def _completion(
@@ -386,11 +404,20 @@ class TokenInEngine:
         from renderers.base import ToolCallParseStatus
 
         choice = data["choices"][0] if data["choices"] else {}
-        completion_ids = choice.get("token_ids")
-        if not isinstance(completion_ids, list):
+        if not isinstance(choice, Mapping):
+            raise UpstreamError("protocol", 502, "token-in answer: a choice is not an object")
+        completion_ids = _token_ids(choice.get("token_ids"))
+        if completion_ids is None:
             raise UpstreamError("protocol", 502, "token-in answer has no completion ids")
         logprobs = read_generate_logprobs(choice, completion_ids)
-        parsed = self.renderer.parse_response(completion_ids, prompt_ids=prompt_ids, tools=tools)
+        try:
+            parsed = self.renderer.parse_response(
+                completion_ids, prompt_ids=prompt_ids, tools=tools
+            )
+        except Exception as exc:  # ids the renderer cannot read (beyond its vocabulary...)
+            raise UpstreamError(
+                "protocol", 502, "token-in answer: the renderer cannot read its ids", repr(exc)
+            ) from exc
         calls = [
             {
                 "id": tc.id or f"call_{secrets.token_hex(12)}",
@@ -427,7 +454,7 @@ class TokenInEngine:
         return {
             "id": f"chatcmpl-{data.get('request_id') or secrets.token_hex(12)}",
             "object": "chat.completion",
-            "created": int(data.get("created") or time.time()),
+            "created": created if type(created := data.get("created")) is int else int(time.time()),
             "model": model,
             "prompt_token_ids": prompt_ids,
             "choices": [

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
-from rollout_gateway.server.engines.answers import EngineAnswer, read_answer
+from rollout_gateway.server.engines.answers import EngineAnswer, MalformedAnswer, read_answer
 from rollout_gateway.server.engines.probe import TOKEN_FLAG_FIELDS, EngineInfo, token_flags
 from rollout_gateway.server.engines.streaming import (
     StreamAssembler,
@@ -45,6 +45,7 @@ from rollout_gateway.server.engines.streaming import (
 from rollout_gateway.server.engines.upstream import (
     UpstreamError,
     UpstreamPool,
+    malformed_answer,
     parse_completion,
     raise_for_upstream_status,
 )
@@ -220,13 +221,20 @@ class EngineTurn:
                 completion, strict = parse_completion(rest)
                 without = rest if prompt_ids_json is not None else None
                 result = EngineResult(completion, raw, strict, prompt_ids_json, without)
+            # Read before anything is recorded: an answer that is not a chat completion
+            # is the upstream's fault (502), never the gateway's (500).
+            answer = read_answer(result.completion)
+        except MalformedAnswer as exc:
+            failure = malformed_answer(str(exc))
+            self._note_failure(failure)
+            raise failure from None
         except UpstreamError as exc:
             if is_context_overflow(exc):
                 self._record_overflow(exc)
             else:
                 self._note_failure(exc)
             raise
-        self._record(read_answer(result.completion), first_chunk_s, result.prompt_ids_json)
+        self._record(answer, first_chunk_s, result.prompt_ids_json)
         return result
 
     @property
@@ -345,6 +353,7 @@ class EngineTurn:
             stop_reason=first.stop_reason if first else None,
             usage=answer.usage,
             cached_tokens=answer.cached_tokens,
+            tools=self.upstream_body.get("tools") or [],
         )
         if extras["policy_version"] is None:
             extras["policy_version"] = self.policy.stamp(answer.weight_version)

@@ -141,20 +141,30 @@ def _engine_error_message(response: HTTPAnswer) -> str | None:
         return None
     error = body.get("error")
     if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
-        return str(error["message"])
+        return clean_text(error["message"])
     if isinstance(error, str) and error:
-        return error
+        return clean_text(error)
     for key in ("message", "detail"):
         value = body.get(key)
         if isinstance(value, str) and value:
-            return value
+            return clean_text(value)
         if isinstance(value, list):  # FastAPI's validation errors: their "msg"s, no repr
             texts = [
                 e["msg"] for e in value if isinstance(e, dict) and isinstance(e.get("msg"), str)
             ]
             if texts:
-                return "; ".join(texts)
+                return clean_text("; ".join(texts))
     return None
+
+
+def clean_text(text: str) -> str:
+    """An upstream's text made writable as JSON: lone surrogates (which the lenient parser
+    lets through, and orjson refuses to write) become ``?``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def agent_status(upstream_status: int) -> int:
@@ -213,7 +223,36 @@ def parse_completion(raw: bytes) -> tuple[dict[str, Any], bool]:
             ) from exc
     if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
         raise UpstreamError("protocol", 502, "upstream answer is not a chat completion")
+    if not strict:
+        check_answer_writable(completion)
+    else:
+        # The strict parser builds only values JSON can carry, but reads 1024 levels where
+        # the gateway writes 254: what it keeps of an answer (each choice's message, the
+        # usage) must be writable where it keeps it. (The rest is only relayed: an answer
+        # too deep for that is a 502 when it is written, see agents/chat.py.)
+        kept = [c.get("message") for c in completion["choices"] if isinstance(c, dict)]
+        kept.append(completion.get("usage"))
+        try:
+            jsonio.check_depth(kept, jsonio.MAX_KEPT_ANSWER_DEPTH)
+        except jsonio.TooDeepError as exc:
+            raise malformed_answer(f"nests too deep: {exc}") from None
     return completion, strict
+
+
+def malformed_answer(detail: str) -> UpstreamError:
+    """The error of an upstream answer the gateway cannot read (the upstream's fault)."""
+    return UpstreamError("protocol", 502, "upstream answer is malformed", detail)
+
+
+def check_answer_writable(value: Any) -> None:
+    """Raise the 502 :class:`UpstreamError` of :func:`malformed_answer` unless ``value``
+    (parsed from an upstream) can be written back as JSON wherever the gateway keeps it:
+    no integer beyond 64 bits, no lone surrogate, no nesting deeper than the gateway
+    allows (:func:`~rollout_gateway.server.http.jsonio.check_writable`)."""
+    try:
+        jsonio.check_writable(value)
+    except jsonio.UnwritableError as exc:
+        raise malformed_answer(f"a value JSON cannot carry back: {exc}") from None
 
 
 class UpstreamPool:
@@ -357,6 +396,7 @@ class UpstreamPool:
         response = await upstream.http.get("/models", timeout_s=timeout_s)
         raise_for_upstream_status(response, upstream.label)
         listing = jsonio.loads_lenient(response.content)
+        check_answer_writable(listing)  # cards reach agents as they are
         data = listing.get("data") if isinstance(listing, dict) else None
         return [card for card in data or () if isinstance(card, dict)]
 
@@ -394,7 +434,10 @@ __all__ = [
     "UpstreamClientKind",
     "UpstreamError",
     "agent_status",
+    "check_answer_writable",
+    "clean_text",
     "connection_failure",
+    "malformed_answer",
     "UpstreamPool",
     "raise_for_upstream_status",
     "parse_completion",

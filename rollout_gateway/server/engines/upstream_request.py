@@ -41,6 +41,20 @@ AGENT_READ_FIELDS = (
     "model",
 )
 _AGENT_FIELDS = frozenset((*AGENT_FORWARDED_FIELDS, *AGENT_READ_FIELDS))
+#: Fields whose values the gateway reads (forwarded, read, or shaping the answer).
+_KEPT_FIELDS = _AGENT_FIELDS | {"include_reasoning"}
+
+
+def drop_unread_values(body: dict[str, Any]) -> None:
+    """Set to ``None`` the values of every field of an agent's request the gateway never
+    reads (see :func:`dropped_field_facts`, which still lists their names).
+
+    The parsed body lives until the turn is answered, behind a slow engine perhaps; a
+    ``pad`` of millions of values would live as long, for nothing.
+    """
+    for key in body:
+        if key not in _KEPT_FIELDS:
+            body[key] = None
 
 
 #: A turn records at most this many names of dropped fields, each cut to this many
@@ -181,6 +195,7 @@ __all__ = [
     "agent_view",
     "assistant_message",
     "build_upstream_request",
+    "drop_unread_values",
     "MAX_DROPPED_FIELDS",
     "MAX_DROPPED_FIELD_CHARS",
     "dropped_field_facts",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -40,6 +39,12 @@ class TooDeepError(ValueError):
     """A request body nests deeper than :data:`MAX_BODY_DEPTH`."""
 
 
+class UnwritableError(ValueError):
+    """A value the gateway could not write back as JSON (an integer beyond 64 bits, a
+    lone surrogate, nesting deeper than allowed): only the lenient parser of upstream
+    answers builds such values."""
+
+
 def loads(raw: bytes | str) -> Any:
     """Parse strict JSON (raises :class:`JSONDecodeError`, a ``ValueError``)."""
     return orjson.loads(raw)
@@ -59,22 +64,35 @@ def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
     Written by orjson inside ``254 - max_depth`` lists, ``value`` fails exactly then: one
     pass in C (a 170 kB chat body takes ~10 us), not a walk of every node in Python.
     """
+    pool = _wrapper_chains.get(max_depth)
     chain = None
-    if max_depth == MAX_BODY_DEPTH:
+    if pool is not None:
         with contextlib.suppress(IndexError):  # none free: a new one
-            chain = _wrapper_chains.pop()
+            chain = pool.pop()
     if chain is None:
         chain = _wrapper_chain(_ORJSON_MAX_DEPTH - max_depth)
     outer, inner = chain
     inner[0] = value
     try:
         orjson.dumps(outer)
-    except orjson.JSONEncodeError:
+    except orjson.JSONEncodeError as exc:
+        if "Recursion" not in str(exc):
+            raise UnwritableError(str(exc)) from None
         raise TooDeepError(f"request body nests deeper than {max_depth} levels") from None
     finally:
         inner[0] = None
-        if max_depth == MAX_BODY_DEPTH:
-            _wrapper_chains.append(chain)
+        if pool is not None:
+            pool.append(chain)
+
+
+def check_writable(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
+    """Raise :class:`UnwritableError` unless the gateway can write ``value`` back as JSON
+    wherever it keeps it (see :data:`MAX_BODY_DEPTH`): no integer beyond 64 bits, no
+    lone surrogate, no nesting deeper than ``max_depth``. One pass in C."""
+    try:
+        check_depth(value, max_depth)
+    except TooDeepError:
+        raise UnwritableError(f"nests deeper than {max_depth} levels") from None
 
 
 def _wrapper_chain(levels: int) -> tuple[list[Any], list[Any]]:
@@ -86,10 +104,19 @@ def _wrapper_chain(levels: int) -> tuple[list[Any], list[Any]]:
     return outer, inner
 
 
-#: Wrapper chains of :func:`check_depth` for the default depth, reused: building one is
-#: half its cost on a chat body. Each is taken by one call at a time (``list.pop`` and
-#: ``append`` are atomic), so bodies parsed in worker threads get their own.
-_wrapper_chains: list[tuple[list[Any], list[Any]]] = []
+#: Deepest nesting of what the gateway keeps of an engine's answer (a choice's message,
+#: the usage) inside a list of them: kept at most 8 levels deeper (a message in a step's
+#: ``extras.other_choices``), they are written back within orjson's 254.
+MAX_KEPT_ANSWER_DEPTH = 245
+
+#: Wrapper chains of :func:`check_depth` for the depths it checks every turn, reused:
+#: building one is half its cost on a chat body. Each is taken by one call at a time
+#: (``list.pop`` and ``append`` are atomic), so bodies parsed in worker threads get their
+#: own.
+_wrapper_chains: dict[int, list[tuple[list[Any], list[Any]]]] = {
+    MAX_BODY_DEPTH: [],
+    MAX_KEPT_ANSWER_DEPTH: [],
+}
 
 
 async def loads_off_loop(raw: bytes) -> Any:
@@ -97,45 +124,6 @@ async def loads_off_loop(raw: bytes) -> Any:
     if len(raw) > OFF_LOOP_PARSE_BYTES:
         return await asyncio.to_thread(loads_body, raw)
     return loads_body(raw)
-
-
-class BodyParser:
-    """Parses request bodies; at most ``max_concurrent`` big ones at once, gateway-wide.
-
-    A parsed body costs several times its size in Python objects while it is handled;
-    without a global bound, hundreds of agents sending big bodies at once multiply that
-    by their number. Big bodies beyond the bound wait their turn (their raw bytes are
-    already held); small ones parse at once on the loop.
-
-    Args:
-        max_concurrent: big bodies parsed at the same time.
-        off_loop_bytes: bodies larger than this are big (parsed in a worker thread).
-        loads: the parse function (a seam for tests).
-    """
-
-    def __init__(
-        self,
-        max_concurrent: int,
-        *,
-        off_loop_bytes: int = OFF_LOOP_PARSE_BYTES,
-        loads: Callable[[bytes], Any] = loads_body,
-    ) -> None:
-        if max_concurrent < 1:
-            raise ValueError(f"max_concurrent: must be at least 1, got {max_concurrent!r}")
-        self.max_concurrent = max_concurrent
-        self.off_loop_bytes = off_loop_bytes
-        self._loads = loads
-        self._slots: asyncio.Semaphore | None = None  # made on first use, in the loop
-
-    async def loads(self, raw: bytes) -> Any:
-        """Parse ``raw`` as strict JSON (raises :class:`JSONDecodeError`, or
-        :class:`TooDeepError` past :data:`MAX_BODY_DEPTH`)."""
-        if len(raw) <= self.off_loop_bytes:
-            return self._loads(raw)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_concurrent)
-        async with self._slots:
-            return await asyncio.to_thread(self._loads, raw)
 
 
 def loads_lenient(raw: bytes) -> Any:
@@ -167,12 +155,14 @@ class JSONBytesResponse(Response):
 
 __all__ = [
     "MAX_BODY_DEPTH",
-    "BodyParser",
+    "MAX_KEPT_ANSWER_DEPTH",
     "OFF_LOOP_PARSE_BYTES",
     "JSONBytesResponse",
     "JSONDecodeError",
     "TooDeepError",
+    "UnwritableError",
     "check_depth",
+    "check_writable",
     "dumps",
     "loads",
     "loads_body",

@@ -9,7 +9,7 @@ bodies are read here too, bounded in size, for every route (:func:`receive_body`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -17,7 +17,6 @@ from starlette.types import Receive
 
 from rollout_gateway.protocol import error_code, is_valid_rollout_id
 from rollout_gateway.server.http.jsonio import (
-    BodyParser,
     JSONBytesResponse,
     JSONDecodeError,
     TooDeepError,
@@ -119,13 +118,15 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return await parse_json_object(raw)
 
 
-async def parse_json_object(raw: bytes, parser: BodyParser | None = None) -> dict[str, Any]:
-    """``raw`` parsed as a JSON object (400 when it is not one), by ``parser`` when given
-    (the gateway's, which bounds concurrent big parses)."""
+async def parse_json_object(
+    raw: bytes, parse: Callable[[bytes], Awaitable[Any]] | None = None
+) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object (400 when it is not one), by ``parse`` when given
+    (the chat routes': :meth:`~.intake.BodyIntake.parse`, which bounds what bodies cost)."""
     if not raw.strip():
         raise ApiError(400, "request body must be a JSON object", "invalid_request_error")
     try:
-        body = await (parser.loads(raw) if parser is not None else loads_off_loop(raw))
+        body = await (parse(raw) if parse is not None else loads_off_loop(raw))
     except TooDeepError as exc:
         raise ApiError(400, str(exc), "invalid_request_error") from None
     except JSONDecodeError as exc:

@@ -53,6 +53,8 @@ class TrajectoryRecorder:
         self._ids = TokenBranches(self.max_seq_len)
         self._history = MessageHistory()
         self._abandoned: list[int] = []
+        #: The last recorded ``extras["tools"]``: a turn with the same tools shares it.
+        self._tools: Any = None
 
     @property
     def num_steps(self) -> int:
@@ -192,6 +194,12 @@ class TrajectoryRecorder:
         prompt + completion ids.
         """
         step_extras: dict[str, Any] = dict(extras or {})
+        tools = step_extras.get("tools")
+        if tools is not None:
+            if tools == self._tools:
+                step_extras["tools"] = self._tools  # one list for every turn that sent it
+            else:
+                self._tools = tools
         if history is None:  # not matched by the caller
             history = self._history.match(messages)
         shared = history.shared
@@ -292,9 +300,16 @@ class TrajectoryRecorder:
         before it (see :meth:`abandon_last`), i.e. against the previous step kept here.
         """
         out: list[dict[str, Any]] = []
+        tools: Any = None
         for step in self._steps:
             if step.abandoned:
                 continue
+            extras = step.extras
+            if "tools" in extras:
+                if extras["tools"] is tools:  # as the previous step's: carried forward
+                    extras = {k: v for k, v in extras.items() if k != "tools"}
+                else:
+                    tools = extras["tools"]
             body_tokens: dict[str, Any] | None = None
             if step.tokens is not None:
                 t = step.tokens
@@ -318,7 +333,7 @@ class TrajectoryRecorder:
                     "advantage": None,
                     "is_truncated": step.is_truncated,
                     "trajectory_id": self.trajectory_id,
-                    "extras": step.extras,
+                    "extras": extras,
                 }
             )
         return out

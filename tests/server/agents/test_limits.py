@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from rollout_gateway.server.http.jsonio import BodyParser
+from rollout_gateway.server.http.intake import BodyIntake, IntakeLimits
 
 from ..conftest import GatewayHarness, RecordingUpstream, script
 
@@ -175,29 +175,44 @@ def _tracking_loads(gate: threading.Event | None = None, big: int = 0):
     return loads, state
 
 
+def _limits(**fields) -> IntakeLimits:
+    values = {
+        "max_body_bytes": 1 << 20,
+        "max_body_cost": 64 << 20,
+        "body_memory": 1 << 30,
+        "max_concurrent_parses": 2,
+        "rollout_parse_share": 1.0,
+    }
+    values.update(fields)
+    return IntakeLimits(**values)
+
+
 async def test_big_bodies_parse_at_most_n_at_once_and_small_ones_never_wait() -> None:
     gate = threading.Event()
     loads, state = _tracking_loads(gate, big=100)
-    parser = BodyParser(2, off_loop_bytes=100, loads=loads)
+    intake = BodyIntake(_limits(big_body_bytes=100), loads=loads)
     big = orjson.dumps({"pad": "x" * 200})
-    parses = [asyncio.ensure_future(parser.loads(big)) for _ in range(6)]
+    parses = [
+        asyncio.ensure_future(intake.parse(intake.lease(f"rollout-{i}"), big)) for i in range(6)
+    ]
     await asyncio.sleep(0.1)
     assert state["max"] == 2 and state["calls"] == 2  # the other four wait their turn
     # A small body is parsed at once, on the loop, while the big ones hold every slot.
-    assert await asyncio.wait_for(parser.loads(b'{"a": 1}'), 1) == {"a": 1}
+    small = intake.parse(intake.lease("small"), b'{"a": 1}')
+    assert await asyncio.wait_for(small, 1) == {"a": 1}
     gate.set()
     assert [r["pad"] for r in await asyncio.gather(*parses)] == ["x" * 200] * 6
     assert state["max"] == 2
-    with pytest.raises(ValueError, match="max_concurrent"):
-        BodyParser(0)
+    with pytest.raises(ValueError, match="max-concurrent-parses|max_concurrent"):
+        BodyIntake(_limits(max_concurrent_parses=0, body_memory=1 << 30))
 
 
 async def test_the_chat_route_parses_big_bodies_under_the_gateway_bound(make_gateway) -> None:
     gw = await make_gateway(max_concurrent_parses=1)
     gateway = gw.app.state.gateway
-    assert gateway.body_parser.max_concurrent == 1
+    assert gateway.intake.limits.max_concurrent_parses == 1
     loads, state = _tracking_loads()
-    gateway.body_parser = BodyParser(1, loads=loads)  # the same bound, observed
+    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)  # observed
     padding = "y" * (300 * 1024)  # over the 256 KiB off-loop threshold
     for i in range(3):
         await gw.register(f"big{i}")
@@ -209,6 +224,121 @@ async def test_the_chat_route_parses_big_bodies_under_the_gateway_bound(make_gat
     )
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert state["calls"] == 3 and state["max"] == 1
+
+
+# -- one agent cannot take the gateway down (issue 26) -----------------------------------
+
+
+async def test_fields_the_gateway_never_reads_are_not_kept_while_the_turn_waits(
+    make_gateway,
+) -> None:
+    import weakref
+
+    class Pad(list):
+        """A parsed ``pad`` whose lifetime the test can see."""
+
+    seen: list[weakref.ref] = []
+
+    def loads(raw: bytes):
+        body = orjson.loads(raw)
+        if isinstance(body, dict) and "pad" in body:
+            body["pad"] = Pad(body["pad"])
+            seen.append(weakref.ref(body["pad"]))
+        return body
+
+    upstream = RecordingUpstream(latency_s=0.5)
+    gw = await make_gateway(upstream.app())
+    gateway = gw.app.state.gateway
+    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)
+    await gw.register("r1")
+    body = {"messages": turn("hi"), "pad": [{}] * 1000}
+    waiting = asyncio.ensure_future(gw.chat("r1", body))
+    while not upstream.events:  # the turn waits on the engine
+        await asyncio.sleep(0.01)
+    assert seen and seen[0]() is None  # the pad is gone already
+    assert (await waiting).status_code == 200
+    extras = (await gw.trajectory("r1")).json()["trajectory"][0]["extras"]
+    assert extras["dropped_fields"] == ["pad"]  # still named among the dropped fields
+
+
+async def test_another_rollouts_turn_is_served_while_a_big_parse_is_held(
+    make_gateway,
+) -> None:
+    gate = threading.Event()
+    big_parses: list[int] = []
+
+    def loads(raw: bytes):
+        if len(raw) > 256 * 1024:
+            big_parses.append(len(raw))
+            gate.wait(10)
+        return orjson.loads(raw)
+
+    gw = await make_gateway()
+    gateway = gw.app.state.gateway
+    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)
+    await gw.register("attacker")
+    await gw.register("victim")
+    big = [{"role": "user", "content": script({"say": "ok"}) + " " + "x" * (1024 * 1024)}]
+    attack = asyncio.ensure_future(gw.chat("attacker", big))
+    while not big_parses:
+        await asyncio.sleep(0.01)
+    r = await asyncio.wait_for(gw.chat("victim", turn("meanwhile")), 10)
+    assert r.status_code == 200 and not attack.done()
+    gate.set()
+    assert (await attack).status_code == 200
+
+
+async def test_a_finished_rollout_refuses_a_big_body_without_parsing_it(make_gateway) -> None:
+    parsed: list[int] = []
+
+    def loads(raw: bytes):
+        parsed.append(len(raw))
+        return orjson.loads(raw)
+
+    gw = await make_gateway()
+    gateway = gw.app.state.gateway
+    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)
+    await gw.register("r1", max_turns=1)
+    first = turn("the only turn")
+    assert (await gw.chat("r1", first)).status_code == 200
+    parsed.clear()
+    big = [{"role": "user", "content": script({"say": "more"}) + " " + "x" * (1024 * 1024)}]
+    await refused(gw, "r1", big, "max_turns_reached")
+    assert parsed == []  # read and hashed, never parsed
+    # A retry of the last turn still gets its answer (it is matched before any refusal).
+    retry = await gw.chat("r1", first, headers={"x-stainless-retry-count": "1"})
+    assert retry.status_code == 200
+
+
+async def test_a_rollouts_big_bodies_wait_for_its_share_of_time(make_gateway) -> None:
+    gw = await make_gateway(rollout_parse_share=0.5)
+    gateway = gw.app.state.gateway
+    slept: list[float] = []
+    cpu = {"now": 0.0}
+
+    def loads(raw: bytes):
+        cpu["now"] += 0.3  # a parse of 0.3 s of CPU
+        return orjson.loads(raw)
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    gateway.intake = BodyIntake(
+        gateway.config.intake_limits(),
+        loads=loads,
+        cpu_clock=lambda: cpu["now"],
+        clock=lambda: 100.0,  # time stands still: only the share's wait counts
+        sleep=sleep,
+    )
+    await gw.register("r1")
+    await gw.register("r2")
+    for i in range(2):
+        big = [{"role": "user", "content": script({"say": f"{i}"}) + " " + "x" * 300_000}]
+        assert (await gw.chat("r1", big)).status_code == 200
+    assert slept == [pytest.approx(0.3)]  # a share of 0.5: as long as it took
+    big = [{"role": "user", "content": script({"say": "r2"}) + " " + "x" * 300_000}]
+    assert (await gw.chat("r2", big)).status_code == 200
+    assert len(slept) == 1  # another rollout does not wait for it
 
 
 async def exits(gw: GatewayHarness) -> list[dict]:
@@ -268,3 +398,70 @@ async def test_the_wrappers_start_report_never_replaces_an_exit(make_gateway) ->
         "/v1/rollouts/r1/exit", json={"started": "yes"}, headers=gw.agent_headers("r1")
     )
     assert bad.status_code == 400
+
+
+async def test_an_exit_report_is_small_and_within_the_rollouts_budgets(gw: GatewayHarness) -> None:
+    await gw.register("r1")
+    headers = gw.agent_headers("r1")
+    big = await gw.client.post(
+        "/v1/rollouts/r1/exit", json={"exit_code": 0, "pad": [{}] * 2000}, headers=headers
+    )
+    assert big.status_code == 413, big.text
+    ok = await gw.client.post("/v1/rollouts/r1/exit", json={"exit_code": 0}, headers=headers)
+    assert ok.status_code == 200, ok.text
+    intake = gw.gateway.intake
+    assert intake.raw.held == 0 and intake.parsed.held == 0  # released once answered
+
+
+async def test_a_retry_of_the_last_turn_after_a_restart_is_answered_not_refused(
+    tmp_path,
+) -> None:
+    """A rollout finished by its last turn (max_turns) refuses new turns before parsing
+    them, but a retry of that turn after a restart gets its stored answer (issue 26's
+    early refusal never shadows the store's answer)."""
+    import contextlib
+
+    import httpx
+
+    from rollout_gateway.server import GatewayConfig, create_app
+    from rollout_gateway.server.state.sqlite import SQLiteStore
+
+    from ..conftest import ADMIN_TOKEN, UPSTREAM
+
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    upstream = RecordingUpstream().app()
+
+    @contextlib.asynccontextmanager
+    async def running():
+        config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN)
+        app = create_app(
+            config,
+            upstream_transport=httpx.ASGITransport(upstream),
+            store=SQLiteStore(tmp_path / "state"),
+        )
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app), base_url="http://gw"
+            ) as client:
+                yield client
+
+    body = {"messages": turn("the only turn"), "return_token_ids": True, "logprobs": True}
+    async with running() as gw:
+        r = await gw.post("/v1/rollouts/r1/register", json={"model": "m", "max_turns": 1},
+                          headers=admin)  # fmt: skip
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        first = await gw.post("/v1/rollouts/r1/chat/completions", json=body, headers=key)
+        assert first.status_code == 200
+    async with running() as gw:
+        for attempt in (1, 2):  # the second finds the record loaded (and finished)
+            retry = await gw.post(
+                "/v1/rollouts/r1/chat/completions",
+                json=body,
+                headers={**key, "x-stainless-retry-count": str(attempt)},
+            )
+            assert retry.status_code == 200, retry.text
+            assert retry.json() == first.json()
+        new = {"messages": turn("one more"), "return_token_ids": True}
+        refused_turn = await gw.post("/v1/rollouts/r1/chat/completions", json=new, headers=key)
+        assert refused_turn.status_code == 403
+        assert refused_turn.json()["error"]["code"] == "max_turns_reached"

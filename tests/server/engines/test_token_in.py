@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,7 @@ class FakeTokenEngine:
         answers: list[str],
         *,
         scale_out: bool = True,
+        breaks: list[Callable[[str], str]] | None = None,
         routing: str | None = None,
     ) -> None:
         from transformers import AutoTokenizer
@@ -115,6 +117,8 @@ class FakeTokenEngine:
         self.close = self.tok.convert_tokens_to_ids("<end_of_turn>")
         self.answers = list(answers)
         self.scale_out = scale_out
+        #: Applied, one per answer, to the answer's JSON text (a malformed engine).
+        self.breaks = list(breaks or [])
         #: ``enable_return_routed_experts``: ``"object"`` (prime-rl's server), ``"npy"``
         #: (vLLM's own serving), or ``None`` (off).
         self.routing = routing
@@ -147,7 +151,7 @@ class FakeTokenEngine:
                 choice_extra["routed_experts"] = self.routed_experts(
                     [*body["token_ids"], *ids], start
                 )
-            return JSONResponse(
+            answer = JSONResponse(
                 {
                     "request_id": f"generate-tokens-{len(self.requests)}",
                     "model": body["model"],
@@ -176,6 +180,10 @@ class FakeTokenEngine:
                     ],
                 }
             )
+            if self.breaks:
+                text = self.breaks.pop(0)(bytes(answer.body).decode())
+                return Response(text, media_type="application/json")
+            return answer
 
         async def models(request: Request) -> Response:
             card = {"id": "m", "owned_by": "vllm", "max_model_len": self.max_model_len}
@@ -462,6 +470,65 @@ async def test_messages_the_template_cannot_render_are_400_not_500(
     assert traj["num_turns"] == 0 and traj["failed_turns"][0]["error"]["status_code"] == 400
     assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
     assert engine.requests == []  # nothing reached the engine
+
+
+def _replace(old: str, new: str) -> Callable[[str], str]:
+    def change(text: str) -> str:
+        assert old in text, text
+        return text.replace(old, new, 1)
+
+    return change
+
+
+def _edit(change: Callable[[dict[str, Any]], Any]) -> Callable[[str], str]:
+    def apply(text: str) -> str:
+        data = json.loads(text)
+        change(data)
+        return json.dumps(data)
+
+    return apply
+
+
+BIG = "9" * 401
+
+
+@pytest.mark.parametrize(
+    "breaks",
+    [
+        _replace('"logprob":', f'"logprob":{BIG},"x":'),
+        _replace('"created":', f'"created":{BIG},"x":'),
+        _replace('"token_ids":[', '"token_ids":["²",'),
+        _replace('"token_ids":[', f'"token_ids":[{BIG},'),
+        _replace('"token_ids":[', '"token_ids":[99999999,'),
+        _replace('"logprobs":{', '"logprobs":[1],"x":{'),
+        _edit(lambda d: d["choices"][0]["logprobs"]["content"][0].update(
+            token_id=None, token="token_id:" + "9" * 5000
+        )),
+        _edit(lambda d: d.update(created="yesterday")),
+        _edit(lambda d: d["choices"][0].update(finish_reason=["stop"])),
+        _edit(lambda d: d.update(choices=["x"])),
+        _edit(lambda d: d.update(usage={"prompt_tokens": 1e300, "total_tokens": None})),
+        _replace('"finish_reason":"stop"', '"finish_reason":"\\ud800"'),
+    ],
+    ids=[
+        "huge-logprob", "huge-created", "id-a-string", "huge-id", "id-beyond-vocabulary",
+        "logprobs-a-list", "5000-digit-token-name", "created-a-word", "finish-a-list",
+        "choice-a-string", "odd-usage", "lone-surrogate",
+    ],
+)  # fmt: skip
+async def test_a_malformed_generate_answer_is_a_502_not_a_500(
+    make_gateway: GatewayFactory, tokenizer_dir: Path, breaks: Callable[[str], str]
+) -> None:
+    engine = FakeTokenEngine(tokenizer_dir, ["bad", "good"], breaks=[breaks])
+    gw = await token_in_gateway(make_gateway, engine, tokenizer_dir)
+    await gw.register("r1")
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "List the files."}]
+    r = await gw.chat("r1", {"messages": messages})
+    assert r.status_code in (200, 502), r.text
+    assert "rollout_gateway_internal_errors_total 0" in (await gw.client.get("/metrics")).text
+    again = await gw.chat("r1", {"messages": [*messages, {"role": "user", "content": "again"}]})
+    assert again.status_code == 200, again.text
+    assert (await gw.trajectory("r1")).status_code == 200
 
 
 async def tool_rollout(gw: Any, rollout_id: str, turns: int = 3) -> list[dict[str, Any]]:

@@ -324,3 +324,34 @@ def test_same_message_agrees_with_message_key() -> None:
     for a, b in [(engine, v) for v in variants] + [(nan_call, variants[-1])]:
         assert same_message(a, b) == (message_key(a) == message_key(b)), (a, b)
     assert [same_message(engine, v) for v in variants[:4]] == [True, True, True, False]
+
+
+async def test_each_step_records_the_agents_tools_and_the_delta_form_sends_them_on_change(
+    gw: GatewayHarness,
+) -> None:
+    """``extras.tools``: the tools of the turn's request, on every full step; in the delta
+    form only when they change (expanding carries them forward); one stored list for the
+    turns that sent the same tools."""
+    from rollout_gateway.protocol import expand_delta_steps
+
+    shell = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
+    other = {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}
+    await gw.register("t1")
+    turns = [[shell], [shell], [shell, other], []]
+    for i, tools in enumerate(turns):
+        body = {"messages": [{"role": "user", "content": f"turn {i}"}], "tools": tools}
+        assert (await gw.chat("t1", body)).status_code == 200
+    full = (await gw.trajectory("t1")).json()["trajectory"]
+    assert [s["extras"]["tools"] for s in full] == turns
+    delta = (await gw.trajectory("t1", params={"format": "delta"})).json()["trajectory"]
+    assert ["tools" in s["extras"] for s in delta] == [True, False, True, True]
+    assert [s["extras"]["tools"] for s in expand_delta_steps(delta)] == turns
+
+
+def test_turns_with_the_same_tools_share_one_stored_list() -> None:
+    rec = TrajectoryRecorder("t")
+    tools = [{"type": "function", "function": {"name": "run"}}]
+    for i in range(3):
+        rec.record([{"role": "user", "content": str(i)}], [], extras={"tools": list(tools)})
+    first, second, third = (s["extras"]["tools"] for s in rec.steps())
+    assert first == tools and second is first and third is first
