@@ -64,13 +64,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import itertools
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -226,14 +230,57 @@ def _process(
 # -- load ----------------------------------------------------------------------------------------
 
 
-def _first_messages(turns: int, context_tokens: int) -> list[dict]:
+@functools.lru_cache(maxsize=1)
+def _vocabulary() -> tuple[list[str], list[float]]:
+    """5,000 made-up words and their cumulative Zipf weights (deterministic)."""
+    rng = random.Random(26)
+    syllables = [c + v for c in "bcdfghklmnprstvwyz" for v in "aeiou"]
+    syllables += ["th", "ng", "st", "er", "in", "on", "an", "re", "ed", "es"]
+    words: set[str] = set()
+    while len(words) < 5000:
+        words.add("".join(rng.choice(syllables) for _ in range(rng.choice((1, 2, 2, 2, 3, 3, 4)))))
+    ordered = sorted(words)
+    rng.shuffle(ordered)
+    return ordered, list(itertools.accumulate(1 / (rank + 2.7) for rank in range(len(ordered))))
+
+
+@functools.lru_cache(maxsize=256)
+def realistic_text(chars: int, seed: int) -> str:
+    """``chars`` characters of made-up English-like text: words drawn by Zipf's law from
+    5,000, in sentences and lines. zlib compresses it about as it compresses English prose
+    (docs/performance.md gives both): the text of ``--text realistic``."""
+    words, weights = _vocabulary()
+    rng = random.Random(seed)
+    parts: list[str] = []
+    size = 0
+    while size < chars:
+        sentence = " ".join(rng.choices(words, cum_weights=weights, k=rng.randint(5, 18)))
+        part = sentence.capitalize() + rng.choice(".,.?:") + rng.choice("   \n")
+        parts.append(part)
+        size += len(part)
+    return "".join(parts)[:chars]
+
+
+def _first_messages(turns: int, context_tokens: int, bytes_per_token: int = 1) -> list[dict]:
+    """A rollout's first messages: a script of ``turns`` turns, a system prompt padding the
+    prompt to ``context_tokens`` tokens (of the scripted model's tokenizer: 1 byte each,
+    or ``bytes_per_token`` of made-up text, :func:`realistic_text`)."""
     steps = [{"tool": "run", "arguments": {"cmd": f"step {i}"}} for i in range(turns - 1)]
     steps.append({"say": "finished"})
     task = f"Benchmark task. <script>{json.dumps(steps)}</script>"
-    # The scripted model's tokens are bytes: pad the system prompt to the context size.
-    padding = max(0, context_tokens - len(task) - 64)
-    system = "You are a CLI agent. " + ("context " * (padding // 8 + 1))[:padding]
+    padding = max(0, context_tokens - len(task) // bytes_per_token - 64) * bytes_per_token
+    if bytes_per_token == 1:
+        system = "You are a CLI agent. " + ("context " * (padding // 8 + 1))[:padding]
+    else:
+        system = "You are a CLI agent. " + realistic_text(padding, context_tokens)
     return [{"role": "system", "content": system}, {"role": "user", "content": task}]
+
+
+def _tool_output(turn: int, chars: int, bytes_per_token: int, url: str) -> str:
+    """A tool's output: ``chars`` tokens of the scripted model's tokenizer."""
+    if bytes_per_token == 1:
+        return (f"output of turn {turn} " * (chars // 16 + 1))[:chars]
+    return realistic_text(chars * bytes_per_token, zlib.crc32(f"{url} {turn}".encode()))
 
 
 @dataclass
@@ -265,8 +312,9 @@ async def _rollout(
     latencies: list[float],
     tool_chars: int,
     start_delay_s: float = 0.0,
+    bytes_per_token: int = 1,
 ) -> None:
-    messages = _first_messages(turns, context_tokens)
+    messages = _first_messages(turns, context_tokens, bytes_per_token)
     if start_delay_s > 0:
         await asyncio.sleep(start_delay_s)
     for turn in range(turns):
@@ -283,7 +331,7 @@ async def _rollout(
         message = r.json()["choices"][0]["message"]
         messages.append({k: v for k, v in message.items() if v is not None})
         for call in message.get("tool_calls") or ():
-            output = (f"output of turn {turn} " * (tool_chars // 16 + 1))[:tool_chars]
+            output = _tool_output(turn, tool_chars, bytes_per_token, url)
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
 
 
@@ -305,6 +353,8 @@ class Load:
     turns: int
     context_tokens: int
     tool_chars: int
+    #: The scripted model's bytes per token (``--text realistic``: 4, and made-up text).
+    bytes_per_token: int = 1
 
 
 @dataclass
@@ -372,7 +422,7 @@ async def _drive_agents(
     await asyncio.gather(
         *(
             _rollout(c, a.url, load.turns, load.context_tokens, latencies, load.tool_chars,
-                     a.start_delay_s)
+                     a.start_delay_s, load.bytes_per_token)
             for c, a in zip(clients, agents, strict=True)
         )
     )  # fmt: skip
@@ -517,6 +567,7 @@ async def _one_round(
     fetch_trajectory: bool = False,
     clients: int = 1,
     start_spread_s: float = 0.0,
+    bytes_per_token: int = 1,
 ) -> RunResult:
     """One round: register (gateway), drive every rollout, fetch one trajectory, unregister.
     Rollout ``i`` starts ``i / rollouts`` of ``start_spread_s`` late."""
@@ -527,7 +578,7 @@ async def _one_round(
             Agent(_chat_url(target, rid), key, start_spread_s * i / rollouts)
             for i, (rid, key) in enumerate(zip(ids, keys, strict=True))
         ]
-        load = Load(target.root, agents, turns, context_tokens, tool_chars)
+        load = Load(target.root, agents, turns, context_tokens, tool_chars, bytes_per_token)
         if clients > 1:
             result = await _drive_clients(load, clients, pids)
         else:

@@ -13,6 +13,12 @@ a memory gateway from another checkout, e.g. of main). Then, in one run:
    context through the ``sqlite`` gateway, kept; the gateway is stopped (its log folded
    into the database) and the database's size divided by the token ids it holds (each
    id once per branch, as the memory recorder holds them), with the share of each part.
+
+Parts 1 and 2 run for each ``--text``: ``scripted`` (the scripted model's byte tokenizer:
+about 1 byte of text per token, and repetitive text) and ``realistic`` (made-up
+English-like text that compresses as English prose does, tokenized 4 bytes per token, ids
+in a real vocabulary's range: ``scripted-model --bytes-per-token 4``), the same
+conversations in tokens.
 3. **Restart to serving**: a state directory holding ``--restart-rollouts`` rollouts of
    ``--restart-turns`` turns (1k-token context, written through the store's own commit
    path in this process: 40,000 turns through HTTP would take minutes) and a
@@ -83,7 +89,7 @@ def _serve(model_root: str, port: int, *extra: str) -> list[str]:
 
 
 def measure_cpu(
-    args: argparse.Namespace, targets: list[Target], pids: dict[str, int]
+    args: argparse.Namespace, targets: list[Target], pids: dict[str, int], bytes_per_token: int
 ) -> dict[tuple[int, str], RunResult]:
     """(context, backend) -> the cell's figures over at least ``--min-turns`` turns."""
     results: dict[tuple[int, str], RunResult] = {}
@@ -95,6 +101,7 @@ def measure_cpu(
                         target, pids, rollouts=args.rollouts, turns=args.turns,
                         context_tokens=context, tool_chars=args.tool_output_chars,
                         clients=args.clients, start_spread_s=args.model_latency_ms / 1000,
+                        bytes_per_token=bytes_per_token,
                     )
                 )  # fmt: skip
                 merge_run(results.setdefault((context, target.name), RunResult([], 0.0, {})), res)
@@ -105,7 +112,7 @@ def measure_cpu(
 
 
 async def _fill_over_http(
-    root: str, rollouts: int, turns: int, context: int, tool_chars: int
+    root: str, rollouts: int, turns: int, context: int, tool_chars: int, bytes_per_token: int
 ) -> int:
     """Run rollouts through a gateway and keep them; the token ids they stored."""
     async with httpx.AsyncClient(base_url=root, timeout=120, headers=ADMIN) as control:
@@ -114,7 +121,7 @@ async def _fill_over_http(
         agents = [
             Agent(f"/v1/rollouts/{i}/chat/completions", k) for i, k in zip(ids, keys, strict=True)
         ]
-        await _drive_here(Load(root, agents, turns, context, tool_chars), {})
+        await _drive_here(Load(root, agents, turns, context, tool_chars, bytes_per_token), {})
         stored = 0
         for rollout_id in ids:
             r = await control.get(f"/v1/rollouts/{rollout_id}/trajectory?format=delta")
@@ -126,7 +133,9 @@ async def _fill_over_http(
         return stored
 
 
-def measure_disk(args: argparse.Namespace, model_root: str) -> list[dict[str, Any]]:
+def measure_disk(
+    args: argparse.Namespace, model_root: str, bytes_per_token: int
+) -> list[dict[str, Any]]:
     """Per context: the database's bytes, the token ids it holds, and its parts."""
     figures = []
     for context in args.contexts:
@@ -139,8 +148,13 @@ def measure_disk(args: argparse.Namespace, model_root: str) -> list[dict[str, An
             with _process(serve, f"{root}/health", env=env):
                 stored = asyncio.run(
                     _fill_over_http(
-                        root, args.rollouts, args.turns, context, args.tool_output_chars
-                    )
+                        root,
+                        args.rollouts,
+                        args.turns,
+                        context,
+                        args.tool_output_chars,
+                        bytes_per_token,
+                    )  # fmt: skip
                 )
             # Stopped: its log is folded into the database (what stays on disk).
             size = sum(f.stat().st_size for f in state.iterdir() if f.name.startswith("state.db"))
@@ -155,19 +169,24 @@ def measure_disk(args: argparse.Namespace, model_root: str) -> list[dict[str, An
 
 
 def _parts(path: Path) -> dict[str, int]:
-    """Bytes of the token arrays, and of the rest of the steps (messages, facts, counters)."""
+    """Bytes of the token arrays, of the rest of the steps (messages, facts, counters),
+    and of the last answers."""
     conn = sqlite3.connect(path)
-    tokens = rest = 0
+    tokens = rest = answers = 0
     try:
         for body, counters in conn.execute("SELECT body, counters FROM steps"):
-            header = codec.unseal(body, "step")
-            _, _, _, _, new, completion = struct.unpack_from("<BBIIII", header)
-            arrays = 4 * (new + completion) + 4 * completion
+            payload = codec.unseal(body, "step")
+            # The step header of codec.FORMAT_VERSION 2: version, flags, shared messages,
+            # prefix, new prompt ids, completion ids, JSON length; flag 16: 3-byte ids.
+            _, flags, _, _, new, completion, _ = struct.unpack_from("<BBIIIII", payload)
+            arrays = (3 if flags & 16 else 4) * (new + completion) + 4 * completion
             tokens += arrays
             rest += len(body) - arrays + len(counters)
+        for (answer,) in conn.execute("SELECT answer FROM answers WHERE answer IS NOT NULL"):
+            answers += len(answer)
     finally:
         conn.close()
-    return {"token_bytes": tokens, "step_rest": rest}
+    return {"token_bytes": tokens, "step_rest": rest, "answer_bytes": answers}
 
 
 # -- 3. restart to serving -------------------------------------------------------------------
@@ -317,9 +336,23 @@ def _parser() -> argparse.ArgumentParser:
         help="also run a memory gateway from this checkout (e.g. of main) as 'base'",
     )  # fmt: skip
     parser.add_argument(
+        "--compare-sqlite", action="store_true",
+        help="with --compare-source: also a SQLite gateway from that checkout ('base-sqlite')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--text", default="scripted,realistic",
+        help="the conversations' text, comma-separated: scripted (1 byte per token, "
+        "repetitive), realistic (made-up English-like text, 4 bytes per token); CPU and disk "
+        "are measured for each (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--skip", default="", help="parts to leave out: cpu, disk, restart (comma-separated)"
     )
     return parser
+
+
+#: ``--text`` -> the scripted model's bytes per token.
+TEXTS = {"scripted": 1, "realistic": 4}
 
 
 def main() -> None:
@@ -329,133 +362,92 @@ def main() -> None:
         args.min_turns = min(args.min_turns, 2560)
         args.restart_runs = 1
     skip = set(args.skip.split(","))
+    texts = [t for t in args.text.split(",") if t]
+    if not texts or any(t not in TEXTS for t in texts):
+        raise SystemExit(f"--text: a comma-separated list of {', '.join(TEXTS)}")
     load_start = os.getloadavg()[0]
-    model_port = _free_port()
-    model_root = f"http://127.0.0.1:{model_port}"
-    admin_env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
-    cpu: dict[tuple[int, str], RunResult] = {}
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(
-            _process([*CLI, "scripted-model", "--port", str(model_port), "--log-level", "warning",
-                      "--latency-ms", str(args.model_latency_ms)], f"{model_root}/v1/models")
-        )  # fmt: skip
-        if "cpu" not in skip:
-            backends: list[tuple[str, list[str], dict[str, str]]] = [("memory", [], {})]
-            for mode in filter(None, args.sync.split(",")):
-                state = stack.enter_context(tempfile.TemporaryDirectory(prefix="rg-state-cpu-"))
-                name = "sqlite" if mode == "normal" else f"sqlite-{mode}"
-                backends.append((name, ["--state-dir", state, "--state-sync", mode], {}))
-            if args.compare_source:
-                source = os.path.abspath(args.compare_source)
-                backends.append(("base", [], {"PYTHONPATH": _path_with(source)}))
-            targets, pids = [], {}
-            for name, extra, env in backends:
-                port = _free_port()
-                root = f"http://127.0.0.1:{port}"
-                cwd = env.get("PYTHONPATH")
-                pids[name] = stack.enter_context(
-                    _process(_serve(model_root, port, *extra), f"{root}/health",
-                             env={**admin_env, **env}, cwd=cwd)
-                )  # fmt: skip
-                targets.append(Target(name, root, pids[name], gateway=True))
-            for target in targets:  # warm up every gateway
-                asyncio.run(
-                    _one_round(
-                        target, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50
-                    )
-                )
-            cpu = measure_cpu(args, targets, pids)
-        disk = measure_disk(args, model_root) if "disk" not in skip else []
-        restart = measure_restart(args, model_root) if "restart" not in skip else None
+    cpu: dict[str, dict[tuple[int, str], RunResult]] = {}
+    disk: dict[str, list[dict[str, Any]]] = {}
+    restart = None
+    for text in texts:
+        with contextlib.ExitStack() as stack:
+            model_root = _model(stack, args, TEXTS[text])
+            if "cpu" not in skip:
+                cpu[text] = _cpu_part(stack, args, model_root, TEXTS[text])
+            if "disk" not in skip:
+                disk[text] = measure_disk(args, model_root, TEXTS[text])
+            if "restart" not in skip and restart is None:
+                restart = measure_restart(args, model_root)
     _report(args, load_start, cpu, disk, restart)
+
+
+def _model(stack: contextlib.ExitStack, args: argparse.Namespace, bytes_per_token: int) -> str:
+    """Start the scripted model; its root."""
+    port = _free_port()
+    root = f"http://127.0.0.1:{port}"
+    stack.enter_context(
+        _process([*CLI, "scripted-model", "--port", str(port), "--log-level", "warning",
+                  "--latency-ms", str(args.model_latency_ms),
+                  "--bytes-per-token", str(bytes_per_token)], f"{root}/v1/models")
+    )  # fmt: skip
+    return root
+
+
+def _cpu_part(
+    stack: contextlib.ExitStack, args: argparse.Namespace, model_root: str, bytes_per_token: int
+) -> dict[tuple[int, str], RunResult]:
+    """Start a gateway per backend and measure each one's CPU per turn."""
+    admin_env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+    backends: list[tuple[str, list[str], dict[str, str]]] = [("memory", [], {})]
+    for mode in filter(None, args.sync.split(",")):
+        state = stack.enter_context(tempfile.TemporaryDirectory(prefix="rg-state-cpu-"))
+        name = "sqlite" if mode == "normal" else f"sqlite-{mode}"
+        backends.append((name, ["--state-dir", state, "--state-sync", mode], {}))
+    if args.compare_source:
+        source = os.path.abspath(args.compare_source)
+        backends.append(("base", [], {"PYTHONPATH": _path_with(source)}))
+        if args.compare_sqlite:
+            state = stack.enter_context(tempfile.TemporaryDirectory(prefix="rg-state-cpu-"))
+            backends.append(
+                ("base-sqlite", ["--state-dir", state], {"PYTHONPATH": _path_with(source)})
+            )
+    targets, pids = [], {}
+    for name, extra, env in backends:
+        port = _free_port()
+        root = f"http://127.0.0.1:{port}"
+        cwd = env.get("PYTHONPATH")
+        pids[name] = stack.enter_context(
+            _process(_serve(model_root, port, *extra), f"{root}/health",
+                     env={**admin_env, **env}, cwd=cwd)
+        )  # fmt: skip
+        targets.append(Target(name, root, pids[name], gateway=True))
+    for target in targets:  # warm up every gateway
+        asyncio.run(
+            _one_round(
+                target, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50,
+                bytes_per_token=bytes_per_token,
+            )
+        )  # fmt: skip
+    return measure_cpu(args, targets, pids, bytes_per_token)
 
 
 def _report(
     args: argparse.Namespace,
     load_start: float,
-    cpu: dict[tuple[int, str], RunResult],
-    disk: list[dict[str, Any]],
+    cpu: dict[str, dict[tuple[int, str], RunResult]],
+    disk: dict[str, list[dict[str, Any]]],
     restart: dict[str, Any] | None,
 ) -> None:
     print(
         f"host load {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end on "
         f"{os.cpu_count()} CPUs; {args.rollouts} rollouts x {args.turns} turns per round, "
-        f"tool output {args.tool_output_chars} chars"
+        f"tool output {args.tool_output_chars} tokens"
     )
     rows: list[tuple[str, str, str, bool]] = []
-    if cpu:
-        head = f"{'context':>8}  {'backend':<12}{'turns':>7}{'CPU ms/turn':>13}"
-        print(f"\n{head}{'p50 ms':>9}{'p99 ms':>9}")
-        per_turn: dict[tuple[int, str], float] = {}
-        for (context, name), res in cpu.items():
-            n = len(res.latencies_s)
-            per_turn[(context, name)] = res.cpu_s[name] * 1000 / n
-            print(
-                f"{context:>8}  {name:<12}{n:>7}{per_turn[(context, name)]:13.3f}"
-                f"{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
-            )
-        print("\nratios (same run):")
-        for context in args.contexts:
-            memory = per_turn[(context, "memory")]
-            for (c, name), value in per_turn.items():
-                if c != context or name == "memory":
-                    continue
-                label = "memory/base" if name == "base" else f"{name}/memory"
-                ratio = memory / value if name == "base" else value / memory
-                where = f"at {context} tokens, {args.rollouts} rollouts"
-                upper, lower = ("memory", "base") if name == "base" else (name, "memory")
-                added = cpu[(context, upper)].pct(0.5) - cpu[(context, lower)].pct(0.5)
-                added99 = cpu[(context, upper)].pct(0.99) - cpu[(context, lower)].pct(0.99)
-                print(
-                    f"  CPU per turn {label} {where}: {ratio:.2f}x; latency of {upper} beyond "
-                    f"{lower}'s: p50 {added:+.2f} ms, p99 {added99:+.2f} ms"
-                )
-                if name == "sqlite":
-                    rows.append(
-                        (
-                            f"CPU/turn sqlite/memory, {context} tok",
-                            "<= 1.15x",
-                            f"{ratio:.2f}x",
-                            ratio <= 1.15,
-                        )
-                    )
-                if name == "base":
-                    rows.append(
-                        (
-                            f"CPU/turn memory/base (main), {context} tok",
-                            "<= 1.0x",
-                            f"{ratio:.2f}x",
-                            ratio <= 1.0,
-                        )
-                    )
-    for figure in disk:
-        context, size, stored = figure["context"], figure["bytes"], figure["stored"]
-        per_token = size / stored
-        arrays = figure["token_bytes"] / stored
-        rest = figure["step_rest"] / stored
-        print(
-            f"\ndisk, {args.rollouts} rollouts x {args.turns} turns at {context} tokens: "
-            f"{size / 1e6:.2f} MB for {stored} stored token ids ({figure['turns']} turns): "
-            f"{per_token:.2f} bytes per stored token: token arrays {arrays:.2f} (4 per id, 4 per "
-            f"completion logprob), messages, facts and counters {rest:.2f}, pages, indexes and "
-            f"the last answers {per_token - arrays - rest:.2f}"
-        )
-        rows.append(
-            (
-                f"token arrays on disk per stored token, {context} tok",
-                "<= 8",
-                f"{arrays:.2f}",
-                arrays <= 8,
-            )
-        )
-        rows.append(
-            (
-                f"database on disk per stored token, {context} tok",
-                "<= 8",
-                f"{per_token:.2f}",
-                per_token <= 8,
-            )
-        )
+    for text, cells in cpu.items():
+        rows += _report_cpu(args, text, cells)
+    for text, figures in disk.items():
+        rows += _report_disk(args, text, figures)
     if restart is not None:
         runs = restart["runs"]
         healthy = statistics.median(h for h, _ in runs)
@@ -483,6 +475,73 @@ def _report(
         )
         for name, target, measured, met in rows:
             print(f"  {name:<{width}}  {target:<10}{measured:<12}{'yes' if met else 'NO'}")
+
+
+def _report_cpu(
+    args: argparse.Namespace, text: str, cpu: dict[tuple[int, str], RunResult]
+) -> list[tuple[str, str, str, bool]]:
+    rows = []
+    head = f"{'context':>8}  {'backend':<12}{'turns':>7}{'CPU ms/turn':>13}"
+    print(f"\n{text} text\n{head}{'p50 ms':>9}{'p99 ms':>9}")
+    per_turn: dict[tuple[int, str], float] = {}
+    for (context, name), res in cpu.items():
+        n = len(res.latencies_s)
+        per_turn[(context, name)] = res.cpu_s[name] * 1000 / n
+        print(
+            f"{context:>8}  {name:<12}{n:>7}{per_turn[(context, name)]:13.3f}"
+            f"{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
+        )
+    print(f"\nratios ({text} text, same run):")
+    # (name, its baseline, label): memory against base, each SQLite against memory,
+    # SQLite against the other checkout's SQLite.
+    pairs = [("base", "memory", "memory/base"), ("base-sqlite", "sqlite", "sqlite/base-sqlite")]
+    for context in args.contexts:
+        names = [name for (c, name) in per_turn if c == context]
+        for name in names:
+            if name.startswith("sqlite"):
+                pairs.append((name, "memory", f"{name}/memory"))
+        for name, other, label in dict.fromkeys(pairs):
+            if (context, name) not in per_turn or (context, other) not in per_turn:
+                continue
+            upper, lower = (other, name) if name.startswith("base") else (name, other)
+            ratio = per_turn[(context, upper)] / per_turn[(context, lower)]
+            added = cpu[(context, upper)].pct(0.5) - cpu[(context, lower)].pct(0.5)
+            added99 = cpu[(context, upper)].pct(0.99) - cpu[(context, lower)].pct(0.99)
+            print(
+                f"  CPU per turn {label} at {context} tokens, {args.rollouts} rollouts: "
+                f"{ratio:.2f}x; latency of {upper} beyond {lower}'s: p50 {added:+.2f} ms, "
+                f"p99 {added99:+.2f} ms"
+            )
+            if label == "sqlite/memory":
+                rows.append((f"CPU/turn sqlite/memory, {context} tok, {text} text", "<= 1.15x",
+                             f"{ratio:.2f}x", ratio <= 1.15))  # fmt: skip
+            if label == "memory/base":
+                rows.append((f"CPU/turn memory/base, {context} tok, {text} text", "<= 1.0x",
+                             f"{ratio:.2f}x", ratio <= 1.0))  # fmt: skip
+    return rows
+
+
+def _report_disk(
+    args: argparse.Namespace, text: str, disk: list[dict[str, Any]]
+) -> list[tuple[str, str, str, bool]]:
+    rows = []
+    for figure in disk:
+        context, size, stored = figure["context"], figure["bytes"], figure["stored"]
+        per_token = size / stored
+        arrays = figure["token_bytes"] / stored
+        rest = figure["step_rest"] / stored
+        answers = figure["answer_bytes"] / stored
+        print(
+            f"\ndisk, {text} text, {args.rollouts} rollouts x {args.turns} turns at {context} "
+            f"tokens: {size / 1e6:.2f} MB for {stored} stored token ids ({figure['turns']} "
+            f"turns): {per_token:.2f} bytes per stored token: token arrays {arrays:.2f} (3 or "
+            f"4 per id, 4 per completion logprob), messages, facts and counters {rest:.2f}, "
+            f"the last answers {answers:.2f}, pages and indexes "
+            f"{per_token - arrays - rest - answers:.2f}"
+        )
+        rows.append((f"database on disk per stored token, {context} tok, {text} text", "<= 8",
+                     f"{per_token:.2f}", per_token <= 8))  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

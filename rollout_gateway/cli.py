@@ -684,6 +684,14 @@ def add_scripted_model_parser(
         metavar="N",
         help="refuse prompts of N tokens or more as vLLM does, 400 (default: no limit)",
     )
+    p.add_argument(
+        "--bytes-per-token",
+        type=_positive(int),
+        default=1,
+        metavar="N",
+        help="1: one token per byte (default); N: text in chunks of N bytes, one id each in a "
+        "real vocabulary's range (a real tokenizer's bytes per token, for benchmarks)",
+    )
     _add_log_level(p)
     p.set_defaults(func=run_scripted_model)
 
@@ -695,7 +703,10 @@ def run_scripted_model(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level)
     app = create_scripted_model_app(
-        model_name=args.model_name, latency_ms=args.latency_ms, max_model_len=args.max_model_len
+        model_name=args.model_name,
+        latency_ms=args.latency_ms,
+        max_model_len=args.max_model_len,
+        bytes_per_token=args.bytes_per_token,
     )
     serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -42,7 +42,10 @@ def _int_or_none(value: Any, name: str) -> int | None:
 
 
 def build_completion(
-    body: dict[str, Any], model_name: str, max_model_len: int | None = None
+    body: dict[str, Any],
+    model_name: str,
+    max_model_len: int | None = None,
+    tokenizer: tok.ByteTokenizer = tok.BYTES,
 ) -> dict[str, Any]:
     """The ``chat.completion`` dict the scripted model answers to request ``body``.
 
@@ -51,7 +54,7 @@ def build_completion(
     """
     messages = validate_messages(body)
     if max_model_len is not None:
-        prompt_tokens = tok.prompt_length(messages)
+        prompt_tokens = tokenizer.prompt_length(messages)
         if prompt_tokens >= max_model_len:
             raise ApiError(
                 400,
@@ -78,18 +81,19 @@ def build_completion(
     full_text = (action.text or "") + "".join(
         tok.render_tool_call(c.name, c.arguments) for c in action.tool_calls
     )
-    completion_ids = tok.encode_completion(full_text)
+    completion_ids, pieces = tokenizer.completion(full_text)
     finish_reason = action.finish_reason
     message: dict[str, Any] = {"role": "assistant", "content": action.text}
     if tool_calls:
         message["tool_calls"] = tool_calls
     if max_tokens is not None and len(completion_ids) > max_tokens:
         # Cut short like a real model: partial text, no parsed tool call.
-        completion_ids = completion_ids[:max_tokens]
+        completion_ids, pieces = completion_ids[:max_tokens], pieces[:max_tokens]
         finish_reason = "length"
-        message = {"role": "assistant", "content": tok.decode(completion_ids)}
+        text = b"".join(pieces).decode("utf-8", errors="replace")
+        message = {"role": "assistant", "content": text}
 
-    prompt_ids = tok.encode_prompt(messages)
+    prompt_ids = tokenizer.encode_prompt(messages)
     choice: dict[str, Any] = {
         "index": 0,
         "message": message,
@@ -100,12 +104,12 @@ def build_completion(
         choice["logprobs"] = {
             "content": [
                 {
-                    "token": tok.token_str(t),
+                    "token": _token_str(t, piece),
                     "logprob": tok.token_logprob(t),
-                    "bytes": [t] if t < 256 else [],
+                    "bytes": list(piece),
                     "top_logprobs": [],
                 }
-                for t in completion_ids
+                for t, piece in zip(completion_ids, pieces, strict=True)
             ]
         }
     completion: dict[str, Any] = {
@@ -126,15 +130,29 @@ def build_completion(
     return completion
 
 
+def _token_str(token_id: int, piece: bytes) -> str:
+    if not piece or token_id < 256:  # a special token, or the byte tokenizer's
+        return tok.token_str(token_id)
+    return piece.decode("utf-8", errors="replace")
+
+
 def create_scripted_model_app(
-    *, model_name: str = "scripted", latency_ms: float = 0.0, max_model_len: int | None = None
+    *,
+    model_name: str = "scripted",
+    latency_ms: float = 0.0,
+    max_model_len: int | None = None,
+    bytes_per_token: int = 1,
 ) -> Starlette:
     """The scripted model's ASGI app. Its OpenAI base URL is ``http://host:port/v1``.
 
     ``latency_ms`` is added (as an ``asyncio.sleep``) to every chat completion, to emulate
     generation time without blocking other requests. ``max_model_len``: prompts of that
     many tokens or more are refused as vLLM refuses them (and the model card says it).
+    ``bytes_per_token``: 1 is the byte tokenizer; more cuts text into chunks of that many
+    bytes (:class:`~rollout_gateway.scripted.tokenizer.ChunkTokenizer`: a real
+    tokenizer's bytes per token, for benchmarks).
     """
+    tokenizer = tok.tokenizer_for(bytes_per_token)
 
     async def models(request: Request) -> Response:
         card: dict[str, Any] = {
@@ -149,7 +167,7 @@ def create_scripted_model_app(
 
     async def chat_completions(request: Request) -> Response:
         body = await read_json_object(request, _MAX_BODY_BYTES)
-        completion = build_completion(body, model_name, max_model_len)
+        completion = build_completion(body, model_name, max_model_len, tokenizer)
         if latency_ms > 0:
             await asyncio.sleep(latency_ms / 1000.0)
         if body.get("stream"):

@@ -14,11 +14,19 @@ prompt ``IM_START + utf8("assistant\\n")``. A message's ``text`` is its text con
 ``utf8(text) + IM_END`` (``IM_END`` dropped when ``max_tokens`` cuts it short).
 
 The log-probability of token ``t`` is :func:`token_logprob` ``= -0.01 * (1 + t % 50)``.
+
+:class:`ChunkTokenizer` (``scripted-model --bytes-per-token N``) is the same template with
+text cut into chunks of ``N`` UTF-8 bytes, one id each (a hash of the chunk, in a real
+model's id range): a real tokenizer's bytes per token and ids, for benchmarks that
+measure what is stored per token. :data:`BYTES` is the byte tokenizer as an object of the
+same shape.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -106,9 +114,95 @@ def encode_completion(text: str) -> list[int]:
     return [*encode_text(text), IM_END]
 
 
+class ByteTokenizer:
+    """The byte tokenizer (the module's functions) as an object."""
+
+    bytes_per_token = 1
+
+    def encode_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """:func:`encode_prompt`."""
+        return encode_prompt(messages)
+
+    def prompt_length(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """:func:`prompt_length`."""
+        return prompt_length(messages)
+
+    def completion(self, text: str) -> tuple[list[int], list[bytes]]:
+        """A full completion's ids (text, then ``IM_END``) and each one's bytes (none for
+        ``IM_END``)."""
+        ids = encode_completion(text)
+        return ids, [bytes([t]) if t < 256 else b"" for t in ids]
+
+
+#: The byte tokenizer.
+BYTES = ByteTokenizer()
+
+#: Ids of :class:`ChunkTokenizer` chunks are below this (a real model's vocabulary size).
+CHUNK_VOCAB = 151_936
+
+
+class ChunkTokenizer(ByteTokenizer):
+    """Text in chunks of ``bytes_per_token`` UTF-8 bytes, each one id: ``258 +
+    crc32(chunk) % (CHUNK_VOCAB - 258)`` (special tokens as the byte tokenizer's; a
+    message's role line and its text are cut apart)."""
+
+    def __init__(self, bytes_per_token: int) -> None:
+        if bytes_per_token < 1:
+            raise ValueError("bytes_per_token must be at least 1")
+        self.bytes_per_token = bytes_per_token
+
+    def pieces(self, text: str) -> list[bytes]:
+        """``text``'s chunks."""
+        data = text.encode("utf-8")
+        n = self.bytes_per_token
+        return [data[i : i + n] for i in range(0, len(data), n)]
+
+    def _ids(self, pieces: Iterable[bytes]) -> list[int]:
+        span = CHUNK_VOCAB - 258
+        return [258 + zlib.crc32(piece) % span for piece in pieces]
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (a few tokenizers, process-long)
+    def _message(self, role: str, text: str) -> tuple[int, ...]:
+        # The role's line and the text are cut apart: a completion's ids (its text's) are
+        # then the ids of its message in the next prompt, as a real template's are.
+        return (
+            IM_START,
+            *self._ids(self.pieces(f"{role}\n")),
+            *self._ids(self.pieces(text)),
+            IM_END,
+        )
+
+    def encode_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """A whole prompt's ids, generation prompt included."""
+        ids: list[int] = []
+        for message in messages:
+            ids.extend(self._message(str(message.get("role", "user")), message_text(message)))
+        ids.append(IM_START)
+        ids.extend(self._ids(self.pieces("assistant\n")))
+        return ids
+
+    def prompt_length(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """``len(encode_prompt(messages))``."""
+        return len(self.encode_prompt(messages))
+
+    def completion(self, text: str) -> tuple[list[int], list[bytes]]:
+        """A full completion's ids and each one's bytes (see :class:`ByteTokenizer`)."""
+        pieces = self.pieces(text)
+        return [*self._ids(pieces), IM_END], [*pieces, b""]
+
+
+def tokenizer_for(bytes_per_token: int) -> ByteTokenizer:
+    """The byte tokenizer for 1, else a :class:`ChunkTokenizer`."""
+    return BYTES if bytes_per_token == 1 else ChunkTokenizer(bytes_per_token)
+
+
 __all__ = [
+    "BYTES",
+    "CHUNK_VOCAB",
     "IM_END",
     "IM_START",
+    "ByteTokenizer",
+    "ChunkTokenizer",
     "decode",
     "encode_completion",
     "encode_message",
@@ -119,4 +213,5 @@ __all__ = [
     "render_tool_call",
     "token_logprob",
     "token_str",
+    "tokenizer_for",
 ]

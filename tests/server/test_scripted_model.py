@@ -126,3 +126,26 @@ async def test_streaming_and_bad_requests(model_client: httpx.AsyncClient) -> No
     assert (await model_client.post("/chat/completions", content=b"nope")).status_code == 400
     bad = {"messages": [user("x")], "max_tokens": "ten"}
     assert (await model_client.post("/chat/completions", json=bad)).status_code == 400
+
+
+async def test_chunk_tokenizer_has_a_real_tokenizers_bytes_and_ids() -> None:
+    app = create_scripted_model_app(bytes_per_token=4)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://model/v1")
+    text = "the quick brown fox jumps over the lazy dog, again and again"
+    messages = [user(script({"say": text}))]
+    body = {"messages": messages, "return_token_ids": True, "logprobs": True}
+    r = (await client.post("/chat/completions", json=body)).json()
+    ids = r["choices"][0]["token_ids"]
+    assert len(ids) == -(-len(text) // 4) + 1 and ids[-1] == tok.IM_END
+    assert all(258 <= i < tok.CHUNK_VOCAB for i in ids[:-1])
+    assert len(set(ids)) > len(ids) // 2  # chunks, not bytes
+    content = r["choices"][0]["logprobs"]["content"]
+    assert b"".join(bytes(c["bytes"]) for c in content).decode() == text
+    # The completion's ids are its message's in the next prompt (the recorder's prefix).
+    follow = [*messages, {"role": "assistant", "content": text}, user("next")]
+    again = (await client.post("/chat/completions", json={**body, "messages": follow})).json()
+    first_turn = r["prompt_token_ids"] + ids
+    assert again["prompt_token_ids"][: len(first_turn)] == first_turn
+    cut = (await client.post("/chat/completions", json={**body, "max_tokens": 2})).json()
+    assert cut["choices"][0]["message"]["content"] == text[:8]
+    assert cut["choices"][0]["finish_reason"] == "length"

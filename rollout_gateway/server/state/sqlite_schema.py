@@ -27,8 +27,9 @@ DATABASE_FILE = "state.db"
 LOCK_FILE = "lock"
 #: ``PRAGMA application_id`` of a rollout-gateway state database ("RGst").
 APPLICATION_ID = 0x52477374
-#: ``PRAGMA user_version``: the schema this gateway writes and reads.
-SCHEMA_VERSION = 1
+#: ``PRAGMA user_version``: the schema this gateway writes and reads (2: the records of
+#: :data:`~.codec.FORMAT_VERSION` 2).
+SCHEMA_VERSION = 2
 #: Page cache of a connection, KiB.
 CACHE_KIB = 16 * 1024
 #: Page size of a new database: steps of a few kB pack densely (at 4 KiB, one to a page).
@@ -132,7 +133,6 @@ def connect(path: Path, synchronous: str) -> sqlite3.Connection:
         # The pages a turn's write descends through (the tables' right edges, the index,
         # the answers of the rollouts in flight) stay cached as the database grows.
         conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-        conn.execute("PRAGMA cache_size = -65536")  # EXPERIMENT
     except sqlite3.DatabaseError as exc:
         conn.close()
         if "not a database" in str(exc) or "malformed" in str(exc):

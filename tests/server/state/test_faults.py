@@ -151,11 +151,27 @@ def _flip(path: Path, marker: bytes) -> None:
     path.write_bytes(bytes(data))
 
 
+def _first_step(path: Path, rollout_id: str) -> bytes:
+    """The stored bytes of a rollout's first step (its messages are deflated: no marker
+    text is found in the file as such)."""
+    conn = sqlite3.connect(path)
+    try:
+        (body,) = conn.execute(
+            "SELECT body FROM steps JOIN rollouts ON steps.rollout = rollouts.id "
+            "WHERE rollouts.rollout_id = ? AND idx = 0",
+            (rollout_id,),
+        ).fetchone()
+    finally:
+        conn.close()
+    return bytes(body)[-40:-8]  # the end of its messages, before the checksum
+
+
 async def test_a_damaged_record_drops_its_rollout_and_keeps_the_others(
     tmp_path: Path, caplog
 ) -> None:
     before = await fill(tmp_path / "state")
-    _flip(tmp_path / "state" / "state.db", b"MARKER-r1")  # inside r1's first step
+    database = tmp_path / "state" / "state.db"
+    _flip(database, _first_step(database, "r1"))  # inside r1's first step
     caplog.set_level(logging.ERROR, logger="rollout_gateway.server")
     async with running(RecordingUpstream().app(), SQLiteStore(tmp_path / "state")) as gw:
         assert (await gw.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).status_code == 404

@@ -23,7 +23,7 @@ pytest.importorskip("redis")
 from rollout_gateway.protocol import ExitReport  # noqa: E402
 from rollout_gateway.server.recording.steps import RecordedStep  # noqa: E402
 from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
-from rollout_gateway.server.state.redis_backend.store import RedisStore  # noqa: E402
+from rollout_gateway.server.state.redis_backend.store import LAYOUT, RedisStore  # noqa: E402
 from rollout_gateway.server.state.store import (  # noqa: E402
     AnswerKey,
     PolicyState,
@@ -335,7 +335,7 @@ async def test_state_of_another_layout_is_refused(gateways: list[RedisStore]) ->
     await a._cmd("HSET", f"{a.prefix}meta", "layout", 99)
     with pytest.raises(StoreVersionError, match="layout 99"):
         await reopened(a)
-    await a._cmd("HSET", f"{a.prefix}meta", "layout", 1)
+    await a._cmd("HSET", f"{a.prefix}meta", "layout", LAYOUT)
     await a._cmd("HSET", f"{a.prefix}r:old", "reg", "{}", "v", "0")
     with pytest.raises(StoreVersionError, match="rollout old"):
         await a.load_rollout("old")

@@ -55,8 +55,9 @@ from rollout_gateway.server.state.store import (
     UnknownRolloutError,
 )
 
-#: The layout of what this code writes; another is refused, never misread.
-LAYOUT = 1
+#: The layout of what this code writes; another is refused, never misread (2: steps and
+#: answers in :data:`~..codec.FORMAT_VERSION` 2).
+LAYOUT = 2
 #: The rollout hash's fields a row is made of (not the stored answer's body).
 _ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key", "a_dlv")
 
