@@ -252,7 +252,7 @@ def decode_step(blob: bytes, what: str) -> StepDelta:
             bool(flags & _OVERLONG),
             bool(flags & _TOKENS_TRUNCATED),
         )
-    data = payload[json_at:]
+    data: bytes | memoryview = payload[json_at:]
     if flags & _DEFLATED:
         data = inflated(data, length, what)
     elif len(data) != length:
