@@ -135,12 +135,12 @@ class ChatTurns:
         fingerprint = (
             await intake.offload(lease, fingerprint_of, raw) if big else fingerprint_of(raw)
         )
-        idempotency_key = request.idempotency_key
+        idempotency_key, is_retry = request.idempotency_key, request.is_retry
         if record.status != "active":  # may be refused before its body is parsed
             try:
                 check_takes_turn(
                     record, self.gateway.rollouts, fingerprint, idempotency_key,
-                    is_retry=request.is_retry,
+                    is_retry=is_retry,
                 )  # fmt: skip
             except ApiError as exc:
                 self._tell_refusal(record, exc)
@@ -153,7 +153,7 @@ class ChatTurns:
         validate_answer_flags(body)
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
-            turn = record.turns.match(fingerprint, idempotency_key, is_retry=request.is_retry)
+            turn = record.turns.match(fingerprint, idempotency_key, is_retry=is_retry)
         if turn is not None:
             if turn.waiters >= MAX_TURN_WAITERS:
                 raise ApiError(
@@ -173,7 +173,7 @@ class ChatTurns:
                     "rate_limit_error",
                     code="too_many_pending_turns",
                 )
-            turn = Turn(fingerprint, idempotency_key, request.is_retry)
+            turn = Turn(fingerprint, idempotency_key, is_retry)
             if body.get("stream"):
                 turn.events = EventLog()
             # Written now, while the parsed body is in the CPU's caches: the history check
@@ -307,6 +307,8 @@ class ChatTurns:
         rollouts = self.gateway.rollouts
         if not record.live:
             raise _not_registered(record)
+        if not rollouts.turn_needs_store(record):  # claim, stored answer, release: no-ops
+            return await self._locked_turn(record, turn, body, messages, messages_text)
         await rollouts.claim(record)
         answered = False
         try:

@@ -292,7 +292,8 @@ class BodyIntake:
             lease.raw = reserve
         else:
             await lease.hold_raw(reserve)
-        raw = await receive_body(receive, content_length, limit)
+        # The declared size was checked above: only the bytes received are counted there.
+        raw = await receive_body(receive, None, limit)
         size = len(raw)
         if size < reserve:
             lease.shrink_raw(size)

@@ -17,9 +17,12 @@ import httpx
 import pytest
 
 from rollout_gateway.server import GatewayConfig, create_app
+from rollout_gateway.server.state.dedupe import Turn
 from rollout_gateway.server.state.memory import MemoryStore
+from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
 from rollout_gateway.server.state.sqlite import SQLiteStore
 from rollout_gateway.server.state.store import GatewayStore
+from rollout_gateway.server.state.stored import StoredRollouts
 
 from ..conftest import ADMIN_TOKEN, UPSTREAM, RecordingUpstream, script
 
@@ -203,3 +206,74 @@ async def test_restored_rollouts_follow_the_gateways_retry_window(make_store: An
         record = gateway.registry.get("r1")
         assert record.turns.window_s == 7  # this gateway's setting, not the default
         assert record.turns.clock is gateway.registry.clock
+
+
+class CountingStore(MemoryStore):
+    """A memory store that counts the calls a turn may skip (claim, stored answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims = 0
+        self.answers_read = 0
+
+    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
+        self.claims += 1
+        return await super().claim_turn(rollout_id, owner, lease_s)
+
+    async def load_answer(self, rollout_id: str) -> Any:
+        self.answers_read += 1
+        return await super().load_answer(rollout_id)
+
+
+async def test_a_private_stores_turns_skip_the_claim_until_the_copy_is_not_current() -> None:
+    """On a store only this process writes, a turn whose rollout's copy is current (the
+    turn tracker holding its last turn) skips the claim and the stored-answer check; a
+    restored copy goes through both, and a retry from before the restart still gets its
+    stored answer."""
+    upstream = RecordingUpstream()
+    app = upstream.app()
+    store = CountingStore()
+    async with running(app, store) as gw:
+        r = await gw.post(
+            "/v1/rollouts/r1/register", json={"model": "m", "max_turns": 10}, headers=ADMIN
+        )
+        agent = Agent(r.json()["api_key"])
+        for _ in range(3):
+            r = await agent.turn(gw)
+            assert r.status_code == 200
+            agent.take(r.json())
+        # The registration's record is loaded and current: no turn needed a claim.
+        assert store.claims == 0 and store.answers_read == 0
+        last_answer = agent.answers[-1]
+    async with running(app, store) as gw:  # restored: not current until claimed
+        agent.messages = agent.messages[:-2]
+        retried = await agent.turn(gw, RETRY)
+        assert retried.status_code == 200
+        assert retried.json() == last_answer
+        assert store.claims == 1 and store.answers_read == 1
+        agent.take(retried.json())
+        r = await agent.turn(gw)
+        assert r.status_code == 200
+        assert store.claims == 1  # current again: the next turn skips it
+        trajectory = (await gw.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).json()
+        assert trajectory["num_turns"] == 4
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_turn_needs_the_store_unless_its_private_copy_is_current(shared: bool) -> None:
+    """The turn path skips claim, stored answer and release only where all three are
+    no-ops: a store this process alone writes, a loaded and current copy, and a turn
+    tracker that holds the rollout's last turn (a retry of it is matched there)."""
+    rollouts = StoredRollouts(
+        RolloutRegistry(max_rollouts=10, ttl_s=60), MemoryStore(shared=shared),
+        owner="gw", lease_s=10, retry_window_s=60,
+    )  # fmt: skip
+    record = RolloutRecord("r1", "m", {}, 10, None, UPSTREAM, last_activity=0.0)
+    await rollouts.register(record)
+    assert rollouts.turn_needs_store(record)  # no last turn here: a stored answer may match
+    record.turns.last = Turn(b"f", None)
+    assert rollouts.turn_needs_store(record) is shared
+    record.revision = -1  # a failed write: reloaded under the claim
+    assert rollouts.turn_needs_store(record)
+    record.revision, record.loaded = 0, False  # restored, steps not loaded yet
+    assert rollouts.turn_needs_store(record)
