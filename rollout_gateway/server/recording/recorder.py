@@ -25,7 +25,7 @@ from rollout_gateway.server.recording.history import (
     recorded_message,
     same_message,
 )
-from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
+from rollout_gateway.server.recording.steps import CheckState, RecordedStep, StepDelta
 from rollout_gateway.server.recording.token_branches import StepIds, TokenBranches
 
 #: Finish reasons that mean "the model did not end its turn itself": the sample is cut.
@@ -148,11 +148,15 @@ class TrajectoryRecorder:
             routing = delta.routed_experts if tokens is not None else None
             step = RecordedStep(
                 delta.shared_messages, delta.new_messages, delta.completion, tokens,
-                delta.is_truncated, delta.extras, False, routing,
+                delta.is_truncated, delta.extras, False, routing, delta.check,
             )  # fmt: skip
             self._steps.append(step)
             shared = HistoryMatch(delta.shared_messages)
             self._history.advance(shared, delta.new_messages, delta.completion)
+            if delta.check is not None:  # the recording gateway's digests: cheap checks
+                self._history.resume(delta.check.messages)
+                if tokens is not None:
+                    self._ids.resume(delta.check.prompt_ids, tokens.prompt_end)
             self._before_last = before
             if index in abandoned:
                 self.abandon_last()
@@ -242,12 +246,13 @@ class TrajectoryRecorder:
 
         completion_list = [dict(m) for m in completion]
         routing = routed_experts if tokens is not None else None
-        self._steps.append(
-            RecordedStep(
-                shared, new_messages, completion_list, tokens, truncated, extras, False, routing
-            )
+        step = RecordedStep(
+            shared, new_messages, completion_list, tokens, truncated, extras, False, routing
         )
+        self._steps.append(step)
         self._history.advance(history, new_messages, completion_list)
+        # What the next turn is checked against (a shared store keeps it with the step).
+        step.check = CheckState(self._history.sent, self._ids.prompt_text)
         self._before_last = before
 
     def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:

@@ -2,14 +2,20 @@
 
 redis-py's asyncio client (hiredis parses the replies), one connection pool per event loop
 (``serve`` checks the store before its server's loop runs: that loop's connections cannot
-serve the next), the scripts of :mod:`.scripts` registered on it, and Redis's "cannot
-serve now" errors turned into :class:`~rollout_gateway.server.state.store.StoreUnavailableError`
-(the request gets a 503 its client retries; the pool reconnects on the next call).
+serve the next), the scripts of :mod:`.scripts` run by their SHA-1 (``EVALSHA``, loaded
+again when Redis lost them), and Redis's "cannot serve now" errors turned into
+:class:`~rollout_gateway.server.state.store.StoreUnavailableError` (the request gets a 503
+its client retries; the pool reconnects on the next call).
+
+A script runs as one ``execute_command("EVALSHA", ...)``: redis-py's ``Script`` object
+does the same with more Python around it per call (a quarter of the client's CPU per
+call, measured; two calls a turn).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -49,17 +55,17 @@ class RedisConnection:
         self.url = url
         self.timeout_s = timeout_s
         self._client: aioredis.Redis | None = None
-        self._scripts: dict[str, Any] = {}
+        #: Each script's SHA-1, by name (what ``EVALSHA`` names it by).
+        self._shas = {
+            name: hashlib.sha1(getattr(scripts, name).encode()).hexdigest()
+            for name in scripts.__all__
+        }
 
     @property
     def client(self) -> aioredis.Redis:
-        """The pool (made on first use, with the scripts registered on it)."""
+        """The pool (made on first use)."""
         if self._client is None:
             self._client = self.new_client()
-            self._scripts = {
-                name: self._client.register_script(getattr(scripts, name))
-                for name in scripts.__all__
-            }
         return self._client
 
     def new_client(self, **options: Any) -> aioredis.Redis:
@@ -82,7 +88,13 @@ class RedisConnection:
         """Run the script ``name`` of :mod:`.scripts` (loaded again after Redis lost it)."""
         client = self.client
         try:
-            return await self._scripts[name](keys=keys, args=args, client=client)
+            try:
+                return await client.execute_command("EVALSHA", self._shas[name], len(keys),
+                                                    *keys, *args)  # fmt: skip
+            except redis_errors.NoScriptError:  # a restarted Redis, or its SCRIPT FLUSH
+                await client.execute_command("SCRIPT LOAD", getattr(scripts, name))
+                return await client.execute_command("EVALSHA", self._shas[name], len(keys),
+                                                    *keys, *args)  # fmt: skip
         except Exception as exc:
             if unavailable(exc):
                 raise StoreUnavailableError(f"redis at {self.where}: {exc}") from exc
