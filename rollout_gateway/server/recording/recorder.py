@@ -116,6 +116,11 @@ class TrajectoryRecorder:
         return step.tokens.prompt_ids.tolist()
 
     @property
+    def check_state(self) -> CheckState:
+        """What the next turn's request is checked against now (see :class:`~.steps.CheckState`)."""
+        return CheckState(self._history.sent, self._ids.prompt_text)
+
+    @property
     def last_step(self) -> RecordedStep:
         """The step recorded last (raises ``IndexError`` when there is none)."""
         return self._steps[-1]
@@ -252,7 +257,7 @@ class TrajectoryRecorder:
         self._steps.append(step)
         self._history.advance(history, new_messages, completion_list)
         # What the next turn is checked against (a shared store keeps it with the step).
-        step.check = CheckState(self._history.sent, self._ids.prompt_text)
+        step.check = self.check_state
         self._before_last = before
 
     def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from .redis_fixtures import redis_server
 pytest.importorskip("redis")
 
 from rollout_gateway.protocol import ExitReport  # noqa: E402
-from rollout_gateway.server.recording.steps import RecordedStep  # noqa: E402
+from rollout_gateway.server.recording.steps import CheckState, RecordedStep  # noqa: E402
 from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
 from rollout_gateway.server.state.redis_backend.store import RedisStore  # noqa: E402
 from rollout_gateway.server.state.store import (  # noqa: E402
@@ -397,3 +397,48 @@ async def test_a_turn_after_another_gateways_is_two_round_trips(server: RedisSer
     finally:
         for store in (a, b):
             await store.close()
+
+
+async def test_the_last_steps_check_state_is_read_along_by_the_next_claim(
+    gateways: list[RedisStore],
+) -> None:
+    """What the recording gateway checks the next turn against reaches the gateway that
+    takes it, with the step; a damaged or out-of-date one is dropped, never trusted."""
+    a, b = gateways
+    await a.create_rollout(_row())
+    check = CheckState((b"\x02" * 16, 120, 3), (b"\x03" * 16, 900, 2))
+
+    async def committed(index: int, step_check: CheckState | None) -> None:
+        await a.claim_turn("r1", "gw-a", 2.0)
+        commit = _commit(index)
+        commit.step.check = step_check
+        commit.releases = "gw-a"
+        await a.commit_turn("r1", commit)
+
+    async def read_by_b() -> list[Any]:
+        await b.claim_turn("r1", "gw-b", 2.0)
+        await b.load_rollout("r1")
+        held = int(b._copies.held("r1")[1])
+        steps = await b.load_steps("r1", held)
+        await b.release_turn("r1", "gw-b")
+        return [step.check for step in steps]
+
+    await committed(0, None)
+    await committed(1, check)
+    assert await read_by_b() == [None, check]  # only the last step's is kept
+    await committed(2, check)
+    await a._cmd("HSET", f"{a.prefix}r:r1", "chk", b"damaged")
+    assert await read_by_b() == [None]
+    await committed(3, check)
+    stale = await a._cmd("HGET", f"{a.prefix}r:r1", "chk")
+    await committed(4, None)  # a step without one leaves none, not the one before
+    await a._cmd("HSET", f"{a.prefix}r:r1", "chk", stale)  # step 3's, beside step 4
+    assert await read_by_b() == [None, None]
+
+
+async def test_scripts_redis_forgot_are_loaded_again(gateways: list[RedisStore]) -> None:
+    a, b = gateways
+    await a.create_rollout(_row())
+    await a._cmd("SCRIPT", "FLUSH")  # as a restarted Redis forgets them
+    assert await b.claim_turn("r1", "gw-b", 2.0) == 0
+    await b.release_turn("r1", "gw-b")
