@@ -442,3 +442,53 @@ async def test_scripts_redis_forgot_are_loaded_again(gateways: list[RedisStore])
     await a._cmd("SCRIPT", "FLUSH")  # as a restarted Redis forgets them
     assert await b.claim_turn("r1", "gw-b", 2.0) == 0
     await b.release_turn("r1", "gw-b")
+
+
+async def test_commands_issued_together_go_in_one_pipeline_each_with_its_own_reply(
+    server: RedisServer,
+) -> None:
+    """Concurrent turns' commands are sent to Redis together, yet each gets its own reply
+    or its own error, in the order issued, as if sent alone."""
+    from rollout_gateway.server.state.redis_backend.batches import CommandBatches
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    sizes: list[int] = []
+
+    class Counted(CommandBatches):
+        async def _send(self, batch: Any) -> None:
+            sizes.append(len(batch))
+            await super()._send(batch)
+
+    connection = RedisConnection(server.url, timeout_s=5.0)
+    connection._batches = Counted(lambda: connection.client)
+    prefix = f"t{next(_prefixes)}:"
+    try:
+        await connection.cmd("SET", f"{prefix}text", "x")
+        replies = await asyncio.gather(
+            *(connection.cmd("INCR", f"{prefix}n") for _ in range(5)),
+            connection.cmd("INCR", f"{prefix}text"),  # not a number: this one fails alone
+            connection.cmd("GET", f"{prefix}n"),
+            return_exceptions=True,
+        )
+        assert replies[:5] == [1, 2, 3, 4, 5]
+        assert isinstance(replies[5], Exception) and "not an integer" in str(replies[5])
+        assert replies[6] == b"5"
+        assert sizes == [1, 7]  # the SET alone; the seven issued together in one pipeline
+    finally:
+        await connection.aclose()
+
+
+async def test_a_command_whose_caller_gave_up_before_it_was_sent_is_not_sent(
+    server: RedisServer,
+) -> None:
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    connection = RedisConnection(server.url, timeout_s=5.0)
+    key = f"t{next(_prefixes)}:n"
+    try:
+        waiting = asyncio.ensure_future(connection.cmd("INCR", key))
+        await asyncio.sleep(0)  # issued, not sent yet
+        waiting.cancel()
+        assert await connection.cmd("INCR", key) == 1
+    finally:
+        await connection.aclose()

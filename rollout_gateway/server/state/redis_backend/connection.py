@@ -7,9 +7,10 @@ again when Redis lost them), and Redis's "cannot serve now" errors turned into
 :class:`~rollout_gateway.server.state.store.StoreUnavailableError` (the request gets a 503
 its client retries; the pool reconnects on the next call).
 
-A script runs as one ``execute_command("EVALSHA", ...)``: redis-py's ``Script`` object
-does the same with more Python around it per call (a quarter of the client's CPU per
-call, measured; two calls a turn).
+A script runs as one ``EVALSHA`` command: redis-py's ``Script`` object does the same with
+more Python around it per call (a quarter of the client's CPU per call, measured; two
+calls a turn). The commands that concurrent turns issue in one loop iteration go to Redis
+in one pipeline (:mod:`.batches`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from rollout_gateway.server.state.redis_backend import scripts
+from rollout_gateway.server.state.redis_backend.batches import CommandBatches
 from rollout_gateway.server.state.store import StoreUnavailableError
 
 #: Redis cannot serve now (not reachable, loading its data, out of memory, read-only, or
@@ -60,6 +62,7 @@ class RedisConnection:
             name: hashlib.sha1(getattr(scripts, name).encode()).hexdigest()
             for name in scripts.__all__
         }
+        self._batches = CommandBatches(lambda: self.client)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -88,13 +91,12 @@ class RedisConnection:
         """Run the script ``name`` of :mod:`.scripts` (loaded again after Redis lost it)."""
         client = self.client
         try:
+            sha = self._shas[name]
             try:
-                return await client.execute_command("EVALSHA", self._shas[name], len(keys),
-                                                    *keys, *args)  # fmt: skip
+                return await self._batches.call("EVALSHA", sha, len(keys), *keys, *args)
             except redis_errors.NoScriptError:  # a restarted Redis, or its SCRIPT FLUSH
                 await client.execute_command("SCRIPT LOAD", getattr(scripts, name))
-                return await client.execute_command("EVALSHA", self._shas[name], len(keys),
-                                                    *keys, *args)  # fmt: skip
+                return await self._batches.call("EVALSHA", sha, len(keys), *keys, *args)
         except Exception as exc:
             if unavailable(exc):
                 raise StoreUnavailableError(f"redis at {self.where}: {exc}") from exc
@@ -103,7 +105,7 @@ class RedisConnection:
     async def cmd(self, *command: Any) -> Any:
         """One command."""
         try:
-            return await self.client.execute_command(*command)
+            return await self._batches.call(*command)
         except Exception as exc:
             if unavailable(exc):
                 raise StoreUnavailableError(f"redis at {self.where}: {exc}") from exc
@@ -112,6 +114,7 @@ class RedisConnection:
     def forget(self) -> None:
         """Drop the pool of an event loop that has ended (unusable by another)."""
         self._client = None
+        self._batches.forget()
 
     async def aclose(self) -> None:
         """Close the pool."""
