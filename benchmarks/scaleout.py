@@ -39,7 +39,7 @@ the gateways: the **latency added** to a turn at p50 is each path's p50 minus di
 Every figure is printed with its target (issue 26: CPU per turn per gateway at most 1.5x
 the single memory gateway's; added latency p50 under 2 ms at 1k context with a paced
 model) and the memory baseline measured in the same run. ``--quick`` (fewer turns per
-cell, one paced round per path) runs in under 3 minutes on a 16-core host (11 minutes on
+cell, one paced round per path) runs in under 3 minutes on a 16-core host (5 minutes on
 2 shared cores)::
 
     python benchmarks/scaleout.py --quick
