@@ -174,10 +174,9 @@ def measure_catch_up(context: int, turns: int, behind: int, repeat: int) -> None
         )
     own = []
     for _ in range(repeat):
-        current = copy_behind(False)
-        current.replay([codec.decode_step(blob, "step") for blob in blobs[held:]], start=held)
-        current._history.resume(original.check_state.messages)  # as recording left it
-        current._ids.resume(original.check_state.prompt_ids, steps[-1].tokens.prompt_end)  # type: ignore[union-attr]
+        current = TrajectoryRecorder("t", None)
+        current.replay([step.delta() for step in steps])  # every step with its check state
+        assert current.check_state == original.check_state  # as recording left it
         own.append(next_turn_us(current, request))
     print(
         f"{context:>6} tokens, the recording gateway's own next turn: check + record "
