@@ -18,7 +18,10 @@ load), so a drift of a shared machine weighs on each alike:
 * ``memory-3-uri``: three memory gateways behind HAProxy balancing by the path: what
   spreading the load over three processes costs without Redis;
 * ``redis-1``: straight to one of the Redis gateways (every turn on the gateway that
-  holds the rollout: what the store costs without the catching up, in one process).
+  holds the rollout: what the store costs without the catching up, in one process);
+* ``base-redis-3`` (with ``--compare-source DIR``): ``redis-3`` with three gateways of
+  another checkout's ``rollout_gateway`` (their own key prefix on the same Redis): the
+  A/B of a change, side by side in the same run.
 
 Figures: **CPU per turn per gateway** (the gateway processes' CPU over the turns they
 served; the three summed on the balanced paths), Redis's and HAProxy's own CPU per turn
@@ -36,10 +39,11 @@ the gateways: the **latency added** to a turn at p50 is each path's p50 minus di
 Every figure is printed with its target (issue 26: CPU per turn per gateway at most 1.5x
 the single memory gateway's; added latency p50 under 2 ms at 1k context with a paced
 model) and the memory baseline measured in the same run. ``--quick`` (fewer turns per
-cell, one paced round per path) runs in under 3 minutes on a 16-core host (11 minutes on
+cell, one paced round per path) runs in under 3 minutes on a 16-core host (5 minutes on
 2 shared cores)::
 
     python benchmarks/scaleout.py --quick
+    python benchmarks/scaleout.py --quick --compare-source ../main   # redis-3 vs main's
     python benchmarks/scaleout.py --contexts 1000,32000 --rollouts 64 --clients 4
 
 Needs ``redis-server`` and ``haproxy`` (Debian packages) and the ``redis`` extra.
@@ -73,16 +77,23 @@ CLI = [sys.executable, "-m", "rollout_gateway.cli"]
 #: Servers of one set, by name: what a path's CPU is read from.
 GATEWAYS = ("gw0", "gw1", "gw2")
 MEMORY_GATEWAYS = ("mem0", "mem1", "mem2")
+#: The other checkout's Redis gateways (``--compare-source``).
+BASE_GATEWAYS = ("base0", "base1", "base2")
 #: HAProxy balancing by the path's first three parts (``/v1/rollouts/{id}``): each
 #: rollout's requests, register included, on one gateway.
 BY_ROLLOUT = "uri depth 3"
 
 
 def servers(
-    stack: contextlib.ExitStack, directory: Path, redis: RedisServer, latency_ms: float
+    stack: contextlib.ExitStack,
+    directory: Path,
+    redis: RedisServer,
+    latency_ms: float,
+    source: Path | None = None,
 ) -> tuple[list[Target], dict[str, int], str]:
     """Start, on ``stack``: a scripted model (``latency_ms`` per completion), a memory
-    gateway, three Redis gateways (a key prefix of their own) and HAProxy over them.
+    gateway, three Redis gateways (a key prefix of their own) and HAProxy over them (and
+    the same of ``source``'s gateways, when given).
     Returns the paths, every server's pid by name, and the model's root."""
     model_port = _free_port()
     model_root = f"http://127.0.0.1:{model_port}"
@@ -128,6 +139,17 @@ def servers(
         Target("redis-3-uri", by_uri.root, None, gateway=True),
         Target("redis-1", group.roots()[0], pids["gw0"], gateway=True),
     ]
+    if source is not None:
+        base = GatewayGroup(
+            redis.url, upstream, len(BASE_GATEWAYS), directory / f"base-{latency_ms:g}",
+            admin_token=ADMIN_TOKEN, source=source,
+            extra_args=[*common, "--redis-prefix", f"base{latency_ms:g}:"],
+        )  # fmt: skip
+        stack.enter_context(base)
+        pids.update(zip(BASE_GATEWAYS, base.pids(), strict=True))
+        base_lb = stack.enter_context(HAProxy(base.ports, directory / f"lb-base-{latency_ms:g}"))
+        pids["haproxy-base"] = base_lb.pid
+        targets.append(Target("base-redis-3", base_lb.root, None, gateway=True))
     return targets, pids, model_root
 
 
@@ -162,6 +184,7 @@ def gateway_cpu_ms(path: str, res: RunResult) -> float:
     """CPU per turn of the gateway processes that served ``path``'s turns."""
     names = {
         "memory": ["memory"], "redis-1": ["gw0"], "memory-3-uri": list(MEMORY_GATEWAYS),
+        "base-redis-3": list(BASE_GATEWAYS),
     }.get(path, list(GATEWAYS))  # fmt: skip
     return sum(res.cpu_s[n] for n in names) * 1000 / len(res.latencies_s)
 
@@ -188,6 +211,10 @@ def _parser() -> argparse.ArgumentParser:
         "--fsync", choices=("everysec", "always"), default="everysec",
         help="Redis's appendfsync (default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compare-source", metavar="DIR", type=Path,
+        help="also run redis-3 with another checkout's gateways (base-redis-3), e.g. main's",
+    )  # fmt: skip
     return parser
 
 
@@ -208,13 +235,15 @@ def main() -> None:
         directory = Path(tmp)
         with RedisServer(directory / "redis", fsync=args.fsync) as redis:
             with contextlib.ExitStack() as stack:
-                targets, pids, _ = servers(stack, directory, redis, 0.0)
+                targets, pids, _ = servers(stack, directory, redis, 0.0, args.compare_source)
                 fast = measure(args, targets, pids, args.contexts, 0.0, args.min_turns)
             paced: dict[tuple[int, str], RunResult] = {}
             if args.model_latency_ms > 0:
                 with contextlib.ExitStack() as stack:
                     latency = args.model_latency_ms
-                    targets, pids, model_root = servers(stack, directory, redis, latency)
+                    targets, pids, model_root = servers(
+                        stack, directory, redis, latency, args.compare_source
+                    )
                     lb = stack.enter_context(HAProxy([int(model_root.rsplit(":", 1)[1])],
                                                      directory / "lb-model"))  # fmt: skip
                     targets = [
@@ -246,9 +275,10 @@ def report(
     print(f"{head}{'redis':>8}{'haproxy':>9}{'p50 ms':>9}{'p99 ms':>9}")
     for (context, path), res in fast.items():
         n = len(res.latencies_s)
-        redis_ms = res.cpu_s["redis"] * 1000 / n if path.startswith("redis") else 0.0
+        redis_ms = res.cpu_s["redis"] * 1000 / n if "redis" in path else 0.0
         balancer = {
             "redis-3": "haproxy", "redis-3-uri": "haproxy-uri", "memory-3-uri": "haproxy-mem",
+            "base-redis-3": "haproxy-base",
         }.get(path)  # fmt: skip
         lb_ms = res.cpu_s[balancer] * 1000 / n if balancer else 0.0
         print(
@@ -256,9 +286,10 @@ def report(
             f"{lb_ms:9.3f}{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
         )
     print("\nratios to the memory gateway (same run):")
+    compared = ("base-redis-3",) if args.compare_source else ()
     for context in args.contexts:
         memory = gateway_cpu_ms("memory", fast[(context, "memory")])
-        for path in ("redis-3", "redis-3-uri", "redis-1", "memory-3-uri"):
+        for path in ("redis-3", "redis-3-uri", "redis-1", "memory-3-uri", *compared):
             ratio = gateway_cpu_ms(path, fast[(context, path)]) / memory
             print(
                 f"  CPU per turn per gateway, {path}/memory at {context} tokens: {ratio:.2f}x "
@@ -273,6 +304,11 @@ def report(
                         ratio <= 1.5,
                     )
                 )
+        if compared:
+            ab = gateway_cpu_ms("redis-3", fast[(context, "redis-3")]) / gateway_cpu_ms(
+                "base-redis-3", fast[(context, "base-redis-3")]
+            )
+            print(f"  A/B: redis-3/base-redis-3 at {context} tokens: {ab:.2f}x")
     if paced:
         context = args.contexts[0]
         direct = paced[(context, "direct")].pct(0.5)

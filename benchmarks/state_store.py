@@ -403,8 +403,8 @@ def _cpu_part(
         state = stack.enter_context(tempfile.TemporaryDirectory(prefix="rg-state-cpu-"))
         name = "sqlite" if mode == "normal" else f"sqlite-{mode}"
         backends.append((name, ["--state-dir", state, "--state-sync", mode], {}))
-    if args.compare_source:
-        source = os.path.abspath(args.compare_source)
+    source = os.path.abspath(args.compare_source) if args.compare_source else None
+    if source is not None:
         backends.append(("base", [], {"PYTHONPATH": _path_with(source)}))
         if args.compare_sqlite:
             state = stack.enter_context(tempfile.TemporaryDirectory(prefix="rg-state-cpu-"))
@@ -415,7 +415,9 @@ def _cpu_part(
     for name, extra, env in backends:
         port = _free_port()
         root = f"http://127.0.0.1:{port}"
-        cwd = env.get("PYTHONPATH")
+        # A gateway of the other checkout runs from it (an editable install of this one
+        # would otherwise win over PYTHONPATH's entry for the package).
+        cwd = source if "PYTHONPATH" in env else None
         pids[name] = stack.enter_context(
             _process(_serve(model_root, port, *extra), f"{root}/health",
                      env={**admin_env, **env}, cwd=cwd)

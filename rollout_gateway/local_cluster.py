@@ -68,10 +68,17 @@ def _tail(log: Path, chars: int = 2000) -> str:
 class _Child:
     """One child process in its own process group, its output in a log file."""
 
-    def __init__(self, cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.cmd = list(cmd)
         self.log = log
         self.env = env
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,6 +95,7 @@ class _Child:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(self.env or {})},
+                cwd=self.cwd,
                 start_new_session=True,  # its own process group: stopped by that group only
             )
 
@@ -211,6 +219,9 @@ class GatewayGroup:
         directory: where their logs go.
         admin_token: the control plane's token (passed through the environment).
         extra_args: more ``serve`` options, the same for every gateway.
+        source: run the gateways of the ``rollout_gateway`` in this source tree instead
+            of this one (a benchmark's other version: its directory is their working
+            directory and first on their ``PYTHONPATH``).
     """
 
     def __init__(
@@ -222,7 +233,9 @@ class GatewayGroup:
         *,
         admin_token: str,
         extra_args: Sequence[str] = (),
+        source: Path | None = None,
     ) -> None:
+        self.source = Path(source).resolve() if source is not None else None
         self.redis_url = redis_url
         self.upstream = upstream
         self.directory = Path(directory)
@@ -257,11 +270,19 @@ class GatewayGroup:
         child = _Child(
             self.command(index),
             self.directory / f"gateway{index}.log",
-            env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": self.admin_token},
+            env=self._env(),
+            cwd=self.source,
         )
         child.start()
         self._children[index] = child
         return child
+
+    def _env(self) -> dict[str, str]:
+        env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": self.admin_token}
+        if self.source is not None:
+            rest = os.environ.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.source), rest) if p)
+        return env
 
     def _wait_healthy(self, index: int, child: _Child) -> None:
         url = f"{self.roots()[index]}/health"

@@ -63,6 +63,7 @@ from rollout_gateway.server.http.responses import (
 )
 from rollout_gateway.server.ops.memory import MemoryTrimmer
 from rollout_gateway.server.ops.metrics import GatewayMetrics
+from rollout_gateway.server.recording.digests import share_seed
 from rollout_gateway.server.state.backends import store_for
 from rollout_gateway.server.state.policy import PolicyClock
 from rollout_gateway.server.state.registry import (
@@ -384,6 +385,8 @@ class Gateway:
         """Open the store and restore its state; probe the engines; run the idle sweep
         and the upstream re-probe; at the end, finish the store's writes and close it."""
         self.restore(await self.store.open())
+        if self.store.shared:  # the digests a step is stored with hold at every gateway
+            share_seed(self.store.secret)
         await asyncio.gather(
             *(
                 probe_engine(self.pool.get(url).http, info, self.pool.get(url).label)

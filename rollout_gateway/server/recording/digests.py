@@ -1,11 +1,14 @@
 """Digests the gateway compares every turn: request bodies (retries), and the JSON array
 texts of a request's messages and of a prompt's ids.
 
-All but one are only ever compared within this process, within one rollout: a request's messages
-with the last recorded request's (:mod:`.history`); a prompt's id-array text with the
-previous prompt's (:mod:`.prompt_ids`, which the recorder only consults for a turn whose
-messages it has checked to extend the previous ones). They are 128-bit XXH3 with a
-secret seed drawn per process, so an agent cannot aim at a collision. A retry's body is
+Within one rollout, a request's messages are compared with the last recorded request's
+(:mod:`.history`), and a prompt's id-array text with the previous prompt's
+(:mod:`.prompt_ids`, which the recorder only consults for a turn whose messages it has
+checked to extend the previous ones). They are 128-bit XXH3 with a secret seed, so an
+agent cannot aim at a collision: drawn per process, or, on a gateway whose store other
+gateways share, derived from the store's secret (:func:`share_seed`), so that the digests
+of a turn one gateway recorded are what another gateway checks the next turn against
+(:class:`~.steps.CheckState`, stored beside the step). A retry's body is
 compared with the turn it repeats (:mod:`~rollout_gateway.server.state.dedupe`) after a
 restart and across gateways too: it is keyed with the store's secret instead
 (:func:`keyed_fingerprint`). XXH3 instead of
@@ -17,11 +20,22 @@ XXH3 takes 0.01 ms.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 import xxhash
 
 _SEED = secrets.randbits(64)
+
+
+def share_seed(secret: bytes) -> None:
+    """Key this process's digests with a seed derived from ``secret`` (a shared store's,
+    which the gateways on it know and agents do not): the digests one gateway records
+    then hold at the others. Digests made before under another seed just stop matching
+    (their next check compares the messages instead), never match wrongly."""
+    global _SEED
+    derived = hashlib.blake2b(secret, digest_size=8, person=b"rg-check-digests").digest()
+    _SEED = int.from_bytes(derived, "little")
 
 
 def fingerprint(data: bytes | memoryview) -> bytes:
@@ -63,4 +77,11 @@ def shared_elements(text: bytes, last: ArrayText | None) -> tuple[int, bytes, in
     return 0, fingerprint(body), len(body)
 
 
-__all__ = ["ArrayText", "fingerprint", "keyed_fingerprint", "prefix_hasher", "shared_elements"]
+__all__ = [
+    "ArrayText",
+    "fingerprint",
+    "keyed_fingerprint",
+    "prefix_hasher",
+    "share_seed",
+    "shared_elements",
+]

@@ -182,6 +182,19 @@ class MessageHistory:
         self._match_base = [*self._match_base[:shared], *new_messages, *completion]
         self._sent = match.sent
 
+    @property
+    def sent(self) -> SentText | None:
+        """The last recorded request's messages as text (what the next one is checked
+        against; ``None``: none)."""
+        return self._sent
+
+    def resume(self, sent: SentText | None) -> None:
+        """Check the next request against ``sent`` (the text state the gateway that
+        recorded the last step had: a copy replayed up to that step). Ignored unless it
+        describes at most the messages held (a stale hint is never trusted)."""
+        if sent is not None and sent[2] <= len(self.messages):
+            self._sent = sent
+
     def snapshot(self) -> HistorySnapshot:
         """What :meth:`restore` needs to undo the next :meth:`advance`."""
         return self.messages, list(self._match_base), self._sent

@@ -25,7 +25,7 @@ from rollout_gateway.server.recording.history import (
     recorded_message,
     same_message,
 )
-from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
+from rollout_gateway.server.recording.steps import CheckState, RecordedStep, StepDelta
 from rollout_gateway.server.recording.token_branches import StepIds, TokenBranches
 
 #: Finish reasons that mean "the model did not end its turn itself": the sample is cut.
@@ -116,6 +116,11 @@ class TrajectoryRecorder:
         return step.tokens.prompt_ids.tolist()
 
     @property
+    def check_state(self) -> CheckState:
+        """What the next turn's request is checked against now (see :class:`~.steps.CheckState`)."""
+        return CheckState(self._history.sent, self._ids.prompt_text)
+
+    @property
     def last_step(self) -> RecordedStep:
         """The step recorded last (raises ``IndexError`` when there is none)."""
         return self._steps[-1]
@@ -148,11 +153,15 @@ class TrajectoryRecorder:
             routing = delta.routed_experts if tokens is not None else None
             step = RecordedStep(
                 delta.shared_messages, delta.new_messages, delta.completion, tokens,
-                delta.is_truncated, delta.extras, False, routing,
+                delta.is_truncated, delta.extras, False, routing, delta.check,
             )  # fmt: skip
             self._steps.append(step)
             shared = HistoryMatch(delta.shared_messages)
             self._history.advance(shared, delta.new_messages, delta.completion)
+            if delta.check is not None:  # the recording gateway's digests: cheap checks
+                self._history.resume(delta.check.messages)
+                if tokens is not None:
+                    self._ids.resume(delta.check.prompt_ids, tokens.prompt_end)
             self._before_last = before
             if index in abandoned:
                 self.abandon_last()
@@ -242,12 +251,13 @@ class TrajectoryRecorder:
 
         completion_list = [dict(m) for m in completion]
         routing = routed_experts if tokens is not None else None
-        self._steps.append(
-            RecordedStep(
-                shared, new_messages, completion_list, tokens, truncated, extras, False, routing
-            )
+        step = RecordedStep(
+            shared, new_messages, completion_list, tokens, truncated, extras, False, routing
         )
+        self._steps.append(step)
         self._history.advance(history, new_messages, completion_list)
+        # What the next turn is checked against (a shared store keeps it with the step).
+        step.check = self.check_state
         self._before_last = before
 
     def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:

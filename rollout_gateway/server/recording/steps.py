@@ -7,6 +7,9 @@ what the previous step's prompt + completion does not hold, with arrays of its o
 recorder writes :class:`RecordedStep` and replays :class:`StepDelta`
 (:meth:`~.recorder.TrajectoryRecorder.replay`); the state backends
 (:mod:`rollout_gateway.server.state`) take the one and give back the other.
+:class:`CheckState` is what a recorder checks the next turn against once the step is
+recorded: a shared store keeps it beside the last step, so that the gateway taking the
+next turn checks it as cheaply as the one that recorded the step.
 """
 
 from __future__ import annotations
@@ -15,7 +18,26 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_gateway.server.recording.digests import ArrayText
 from rollout_gateway.server.recording.token_branches import StepIds
+
+
+@dataclass(frozen=True, slots=True)
+class CheckState:
+    """The digests a recorder checks the next turn's request against, right after a step
+    (see :mod:`.digests`): the text of the step's request messages
+    (:class:`~.history.MessageHistory`) and of its prompt's id array
+    (:class:`~.token_branches.TokenBranches`), each ``None`` when there is none.
+
+    Replayed with the step (another gateway's copy catching up), they let that copy check
+    the next request by one digest pass, as the recording gateway does, instead of
+    comparing every message and parsing the whole prompt's ids. Only a hint: a digest
+    that does not match (another seed, a damaged value) makes the check compare the
+    messages and parse the ids, as without it.
+    """
+
+    messages: ArrayText | None
+    prompt_ids: ArrayText | None
 
 
 @dataclass(slots=True)
@@ -49,6 +71,9 @@ class StepDelta:
     extras: dict[str, Any]
     #: Token-in mode's MoE routing of the turn (``{data, shape, start, dtype}``).
     routed_experts: dict[str, Any] | None = None
+    #: What the recorder checked the next turn against after this step, when the store
+    #: kept it (not part of the trajectory; see :class:`CheckState`).
+    check: CheckState | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +91,9 @@ class RecordedStep:
     abandoned: bool = False
     #: Token-in mode's MoE routing of the turn (``{data, shape, start, dtype}``).
     routed_experts: dict[str, Any] | None = None
+    #: What the recorder checked the next turn against right after this step (valid for
+    #: a copy replayed up to this step; see :class:`CheckState`).
+    check: CheckState | None = None
 
     def token_delta(self) -> TokenDelta | None:
         """The step's ids beyond the shared prefix, copied out of the branch."""
@@ -91,7 +119,8 @@ class RecordedStep:
             self.is_truncated,
             self.extras,
             self.routed_experts,
+            self.check,
         )
 
 
-__all__ = ["RecordedStep", "StepDelta", "TokenDelta"]
+__all__ = ["CheckState", "RecordedStep", "StepDelta", "TokenDelta"]

@@ -84,6 +84,18 @@ class TokenBranches:
         self.last_ids, length, self._last_prompt_text = snapshot
         del self.last_ids[length:]
 
+    @property
+    def prompt_text(self) -> ArrayText | None:
+        """The last prompt's id-array text state (``None``: the next prompt is parsed whole)."""
+        return self._last_prompt_text
+
+    def resume(self, text: ArrayText | None, prompt_len: int) -> None:
+        """Check the next prompt's text against ``text``: the last prompt's, as the
+        gateway that recorded it had it (a copy replayed up to that step, whose prompt
+        is the branch's first ``prompt_len`` ids). Ignored unless it counts those ids."""
+        if text is not None and text[2] == prompt_len <= len(self.last_ids):
+            self._last_prompt_text = text
+
     def reset(self) -> None:
         """The last turn had no ids: the next one starts a new branch."""
         self.last_ids = array("i")
@@ -163,7 +175,7 @@ class TokenBranches:
         prompt_end = len(segment)
         segment.extend(completion_ids)
         self.last_ids = segment
-        self._last_prompt_text = None  # digests are this process's own: parsed whole next
+        self._last_prompt_text = None  # unknown here: parsed whole next (unless resumed)
         return StepIds(
             segment, prefix_len, prompt_end, len(segment), logprobs, overlong_prompt, is_truncated
         )

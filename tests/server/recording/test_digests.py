@@ -35,3 +35,23 @@ def test_shared_elements_counts_a_whole_prefix_of_elements_and_digests_in_one_pa
     for text in (b"[10,20,30,40]", b"[10,20,31,40]", b"[10,20,300]"):
         assert shared_elements(text, last)[1:] == shared_elements(text, None)[1:]
         assert shared_elements(text, None)[1:] == (fingerprint(text[:-1]), len(text) - 1)
+
+
+def test_a_shared_seed_makes_the_same_digests_in_every_process_on_the_store() -> None:
+    """Gateways on one shared store key their check digests with a seed derived from the
+    store's secret: one gateway's digest of a text is another's (each process runs this
+    derivation; here, twice in one process), and another store's secret gives others."""
+    from rollout_gateway.server.recording import digests
+
+    before = digests._SEED
+    try:
+        digests.share_seed(b"s" * 32)
+        first = digests.fingerprint(b"[1,2,3]")
+        digests.share_seed(b"s" * 32)
+        assert digests.fingerprint(b"[1,2,3]") == first
+        last = (digests.fingerprint(b"[1,2,3"), 6, 3)  # "[1,2,3]" as the last text
+        assert digests.shared_elements(b"[1,2,3,4]", last)[0] == 3
+        digests.share_seed(b"t" * 32)
+        assert digests.fingerprint(b"[1,2,3]") != first
+    finally:
+        digests._SEED = before

@@ -21,7 +21,7 @@ from .redis_fixtures import redis_server
 pytest.importorskip("redis")
 
 from rollout_gateway.protocol import ExitReport  # noqa: E402
-from rollout_gateway.server.recording.steps import RecordedStep  # noqa: E402
+from rollout_gateway.server.recording.steps import CheckState, RecordedStep  # noqa: E402
 from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
 from rollout_gateway.server.state.redis_backend.store import LAYOUT, RedisStore  # noqa: E402
 from rollout_gateway.server.state.store import (  # noqa: E402
@@ -397,3 +397,98 @@ async def test_a_turn_after_another_gateways_is_two_round_trips(server: RedisSer
     finally:
         for store in (a, b):
             await store.close()
+
+
+async def test_the_last_steps_check_state_is_read_along_by_the_next_claim(
+    gateways: list[RedisStore],
+) -> None:
+    """What the recording gateway checks the next turn against reaches the gateway that
+    takes it, with the step; a damaged or out-of-date one is dropped, never trusted."""
+    a, b = gateways
+    await a.create_rollout(_row())
+    check = CheckState((b"\x02" * 16, 120, 3), (b"\x03" * 16, 900, 2))
+
+    async def committed(index: int, step_check: CheckState | None) -> None:
+        await a.claim_turn("r1", "gw-a", 2.0)
+        commit = _commit(index)
+        commit.step.check = step_check
+        commit.releases = "gw-a"
+        await a.commit_turn("r1", commit)
+
+    async def read_by_b() -> list[Any]:
+        await b.claim_turn("r1", "gw-b", 2.0)
+        await b.load_rollout("r1")
+        held = int(b._copies.held("r1")[1])
+        steps = await b.load_steps("r1", held)
+        await b.release_turn("r1", "gw-b")
+        return [step.check for step in steps]
+
+    await committed(0, None)
+    await committed(1, check)
+    assert await read_by_b() == [None, check]  # only the last step's is kept
+    await committed(2, check)
+    await a._cmd("HSET", f"{a.prefix}r:r1", "chk", b"damaged")
+    assert await read_by_b() == [None]
+    await committed(3, check)
+    stale = await a._cmd("HGET", f"{a.prefix}r:r1", "chk")
+    await committed(4, None)  # a step without one leaves none, not the one before
+    await a._cmd("HSET", f"{a.prefix}r:r1", "chk", stale)  # step 3's, beside step 4
+    assert await read_by_b() == [None, None]
+
+
+async def test_scripts_redis_forgot_are_loaded_again(gateways: list[RedisStore]) -> None:
+    a, b = gateways
+    await a.create_rollout(_row())
+    await a._cmd("SCRIPT", "FLUSH")  # as a restarted Redis forgets them
+    assert await b.claim_turn("r1", "gw-b", 2.0) == 0
+    await b.release_turn("r1", "gw-b")
+
+
+async def test_commands_issued_together_go_in_one_pipeline_each_with_its_own_reply(
+    server: RedisServer,
+) -> None:
+    """Concurrent turns' commands are sent to Redis together, yet each gets its own reply
+    or its own error, in the order issued, as if sent alone."""
+    from rollout_gateway.server.state.redis_backend.batches import CommandBatches
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    sizes: list[int] = []
+
+    class Counted(CommandBatches):
+        async def _send(self, batch: Any) -> None:
+            sizes.append(len(batch))
+            await super()._send(batch)
+
+    connection = RedisConnection(server.url, timeout_s=5.0)
+    connection._batches = Counted(lambda: connection.client)
+    prefix = f"t{next(_prefixes)}:"
+    try:
+        await connection.cmd("SET", f"{prefix}text", "x")
+        replies = await asyncio.gather(
+            *(connection.cmd("INCR", f"{prefix}n") for _ in range(5)),
+            connection.cmd("INCR", f"{prefix}text"),  # not a number: this one fails alone
+            connection.cmd("GET", f"{prefix}n"),
+            return_exceptions=True,
+        )
+        assert replies[:5] == [1, 2, 3, 4, 5]
+        assert isinstance(replies[5], Exception) and "not an integer" in str(replies[5])
+        assert replies[6] == b"5"
+        assert sizes == [1, 7]  # the SET alone; the seven issued together in one pipeline
+    finally:
+        await connection.aclose()
+
+
+async def test_a_command_whose_caller_gave_up_before_it_was_sent_is_not_sent(
+    server: RedisServer,
+) -> None:
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    connection = RedisConnection(server.url, timeout_s=5.0)
+    key = f"t{next(_prefixes)}:n"
+    try:
+        waiting = asyncio.ensure_future(connection.cmd("INCR", key))
+        await asyncio.sleep(0)  # issued, not sent yet
+        waiting.cancel()
+        assert await connection.cmd("INCR", key) == 1
+    finally:
+        await connection.aclose()

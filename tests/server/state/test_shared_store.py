@@ -428,3 +428,37 @@ async def test_a_turn_refused_at_one_gateway_is_on_every_gateways_exit_channel(
             return [r.get("refused") for r in answer["exits"]] == [code]
 
         await eventually(kept)
+
+
+async def run_rewriting_rollout(clients: list[httpx.AsyncClient]) -> dict[str, Any]:
+    """Turn ``i`` at gateway ``i % n``; the fourth request rewrites a tool output the
+    second one sent (the previous turn was another gateway's)."""
+    r = await clients[0].post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+    key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": script(*STEPS)}]
+    for turn in range(len(STEPS)):
+        if turn == 3:
+            messages[2] = {**messages[2], "content": "rewritten"}
+        client = clients[turn % len(clients)]
+        body = {"model": "m", "messages": messages}
+        r = await client.post("/v1/chat/completions", json=body, headers=key)
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        messages.append({k: v for k, v in message.items() if v is not None})
+        for call in message.get("tool_calls") or ():
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "ok"})
+    return dict((await clients[-1].get("/v1/rollouts/r1/trajectory", headers=ADMIN)).json())
+
+
+async def test_a_rewritten_history_is_caught_after_another_gateways_turn(shared: Shared) -> None:
+    """The gateway taking a turn after another gateway's checks the request against the
+    digests that gateway stored with its step: a request that rewrites an earlier message
+    is still recorded as a rewritten history, as one gateway records it."""
+    upstream = RecordingUpstream().app()
+    async with gateways(upstream, MemoryStore(), 1) as one:
+        alone = await run_rewriting_rollout(one)
+    async with gateways(upstream, shared, 3) as three:
+        spread = await run_rewriting_rollout(three)
+    assert comparable(spread) == comparable(alone)
+    flags = [s["extras"].get("history_rewritten", False) for s in spread["trajectory"]]
+    assert flags == [False, False, False, True, False]

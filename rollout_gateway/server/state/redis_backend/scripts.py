@@ -7,12 +7,12 @@ flat array whose first element says what happened (``ok``, ``gone``, ``busy``,
 ``conflict``, ``lost``).
 
 The rollout hash holds ``reg`` and ``counters`` (JSON), ``rev`` (bumped by every write),
-``steps`` (their count), ``cancelled``, ``v`` (the layout), ``waiting`` (a gateway waits
-for the lease: its release is published), and the last answer: ``a_key`` (its
-:class:`~rollout_gateway.server.state.store.AnswerKey`), ``a_body``, and ``a_dlv`` ("1"
-once the gateway that answered handed it to a connected client, "0" until then). What the gateways
-store (``reg``, ``counters``, steps, answers) is opaque here, in the sealed formats of
-:mod:`rollout_gateway.server.state.codec`.
+``steps`` (their count), ``chk`` (the last step's check state), ``cancelled``, ``v`` (the
+layout), ``waiting`` (a gateway waits for the lease: its release is published), and the
+last answer: ``a_key`` (its :class:`~rollout_gateway.server.state.store.AnswerKey`),
+``a_body``, and ``a_dlv`` ("1" once the gateway that answered handed it to a connected
+client, "0" until then). What the gateways store (``reg``, ``counters``, steps, answers,
+``chk``) is opaque here, in the sealed formats of :mod:`rollout_gateway.server.state.codec`.
 
 Messages on the events channel: ``w:{id}`` (the lease of a rollout somebody waits for was
 released), ``d:{id}`` (the rollout was removed), ``e`` (an exit report was added to the
@@ -65,8 +65,9 @@ return {'ok', rev}
 #: Answers {"ok", rev, policy version, its time} (the lease is ours; the policy version
 #: in effect comes along, so a turn is stamped with the latest one whichever gateway it
 #: was announced at) and, when the caller's copy is behind, the rollout's fields (as
-#: ``ROW_FIELDS``) and the steps from the caller's count: what it would read next, in the
-#: same round trip. Else {"busy", ms left} (the release will be published), or {"gone"}.
+#: ``store._ROW_FIELDS``: the last step's check state last) and the steps from the
+#: caller's count: what it would read next, in the same round trip. Else {"busy", ms
+#: left} (the release will be published), or {"gone"}.
 CLAIM = (
     _TOUCH
     + """
@@ -83,7 +84,7 @@ local rev = redis.call('HGET', KEYS[1], 'rev')
 local steps = redis.call('HGET', KEYS[1], 'steps')
 if rev == ARGV[4] and steps == ARGV[5] then return {'ok', rev, policy[1], policy[2]} end
 local row = redis.call('HMGET', KEYS[1], 'v', 'reg', 'counters', 'rev', 'steps', 'cancelled',
-                       'a_key', 'a_dlv')
+                       'a_key', 'a_dlv', 'chk')
 local new = redis.call('LRANGE', KEYS[2], tonumber(ARGV[5]), -1)
 return {'ok', rev, policy[1], policy[2], row, new}
 """
@@ -116,7 +117,8 @@ return 1
 #: ARGV: owner ("" when the store has no leases), index, step, counters, ttl ms,
 #: answer key ("" for none), answer, release ("1": the commit ends the owner's claim: the
 #: lease is dropped, a waiting gateway told), delivered ("1": the answer goes to a client
-#: still connected), channel, rollout id.
+#: still connected), channel, rollout id, the step's check state ("" for none: what the
+#: next turn is checked against, see ``copies.encode_check``).
 #: Answers {"ok", rev}, {"gone"}, {"lost"} (the lease is not the owner's) or
 #: {"conflict", steps}.
 COMMIT = (
@@ -127,7 +129,7 @@ if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lost'} 
 local steps = redis.call('HGET', KEYS[1], 'steps')
 if steps ~= ARGV[2] then return {'conflict', steps} end
 redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('HSET', KEYS[1], 'counters', ARGV[4], 'steps', tonumber(steps) + 1)
+redis.call('HSET', KEYS[1], 'counters', ARGV[4], 'steps', tonumber(steps) + 1, 'chk', ARGV[12])
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[1], 'a_key', ARGV[6], 'a_body', ARGV[7], 'a_dlv', '0')
 end

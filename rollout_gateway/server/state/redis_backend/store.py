@@ -35,7 +35,11 @@ from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
 from rollout_gateway.server.state import codec
 from rollout_gateway.server.state.redis_backend.connection import RedisConnection
-from rollout_gateway.server.state.redis_backend.copies import HeldCopies
+from rollout_gateway.server.state.redis_backend.copies import (
+    HeldCopies,
+    attach_check,
+    encode_check,
+)
 from rollout_gateway.server.state.redis_backend.events import RECHECK_S, EventListener
 from rollout_gateway.server.state.redis_backend.exits import ExitReports
 from rollout_gateway.server.state.redis_backend.leases import Leases
@@ -58,8 +62,9 @@ from rollout_gateway.server.state.store import (
 #: The layout of what this code writes; another is refused, never misread (2: steps and
 #: answers in :data:`~..codec.FORMAT_VERSION` 2).
 LAYOUT = 2
-#: The rollout hash's fields a row is made of (not the stored answer's body).
-_ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key", "a_dlv")
+#: The rollout hash's fields a row is made of (not the stored answer's body), and the
+#: last step's check state (read along with the steps, not part of the row).
+_ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key", "a_dlv", "chk")
 
 
 class RedisStore(GatewayStore):
@@ -215,7 +220,7 @@ class RedisStore(GatewayStore):
 
     @staticmethod
     def _row_of(rollout_id: str, values: list[Any]) -> RolloutRow | None:
-        layout, reg, counters, rev, steps, cancelled, a_key, a_dlv = values
+        layout, reg, counters, rev, steps, cancelled, a_key, a_dlv = values[:8]
         if reg is None:
             return None
         if layout != str(LAYOUT).encode():
@@ -286,7 +291,8 @@ class RedisStore(GatewayStore):
                 if reply[2] is not None:
                     self._listener.policy_seen(PolicyState(int(reply[2]), float(reply[3])))
                 if len(reply) > 4:  # this gateway's copy is behind: what it reads next
-                    self._copies.read_along(rollout_id, reply[4], reply[5], int(held[1]))
+                    fields = reply[4]
+                    self._copies.read_along(rollout_id, fields, reply[5], int(held[1]), fields[8])
                 return int(reply[1])
             left_s = max(0.0, int(reply[1]) / 1000)
             with contextlib.suppress(TimeoutError):
@@ -323,9 +329,10 @@ class RedisStore(GatewayStore):
         owner = self._leases.owner(rollout_id) or ""
         releases = bool(owner) and commit.releases == owner
         counters = codec.encode_json(commit.counters)
+        check = encode_check(commit.index, commit.step.check)
         args = [owner, commit.index, step, counters, self.ttl_ms, answer_key, body,
                 "1" if releases else "0", "1" if commit.delivered else "0", self.channel,
-                rollout_id]  # fmt: skip
+                rollout_id, check]  # fmt: skip
         reply = await self._run("COMMIT", self._keys(rollout_id), args)
         outcome = reply[0]
         if outcome == b"ok":
@@ -349,8 +356,11 @@ class RedisStore(GatewayStore):
         """The stored steps from ``start`` (one ``LRANGE``; and, when there are none, a
         look whether the rollout is stored at all)."""
         keys = self._keys(rollout_id)
-        raw = self._copies.take_steps(rollout_id, start)
-        if raw is None:
+        along = self._copies.take_steps(rollout_id, start)
+        check = None
+        if along is not None:
+            raw, check = along
+        else:
             raw = await self._cmd("LRANGE", keys[1], start, -1)
             if not raw and not await self._cmd("EXISTS", keys[0]):
                 raise UnknownRolloutError(rollout_id)
@@ -361,6 +371,7 @@ class RedisStore(GatewayStore):
             ]
         except (ValueError, KeyError, TypeError) as exc:  # (what the checksum let through)
             raise StoreCorruptError(f"rollout {rollout_id}: damaged step ({exc})") from exc
+        attach_check(steps, start, check)
         self._copies.loaded(rollout_id, start, len(steps))
         return steps
 
