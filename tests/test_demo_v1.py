@@ -203,7 +203,9 @@ def _children() -> set[int]:
 
 def test_a_timeout_stops_the_agents_and_keeps_the_run_resumable(tmp_path: Path) -> None:
     before = _children()
-    with server_thread(create_scripted_model_app(latency_ms=2000)) as root:
+    # Each of the task's 4 turns takes 6 s: the 10 s timeout falls mid-run however fast the
+    # machine (at 2 s a turn, an idle machine finished the run in 9.8 s).
+    with server_thread(create_scripted_model_app(latency_ms=6000)) as root:
         code, printed = demo(
             tmp_path, upstream=f"{root}/v1", model="scripted", examples=1, timeout=10.0
         )
