@@ -307,8 +307,6 @@ class ChatTurns:
         rollouts = self.gateway.rollouts
         if not record.live:
             raise _not_registered(record)
-        if not rollouts.turn_needs_store(record):  # claim, stored answer, release: no-ops
-            return await self._locked_turn(record, turn, body, messages, messages_text)
         await rollouts.claim(record)
         answered = False
         try:

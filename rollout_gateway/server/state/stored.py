@@ -238,20 +238,6 @@ class StoredRollouts:
 
     # -- turns ---------------------------------------------------------------------------
 
-    def turn_needs_store(self, record: RolloutRecord) -> bool:
-        """Whether a turn of ``record`` must go through :meth:`claim`,
-        :meth:`repeated_answer` and :meth:`release`; false when all three would do
-        nothing: this process is the store's only writer (not :attr:`~.store.GatewayStore.shared`),
-        the record holds what the store holds, and the turn tracker holds the rollout's
-        last turn (a retry of it was matched already). The usual turn of a memory- or
-        SQLite-backed gateway then skips three calls."""
-        return (
-            self.store.shared
-            or not record.loaded
-            or record.revision < 0
-            or record.turns.last is None
-        )
-
     async def claim(self, record: RolloutRecord) -> None:
         """Take ``record``'s turn slot (other gateways on a shared store wait) and bring
         the record up to date. Raises :class:`~.store.UnknownRolloutError` (the record is

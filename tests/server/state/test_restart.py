@@ -211,8 +211,8 @@ async def test_restored_rollouts_follow_the_gateways_retry_window(make_store: An
 class CountingStore(MemoryStore):
     """A memory store that counts the calls a turn may skip (claim, stored answer)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, shared: bool = False) -> None:
+        super().__init__(shared=shared)
         self.claims = 0
         self.answers_read = 0
 
@@ -260,20 +260,24 @@ async def test_a_private_stores_turns_skip_the_claim_until_the_copy_is_not_curre
 
 
 @pytest.mark.parametrize("shared", [False, True])
-async def test_a_turn_needs_the_store_unless_its_private_copy_is_current(shared: bool) -> None:
-    """The turn path skips claim, stored answer and release only where all three are
-    no-ops: a store this process alone writes, a loaded and current copy, and a turn
-    tracker that holds the rollout's last turn (a retry of it is matched there)."""
+async def test_a_private_current_copy_takes_no_store_call_for_its_turn(shared: bool) -> None:
+    """Claim, stored answer and release reach the store only where they must: never for
+    a store this process alone writes whose copy is loaded and current, with the turn
+    tracker holding the rollout's last turn (a retry of it is matched there); always on a
+    shared store, where another gateway may have moved the rollout on."""
+    store = CountingStore(shared=shared)
     rollouts = StoredRollouts(
-        RolloutRegistry(max_rollouts=10, ttl_s=60), MemoryStore(shared=shared),
+        RolloutRegistry(max_rollouts=10, ttl_s=60), store,
         owner="gw", lease_s=10, retry_window_s=60,
     )  # fmt: skip
     record = RolloutRecord("r1", "m", {}, 10, None, UPSTREAM, last_activity=0.0)
     await rollouts.register(record)
-    assert rollouts.turn_needs_store(record)  # no last turn here: a stored answer may match
     record.turns.last = Turn(b"f", None)
-    assert rollouts.turn_needs_store(record) is shared
-    record.revision = -1  # a failed write: reloaded under the claim
-    assert rollouts.turn_needs_store(record)
-    record.revision, record.loaded = 0, False  # restored, steps not loaded yet
-    assert rollouts.turn_needs_store(record)
+    await rollouts.claim(record)
+    assert await rollouts.repeated_answer(record, b"f", None, is_retry=True) is None
+    await rollouts.release(record)
+    assert store.claims == (1 if shared else 0) and store.answers_read == 0
+    record.revision = -1  # a failed write: reloaded under the claim, shared or not
+    await rollouts.claim(record)
+    await rollouts.release(record)
+    assert store.claims == (2 if shared else 1)
