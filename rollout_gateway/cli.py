@@ -61,6 +61,8 @@ _share = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _port = _number(int, lambda v: 0 < v < 65536, "a port from 1 to 65535")
 #: A finite number >= 0.
 _non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+#: A whole number >= 0.
+_non_negative_int = _number(int, lambda v: 0 <= v, "a whole number >= 0")
 
 
 #: ``--log-level`` values (case-insensitive); anything else failed later with a traceback.
@@ -679,10 +681,20 @@ def add_scripted_model_parser(
     )
     p.add_argument(
         "--max-model-len",
-        type=_positive(int),
-        default=None,
+        type=_non_negative_int,
+        default=1_048_576,  # rollout_gateway.scripted.context.DEFAULT_MAX_MODEL_LEN
         metavar="N",
-        help="refuse prompts of N tokens or more as vLLM does, 400 (default: no limit)",
+        help="the context it serves, in tokens (0: no limit); a request that does not fit is "
+        "refused with the engine's 400, as --context-check says (default: %(default)s)",
+    )
+    p.add_argument(
+        "--context-check",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="check requests against the context as vLLM 0.32 does (a max_tokens over the "
+        "context is refused; a smaller one is fitted to the room the prompt leaves) or as "
+        "SGLang does (a prompt plus max_tokens over the context is refused) (default: "
+        "%(default)s)",
     )
     p.add_argument(
         "--bytes-per-token",
@@ -705,8 +717,9 @@ def run_scripted_model(args: argparse.Namespace) -> int:
     app = create_scripted_model_app(
         model_name=args.model_name,
         latency_ms=args.latency_ms,
-        max_model_len=args.max_model_len,
+        max_model_len=args.max_model_len or None,
         bytes_per_token=args.bytes_per_token,
+        context_check=args.context_check,
     )
     serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -70,6 +70,8 @@ logger = logging.getLogger(__name__)
 FINISH_REASONS = frozenset({"stop", "length", "tool_calls"})
 
 _CHAT = ChatDialect()
+#: The key of ``trace.info`` holding what the gateway did beside v1's own records.
+TRACE_INFO_KEY = "rollout_gateway"
 _ENDPOINT = _CHAT.upstream_path
 
 
@@ -289,17 +291,42 @@ class TraceSync:
     # ------------------------------------------------------------------ steps
 
     def _sampling_of(self, extras: Mapping[str, Any]) -> Sampling | None:
-        """The sampling actually sent upstream for a turn, else the registered one."""
+        """A turn's ``ModelCall.sampling`` as v1's own interception records it: the
+        agent's request with the env's sampling imposed (``ChatDialect.apply_overrides``),
+        what was asked, not the bound the gateway sent the engine (``extras.sampling``,
+        kept in ``trace.info``: :meth:`_note_upstream`). A step of a gateway that does
+        not record the agent's own fields gives what was sent upstream."""
+        asked = extras.get("agent_sampling")
         sent = extras.get("sampling")
-        if not isinstance(sent, Mapping):
+        if isinstance(asked, Mapping):
+            body = dict(asked)
+            if isinstance(sent, Mapping) and sent.get("stop") is not None:
+                body["stop"] = sent["stop"]  # the agent's stop, forwarded as it sent it
+            if self.sampling is not None:
+                body = _CHAT.apply_overrides(body, self.model, self.sampling)
+                body.pop("model", None)
+        elif isinstance(sent, Mapping):
+            body = dict(sent)
+        else:
             return self.sampling
-        key = orjson.dumps(sent, option=orjson.OPT_SORT_KEYS)
-        if key not in self._sampling_cache:  # turns of a rollout send the same: parse once
+        key = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        if key not in self._sampling_cache:  # turns of a rollout ask the same: parse once
             try:
-                self._sampling_cache[key] = _CHAT.parse_sampling(dict(sent))
+                self._sampling_cache[key] = _CHAT.parse_sampling(body)
             except ValueError:
                 self._sampling_cache[key] = self.sampling
         return self._sampling_cache[key]
+
+    def _note_upstream(self, extras: Mapping[str, Any]) -> None:
+        """Keep what the gateway sent the engine for the call about to be appended, in
+        ``trace.info["rollout_gateway"]["upstream_sampling"]`` (``{"call": index,
+        "sampling": ...}``), beside ``ModelCall.sampling``, what was asked."""
+        sent = extras.get("sampling")
+        if isinstance(sent, Mapping):
+            info = self.trace.info.setdefault(TRACE_INFO_KEY, {})
+            info.setdefault("upstream_sampling", []).append(
+                {"call": len(self.trace.calls), "sampling": dict(sent)}
+            )
 
     def _tools_of(self, raw: Any) -> list[Any] | None:
         """A turn's tools (when the gateway recorded them) as v1's dialect parses them."""
@@ -352,6 +379,7 @@ class TraceSync:
             prompt_ids = self._prompt_ids(tokens)
         span = _span(extras.get("timing"))
         sampling = self._sampling_of(extras)
+        self._note_upstream(extras)
         failure = _step_failure(step)
         if failure is not None or not completion_raw:
             # A failed exchange commits no node; v1 records the call with its error.

@@ -359,7 +359,7 @@ def test_the_credentials_contradiction_holds_for_library_users_too() -> None:
 @pytest.mark.parametrize(
     "option,value",
     [("--rollout-parse-share", "0"), ("--rollout-parse-share", "1.5"), ("--max-body-cost", "0"),
-     ("--body-memory", "-1"), ("--max-model-len", "0")],
+     ("--body-memory", "-1"), ("--max-model-len", "-1")],
 )  # fmt: skip
 def test_new_bounds_refuse_invalid_values_naming_them(option: str, value: str, capsys) -> None:
     command = "scripted-model" if option == "--max-model-len" else "serve"

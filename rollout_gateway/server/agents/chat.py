@@ -30,9 +30,9 @@ from starlette.responses import Response, StreamingResponse
 from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server.agents.limits import (
     NO_RETRY_HEADERS,
+    budget_bound,
     check_takes_turn,
     check_turn_allowed,
-    max_tokens_allowed,
 )
 from rollout_gateway.server.agents.request import AgentRequest
 from rollout_gateway.server.agents.sse import (
@@ -47,15 +47,18 @@ from rollout_gateway.server.engines.turn import (
     EngineTurn,
     agent_answer,
     context_overflow_error,
-    is_context_overflow,
     prepare_upstream_body,
     wants_usage,
 )
 from rollout_gateway.server.engines.upstream import UpstreamError
 from rollout_gateway.server.engines.upstream_request import (
+    agent_sampling,
     build_upstream_request,
     drop_unread_values,
     dropped_field_facts,
+    max_tokens_to_send,
+    requested_max_tokens,
+    validate_max_tokens,
 )
 from rollout_gateway.server.http import jsonio
 from rollout_gateway.server.http.jsonio import JSONBytesResponse
@@ -151,6 +154,7 @@ class ChatTurns:
         drop_unread_values(body)
         messages = validate_messages(body, config.max_messages)
         validate_answer_flags(body)
+        validate_max_tokens(body)
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
             turn = record.turns.match(fingerprint, idempotency_key, is_retry=is_retry)
@@ -347,15 +351,21 @@ class ChatTurns:
             await gateway.rollouts.save(record)  # kept even if this turn is lost
         extends = bool(history.shared)
         gateway.registry.touch(record)
+        upstream = gateway.pool.get(record.upstream)
+        engine = await gateway.engine(record.upstream)
+        window = engine.max_model_len
+        max_tokens = max_tokens_to_send(
+            requested_max_tokens(body, record.sampling_params),
+            budget_bound(record, extends_history=extends, window=window),
+            window,
+        )
         upstream_body = build_upstream_request(
             body,
             model=record.model,
             sampling_params=record.sampling_params,
-            max_tokens_bound=max_tokens_allowed(record, extends_history=extends),
+            max_tokens=max_tokens,
             messages_text=messages_text,
         )
-        upstream = gateway.pool.get(record.upstream)
-        engine = await gateway.engine(record.upstream)
         call = EngineTurn(
             gateway.pool,
             gateway.policy,
@@ -366,7 +376,7 @@ class ChatTurns:
             prepare_upstream_body(upstream_body, record, engine),
             engine,
             history=history,
-            extras=dropped_field_facts(body),
+            extras={**dropped_field_facts(body), "agent_sampling": agent_sampling(body)},
         )
         emit = turn.events.append if turn.events is not None else None
         try:
@@ -375,9 +385,9 @@ class ChatTurns:
             gateway.metrics.upstream_errors.inc(upstream.label, exc.kind)
             logger.warning(
                 "rollout=%s turn=%d upstream=%s error=%s: %s",
-                record.rollout_id, record.num_turns + 1, upstream.label, exc.kind, exc.detail,
+                record.rollout_id, call.number, upstream.label, exc.kind, exc.detail,
             )  # fmt: skip
-            if is_context_overflow(exc):
+            if call.overflowed:
                 await gateway.rollouts.commit(record, None)  # its step: the prompt refused
                 # The rollout is over (recorded truncated): the env stops its agent.
                 gateway.exit_board.refused(record.rollout_id, "context_length_exceeded")

@@ -18,6 +18,7 @@ from rollout_gateway.protocol import (
     TruncationReason,
     TurnRefusalCode,
 )
+from rollout_gateway.server.config import DEFAULT_MAX_TOTAL_COMPLETION_TOKENS
 from rollout_gateway.server.http.responses import ApiError
 from rollout_gateway.server.state.registry import RolloutRecord
 from rollout_gateway.server.state.store import answer_matches
@@ -131,13 +132,26 @@ def check_takes_turn(
     check_turn_allowed(record, extends_history=False)
 
 
-def max_tokens_allowed(record: RolloutRecord, *, extends_history: bool) -> int | None:
-    """Upper bound of the next turn's ``max_tokens`` from the rollout's budgets."""
+def budget_bound(record: RolloutRecord, *, extends_history: bool, window: int | None) -> int | None:
+    """The most completion tokens the rollout's own budgets leave its next turn
+    (``None``: no budget of the rollout's bounds it).
+
+    The completion budget counts where someone set it: the gateway's default
+    (:data:`~rollout_gateway.server.config.DEFAULT_MAX_TOTAL_COMPLETION_TOKENS`) stands
+    in for "no limit", and is enforced between turns only. The context bound counts
+    where it is tighter than the engine's own context ``window`` (a rollout registered
+    without ``max_seq_len`` is bounded by the engine's context, which the engine
+    enforces itself), and only when the request extends the recorded history (its
+    prompt then holds at least the previous turn's context).
+    """
     bounds: list[int] = []
-    if record.max_total_completion_tokens is not None:
-        bounds.append(record.max_total_completion_tokens - record.completion_tokens)
-    if record.max_context_tokens is not None and extends_history:
-        bounds.append(record.max_context_tokens - record.recorder.last_context_tokens)
+    spent = record.completion_tokens
+    budget = record.max_total_completion_tokens
+    if budget is not None and budget < DEFAULT_MAX_TOTAL_COMPLETION_TOKENS:
+        bounds.append(budget - spent)
+    context = record.max_context_tokens
+    if context is not None and extends_history and (window is None or context < window):
+        bounds.append(context - record.recorder.last_context_tokens)
     return max(1, min(bounds)) if bounds else None
 
 
@@ -145,6 +159,6 @@ __all__ = [
     "NO_RETRY_HEADERS",
     "check_takes_turn",
     "check_turn_allowed",
-    "max_tokens_allowed",
+    "budget_bound",
     "refusal",
 ]

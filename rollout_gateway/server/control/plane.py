@@ -68,7 +68,8 @@ def _sampling_params(body: Mapping[str, Any]) -> dict[str, Any]:
     sampling = {} if sampling is None else sampling
     if not isinstance(sampling, dict):
         raise ApiError(400, "'sampling_params' must be an object", "invalid_request_error")
-    conversation = [k for k in NOT_REGISTRABLE_FIELDS if k in flatten_sampling_params(sampling)]
+    flat = flatten_sampling_params(sampling)
+    conversation = [k for k in NOT_REGISTRABLE_FIELDS if k in flat]
     if conversation:
         raise ApiError(
             400,
@@ -76,13 +77,19 @@ def _sampling_params(body: Mapping[str, Any]) -> dict[str, Any]:
             "is the agent's",
             "invalid_request_error",
         )
+    for key in ("max_tokens", "max_completion_tokens"):  # what every turn sends upstream
+        _optional_positive_int(flat, key, f"sampling_params.{key}")
     return sampling
 
 
-def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
+def _optional_positive_int(
+    body: Mapping[str, Any], key: str, name: str | None = None
+) -> int | None:
     value = body.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ApiError(400, f"'{key}' must be a positive integer or null", "invalid_request_error")
+        raise ApiError(
+            400, f"'{name or key}' must be a positive integer or null", "invalid_request_error"
+        )
     return value
 
 

@@ -347,6 +347,13 @@ class TokenInEngine:
                 f"This model's maximum context length is {max_len} tokens. However, your "
                 f"prompt contains {len(prompt_ids)} input tokens.",
             )
+        if max_len is not None:
+            # The prompt's length is known here: ask for the room it leaves, or less when
+            # less was asked (never more than the engine can give, never less than asked;
+            # an older generate endpoint takes a missing max_tokens for 16).
+            asked = sampling.get("max_tokens")
+            room = max_len - len(prompt_ids)
+            sampling["max_tokens"] = min(asked, room) if isinstance(asked, int) else room
         stop_ids = list(self.renderer.get_stop_token_ids())
         for extra in sampling.get("stop_token_ids") or ():
             if extra not in stop_ids:

@@ -9,6 +9,7 @@ import time
 import orjson
 import pytest
 
+from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.server.http.intake import BodyIntake, IntakeLimits
 
 from ..conftest import GatewayHarness, RecordingUpstream, script
@@ -273,7 +274,8 @@ async def test_another_rollouts_turn_is_served_while_a_big_parse_is_held(
             gate.wait(10)
         return orjson.loads(raw)
 
-    gw = await make_gateway()
+    # An engine without a context bound: the 1 MiB prompt is about the parse, not the context.
+    gw = await make_gateway(create_scripted_model_app(max_model_len=None))
     gateway = gw.app.state.gateway
     gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)
     await gw.register("attacker")
