@@ -142,7 +142,9 @@ def budget_bound(record: RolloutRecord, *, extends_history: bool, window: int | 
     where it is tighter than the engine's own context ``window`` (a rollout registered
     without ``max_seq_len`` is bounded by the engine's context, which the engine
     enforces itself), and only when the request extends the recorded history (its
-    prompt then holds at least the previous turn's context).
+    prompt then holds at least the previous turn's context). With the engine's context
+    unknown (its model card not read yet) the context bound is enforced between turns
+    only: what is sent then does not depend on whether a probe answered in time.
     """
     bounds: list[int] = []
     spent = record.completion_tokens
@@ -150,7 +152,7 @@ def budget_bound(record: RolloutRecord, *, extends_history: bool, window: int | 
     if budget is not None and budget < DEFAULT_MAX_TOTAL_COMPLETION_TOKENS:
         bounds.append(budget - spent)
     context = record.max_context_tokens
-    if context is not None and extends_history and (window is None or context < window):
+    if context is not None and extends_history and window is not None and context < window:
         bounds.append(context - record.recorder.last_context_tokens)
     return max(1, min(bounds)) if bounds else None
 
