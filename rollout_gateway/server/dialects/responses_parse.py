@@ -202,9 +202,11 @@ def _conversation(
                 {"role": "tool", "tool_call_id": text(item, "call_id", where), "content": content}
             )
         elif role in ("system", "developer"):
-            out.append({"role": "system", "content": _content(item.get("content"), where, dropped)})
+            content = _content(item.get("content"), f"{where}.content", dropped)
+            out.append({"role": "system", "content": content})
         else:
-            out.append({"role": "user", "content": _content(item.get("content"), where, dropped)})
+            content = _content(item.get("content"), f"{where}.content", dropped)
+            out.append({"role": "user", "content": content})
     if run:
         out.append(_fold(run, dropped))
     return out

@@ -72,9 +72,7 @@ def engine_chunks(
         for piece in pieces:
             out.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
     generated = len(reasoning) + len(content) + sum(len(p) for _, _, p in calls) + 1
-    out.append(
-        chunk({}, finish_reason=finish, stop_reason=stop_reason, token_ids=[9] * generated)
-    )
+    out.append(chunk({}, finish_reason=finish, stop_reason=stop_reason, token_ids=[9] * generated))
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": generated,

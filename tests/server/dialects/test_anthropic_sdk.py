@@ -61,7 +61,9 @@ def async_client(engine: CannedEngine, **kw: Any) -> anthropic.AsyncAnthropic:
 
 
 def dump(message: Any) -> dict[str, Any]:
-    return message.model_dump(exclude_none=True, exclude={"content": {"__all__": {"parsed_output"}}})
+    return message.model_dump(
+        exclude_none=True, exclude={"content": {"__all__": {"parsed_output"}}}
+    )
 
 
 @pytest.mark.parametrize("name", sorted(ANSWERS))
@@ -153,7 +155,9 @@ def test_each_error_is_the_sdks_typed_error(
 def test_a_refusal_tells_the_sdk_not_to_retry() -> None:
     calls = []
     engine = CannedEngine(
-        error=GatewayError(403, "max turns", "max_turns_reached", headers={"x-should-retry": "false"})
+        error=GatewayError(
+            403, "max turns", "max_turns_reached", headers={"x-should-retry": "false"}
+        )
     )
     handler = mock_handler(engine, httpx2)
 
