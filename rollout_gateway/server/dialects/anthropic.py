@@ -32,6 +32,7 @@ from rollout_gateway.server.dialects.anthropic_stream import PING_EVENT, Message
 from rollout_gateway.server.dialects.anthropic_wire import ErrorBody, Message, TokenCount
 from rollout_gateway.server.dialects.base import Dialect, ParsedRequest
 from rollout_gateway.server.dialects.errors import GatewayError
+from rollout_gateway.server.dialects.memo import ParseMemo
 from rollout_gateway.server.dialects.reading import STATE_FIELD
 from rollout_gateway.server.http.auth import parse_bearer
 
@@ -61,8 +62,8 @@ class AnthropicDialect(Dialect):
         """``x-api-key``, else an ``Authorization: Bearer`` token."""
         return api_key or parse_bearer(authorization)
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
-        return parse_messages_request(body)
+    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
+        return parse_messages_request(body, memo=memo if isinstance(memo, ParseMemo) else None)
 
     def parse_count(self, body: dict[str, Any]) -> ParsedRequest:
         """A ``count_tokens`` body (no ``max_tokens``), parsed as a turn's would be."""

@@ -8,8 +8,9 @@ Claude Code requests), written as chat messages:
 - ``system`` (a string or text blocks) -> one system message; a single text block is
   its text, several are text parts (``cache_control`` and other block keys dropped);
 - an assistant turn -> one assistant message: its text blocks joined, its ``thinking``
-  blocks joined as ``reasoning_content``, each ``tool_use`` a tool call (arguments
-  ``json.dumps(input)``, as v1 writes them), every other block (thinking, redacted
+  blocks joined as ``reasoning_content``, each ``tool_use`` a tool call (its ``input``
+  as JSON: compact, where v1 writes ``json.dumps``' spaced form; both compare
+  arguments canonically), every other block (thinking, redacted
   thinking: the per-message state the chat shape has no field for) kept under
   ``reasoning_details`` as v1 keeps it (its ``provider_state``);
 - any other turn (``user``, and the mid-conversation ``system`` turns Claude Code sends,
@@ -25,7 +26,6 @@ provider, not here: they are not given to the engine and are named in ``dropped_
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ import orjson
 
 from rollout_gateway.server.dialects.base import ParsedRequest, field_names
 from rollout_gateway.server.dialects.errors import RequestError
+from rollout_gateway.server.dialects.memo import ConversationMemo, ParseMemo, ToolsMemo
 from rollout_gateway.server.dialects.reading import (
     STATE_FIELD,
     note_facts,
@@ -84,9 +85,12 @@ class MessagesContext:
     show_thinking: bool = True
 
 
-def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) -> ParsedRequest:
+def parse_messages_request(
+    body: dict[str, Any], *, count_only: bool = False, memo: ParseMemo | None = None
+) -> ParsedRequest:
     """``body`` (``POST /v1/messages``, or its ``count_tokens`` with ``count_only``) as
-    the chat request the engine gets, with the turn's facts."""
+    the chat request the engine gets, with the turn's facts. ``memo``: the rollout's
+    previous request's (:mod:`.memo`; only what is new is translated)."""
     for key in REFUSED_FIELDS:
         if body.get(key):
             raise RequestError(
@@ -94,15 +98,14 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
                 "only (the agent's own tools run in its sandbox)",
                 key,
             )
-    dropped: list[str] = []
-    messages = _conversation(body, dropped)
+    conversation = _conversation(body, memo.conversation if memo is not None else None)
+    messages = conversation.messages
     chat: dict[str, Any] = {"messages": messages}
     stream = bool(optional_bool(body, "stream")) and not count_only
     chat["stream"] = stream
-    dropped_tools: list[str] = []
-    tools = _tools(body.get("tools"), dropped_tools)
-    if tools:
-        chat["tools"] = tools
+    tools = _tools(body.get("tools"), memo.tools if memo is not None else None)
+    if tools.tools:
+        chat["tools"] = tools.tools
     _tool_choice(body.get("tool_choice"), chat)
     max_tokens = positive_int(body, "max_tokens", required=not count_only)
     if max_tokens is not None:
@@ -112,16 +115,6 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
     response_format = _response_format(body)
     if response_format is not None:
         chat["response_format"] = response_format
-    facts: dict[str, Any] = {"dialect": "anthropic"}
-    sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
-    if sampling:
-        facts["agent_sampling"] = sampling
-    note_facts(
-        facts,
-        ignored_fields=field_names(body, _READ_FIELDS),
-        dropped_tools=dropped_tools,
-        dropped_content=dropped,
-    )
     thinking = body.get("thinking")
     show = not (isinstance(thinking, dict) and thinking.get("type") == "disabled")
     return ParsedRequest(
@@ -130,56 +123,110 @@ def parse_messages_request(body: dict[str, Any], *, count_only: bool = False) ->
         messages=messages,
         messages_text=orjson.dumps(messages),
         stream=stream,
-        facts=facts,
+        facts=_facts(body, conversation, tools),
         context=MessagesContext(show_thinking=show),
+        memo=ParseMemo(conversation, tools),
     )
 
 
-def _conversation(body: dict[str, Any], dropped: list[str]) -> list[dict[str, Any]]:
+def _facts(
+    body: dict[str, Any], conversation: ConversationMemo, tools: ToolsMemo
+) -> dict[str, Any]:
+    facts: dict[str, Any] = {"dialect": "anthropic"}
+    sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    if sampling:
+        facts["agent_sampling"] = sampling
+    note_facts(
+        facts,
+        ignored_fields=field_names(body, _READ_FIELDS),
+        dropped_tools=tools.dropped,
+        dropped_content=[name for names in conversation.dropped.values() for name in names],
+    )
+    return facts
+
+
+def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> ConversationMemo:
+    """The request's chat messages, those of the leading messages the ``memo``'s request
+    had already taken from it."""
     raw = body.get("messages")
-    if raw is None:
-        raise RequestError("'messages' is required", "messages")
-    out: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system:
-        out.append({"role": "system", "content": _content(system, "system", dropped)})
     if not isinstance(raw, list) or not raw:
         raise RequestError("'messages' must be a non-empty array", "messages")
-    for index, message in enumerate(raw):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise RequestError(f"'{where}' must be an object", where)
-        role = message.get("role")
-        content = message.get("content")
-        if role == "assistant":
-            out.append(_assistant(content, f"{where}.content", dropped))
-        elif role in ("user", "system"):
-            _user_turn(content, f"{where}.content", out, dropped)
-        else:
-            raise RequestError(f"'{where}.role' must be 'user' or 'assistant'", f"{where}.role")
-    return out
+    system = body.get("system")
+    reuse = memo.reusable(system, raw) if memo is not None else 0
+    dropped: dict[int, list[str]] = {}
+    if reuse:
+        assert memo is not None
+        out = memo.messages[: memo.ends[reuse - 1]]
+        ends = memo.ends[:reuse]
+        dropped = {i: names for i, names in memo.dropped.items() if i < reuse}
+    else:
+        out, ends = [], []
+        if system:
+            names: list[str] = []
+            out.append({"role": "system", "content": _content(system, "system", names)})
+            if names:
+                dropped[-1] = names
+    for index in range(reuse, len(raw)):
+        names = []
+        _message(raw[index], index, out, names)
+        ends.append(len(out))
+        if names:
+            dropped[index] = names
+    return ConversationMemo(system, raw, out, ends, dropped)
+
+
+def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[str]) -> None:
+    """One native message as the chat messages it becomes (appended to ``out``)."""
+    role = message.get("role") if type(message) is dict else None
+    if role == "assistant":
+        out.append(_assistant(message.get("content"), f"messages[{index}].content", dropped))
+    elif role == "user" or role == "system":
+        _user_turn(message.get("content"), f"messages[{index}].content", out, dropped)
+    elif type(message) is not dict:
+        raise RequestError(f"'messages[{index}]' must be an object", f"messages[{index}]")
+    else:
+        where = f"messages[{index}].role"
+        raise RequestError(f"'{where}' must be 'user' or 'assistant'", where)
 
 
 def _content(content: Any, where: str, dropped: list[str]) -> str | list[dict[str, Any]]:
     """User-side content: a string, one text block's text, else text and image parts."""
-    if isinstance(content, str):
+    if type(content) is str:
         return content
     if content is None:
         return []
-    blocks = object_list(content, where)
-    if len(blocks) == 1 and blocks[0].get("type") == "text":
-        return text(blocks[0], "text", f"{where}[0]")
+    if type(content) is not list:
+        object_list(content, where)  # raises, naming the field
+    if len(content) == 1 and type(content[0]) is dict and content[0].get("type") == "text":
+        return _text(content[0], "text", where, 0)
     parts: list[dict[str, Any]] = []
-    for index, block in enumerate(blocks):
-        kind = typed(block, f"{where}[{index}]")
+    for index, block in enumerate(content):
+        kind = _kind(block, where, index)
         if kind == "text":
-            parts.append({"type": "text", "text": text(block, "text", f"{where}[{index}]")})
+            parts.append({"type": "text", "text": _text(block, "text", where, index)})
         elif kind == "image":
             url = _image_url(block, f"{where}[{index}]")
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             dropped.append(kind)
     return parts
+
+
+def _kind(block: Any, where: str, index: int) -> str:
+    """A content block's ``type`` (the path is only written for an error: a turn reads
+    every block of the history)."""
+    kind = block.get("type") if type(block) is dict else None
+    if type(kind) is str:
+        return kind
+    if type(block) is not dict:
+        raise RequestError(f"'{where}[{index}]' must be an object", f"{where}[{index}]")
+    return typed(block, f"{where}[{index}]")  # raises
+
+
+def _text(block: dict[str, Any], key: str, where: str, index: int) -> str:
+    """``block[key]``, a string (``""`` when absent)."""
+    value = block.get(key, "")
+    return value if type(value) is str else text(block, key, f"{where}[{index}]")
 
 
 def _image_url(block: dict[str, Any], where: str) -> str:
@@ -200,23 +247,26 @@ def _image_url(block: dict[str, Any], where: str) -> str:
 
 
 def _assistant(content: Any, where: str, dropped: list[str]) -> dict[str, Any]:
-    if isinstance(content, str):
+    if type(content) is str:
         return {"role": "assistant", "content": content or None}
-    blocks = object_list(content, where) if content is not None else []
+    if content is None:
+        content = []
+    elif type(content) is not list:
+        object_list(content, where)  # raises, naming the field
     texts: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     state: list[dict[str, Any]] = []
-    for index, block in enumerate(blocks):
-        kind = typed(block, f"{where}[{index}]")
+    for index, block in enumerate(content):
+        kind = _kind(block, where, index)
         if kind == "text":
-            texts.append(text(block, "text", f"{where}[{index}]"))
+            texts.append(_text(block, "text", where, index))
         elif kind == "tool_use":
-            calls.append(_tool_call(block, f"{where}[{index}]"))
+            calls.append(_tool_call(block, where, index))
         else:
             state.append(block)
             if kind == "thinking":
-                thinking.append(text(block, "thinking", f"{where}[{index}]"))
+                thinking.append(_text(block, "thinking", where, index))
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     reasoning = "".join(thinking)
     if reasoning:
@@ -230,29 +280,36 @@ def _assistant(content: Any, where: str, dropped: list[str]) -> dict[str, Any]:
     return message
 
 
-def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_call(block: dict[str, Any], where: str, index: int) -> dict[str, Any]:
     function: dict[str, Any] = {
-        "name": text(block, "name", where),
-        # v1 writes the arguments so; the history check compares them canonically.
-        "arguments": json.dumps(block.get("input") or {}),
+        "name": _text(block, "name", where, index),
+        # Compact JSON (v1 writes json.dumps' spaced form: both the gateway's history
+        # check and v1's message identity compare arguments canonically, and engines
+        # parse them before templating). orjson: a tenth of json.dumps' time, and a turn
+        # translates every call of the history.
+        "arguments": orjson.dumps(block.get("input") or {}).decode(),
     }
     namespace = block.get("toolset_name")
-    if isinstance(namespace, str):
+    if type(namespace) is str:
         function["namespace"] = namespace
-    return {"id": text(block, "id", where), "type": "function", "function": function}
+    return {"id": _text(block, "id", where, index), "type": "function", "function": function}
 
 
 def _user_turn(content: Any, where: str, out: list[dict[str, Any]], dropped: list[str]) -> None:
-    if isinstance(content, str):
+    if type(content) is str:
         out.append({"role": "user", "content": content})
         return
     if content is None:
         return
+    if type(content) is not list:
+        object_list(content, where)  # raises, naming the field
     rest = []
-    for index, block in enumerate(object_list(content, where)):
-        if typed(block, f"{where}[{index}]") == "tool_result":
-            call_id = text(block, "tool_use_id", f"{where}[{index}]")
-            result = _content(block.get("content"), f"{where}[{index}].content", dropped)
+    for index, block in enumerate(content):
+        if _kind(block, where, index) == "tool_result":
+            call_id = _text(block, "tool_use_id", where, index)
+            result = block.get("content")
+            if type(result) is not str:
+                result = _content(result, f"{where}[{index}].content", dropped)
             out.append({"role": "tool", "tool_call_id": call_id, "content": result})
         else:
             rest.append(block)
@@ -260,11 +317,14 @@ def _user_turn(content: Any, where: str, out: list[dict[str, Any]], dropped: lis
         out.append({"role": "user", "content": _content(rest, where, dropped)})
 
 
-def _tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    out = []
-    for index, tool in enumerate(object_list(tools, "tools")):
+def _tools(native: Any, memo: ToolsMemo | None) -> ToolsMemo:
+    """The engine's tools (the ``memo``'s when the declarations are the same: agents send
+    the same tools every turn)."""
+    if memo is not None and native == memo.native:
+        return memo
+    tools: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for index, tool in enumerate(object_list(native, "tools") if native is not None else ()):
         kind = tool.get("type")
         if kind not in (None, "custom"):  # a server or versioned tool: a provider runs it
             dropped.append(str(tool.get("name") or kind))
@@ -281,8 +341,8 @@ def _tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
         function["parameters"] = schema
         if isinstance(tool.get("strict"), bool):
             function["strict"] = tool["strict"]
-        out.append({"type": "function", "function": function})
-    return out
+        tools.append({"type": "function", "function": function})
+    return ToolsMemo(native, tools, dropped)
 
 
 def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:

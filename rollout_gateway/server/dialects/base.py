@@ -64,6 +64,9 @@ class ParsedRequest:
     stream: bool
     facts: dict[str, Any] = field(default_factory=dict)
     context: Any = None
+    #: What the request translated to, for the dialect's parse of the rollout's next
+    #: request (:class:`~.memo.ParseMemo`; ``None``: nothing to keep).
+    memo: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +140,12 @@ class Dialect(ABC):
         return parse_bearer(authorization)
 
     @abstractmethod
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
-        """The agent's request as the turn runs it (raises :class:`~.errors.RequestError`)."""
+    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
+        """The agent's request as the turn runs it (raises :class:`~.errors.RequestError`).
+
+        ``memo``: the :attr:`ParsedRequest.memo` of the rollout's previous request
+        (:mod:`.memo`): the messages it had already translated are taken as they are.
+        """
 
     @abstractmethod
     def render(self, completion: dict[str, Any], request: ParsedRequest) -> Mapping[str, Any]:

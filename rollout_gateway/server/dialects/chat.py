@@ -80,7 +80,8 @@ class ChatDialect(Dialect):
     )  # fmt: skip
     keepalive = KEEPALIVE_EVENT
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
+    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
+        """The agent's body as it is (``memo`` unused: nothing is translated)."""
         drop_unread_values(body)
         try:
             messages = validate_messages(body)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from rollout_gateway.server.dialects.base import Dialect, ParsedRequest
 from rollout_gateway.server.dialects.errors import GatewayError
+from rollout_gateway.server.dialects.memo import ParseMemo
 from rollout_gateway.server.dialects.responses_parse import (
     SAMPLING_FIELDS,
     ResponsesContext,
@@ -39,8 +40,8 @@ class ResponsesDialect(Dialect):
     upstream_path = "/responses"
     sampling_fields: ClassVar[frozenset[str]] = SAMPLING_FIELDS
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
-        return parse_responses_request(body)
+    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
+        return parse_responses_request(body, memo if isinstance(memo, ParseMemo) else None)
 
     def render(self, completion: dict[str, Any], request: ParsedRequest) -> Response:
         return render_response(completion, _context(request))

@@ -35,6 +35,7 @@ import orjson
 
 from rollout_gateway.server.dialects.base import ParsedRequest, field_names
 from rollout_gateway.server.dialects.errors import RequestError
+from rollout_gateway.server.dialects.memo import ConversationMemo, ParseMemo, ToolsMemo
 from rollout_gateway.server.dialects.reading import (
     STATE_FIELD,
     note_facts,
@@ -81,20 +82,20 @@ class ResponsesContext:
     parallel_tool_calls: bool = True
 
 
-def parse_responses_request(body: dict[str, Any]) -> ParsedRequest:
+def parse_responses_request(body: dict[str, Any], memo: ParseMemo | None = None) -> ParsedRequest:
     """``body`` (``POST /responses``) as the chat request the engine gets, with the
-    turn's facts."""
+    turn's facts. ``memo``: the rollout's previous request's (:mod:`.memo`; only what is
+    new is translated)."""
     _refuse_server_state(body)
-    dropped: list[str] = []
     items = _items(body.get("input"))
-    messages = _conversation(body, items, dropped)
+    conversation = _conversation(body, items, memo.conversation if memo is not None else None)
+    messages = conversation.messages
     chat: dict[str, Any] = {"messages": messages}
     stream = bool(optional_bool(body, "stream"))
     chat["stream"] = stream
-    dropped_tools: list[str] = []
-    tools, namespaces = _tools(body, items, dropped_tools)
-    if tools:
-        chat["tools"] = tools
+    tools = _tools(body, conversation.declared, memo.tools if memo is not None else None)
+    if tools.tools:
+        chat["tools"] = tools.tools
     facts: dict[str, Any] = {"dialect": "responses"}
     _tool_choice(body.get("tool_choice"), chat, facts)
     parallel = optional_bool(body, "parallel_tool_calls")
@@ -112,12 +113,12 @@ def parse_responses_request(body: dict[str, Any]) -> ParsedRequest:
     note_facts(
         facts,
         ignored_fields=field_names(body, _READ_FIELDS),
-        dropped_tools=dropped_tools,
-        dropped_content=dropped,
+        dropped_tools=tools.dropped,
+        dropped_content=[name for names in conversation.dropped.values() for name in names],
     )
     choice = body.get("tool_choice")
     context = ResponsesContext(
-        namespaces=namespaces,
+        namespaces=tools.namespaces,
         tool_choice=choice if isinstance(choice, str | dict) else "auto",
         parallel_tool_calls=parallel is not False,
     )
@@ -129,6 +130,7 @@ def parse_responses_request(body: dict[str, Any]) -> ParsedRequest:
         stream=stream,
         facts=facts,
         context=context,
+        memo=ParseMemo(conversation, tools),
     )
 
 
@@ -162,54 +164,89 @@ def _items(raw: Any) -> list[dict[str, Any]]:
 
 
 def _conversation(
-    body: dict[str, Any], items: list[dict[str, Any]], dropped: list[str]
-) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+    body: dict[str, Any], items: list[dict[str, Any]], memo: ConversationMemo | None
+) -> ConversationMemo:
+    """The request's chat messages, those of the leading items the ``memo``'s request had
+    already taken from it (whole runs of assistant items only)."""
     instructions = body.get("instructions")
-    if instructions:
-        if not isinstance(instructions, str):
-            raise RequestError("'instructions' must be a string", "instructions")
-        out.append({"role": "system", "content": instructions})
+    if instructions and not isinstance(instructions, str):
+        raise RequestError("'instructions' must be a string", "instructions")
+    reuse = memo.reusable(instructions, items) if memo is not None else 0
+    if reuse:
+        assert memo is not None
+        end = memo.ends[reuse - 1]
+        assert end is not None
+        out = memo.messages[:end]
+        ends = memo.ends[:reuse]
+        dropped = {i: names for i, names in memo.dropped.items() if i < reuse}
+        declared = [(i, tools) for i, tools in memo.declared if i < reuse]
+    else:
+        out = [{"role": "system", "content": instructions}] if instructions else []
+        ends, dropped, declared = [], {}, []
     run: list[dict[str, Any]] = []  # the current run of assistant-side items
-    for index, item in enumerate(items):
-        where = f"input[{index}]"
-        role = item.get("role")
-        kind = item.get("type") or ""
-        if not isinstance(kind, str):
-            raise RequestError(f"'{where}.type' must be a string", f"{where}.type")
-        if kind == "item_reference":
-            raise RequestError(
-                f"'{where}' refers to a stored item: this gateway stores none; send the "
-                "item itself",
-                where,
-                code="unsupported_parameter",
-            )
-        assistant = role == "assistant" or (
-            role is None and not kind.endswith(("_output", "_response"))
-        )
-        if run and not assistant:
-            out.append(_fold(run, dropped))
+    for index in range(reuse, len(items)):
+        item = items[index]
+        names: list[str] = []
+        if item.get("type") in ("additional_tools", "tool_search_output"):
+            declared.append((index, item.get("tools") or []))
+        if _item(item, index, out, run, names):
             run = []
-        if assistant:
-            run.append(item)
-        elif kind in _TOOL_OUTPUTS:
-            output = item.get("output")
-            if isinstance(output, str | list):
-                content: Any = _content(output, f"{where}.output", dropped)
-            else:
-                content = json.dumps(output)
-            out.append(
-                {"role": "tool", "tool_call_id": text(item, "call_id", where), "content": content}
-            )
-        elif role in ("system", "developer"):
-            content = _content(item.get("content"), f"{where}.content", dropped)
-            out.append({"role": "system", "content": content})
-        else:
-            content = _content(item.get("content"), f"{where}.content", dropped)
-            out.append({"role": "user", "content": content})
+        ends.append(None if run else len(out))
+        if names:
+            dropped[index] = names
     if run:
+        names = []
+        out.append(_fold(run, names))
+        if names:
+            dropped[len(items)] = names
+    return ConversationMemo(instructions, items, out, ends, dropped, declared)
+
+
+def _item(
+    item: dict[str, Any],
+    index: int,
+    out: list[dict[str, Any]],
+    run: list[dict[str, Any]],
+    dropped: list[str],
+) -> bool:
+    """Translate one input item: an assistant-side one joins ``run``; any other first
+    closes the run into its message (returns whether it did), then becomes its own."""
+    role = item.get("role")
+    kind = item.get("type") or ""
+    if type(kind) is not str:
+        raise RequestError(f"'input[{index}].type' must be a string", f"input[{index}].type")
+    if kind == "item_reference":
+        raise RequestError(
+            f"'input[{index}]' refers to a stored item: this gateway stores none; send the "
+            "item itself",
+            f"input[{index}]",
+            code="unsupported_parameter",
+        )
+    if role == "assistant" or (role is None and not kind.endswith(("_output", "_response"))):
+        run.append(item)
+        return False
+    closed = bool(run)
+    if closed:
         out.append(_fold(run, dropped))
-    return out
+    if kind in _TOOL_OUTPUTS:
+        output = item.get("output")
+        if type(output) is str:
+            content: Any = output
+        elif isinstance(output, list):
+            content = _content(output, f"input[{index}].output", dropped)
+        else:
+            content = json.dumps(output)  # as v1 writes it (it is the message's text)
+        call_id = item.get("call_id")
+        if type(call_id) is not str:
+            call_id = text(item, "call_id", f"input[{index}]")
+        out.append({"role": "tool", "tool_call_id": call_id, "content": content})
+    else:
+        content = item.get("content")
+        if type(content) is not str:
+            content = _content(content, f"input[{index}].content", dropped)
+        system = role == "system" or role == "developer"
+        out.append({"role": "system" if system else "user", "content": content})
+    return closed
 
 
 def _content(content: Any, where: str, dropped: list[str]) -> str | list[dict[str, Any]]:
@@ -304,16 +341,17 @@ def _has_state(item: dict[str, Any], call_ids: set[str]) -> bool:
 
 
 def _tools(
-    body: dict[str, Any], items: list[dict[str, Any]], dropped: list[str]
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The engine's tools (the request's, after those its items declare; a later
-    declaration of the same tool wins) and the namespace of each namespaced one."""
-    declarations: list[Any] = []
-    for item in items:
-        if item.get("type") in ("additional_tools", "tool_search_output"):
-            declarations.extend(item.get("tools") or ())
-    if body.get("tools") is not None:
-        declarations.extend(object_list(body["tools"], "tools"))
+    body: dict[str, Any], declared: list[tuple[int, Any]], memo: ToolsMemo | None
+) -> ToolsMemo:
+    """The engine's tools: those the items declare, then the request's (a later
+    declaration of the same tool wins); the ``memo``'s when the declarations are the
+    same (agents send the same tools every turn)."""
+    native = ([tools for _, tools in declared], body.get("tools"))
+    if memo is not None and native == memo.native:
+        return memo
+    declarations: list[Any] = [tool for tools in native[0] for tool in tools]
+    if native[1] is not None:
+        declarations.extend(object_list(native[1], "tools"))
     found: dict[tuple[str | None, str, str], dict[str, Any]] = {}
     for group in declarations:
         if not isinstance(group, dict):
@@ -324,19 +362,19 @@ def _tools(
             kind = str(tool.get("type") or "function")
             name = str(tool.get("name") or tool.get("server_label") or kind)
             found[(namespace, name, kind)] = tool
-    tools: list[dict[str, Any]] = []
-    namespaces: dict[str, str] = {}
+    result = ToolsMemo(native, [], [])
     for (namespace, name, kind), tool in found.items():
         if kind == "function":
-            tools.append({"type": "function", "function": _function(tool, name, namespace)})
+            function = _function(tool, name, namespace)
+            result.tools.append({"type": "function", "function": function})
             if namespace is not None:
-                namespaces[name] = namespace
+                result.namespaces[name] = namespace
         elif kind == "custom":
             custom = {k: tool[k] for k in ("description", "format") if tool.get(k) is not None}
-            tools.append({"type": "custom", "custom": {"name": name, **custom}})
+            result.tools.append({"type": "custom", "custom": {"name": name, **custom}})
         else:  # hosted: a provider runs it
-            dropped.append(name)
-    return tools, namespaces
+            result.dropped.append(name)
+    return result
 
 
 def _function(tool: dict[str, Any], name: str, namespace: str | None) -> dict[str, Any]:
