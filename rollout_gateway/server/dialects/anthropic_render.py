@@ -4,11 +4,10 @@ An answer's blocks, in the order the engine produces them: a ``thinking`` block 
 reasoning (unless the agent disabled thinking; its ``signature`` is empty: the gateway
 signs nothing), a ``text`` block for the content, a ``tool_use`` block per tool call
 (``input``: the arguments parsed; ``{}`` when they are not a JSON object). Finish reasons
-map to ``stop_reason``: ``tool_calls`` (or any answer with tool calls not cut short) ->
-``tool_use``, ``length`` -> ``max_tokens``, a matched stop string (vLLM's
-``stop_reason``) -> ``stop_sequence``, ``content_filter`` -> ``refusal``, else
-``end_turn``. Usage: ``input_tokens`` without cache reads, ``cache_read_input_tokens``
-when the engine reports cached tokens.
+map to ``stop_reason``: ``length`` -> ``max_tokens``, an answer with tool calls ->
+``tool_use``, ``content_filter`` -> ``refusal``, a matched stop string (vLLM's
+``stop_reason``) -> ``stop_sequence``, else ``end_turn``. Usage: ``input_tokens``
+without cache reads, ``cache_read_input_tokens`` when the engine reports cached tokens.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ def stop_of(choice: Mapping[str, Any], has_calls: bool) -> tuple[StopReason, str
     finish = choice.get("finish_reason")
     if finish == "length":
         return "max_tokens", None
-    if has_calls or finish == "tool_calls":
+    if has_calls:  # ("tool_calls" without a parsed call: nothing for the agent to run)
         return "tool_use", None
     if finish == "content_filter":
         return "refusal", None
