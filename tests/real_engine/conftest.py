@@ -92,7 +92,9 @@ async def real_gateway(**fields: Any) -> AsyncIterator[RealGateway]:
         model = os.environ.get(MODEL_VAR)
         if not model:
             model = (await engine.get(f"{url}/models")).json()["data"][0]["id"]
-        config = GatewayConfig(upstreams=[url], admin_token=ADMIN, stream_keepalive_s=1.0, **fields)
+        config = GatewayConfig.from_fields(
+            upstreams=[url], admin_token=ADMIN, stream_keepalive_s=1.0, **fields
+        )
         async with contextlib.AsyncExitStack() as stack:
             root = await stack.enter_async_context(running_server(create_app(config)))
             control = await stack.enter_async_context(
