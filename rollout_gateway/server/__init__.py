@@ -23,8 +23,8 @@ control plane see it.
 
 from __future__ import annotations
 
-from rollout_gateway.server.app import Gateway, create_app
 from rollout_gateway.options import ConfigError
+from rollout_gateway.server.app import Gateway, create_app
 from rollout_gateway.server.config import (
     DEFAULT_KEEP_ALIVE_S,
     ConnectionSettings,
