@@ -142,7 +142,11 @@ def test_token_in_options_are_checked_naming_them(monkeypatch, tmp_path, capsys)
     config = serve_config(
         parse(["serve", "--upstream", UP, "--upstream-mode", "token-in", "--tokenizer", "/m"])
     )
-    assert (config.upstream_mode, config.tokenizer, config.renderer) == ("token-in", "/m", "auto")
+    assert (config.upstream.upstream_mode, config.upstream.tokenizer, config.upstream.renderer) == (
+        "token-in",
+        "/m",
+        "auto",
+    )
     # Start-up fails, naming the option: renderers missing ([tito]), or no tokenizer there.
     args = ["serve", "--upstream", UP, "--upstream-mode", "token-in", "--tokenizer", str(tmp_path)]
     assert main(args) == 2
@@ -174,10 +178,10 @@ def test_client_and_loop_options_reach_the_server(monkeypatch) -> None:
         ["serve", "--upstream", UP, "--upstream-client", "httpx", "--loop", "asyncio"]
     )
     assert (args.upstream_client, args.loop) == ("httpx", "asyncio")
-    assert serve_config(args).upstream_client == "httpx"
+    assert serve_config(args).upstream.upstream_client == "httpx"
     defaults = build_parser().parse_args(["serve", "--upstream", UP])
     assert (defaults.upstream_client, defaults.loop) == ("httptools", "auto")
-    assert serve_config(defaults).upstream_client == "httptools"
+    assert serve_config(defaults).upstream.upstream_client == "httptools"
 
 
 @pytest.mark.parametrize(
@@ -217,7 +221,7 @@ def test_redis_options_reach_the_config(monkeypatch) -> None:
          "--redis-prefix", "train-7:", "--redis-lease", "3"]
     )  # fmt: skip
     config = serve_config(args)
-    assert (config.redis_url, config.redis_prefix, config.redis_lease_s) == (
+    assert (config.state.redis_url, config.state.redis_prefix, config.state.redis_lease_s) == (
         "redis://:pw@10.0.0.5:6380/2", "train-7:", 3.0,
     )  # fmt: skip
 
