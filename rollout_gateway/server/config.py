@@ -366,18 +366,6 @@ class GatewayConfig:
         built = {name: kind(**groups[name]) for name, kind in _GROUPS.items() if groups[name]}
         return cls(**own, **built)
 
-    # -- transitional: the flat names of the settings before they were grouped (removed
-    # once every reader names the group).
-    def __getattr__(self, name: str) -> Any:
-        group = _GROUP_OF.get(name)
-        if group is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(getattr(self, group), name)
-
-    def intake_limits(self) -> IntakeLimits:
-        """The request-body bounds (transitional: :attr:`intake`)."""
-        return self.intake
-
     def contradictions(self) -> list[ConfigError]:
         """Settings that each look valid but cannot hold together (each names the
         fields, and the ``serve`` options or variables that set them)."""
