@@ -240,7 +240,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 def run_demo_command(args: argparse.Namespace) -> int:
     """Run ``demo`` with parsed arguments (exit code 2, one line, on invalid options)."""
     from rollout_gateway.demo import DemoError, options_from_args, run_demo
-    from rollout_gateway.demo.stack import exit_if_work_abandoned, off_loop_threads
+    from rollout_gateway.demo.threads import exit_if_work_abandoned, off_loop_threads
 
     try:
         options = options_from_args(args)

@@ -26,13 +26,8 @@ from rollout_gateway.demo import DemoError, DemoOptions, run_demo
 from rollout_gateway.demo.progress import ProgressView, Screen, Tally, print_summary
 from rollout_gateway.demo.resume import resumed_options
 from rollout_gateway.demo.run_dir import RunDir
-from rollout_gateway.demo.stack import (
-    DemoStack,
-    RolloutSummary,
-    StackSetup,
-    WorkItem,
-    off_loop,
-)
+from rollout_gateway.demo.stack import DemoStack, RolloutSummary, StackSetup, WorkItem
+from rollout_gateway.demo.threads import off_loop
 
 
 class FakeStack(DemoStack):
@@ -367,3 +362,43 @@ def test_progress_bar_on_a_terminal_and_plain_lines_elsewhere() -> None:
     table = io.StringIO()
     print_summary(Screen(table), [long_error], [("status", "done")])
     assert table.getvalue().count("y") == 300  # wrapped, never cut off
+
+
+# -- the interface and its adapters (issue 32 point 5) ---------------------------------------
+
+
+def test_the_demo_package_imports_no_stack() -> None:
+    """``demo/`` is the interface and the runner: it names each stack's adapter and
+    imports none (an adapter imports the interface, never the reverse: no circle)."""
+    import ast
+
+    import rollout_gateway.demo
+
+    package = Path(rollout_gateway.demo.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                stack = name.startswith(("rollout_gateway.classic", "rollout_gateway.v1"))
+                assert not (stack or name.split(".")[0] == "verifiers"), (path.name, name)
+
+
+def test_each_adapter_lives_beside_its_stack_and_is_resolved_by_name() -> None:
+    from stacks import STACK
+
+    from rollout_gateway.demo.adapters import ADAPTERS, stack_class
+
+    assert ADAPTERS == {
+        "classic": "rollout_gateway.classic.demo:ClassicStack",
+        "v1": "rollout_gateway.v1.demo:V1Stack",
+    }
+    if STACK in ADAPTERS:
+        adapter = stack_class(STACK)
+        assert issubclass(adapter, DemoStack) and adapter.name == STACK
+    with pytest.raises(ValueError, match="unknown stack 'v2'"):
+        stack_class("v2")

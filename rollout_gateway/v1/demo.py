@@ -29,13 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rollout_gateway.demo.stack import (
-    DemoStack,
-    RolloutSummary,
-    StackSetup,
-    WorkItem,
-    off_loop,
-)
+from rollout_gateway.demo.stack import DemoStack, RolloutSummary, StackSetup, WorkItem
+from rollout_gateway.demo.threads import off_loop
 from rollout_gateway.v1.internals import (
     EvalConfig,
     EvalRunInfo,

@@ -20,13 +20,8 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from rollout_gateway.demo.stack import (
-    DemoStack,
-    RolloutSummary,
-    StackSetup,
-    WorkItem,
-    off_loop,
-)
+from rollout_gateway.demo.stack import DemoStack, RolloutSummary, StackSetup, WorkItem
+from rollout_gateway.demo.threads import off_loop
 
 RESULTS_FILE = "results.jsonl"
 #: What the classic stack imports (seconds, off the event loop: see :meth:`prepare`).
