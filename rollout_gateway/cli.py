@@ -17,7 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rollout_gateway.options import NON_NEGATIVE, PORT, POSITIVE_INT, add_options, option
+from rollout_gateway.options import (
+    NON_NEGATIVE,
+    PORT,
+    POSITIVE_INT,
+    add_options,
+    one_line_errors,
+    option,
+)
 from rollout_gateway.serve_command import (
     ServeOptionError,
     add_serve_arguments,
@@ -30,6 +37,9 @@ from rollout_gateway.serve_command import (
 if TYPE_CHECKING:
     from rollout_gateway.server import GatewayConfig
     from rollout_gateway.server.state.store import GatewayStore
+
+#: Exit status after Ctrl-C (SIGINT): 128 + 2, as shells report it.
+EXIT_SIGINT = 130
 
 SubcommandSetup = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -89,7 +99,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_serve_arguments(p)
-    p.set_defaults(func=run_serve)
+    one_line_errors(p, "rollout-gateway serve --help lists the options")
+    p.set_defaults(func=run_serve, command_parser=p)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -119,9 +130,33 @@ def run_serve(args: argparse.Namespace) -> int:
         # ValueError: what the process's limits cannot hold (--max-connections).
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
+    if not _port_free("serve", args.host, args.port):
+        return 2
     tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
     serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     return 0
+
+
+def _port_free(command: str, host: str, port: int) -> bool:
+    """Whether ``host``:``port`` can be listened on; if not, say so in one line naming
+    ``--port`` (uvicorn's own report is a log line among others, and exit status 3)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn
+            probe.bind(address)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        print(
+            f"rollout-gateway {command}: error: --host {host} --port {port}: cannot listen "
+            f"there ({reason}); another server may hold it: choose another --port",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def _opened_store(config: GatewayConfig) -> GatewayStore | None:
@@ -175,7 +210,8 @@ def add_scripted_model_parser(
         help="run the scripted OpenAI-compatible model (base URL http://HOST:PORT/v1)",
     )
     add_options(p, ScriptedModelProcess)
-    p.set_defaults(func=run_scripted_model)
+    one_line_errors(p, "rollout-gateway scripted-model --help lists the options")
+    p.set_defaults(func=run_scripted_model, command_parser=p)
 
 
 def run_scripted_model(args: argparse.Namespace) -> int:
@@ -184,6 +220,8 @@ def run_scripted_model(args: argparse.Namespace) -> int:
     from rollout_gateway.server import serve
 
     _setup_logging(args.log_level)
+    if not _port_free("scripted-model", args.host, args.port):
+        return 2
     app = create_scripted_model_app(
         model_name=args.model_name,
         latency_ms=args.latency_ms,
@@ -199,16 +237,16 @@ def _add_demo_needs_a_stack(
 ) -> None:
     """``demo`` where no verifiers stack is installed: its help and its run say which
     extra it needs; nothing is probed, imported or created."""
-    from rollout_gateway.demo.help import NEEDS_A_STACK
+    from rollout_gateway.demo.help import needs_a_stack
 
     p = subparsers.add_parser(
         "demo",
         help="run the example env end to end on this machine (needs a verifiers extra)",
-        description=f"Run the example env end to end on this machine: {NEEDS_A_STACK}.",
+        description=f"Run the example env end to end on this machine: {needs_a_stack()}.",
     )
 
     def refuse(args: argparse.Namespace) -> int:
-        print(f"rollout-gateway demo: error: {NEEDS_A_STACK}", file=sys.stderr)
+        print(f"rollout-gateway demo: error: {needs_a_stack()}", file=sys.stderr)
         return 2
 
     # Any demo option is taken (and ignored): the missing extra is the error to report.
@@ -280,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {_version()}", help="show the version"
     )
+    one_line_errors(parser, "rollout-gateway --help lists the commands")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for setup in _SUBCOMMANDS:
         setup(subparsers)
@@ -291,10 +330,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_any_options", False):
-        # Reported by the subcommand's parser (``demo``'s: one line).
+        # Reported by the subcommand's parser, in one line.
         command_parser = getattr(args, "command_parser", None) or parser
         command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C (SIGINT): the servers have shut down cleanly by now (uvicorn says so);
+        # a traceback would only say where the signal landed. 130 = 128 + SIGINT, what
+        # a shell reports for a program Ctrl-C stopped, and what the demo exits with.
+        return EXIT_SIGINT
 
 
 __all__ = [

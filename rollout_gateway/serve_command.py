@@ -162,16 +162,25 @@ def _settings_classes() -> tuple[type[Any], ...]:
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
-    """The admin token ``serve`` runs with (``None``: open control plane)."""
+    """The admin token ``serve`` runs with (``None``: open control plane). Each refusal
+    names the fix the README uses: ``--create-admin-token``."""
+    from rollout_gateway.admin_token import ADMIN_TOKEN_FILE_ENV
     from rollout_gateway.server.http.auth import AdminTokenError, is_loopback_host, load_admin_token
 
     try:
         token = load_admin_token(args.admin_token_file)
     except AdminTokenError as e:
-        fix = "" if args.create_admin_token else _CREATE_HINT
-        raise ServeOptionError(
-            f"--admin-token-file / $ROLLOUT_GATEWAY_ADMIN_TOKEN: {e}{fix}"
-        ) from None
+        path = args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV)
+        if not path:
+            raise ServeOptionError(f"$ROLLOUT_GATEWAY_ADMIN_TOKEN: {e}; {_CREATE}") from None
+        source = (
+            f"--admin-token-file {path}" if args.admin_token_file else f"${ADMIN_TOKEN_FILE_ENV}"
+        )
+        if not os.path.exists(os.path.expanduser(path)):
+            fix = "add --create-admin-token to write a fresh one there (mode 0600)"
+        else:  # --create-admin-token never replaces a file
+            fix = "fix or remove it (--create-admin-token writes a fresh one where none exists)"
+        raise ServeOptionError(f"{source}: {e}; {fix}") from None
     if args.open_control_plane:
         if token is not None:
             raise ServeOptionError("--open-control-plane: an admin token is configured too")
@@ -181,14 +190,16 @@ def _admin_token(args: argparse.Namespace) -> str | None:
             )
     elif token is None:
         raise ServeOptionError(
-            "no admin token: add --admin-token-file PATH --create-admin-token (writes a "
-            "fresh one there), or set $ROLLOUT_GATEWAY_ADMIN_TOKEN, or --admin-token-file "
-            "naming an existing one (--open-control-plane runs without one, on loopback)"
+            f"no admin token: {_CREATE}, or name an existing one with --admin-token-file "
+            "PATH or $ROLLOUT_GATEWAY_ADMIN_TOKEN (--open-control-plane runs without one, "
+            "on loopback only)"
         )
     return token
 
 
-_CREATE_HINT = " (--create-admin-token writes a fresh one to --admin-token-file)"
+_CREATE = (
+    "add --admin-token-file PATH --create-admin-token to write a fresh one (mode 0600) and use it"
+)
 
 
 def prepare_admin_token_file(args: argparse.Namespace) -> str | None:

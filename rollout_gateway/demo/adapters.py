@@ -12,15 +12,13 @@ import importlib
 
 from rollout_gateway.demo.options import STACKS, DemoError
 from rollout_gateway.demo.stack import DemoStack
-from rollout_gateway.verifiers_stack import installed_stack, verifiers_version
+from rollout_gateway.verifiers_stack import install_command, installed_stack, verifiers_version
 
 #: Each stack's adapter, as ``module:class``.
 ADAPTERS = {
     "classic": "rollout_gateway.classic.demo:ClassicStack",
     "v1": "rollout_gateway.v1.demo:V1Stack",
 }
-
-_EXTRA = {"classic": "rollout-gateway[classic]", "v1": "rollout-gateway[v1]"}
 
 
 def check_stack(requested: str = "auto") -> str:
@@ -29,15 +27,16 @@ def check_stack(requested: str = "auto") -> str:
     installed = installed_stack()
     if installed is None:
         raise DemoError(
-            "no verifiers stack is installed: pip install 'rollout-gateway[v1]' (verifiers "
-            "0.4) or 'rollout-gateway[classic]' (verifiers 0.3), in separate virtualenvs"
+            f"no verifiers stack is installed: {install_command('v1')} (verifiers 0.4) or "
+            f"{install_command('classic')} (verifiers 0.3), one per virtualenv"
         )
     if requested not in ("auto", installed):
         other = {"classic": "verifiers 0.3", "v1": "verifiers 0.4"}[requested]
         raise DemoError(
-            f"--stack {requested} needs {other} ({_EXTRA[requested]}); this environment has "
-            f"verifiers {verifiers_version()}, the {installed} stack (the two extras exclude "
-            f"each other: use another virtualenv, or --stack {installed})"
+            f"--stack {requested} needs {other}; this environment has verifiers "
+            f"{verifiers_version()}, the {installed} stack (the two extras exclude each "
+            f"other: in another virtualenv, {install_command(requested)}; or --stack "
+            f"{installed})"
         )
     return installed
 

@@ -11,13 +11,17 @@ import textwrap
 DESCRIPTION = "{description}"
 EPILOG = "{epilog}"
 
-#: ``demo`` on an install without a verifiers stack (``pip install rollout-gateway``).
-NEEDS_A_STACK = (
-    "the demo runs an example env of verifiers, which this install lacks (core only: the "
-    "gateway server and the scripted model). Install a verifiers stack: pip install "
-    "'rollout-gateway[v1]' (verifiers 0.4) or 'rollout-gateway[classic]' (verifiers 0.3), "
-    "in separate virtualenvs"
-)
+
+def needs_a_stack() -> str:
+    """``demo`` on an install without a verifiers stack (the core alone): what to run."""
+    from rollout_gateway.verifiers_stack import install_command
+
+    return (
+        "the demo runs an example env of verifiers, which this install lacks (core only: "
+        "the gateway server and the scripted model). Install a verifiers stack, one per "
+        f"virtualenv: {install_command('v1')} (verifiers 0.4) or "
+        f"{install_command('classic')} (verifiers 0.3)"
+    )
 
 
 class DemoHelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -58,4 +62,4 @@ def isolation_help() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DESCRIPTION", "EPILOG", "NEEDS_A_STACK", "DemoHelpFormatter", "isolation_help"]
+__all__ = ["DESCRIPTION", "EPILOG", "DemoHelpFormatter", "isolation_help", "needs_a_stack"]

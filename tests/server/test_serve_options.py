@@ -382,10 +382,13 @@ def test_new_bounds_refuse_invalid_values_naming_them(option: str, value: str, c
 
 
 def test_consistent_new_bounds_start(monkeypatch) -> None:
+    from rollout_gateway.local_cluster import free_port
+
     argv = [
         "--upstream", UP, "--max-body-bytes", str(4 * 1024 * 1024), "--max-body-cost",
         str(64 * 1024 * 1024), "--body-memory", str(256 * 1024 * 1024),
         "--rollout-parse-share", "1", "--max-connections", "64",
+        "--port", str(free_port()),  # serve checks nothing else listens there
     ]  # fmt: skip
     assert _serve(argv, monkeypatch) == 0
 
