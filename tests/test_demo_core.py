@@ -164,6 +164,7 @@ def test_failed_rollouts_exit_1_and_resume_runs_them_again_keeping_the_start(
     assert code == 0, out
     assert sorted(again.ran) == [(0, 1), (1, 0)]  # only the failed ones ran again
     assert "resuming: 2 finished, 2 to run" in out
+    assert "running 2 of 4 rollouts (2 tasks x 2), 3 at once" in out
     assert again.setup is not None
     reused = again.setup.options
     assert (reused.examples, reused.rollouts_per_example) == (2, 2)
@@ -294,6 +295,28 @@ def test_the_timeout_keeps_finished_rollouts(tmp_path: Path) -> None:
     meta = metadata(tmp_path / "run")
     assert meta["status"] == "timed_out" and meta["counts"]["done"] == 3
     assert len(stack.stored(tmp_path / "run")) == 3
+
+
+class SignalledWhileFinishing(FakeStack):
+    """Its teardown (after every rollout ended) receives a SIGINT."""
+
+    async def start(self, setup: StackSetup, stack: contextlib.AsyncExitStack) -> list[WorkItem]:
+        async def ctrl_c() -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(0.2)  # the handler runs while the teardown goes on
+
+        stack.push_async_callback(ctrl_c)
+        return await super().start(setup, stack)
+
+
+def test_a_signal_after_every_rollout_ended_does_not_change_the_outcome(tmp_path: Path) -> None:
+    code, out, _ = run(options(tmp_path), SignalledWhileFinishing())
+    meta = metadata(tmp_path / "run")
+    # The exit status says what the summary and metadata say: completed, all clean.
+    assert (code, meta["status"], meta["counts"]["done"]) == (0, "completed", 4)
+    assert "stopped_by" not in meta
+    assert "SIGINT received while finishing; every rollout had ended" in out
+    assert "status         completed" in out
 
 
 class ClosedAfter(io.StringIO):

@@ -152,9 +152,10 @@ STACK_HELP = {
         "results (a verifiers v1 run directory): DIR/configs/resolved/eval.json (the "
         "resolved config), DIR/traces.jsonl (one episode per line as each finishes, "
         "full-precision floats), DIR/logs/latest/eval.log, and DIR/metadata.json (the "
-        "demo's settings, status, counts, resumes). vf-replay DIR re-scores it; vf-eval @ "
+        "demo's settings, status, counts, resumes). vf-eval @ "
         "DIR/configs/resolved/eval.json --resume continues it against a gateway at the "
-        "address it names.",
+        "address it names; vf-replay DIR --no-rich re-scores it offline, which for the "
+        "example (its reward runs the task's test in the sandbox) scores nothing.",
     ),
 }
 
@@ -169,7 +170,7 @@ def number_of_tasks() -> int:
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of the ``demo`` subcommand: one per :class:`DemoOptions` field, which
     declares it. A bad one is one line, no usage block (exit code 2)."""
-    one_line_errors(parser)
+    one_line_errors(parser, "rollout-gateway demo --help lists the options")
     # The work options first, as a user reads them; each group in declaration order.
     add_options(parser, DemoOptions, fill={"tasks": str(number_of_tasks())})
 

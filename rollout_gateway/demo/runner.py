@@ -73,6 +73,7 @@ def run_demo(
     out = out or sys.stdout
     err = err or sys.stderr
     screen = Screen(out)
+    run: DemoRun | None = None
     try:
         with _demo_logging(options.verbose):
             name = stack.name if stack is not None else check_stack(options.stack)
@@ -85,7 +86,12 @@ def run_demo(
     except DemoError as e:
         print(f"rollout-gateway demo: error: {e}", file=err, flush=True)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # a signal before the demo's own handlers were in place
+    except KeyboardInterrupt:
+        if run is not None and run.code is not None:
+            # After the report (the event loop, and the demo's handlers, gone): the run
+            # ended as its report and metadata say.
+            return run.code
+        # A signal before the demo's own handlers were in place.
         screen.line("demo: interrupted while starting; nothing was created")
         return 128 + signal.SIGINT
 
@@ -142,6 +148,8 @@ class DemoRun:
         self.failure: str | None = None
         self.nothing_to_run = False
         self.work: asyncio.Task[None] | None = None
+        #: The exit code, once the run has ended (its report printed).
+        self.code: int | None = None
 
     def say(self, text: str) -> None:
         self.screen.line(text)
@@ -215,11 +223,12 @@ class DemoRun:
             items = await stack.start(setup, resources)
             self._claim_signals()  # building an env may install its own handlers
             record.count_stored()
+            of = f" of {record.total}" if len(items) != record.total else ""
             if opts.resume is not None:
                 record.metadata["resumes"][-1]["to_run"] = len(items)
                 self.say(f"resuming: {record.tally.done} finished, {len(items)} to run")
             self.say(
-                f"running {len(items)} rollouts ({opts.examples} tasks x "
+                f"running {len(items)}{of} rollouts ({opts.examples} tasks x "
                 f"{opts.rollouts_per_example}), {opts.concurrency} at once"
             )
             self.phase = "rollouts"
@@ -297,6 +306,11 @@ class DemoRun:
     def _stop(self, reason: str) -> None:
         if self.stop_reason is not None:
             return  # already stopping; cleanup continues
+        if self.phase == "teardown":
+            # Every rollout has ended: the run is what it is; its teardown (stopping the
+            # servers) is quick and is not cut short.
+            self.say(f"demo: {reason} received while finishing; every rollout had ended")
+            return
         self.stop_reason = reason
         if self.phase in ("setup", "rollouts"):
             what = "removing sandboxes" if self.phase == "rollouts" else "setup abandoned"
@@ -314,6 +328,10 @@ class DemoRun:
     # ---------------------------------------------------------------- the end
 
     def _finish(self) -> int:
+        self.code = self._report()
+        return self.code
+
+    def _report(self) -> int:
         if self.nothing_to_run:
             return self.record.report_nothing_to_run()
         if self.record.run_dir is None:  # stopped during preflight

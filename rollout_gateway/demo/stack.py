@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,8 +38,12 @@ class RolloutSummary:
     task: str
     reward: float
     turns: int
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    #: Tokens fed to the model (system, user, tool), each counted once: every turn's
+    #: prompt beyond the previous turn's prompt and completion (:func:`new_input_tokens`,
+    #: what verifiers v1's trace calls ``num_input_tokens``).
+    input_tokens: int = 0
+    #: Tokens the model generated, all turns together (``num_output_tokens``).
+    output_tokens: int = 0
     seconds: float = 0.0
     #: ``Type: message`` of what went wrong, or None.
     error: str | None = None
@@ -47,6 +52,17 @@ class RolloutSummary:
     def failed(self) -> bool:
         """The rollout did not run to a scored end (what ``--resume`` runs again)."""
         return self.error is not None
+
+
+def new_input_tokens(turns: Iterable[tuple[int, int]]) -> int:
+    """Tokens fed in over ``turns`` (each turn's prompt and completion lengths), each
+    counted once: a turn's prompt beyond the previous turn's prompt plus completion,
+    never below zero (exact while the history only grows), as verifiers v1 counts them."""
+    total = previous = 0
+    for prompt, completion in turns:
+        total += max(0, prompt - previous)
+        previous = prompt + completion
+    return total
 
 
 @dataclass(frozen=True)
@@ -124,4 +140,4 @@ class DemoStack(ABC):
         return {}
 
 
-__all__ = ["DemoStack", "RolloutSummary", "StackSetup", "WorkItem"]
+__all__ = ["DemoStack", "RolloutSummary", "StackSetup", "WorkItem", "new_input_tokens"]
