@@ -117,7 +117,7 @@ def branches(trajectory: dict[str, Any], model: str) -> tuple[int, int, int]:
 
 
 async def run_mode(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
-    config = GatewayConfig(
+    config = GatewayConfig.from_fields(
         upstreams=[args.upstream],
         admin_token=ADMIN,
         upstream_mode=mode,

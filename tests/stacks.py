@@ -37,7 +37,12 @@ CLASSIC_ONLY = [
 ]
 
 #: Paths (relative to ``tests/``) that need the verifiers 0.4 stack.
-V1_ONLY = ["v1", "test_demo_v1.py", "real_engine/test_v1_stack.py"]
+V1_ONLY = [
+    "v1",
+    "test_demo_v1.py",
+    "real_engine/test_v1_stack.py",
+    "server/dialects/test_v1_parity.py",
+]
 
 
 def ignored_paths() -> list[str]:

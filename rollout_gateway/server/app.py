@@ -102,7 +102,7 @@ class Gateway:
         clock: monotonic clock of idle expiry and retry windows (tests inject a fake one).
         upstream_transport: httpx transport(s) to reach the upstreams (tests).
         token_in: the renderer and generate call of ``upstream_mode="token-in"``; loaded
-            from ``config.tokenizer`` / ``config.renderer`` when not given.
+            from ``config.upstream.tokenizer`` / ``config.upstream.renderer`` when not given.
         store: where the state goes (default: the backend ``config`` names,
             :func:`~.state.backends.store_for`); opened in the app's lifespan (or before,
             by the caller: ``open`` is idempotent).
@@ -120,34 +120,36 @@ class Gateway:
         store: GatewayStore | None = None,
     ) -> None:
         self.config = config
-        if config.upstream_mode == "token-in" and token_in is None:
-            if not config.tokenizer:
+        if config.upstream.upstream_mode == "token-in" and token_in is None:
+            if not config.upstream.tokenizer:
                 raise ValueError("tokenizer: required with upstream_mode 'token-in'")
-            token_in = TokenInEngine(load_renderer(config.tokenizer, config.renderer))
+            token_in = TokenInEngine(
+                load_renderer(config.upstream.tokenizer, config.upstream.renderer)
+            )
         #: Token-in mode's renderer and generate call (``None`` in chat mode).
-        self.token_in = token_in if config.upstream_mode == "token-in" else None
+        self.token_in = token_in if config.upstream.upstream_mode == "token-in" else None
         #: How the process's file descriptors are shared (connection caps).
         self.fd_plan = plan_fds(
             fd_limit(),
-            max_connections=config.max_connections,
-            per_upstream_pool=config.max_connections_per_upstream,
+            max_connections=config.connections.max_connections,
+            per_upstream_pool=config.upstream.max_connections_per_upstream,
             # httptools: each upstream has its lean pool and an aiohttp one beside it.
             upstream_pools=len(config.upstreams)
-            * (2 if config.upstream_client == "httptools" else 1),
+            * (2 if config.upstream.upstream_client == "httptools" else 1),
         )
         self.pool = UpstreamPool(
             config.upstreams,
-            timeout_s=config.upstream_timeout_s,
-            connect_timeout_s=config.upstream_connect_timeout_s,
+            timeout_s=config.upstream.upstream_timeout_s,
+            connect_timeout_s=config.upstream.upstream_connect_timeout_s,
             transport=upstream_transport,
-            api_key=config.upstream_api_key,
+            api_key=config.upstream.upstream_api_key,
             max_connections=self.fd_plan.upstream_connections,
-            client=config.upstream_client,
+            client=config.upstream.upstream_client,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
         self.registry = RolloutRegistry(
-            max_rollouts=config.max_rollouts,
-            ttl_s=config.rollout_ttl_s,
+            max_rollouts=config.registry.max_rollouts,
+            ttl_s=config.registry.rollout_ttl_s,
             clock=clock,
             on_remove=self._on_remove,
             on_expire=self._on_expire,
@@ -159,8 +161,8 @@ class Gateway:
             self.registry,
             self.store,
             owner=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}",
-            lease_s=config.upstream_timeout_s + _CLAIM_MARGIN_S,
-            retry_window_s=config.retry_dedupe_window_s,
+            lease_s=config.upstream.upstream_timeout_s + _CLAIM_MARGIN_S,
+            retry_window_s=config.limits.retry_dedupe_window_s,
             clock=clock,
             wall_clock=_wall_clock(clock),
             on_load=self._pin_loaded,
@@ -172,7 +174,7 @@ class Gateway:
         self.chat = ChatTurns(self)
         self.trimmer = MemoryTrimmer()
         #: Request bodies: admitted, costed and parsed within the gateway's bounds.
-        self.intake = BodyIntake(config.intake_limits(), on_big_release=self.trimmer.freed)
+        self.intake = BodyIntake(config.intake, on_big_release=self.trimmer.freed)
         #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`).
         #: On a shared store the store numbers them for every gateway (:meth:`report_exit`).
         shared = self.store.shared
@@ -183,7 +185,9 @@ class Gateway:
         self._exit_posts: set[asyncio.Task[None]] = set()
         #: The open exit streams (capped; ended on shutdown).
         # Each holds a connection open: at most half of the connection cap.
-        max_streams = max(1, min(config.max_exit_streams, self.fd_plan.agent_connections // 2))
+        max_streams = max(
+            1, min(config.connections.max_exit_streams, self.fd_plan.agent_connections // 2)
+        )
         self.exit_streams = ExitStreams(self.exit_board, max_streams=max_streams)
         self.store.watch(self)
 
@@ -399,9 +403,9 @@ class Gateway:
             ),
         )
         tasks = [
-            asyncio.create_task(self._periodic(self.config.sweep_interval_s, self.sweep)),
+            asyncio.create_task(self._periodic(self.config.registry.sweep_interval_s, self.sweep)),
             asyncio.create_task(
-                self._periodic(self.config.probe_interval_s, self.pool.probe_unhealthy)
+                self._periodic(self.config.upstream.probe_interval_s, self.pool.probe_unhealthy)
             ),
         ]
         try:

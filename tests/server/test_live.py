@@ -75,10 +75,11 @@ def test_cli_parses_serve_and_scripted_model() -> None:
             "--max-body-bytes", "1000", "--disabled",
         ]
     )  # fmt: skip
-    assert args.upstream == ["http://a:1/v1", "http://b:2/v1"]
-    assert (args.port, args.rollout_keys, args.admin_token_file) == (9000, False, "/tok")
-    assert (args.rollout_ttl, args.max_rollouts, args.upstream_timeout) == (60.0, 5, 30.0)
-    assert (args.max_body_bytes, args.disabled) == (1000, True)
+    # Each flag lands on the settings field that declares it.
+    assert args.upstreams == ["http://a:1/v1", "http://b:2/v1"]
+    assert (args.port, args.require_rollout_keys, args.admin_token_file) == (9000, False, "/tok")
+    assert (args.rollout_ttl_s, args.max_rollouts, args.upstream_timeout_s) == (60.0, 5, 30.0)
+    assert (args.max_body_bytes, args.enabled) == (1000, False)
     args = build_parser().parse_args(["scripted-model", "--latency-ms", "20"])
     assert (args.port, args.latency_ms, args.model_name) == (8001, 20.0, "scripted")
     with pytest.raises(SystemExit) as exc:

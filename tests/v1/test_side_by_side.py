@@ -136,7 +136,9 @@ async def model_and_gateway(
 ) -> AsyncIterator[tuple[str, str, Any]]:
     async with running_server(model_app or create_scripted_model_app()) as model_root:
         app = create_app(
-            GatewayConfig(upstreams=[f"{model_root}/v1"], admin_token=ADMIN_TOKEN, **gateway)
+            GatewayConfig.from_fields(
+                upstreams=[f"{model_root}/v1"], admin_token=ADMIN_TOKEN, **gateway
+            )
         )
         async with running_server(app) as gateway_root:
             yield model_root, gateway_root, app.state.gateway

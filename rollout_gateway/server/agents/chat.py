@@ -152,7 +152,7 @@ class ChatTurns:
         del raw  # only the parsed body lives on, without what is never read
         lease.drop_raw()
         drop_unread_values(body)
-        messages = validate_messages(body, config.max_messages)
+        messages = validate_messages(body, config.limits.max_messages)
         validate_answer_flags(body)
         validate_max_tokens(body)
         turn = None
@@ -170,7 +170,7 @@ class ChatTurns:
             self.gateway.metrics.deduplicated_requests.inc()
             logger.info("rollout=%s retried request joins its earlier turn", record.rollout_id)
         else:
-            if len(record.turns.pending) >= config.max_pending_turns:
+            if len(record.turns.pending) >= config.limits.max_pending_turns:
                 raise ApiError(
                     429,
                     "too many concurrent requests for this rollout",
@@ -218,7 +218,7 @@ class ChatTurns:
 
     async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
         """Answer a streaming request from the turn's event log (see the module doc)."""
-        keepalive_s = self.gateway.config.stream_keepalive_s
+        keepalive_s = self.gateway.config.connections.stream_keepalive_s
         log: EventLog = turn.events
         log.followers += 1  # from here until _left: the log keeps its events for us
         if not log.events and not turn.task.done():

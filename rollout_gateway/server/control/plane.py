@@ -140,7 +140,7 @@ class ControlPlane:
 
         config = self.gateway.config
         upstream = self.gateway.pool.pin()
-        if max_seq_len is None and config.default_max_context_tokens is None:
+        if max_seq_len is None and config.limits.default_max_context_tokens is None:
             # Default: the context length the engine serves (its /models max_model_len).
             max_seq_len = (await self.gateway.engine(upstream.base_url)).max_model_len
         # The env's proposed key, so it knows the key even if this answer is lost.
@@ -152,18 +152,20 @@ class ControlPlane:
             model=model,
             sampling_params=sampling,
             # The gateway's default turn budget stands in for "no limit".
-            max_turns=config.default_max_turns if max_turns == UNLIMITED_TURNS else max_turns,
+            max_turns=config.limits.default_max_turns
+            if max_turns == UNLIMITED_TURNS
+            else max_turns,
             max_seq_len=max_seq_len,
             upstream=upstream.base_url,
             last_activity=self.gateway.registry.clock(),
             key_digest=key_digest(api_key) if api_key is not None else None,
             max_total_completion_tokens=min(
-                max_completion or config.max_total_completion_tokens,
-                config.max_total_completion_tokens,
+                max_completion or config.limits.max_total_completion_tokens,
+                config.limits.max_total_completion_tokens,
             ),
-            max_context_tokens=max_seq_len or config.default_max_context_tokens,
-            max_message_bytes=config.max_rollout_message_bytes,
-            turns=TurnTracker(config.retry_dedupe_window_s, self.gateway.registry.clock),
+            max_context_tokens=max_seq_len or config.limits.default_max_context_tokens,
+            max_message_bytes=config.limits.max_rollout_message_bytes,
+            turns=TurnTracker(config.limits.retry_dedupe_window_s, self.gateway.registry.clock),
             token_budget=token_budget,
         )
         try:

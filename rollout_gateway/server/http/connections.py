@@ -320,13 +320,13 @@ def uvicorn_options(config: Any, max_connections: int) -> dict[str, Any]:
     """uvicorn settings of a :class:`~rollout_gateway.server.config.GatewayConfig`, with
     ``max_connections`` open at most (the gateway's plan: :mod:`.fds`)."""
     limits = ConnectionLimits(
-        header_timeout_s=config.header_timeout_s,
-        body_timeout_s=config.body_timeout_s,
+        header_timeout_s=config.connections.header_timeout_s,
+        body_timeout_s=config.connections.body_timeout_s,
         max_connections=max_connections,
     )
     return {
         "http": limited_protocol(limits),
-        "timeout_keep_alive": config.keep_alive_s,
+        "timeout_keep_alive": config.connections.keep_alive_s,
         # Nothing reads the client's address: no X-Forwarded-* rewriting layer per request
         # (an agent behind a loopback tunnel could set them anyway).
         "proxy_headers": False,

@@ -8,10 +8,10 @@ from rollout_gateway.server.state.store import GatewayStore, StoreUnavailableErr
 
 
 def store_for(config: GatewayConfig) -> GatewayStore:
-    """The store ``config`` names: Redis at ``config.redis_url`` when set (several
-    gateways, shared), SQLite in ``config.state_dir`` when set (one gateway, durable),
+    """The store ``config`` names: Redis at ``config.state.redis_url`` when set (several
+    gateways, shared), SQLite in ``config.state.state_dir`` when set (one gateway, durable),
     else memory (this process only)."""
-    if config.redis_url is not None:
+    if config.state.redis_url is not None:
         try:
             from rollout_gateway.server.state.redis_backend.store import RedisStore
         except ImportError as exc:
@@ -20,15 +20,15 @@ def store_for(config: GatewayConfig) -> GatewayStore:
             ) from None
 
         return RedisStore(
-            config.redis_url,
-            prefix=config.redis_prefix,
-            ttl_s=config.rollout_ttl_s,
-            lease_s=config.redis_lease_s,
+            config.state.redis_url,
+            prefix=config.state.redis_prefix,
+            ttl_s=config.registry.rollout_ttl_s,
+            lease_s=config.state.redis_lease_s,
         )
-    if config.state_dir is not None:
+    if config.state.state_dir is not None:
         from rollout_gateway.server.state.sqlite import SQLiteStore
 
-        return SQLiteStore(config.state_dir, synchronous=config.state_sync)
+        return SQLiteStore(config.state.state_dir, synchronous=config.state.state_sync)
     return MemoryStore()
 
 

@@ -197,7 +197,9 @@ async def served_pair(engine: ReplayVLLM, **config: Any) -> AsyncIterator[httpx.
     """The fake engine and the gateway on loopback sockets (httpx's ASGI transport
     buffers whole responses, which would hide streaming). The client is the admin's."""
     async with running_server(engine.app()) as engine_root:
-        gateway_config = GatewayConfig(upstreams=[f"{engine_root}/v1"], admin_token=ADMIN, **config)
+        gateway_config = GatewayConfig.from_fields(
+            upstreams=[f"{engine_root}/v1"], admin_token=ADMIN, **config
+        )
         app = create_app(gateway_config)
         headers = {"Authorization": f"Bearer {ADMIN}"}
         async with (

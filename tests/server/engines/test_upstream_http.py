@@ -39,7 +39,9 @@ async def gateway_before(
     """A gateway on loopback in front of ``upstream_url`` with the ``client`` library; an
     admin client to it."""
     app = create_app(
-        GatewayConfig(upstreams=[upstream_url], admin_token=ADMIN, upstream_client=client, **config)
+        GatewayConfig.from_fields(
+            upstreams=[upstream_url], admin_token=ADMIN, upstream_client=client, **config
+        )
     )
     async with (
         running_server(app) as root,

@@ -43,7 +43,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], G
 async def running(
     upstream: Any, store: GatewayStore, **fields: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
-    config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, **fields)
+    config = GatewayConfig.from_fields(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, **fields)
     app = create_app(config, upstream_transport=httpx.ASGITransport(upstream), store=store)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(

@@ -374,7 +374,9 @@ async def test_a_rollout_idle_at_one_gateway_but_busy_at_another_is_not_deleted(
     store = MemoryStore(shared=True)
     upstream = httpx.ASGITransport(RecordingUpstream().app())
     clock = FakeClock()
-    config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=60)
+    config = GatewayConfig.from_fields(
+        upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=60
+    )
     idle = create_app(config, upstream_transport=upstream, store=store, clock=clock)
     async with idle.router.lifespan_context(idle):
         async with httpx.AsyncClient(
