@@ -71,3 +71,14 @@ async def test_a_slow_answer_takes_its_time() -> None:
         started = time.monotonic()
         assert (await model.post("/v1/chat/completions", json=BODY)).status_code == 200
         assert time.monotonic() - started >= 0.3
+
+
+def test_the_command_line_builds_the_plan_and_the_ledger(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "rollout_gateway.cli", "scripted-model", "--fault-error-rate", "2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--fault-error-rate: must be a number in [0, 1]" in r.stderr
