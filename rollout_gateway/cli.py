@@ -22,6 +22,7 @@ from rollout_gateway.options import (
     NON_NEGATIVE_INT,
     PORT,
     POSITIVE_INT,
+    SHARE_OR_NONE,
     add_options,
     one_line_errors,
     option,
@@ -207,6 +208,31 @@ class ScriptedModelProcess:
         help="1: one token per byte; N: text in chunks of N bytes, one id each in a real "
         "vocabulary's range (a real tokenizer's bytes per token, for benchmarks)",
     )  # fmt: skip
+    fault_error_rate: float = option(
+        0.0, flag="--fault-error-rate", bound=SHARE_OR_NONE, metavar="P", group="faults",
+        help="answer this share of chat requests with a 500, on purpose (soak runs)",
+    )  # fmt: skip
+    fault_slow_rate: float = option(
+        0.0, flag="--fault-slow-rate", bound=SHARE_OR_NONE, metavar="P", group="faults",
+        help="make this share of answers --fault-slow-s seconds slower",
+    )  # fmt: skip
+    fault_slow_s: float = option(
+        5.0, flag="--fault-slow-s", bound=NON_NEGATIVE, metavar="S", group="faults",
+        help="how much slower a slow answer is",
+    )  # fmt: skip
+    fault_drop_rate: float = option(
+        0.0, flag="--fault-drop-rate", bound=SHARE_OR_NONE, metavar="P", group="faults",
+        help="drop the connection in the middle of this share of answers",
+    )  # fmt: skip
+    fault_seed: int = option(
+        0, flag="--fault-seed", bound=NON_NEGATIVE_INT, metavar="N", group="faults",
+        help="seed of the faults' random draws (the same seed, the same faults)",
+    )  # fmt: skip
+    ledger: str | None = option(
+        None, flag="--ledger", metavar="PATH", group="faults", default_text="none",
+        help="append a JSON line per completion served whole (its serial, also in the "
+        "answer's usage.call, and a digest of its ids) to PATH",
+    )  # fmt: skip
     log_level: str = log_level_option()
 
 
@@ -232,12 +258,25 @@ def run_scripted_model(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     if not _port_free("scripted-model", args.host, args.port):
         return 2
+    from pathlib import Path
+
+    from rollout_gateway.scripted.faults import FaultPlan, Ledger
+
+    faults = FaultPlan(
+        error_rate=args.fault_error_rate,
+        slow_rate=args.fault_slow_rate,
+        slow_s=args.fault_slow_s,
+        drop_rate=args.fault_drop_rate,
+        seed=args.fault_seed,
+    )
     app = create_scripted_model_app(
         model_name=args.model_name,
         latency_ms=args.latency_ms,
         max_model_len=args.max_model_len or None,
         bytes_per_token=args.bytes_per_token,
         context_check=args.context_check,
+        faults=faults if faults.active else None,
+        ledger=Ledger(Path(args.ledger)) if args.ledger else None,
     )
     serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

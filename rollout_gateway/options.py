@@ -117,6 +117,8 @@ PORT = Bound(int, lambda v: 0 < v < 65536, "a port from 1 to 65535")
 NON_NEGATIVE = Bound(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 #: A count of at least one.
 AT_LEAST_ONE = Bound(int, lambda v: v >= 1, "at least 1")
+#: A share: in [0, 1].
+SHARE_OR_NONE = Bound(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 #: A whole number >= 0.
 NON_NEGATIVE_INT = Bound(int, lambda v: 0 <= v < math.inf, "a whole number >= 0")
 

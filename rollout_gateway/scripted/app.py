@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -22,6 +23,7 @@ from starlette.routing import Route
 
 from rollout_gateway.scripted import tokenizer as tok
 from rollout_gateway.scripted.context import DEFAULT_MAX_MODEL_LEN, ContextCheck, completion_room
+from rollout_gateway.scripted.faults import FaultPlan, Ledger, dropped_after
 from rollout_gateway.scripted.policy import Action, decide
 from rollout_gateway.server.agents.sse import iter_completion_sse
 from rollout_gateway.server.http.responses import (
@@ -139,6 +141,21 @@ def _logprobs(completion_ids: list[int], pieces: list[bytes]) -> dict[str, Any]:
     }
 
 
+def _completion_ids(completion: dict[str, Any]) -> list[int]:
+    choices = completion.get("choices") or [{}]
+    return list(choices[0].get("token_ids") or ())
+
+
+async def _served(
+    chunks: list[bytes], completion: dict[str, Any], ledger: Ledger | None
+) -> AsyncIterator[bytes]:
+    """A streamed answer's chunks; the ledger notes it once the last one is out."""
+    for chunk in chunks:
+        yield chunk
+    if ledger is not None:
+        ledger.served(completion, _completion_ids(completion))
+
+
 def _token_str(token_id: int, piece: bytes) -> str:
     if not piece or token_id < 256:  # a special token, or the byte tokenizer's
         return tok.token_str(token_id)
@@ -152,6 +169,8 @@ def create_scripted_model_app(
     max_model_len: int | None = DEFAULT_MAX_MODEL_LEN,
     bytes_per_token: int = 1,
     context_check: ContextCheck = "vllm",
+    faults: FaultPlan | None = None,
+    ledger: Ledger | None = None,
 ) -> Starlette:
     """The scripted model's ASGI app. Its OpenAI base URL is ``http://host:port/v1``.
 
@@ -178,17 +197,32 @@ def create_scripted_model_app(
         return JSONResponse({"object": "list", "data": [card]})
 
     async def chat_completions(request: Request) -> Response:
+        fault = faults.draw() if faults is not None else None
+        if fault == "error":
+            error = {"message": "fault: internal server error", "type": "InternalServerError"}
+            return JSONResponse({"error": {**error, "code": 500}}, status_code=500)
         body = await read_json_object(request, _MAX_BODY_BYTES)
         completion = build_completion(body, model_name, max_model_len, tokenizer, context_check)
-        if latency_ms > 0:
-            await asyncio.sleep(latency_ms / 1000.0)
+        if ledger is not None:
+            ledger.stamp(completion)
+        delay_s = latency_ms / 1000.0 + (faults.slow_s if fault == "slow" and faults else 0.0)
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(
-                iter_completion_sse(completion, include_usage=include_usage),
-                media_type="text/event-stream",
-            )
-        return JSONResponse(completion)
+            chunks = list(iter_completion_sse(completion, include_usage=include_usage))
+            if fault == "drop":
+                content: Any = dropped_after(chunks, max(1, len(chunks) // 2))
+            else:
+                content = _served(chunks, completion, ledger)
+            return StreamingResponse(content, media_type="text/event-stream")
+        raw = bytes(JSONResponse(completion).body)
+        if fault == "drop":
+            half = dropped_after([raw[: len(raw) // 2]], 1)
+            return StreamingResponse(half, media_type="application/json")
+        if ledger is not None:
+            ledger.served(completion, _completion_ids(completion))
+        return Response(raw, media_type="application/json")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
