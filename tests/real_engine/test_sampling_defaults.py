@@ -51,10 +51,13 @@ async def roomy_prompt(real: RealGateway, room: int, tail: str = "Count to three
 
 
 async def test_the_issues_reproduction_gives_a_normal_answer(real: RealGateway) -> None:
-    """The issue's reproduction as it stands: registered with no sampling, one turn with
-    messages only. The engine gives what its context leaves (before: 400, rollout over)."""
+    """The issue's reproduction: registered with no sampling, one turn with messages
+    only. The engine gives what its context leaves (before: 400, rollout over). The
+    prompt leaves 48 tokens of context: this base model rarely stops by itself, and
+    decoding the whole context on a CPU outlasts any client's timeout."""
     await real.register("r1", max_turns=5)
-    r = await real.chat("r1", {"messages": [{"role": "user", "content": "Say hi."}]})
+    text = await roomy_prompt(real, 48, "Say hi.")
+    r = await real.chat("r1", {"messages": [{"role": "user", "content": text}]})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
     traj = await real.trajectory("r1")
