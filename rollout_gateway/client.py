@@ -260,13 +260,7 @@ class GatewayClient:
         data = await self.retry.call(attempt)
         if data is None:  # an earlier attempt landed: its answer was lost
             return protocol.register_response(rollout_id, body)
-        response = cast(protocol.RegisterResponse, _require_dict(data, "register", rollout_id))
-        answered_key = response.get("api_key")
-        if answered_key is not None and not isinstance(answered_key, str):
-            raise GatewayProtocolError(
-                "register answered a non-string api_key", rollout_id=rollout_id
-            )
-        return response
+        return _parsed(protocol.parse_register_response, data, rollout_id)
 
     async def get_trajectory(
         self, rollout_id: str, *, expand: bool = True
@@ -285,37 +279,25 @@ class GatewayClient:
             rollout_id,
             query=protocol.TRAJECTORY_DELTA_QUERY,
         )
-        body = _require_dict(data, "trajectory", rollout_id)
+        body = _parsed(protocol.parse_trajectory_response, data, rollout_id)
         steps = body.get("trajectory")
-        if steps is not None and not isinstance(steps, list):
-            raise GatewayProtocolError(
-                "trajectory answer: 'trajectory' is not a list", rollout_id=rollout_id
-            )
-        if not expand:
-            return cast(protocol.TrajectoryResponse, body)
-        if body.pop("format", None) == "delta" and steps is not None:
-            try:
-                body["trajectory"] = protocol.expand_delta_steps(steps)
-            except (KeyError, TypeError, IndexError) as e:
-                raise GatewayProtocolError(
-                    f"trajectory answer: malformed delta step ({type(e).__name__}: {e})",
-                    rollout_id=rollout_id,
-                ) from e
-        return cast(protocol.TrajectoryResponse, body)
+        if expand and data.pop("format", None) == "delta" and steps is not None:
+            body["trajectory"] = _parsed(protocol.expand_delta_steps, steps, rollout_id)
+        return body
 
     async def cancel(self, rollout_id: str) -> protocol.StatusResponse:
         """Cancel a rollout: the gateway refuses its later turns."""
         data = await self._request(
             "POST", protocol.cancel_path(_checked_id(rollout_id)), rollout_id
         )
-        return cast(protocol.StatusResponse, _require_dict(data, "cancel", rollout_id))
+        return _parsed(protocol.parse_status_response, data, rollout_id)
 
     async def unregister(self, rollout_id: str) -> protocol.StatusResponse:
         """Unregister a rollout and free its state on the gateway."""
         data = await self._request(
             "POST", protocol.unregister_path(_checked_id(rollout_id)), rollout_id
         )
-        return cast(protocol.StatusResponse, _require_dict(data, "unregister", rollout_id))
+        return _parsed(protocol.parse_status_response, data, rollout_id)
 
     async def wait_exits(self, after: int, timeout: float) -> protocol.ExitsResponse:
         """Agent exit reports numbered above ``after``, waiting up to ``timeout`` s for one.
@@ -325,7 +307,7 @@ class GatewayClient:
         """
         params = protocol.exits_query(after, timeout=timeout)
         data = await self._request_once("GET", protocol.EXITS_PATH, "", query=params)
-        return _checked_exits(_require_dict(data, "exits", ""))
+        return _parsed(protocol.parse_exits_response, data, "")
 
     @contextlib.asynccontextmanager
     async def exit_feed(
@@ -533,20 +515,10 @@ def _long_poll_lines(content: bytes) -> list[protocol.ExitStreamLine]:
         body = orjson.loads(content)
     except ValueError as e:
         raise GatewayProtocolError(f"GET {protocol.EXITS_PATH}: answer is not JSON") from e
-    answer = _checked_exits(_require_dict(body, "exits", ""))
-    try:
-        lines = [protocol.check_exit_stream_line(report) for report in answer["exits"]]
-    except ValueError as e:
-        raise GatewayProtocolError(f"GET {protocol.EXITS_PATH}: bad exit report: {e}") from e
+    answer = _parsed(protocol.parse_exits_response, body, "")
+    lines: list[protocol.ExitStreamLine] = list(answer["exits"])
     lines.append({"cursor": answer["cursor"]})
     return lines
-
-
-def _checked_exits(body: dict[str, Any]) -> protocol.ExitsResponse:
-    exits, cursor = body.get("exits"), body.get("cursor")
-    if not isinstance(exits, list) or not isinstance(cursor, int) or isinstance(cursor, bool):
-        raise GatewayProtocolError("exits answer lacks 'exits' or 'cursor'")
-    return cast(protocol.ExitsResponse, body)
 
 
 def _transport_error(
@@ -569,10 +541,13 @@ def _checked_id(rollout_id: str) -> str:
     return rollout_id
 
 
-def _require_dict(data: Any, what: str, rollout_id: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise GatewayProtocolError(f"{what} answer is not a JSON object", rollout_id=rollout_id)
-    return data
+def _parsed(parse: Callable[[Any], T], data: Any, rollout_id: str) -> T:
+    """``data`` read by a parser of :mod:`rollout_gateway.protocol` (an answer that is
+    not the protocol's is the gateway's fault: :class:`GatewayProtocolError`)."""
+    try:
+        return parse(data)
+    except protocol.BodyError as e:
+        raise GatewayProtocolError(str(e), rollout_id=rollout_id) from None
 
 
 def _error_message(response: httpx.Response) -> str:
