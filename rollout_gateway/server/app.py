@@ -65,6 +65,7 @@ from rollout_gateway.server.ops.memory import MemoryTrimmer
 from rollout_gateway.server.ops.metrics import GatewayMetrics
 from rollout_gateway.server.recording.digests import share_seed
 from rollout_gateway.server.state.backends import store_for
+from rollout_gateway.server.state.ledger import RolloutLedger
 from rollout_gateway.server.state.policy import PolicyClock
 from rollout_gateway.server.state.registry import (
     Clock,
@@ -154,17 +155,20 @@ class Gateway:
         )
         #: Where what must not be lost goes (see :mod:`.state.store`).
         self.store = store if store is not None else store_for(config)
+        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         #: The registry written through to the store.
         self.rollouts = StoredRollouts(
             self.registry,
             self.store,
-            owner=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}",
+            owner=owner,
             lease_s=config.upstream_timeout_s + _CLAIM_MARGIN_S,
             retry_window_s=config.retry_dedupe_window_s,
             clock=clock,
             wall_clock=_wall_clock(clock),
             on_load=self._pin_loaded,
         )
+        #: The records' one owner: each change of a rollout's status and counters.
+        self.ledger = RolloutLedger(self.store, owner=owner, wall_clock=self.rollouts.wall_clock)
         #: The policy version in effect (announced by the trainer).
         self.policy = PolicyClock()
         #: What runs behind each upstream (probed at start-up, again on use until it answers).

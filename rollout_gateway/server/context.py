@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rollout_gateway.server.http.intake import BodyIntake
     from rollout_gateway.server.http.responses import ApiError
     from rollout_gateway.server.ops.metrics import GatewayMetrics
+    from rollout_gateway.server.state.ledger import RolloutLedger
     from rollout_gateway.server.state.policy import PolicyClock
     from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
     from rollout_gateway.server.state.store import GatewayStore, PolicyState
@@ -38,6 +39,8 @@ class GatewayContext(Protocol):
     registry: RolloutRegistry
     #: The registry written through to the state store, and read back.
     rollouts: StoredRollouts
+    #: The records' one owner: every change of a rollout's status and counters.
+    ledger: RolloutLedger
     #: The state store.
     store: GatewayStore
     #: The policy version in effect.

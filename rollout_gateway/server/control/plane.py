@@ -196,7 +196,7 @@ class ControlPlane:
         self.gateway.check_admin(request)
         record = await self.gateway.record(rollout_id)
         # No lock: must not wait for a turn in flight (a turn's later writes keep it).
-        await self.gateway.rollouts.cancel(record)
+        await self.gateway.ledger.cancel(record)
         self.gateway.registry.touch(record)
         logger.info("rollout=%s cancelled", rollout_id)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": "cancelled"}

@@ -1,9 +1,9 @@
 """The registry's records written through to the gateway's store, and read back.
 
-:class:`StoredRollouts` is where the gateway's handlers change what must not be lost:
-register (:meth:`~StoredRollouts.register`), a turn (:meth:`~StoredRollouts.claim`, then
-:meth:`~StoredRollouts.commit` or :meth:`~StoredRollouts.save`, then
-:meth:`~StoredRollouts.release`), cancel and unregister. A record whose copy is not the
+:class:`StoredRollouts` is where the gateway's handlers find, register and drop rollouts:
+register (:meth:`~StoredRollouts.register`), a turn's claim (:meth:`~StoredRollouts.claim`,
+then :meth:`~StoredRollouts.release`) and unregister; what a turn or the control plane
+changes of a record is :class:`~.ledger.RolloutLedger`'s. A record whose copy is not the
 stored one (read back at start, written by another gateway, or left behind by a write that
 failed) is brought up to date from the store under the turn's claim, never served stale.
 """
@@ -27,14 +27,12 @@ from rollout_gateway.server.state.registry import (
     RolloutRecord,
     RolloutRegistry,
 )
-from rollout_gateway.server.state.rows import apply_row, counters_of, new_row, record_of
+from rollout_gateway.server.state.rows import apply_row, new_row, record_of
 from rollout_gateway.server.state.store import (
     GatewayStore,
     RolloutExistsError,
     RolloutRow,
     StoreError,
-    TurnAnswer,
-    TurnCommit,
     UnknownRolloutError,
     answer_matches,
 )
@@ -153,29 +151,6 @@ class StoredRollouts:
                     await self._refresh(record, await self.store.load_rollout(record.rollout_id))
         return record
 
-    async def save(self, record: RolloutRecord) -> None:
-        """Write ``record``'s counters (a change without a step)."""
-        if not record.live:
-            return  # unregistered meanwhile: nothing to keep
-        try:
-            record.revision = await self.store.save_rollout(
-                record.rollout_id, counters_of(record, self.wall_clock())
-            )
-        except StoreError:
-            self._stale(record)
-            raise
-
-    async def cancel(self, record: RolloutRecord) -> None:
-        """Cancel ``record`` (in memory now, in the store for good)."""
-        record.status = "cancelled"
-        try:
-            record.revision = await self.store.cancel_rollout(
-                record.rollout_id, counters_of(record, self.wall_clock())
-            )
-        except StoreError:
-            self._stale(record)
-            raise
-
     async def unregister(self, rollout_id: str) -> RolloutRecord | None:
         """Forget ``rollout_id`` here and in the store; its record (``None``: unknown)."""
         record = await self.find(rollout_id)
@@ -291,28 +266,6 @@ class StoredRollouts:
         answer["prompt_token_ids"] = record.recorder.prompt_ids_of(stored.prompt_ids_of_step)
         return orjson.dumps(answer)
 
-    async def commit(
-        self, record: RolloutRecord, answer: TurnAnswer | None, *, delivered: bool | None = None
-    ) -> None:
-        """Write the turn just recorded (the recorder's last step), the counters and the
-        answer a retry replays, at once, and end the turn's claim with them (``delivered``:
-        see :meth:`~.store.GatewayStore.release_turn`; :meth:`release` is then a no-op).
-        On failure the record is marked stale (reloaded from the store before its next
-        use) and the error raised."""
-        if not record.live:
-            return  # unregistered while the turn ran: nothing to keep
-        recorder = record.recorder
-        index = recorder.num_steps - 1
-        counters = counters_of(record, self.wall_clock())
-        commit = TurnCommit(index, recorder.last_step, counters, answer, self.owner, delivered)
-        try:
-            record.revision = await self.store.commit_turn(record.rollout_id, commit)
-        except StoreError:
-            self._stale(record)
-            raise
-        if answer is not None:
-            record.answer_key = answer.key
-
     # -- loading -------------------------------------------------------------------------
 
     def _record_of(self, row: RolloutRow) -> RolloutRecord:
@@ -356,12 +309,6 @@ class StoredRollouts:
             steps = await self.store.load_steps(record.rollout_id, held)
             recorder.replay(steps[: row.steps - held], abandoned, start=held)
         return True
-
-    @staticmethod
-    def _stale(record: RolloutRecord) -> None:
-        # The store may not hold what this copy holds: reload before the next use.
-        record.revision = -1
-        record.loaded = False
 
 
 __all__ = ["StoredRollouts"]

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from rollout_gateway.server import GatewayConfig, create_app
+from rollout_gateway.server.state.ledger import RolloutLedger, TurnUse
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
 from rollout_gateway.server.state.store import GatewayStore
@@ -303,6 +304,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
         )
         for name in ("writer", "reader")
     )  # fmt: skip
+    ledger = RolloutLedger(store, owner="writer", wall_clock=time.time)
     record = RolloutRecord("r1", "m", {}, 10, None, UPSTREAM, last_activity=0.0)
     await writer.register(record)
     copy = await reader.find("r1")
@@ -312,7 +314,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
     for turn in range(4):
         await writer.claim(record)
         if turn == 3:  # the answer of turn 2 reached nobody; the reader holds that step
-            record.recorder.abandon_last()
+            await ledger.abandon_last(record)
             history = history[:-1]
         answer = {"role": "assistant", "content": f"a{turn}"}
         prompt = list(range(1, 3 + 2 * turn))
@@ -320,8 +322,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
             history, [answer], prompt_ids=prompt, completion_ids=[100 + turn],
             completion_logprobs=[-0.5],
         )  # fmt: skip
-        record.num_turns += 1
-        await writer.commit(record, None)
+        await ledger.count_turn(record, TurnUse(message_bytes=0, completion_tokens=1), None)
         await writer.release(record)
         history = [*history, answer]
         await reader.claim(copy)  # catches up
