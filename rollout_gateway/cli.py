@@ -613,13 +613,10 @@ def served_model_path(upstream: str, timeout_s: float = 10.0) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``serve`` with parsed arguments (exit code 2 on invalid options)."""
-    import asyncio
-
     from rollout_gateway.server import create_app, serve
     from rollout_gateway.server.engines.token_in import TokenInUnavailable
     from rollout_gateway.server.http.fds import raise_fd_limit
     from rollout_gateway.server.ops.gc_tuning import tune_for_serving
-    from rollout_gateway.server.state.backends import store_for
     from rollout_gateway.server.state.store import StoreError
 
     # This process only serves: as many connections as the hard limit allows.
@@ -634,22 +631,20 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"rollout-gateway serve: {line}", file=sys.stderr, flush=True)
     _setup_logging(args.log_level)
     try:
-        store = store_for(config)
-        # Opened before serving: a store that cannot be used is refused here, with its
-        # reason, instead of a gateway that starts and fails its first turn.
-        asyncio.run(store.open())
+        app = create_app(config)
+        tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
+        # The store is opened on the loop that serves, before the server binds: a store
+        # that cannot be used is refused here, with its reason, instead of a gateway that
+        # starts and fails its first turn.
+        serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     except StoreError as e:
         option = "--redis" if config.redis_url is not None else "--state-dir"
         print(f"rollout-gateway serve: error: {option}: {e}", file=sys.stderr)
         return 2
-    try:
-        app = create_app(config, store=store)
     except (TokenInUnavailable, ValueError) as e:  # the message names the option
         # ValueError: what the process's limits cannot hold (--max-connections).
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
-    tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
-    serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     return 0
 
 

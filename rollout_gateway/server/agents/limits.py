@@ -99,13 +99,13 @@ def check_takes_turn(
     its finished rollout then costs the gateway a read and a hash each, not a parse.
 
     Nothing is raised where the parsed path decides: when this process's copy of the
-    rollout may not be current (a shared store brings it up to date under the turn's
-    claim; a restored record is loaded then), when the request repeats an earlier turn (a
+    rollout may not be current (the turn's claim brings it up to date: a copy of a
+    rollout other gateways share, a restored record), when the request repeats an earlier turn (a
     retry gets that turn's answer, from the turn tracker or from the store), when the last
     answer reached nobody (the next turn takes it back: see ``ChatTurns._admit``), or
     when the rollout is gone (its turn answers 404).
     """
-    if rollouts.store.shared or not record.loaded or record.revision < 0 or not record.live:
+    if not rollouts.vouches_for(record) or not record.live:
         return
     if record.status != "cancelled":
         if record.turns.match(fingerprint, idempotency_key, is_retry=is_retry) is not None:

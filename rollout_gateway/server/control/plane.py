@@ -252,8 +252,7 @@ class ControlPlane:
     async def get_policy_version(self, request: Request) -> Response:
         """``GET /v1/policy/version``: the version new turns are stamped with."""
         self.gateway.check_admin(request)
-        if self.gateway.store.shared:  # announced at any gateway: ask the store
-            self.gateway.policy_announced(await self.gateway.store.load_policy())
+        await self.gateway.coordinator.refresh_policy()  # (announced at another gateway)
         return self._policy_answer()
 
     async def set_policy_version(self, request: Request) -> Response:

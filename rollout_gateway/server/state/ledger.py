@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from rollout_gateway.protocol import FailedTurn, TruncationReason
 from rollout_gateway.server.state.registry import RolloutRecord
 from rollout_gateway.server.state.rows import counters_of
-from rollout_gateway.server.state.store import GatewayStore, StoreError, TurnAnswer, TurnCommit
+from rollout_gateway.server.state.store import RolloutStore, StoreError, TurnAnswer, TurnCommit
 
 #: Failed engine calls a rollout keeps (the most recent).
 MAX_FAILED_TURNS = 100
@@ -57,7 +57,7 @@ class RolloutLedger:
         wall_clock: Unix time (stamped on the stored counters).
     """
 
-    def __init__(self, store: GatewayStore, *, owner: str, wall_clock: Callable[[], float]):
+    def __init__(self, store: RolloutStore, *, owner: str, wall_clock: Callable[[], float]):
         self.store = store
         self.owner = owner
         self.wall_clock = wall_clock
@@ -73,7 +73,7 @@ class RolloutLedger:
         """The turn the recorder just recorded was answered: count it against the
         rollout's budgets (completing the rollout at its turn limit) and write its step,
         the counters and ``answer`` (what a retry replays) at once, ending the turn's
-        claim (``delivered``: see :meth:`~.store.GatewayStore.release_turn`)."""
+        claim (``delivered``: see :meth:`~.store.coordinator.TurnCoordinator.release`)."""
         record.message_bytes += use.message_bytes
         record.completion_tokens += use.completion_tokens
         record.num_turns += 1

@@ -16,7 +16,7 @@ from rollout_gateway.server.state.rows import new_row
 from rollout_gateway.server.state.sqlite import SQLiteStore
 from rollout_gateway.server.state.store import (
     AnswerKey,
-    GatewayStore,
+    RolloutStore,
     StoreUnavailableError,
     TurnAnswer,
 )
@@ -28,7 +28,7 @@ FAILED: FailedTurn = {
 }
 
 
-async def setup(store: GatewayStore, max_turns: int = 2) -> tuple[RolloutLedger, RolloutRecord]:
+async def setup(store: RolloutStore, max_turns: int = 2) -> tuple[RolloutLedger, RolloutRecord]:
     await store.open()
     record = RolloutRecord("r1", "m", {}, max_turns, None, "http://u", last_activity=0.0)
     await store.create_rollout(new_row(record))
@@ -45,7 +45,7 @@ def record_step(record: RolloutRecord) -> None:
     )  # fmt: skip
 
 
-async def stored(store: GatewayStore) -> dict[str, Any]:
+async def stored(store: RolloutStore) -> dict[str, Any]:
     row = await store.load_rollout("r1")
     assert row is not None
     return {**row.counters, "steps": row.steps, "cancelled": row.cancelled}

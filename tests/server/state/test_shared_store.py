@@ -1,7 +1,7 @@
 """Several gateways on one shared store: any turn of a rollout may land on any gateway,
 round robin with no stickiness.
 
-The gateways run in this process on ``MemoryStore(shared=True)`` and on a real Redis
+The gateways run in this process on ``SharedMemoryStore`` and on a real Redis
 (``RedisStore``, one per gateway, on one ``redis-server``): trajectories equal one
 gateway's; a retry sent to another gateway while its original runs gets the original's
 answer (no second engine call); cancel, unregister, exit reports and policy versions at
@@ -27,7 +27,8 @@ from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.state.ledger import RolloutLedger, TurnUse
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
-from rollout_gateway.server.state.store import GatewayStore
+from rollout_gateway.server.state.shared_memory import SharedMemoryStore
+from rollout_gateway.server.state.store import RolloutStore
 from rollout_gateway.server.state.stored import StoredRollouts
 
 from ..conftest import ADMIN_TOKEN, UPSTREAM, RecordingUpstream, script
@@ -36,7 +37,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 _prefixes = itertools.count()
 
 #: Makes each gateway's handle on one shared store.
-Shared = Callable[[], GatewayStore]
+Shared = Callable[[], RolloutStore]
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -44,7 +45,7 @@ def shared(request: pytest.FixtureRequest) -> Shared:
     """One shared store, as each gateway's handle: the shared memory store (one object
     for all), or a RedisStore per gateway on one Redis under a prefix of this test."""
     if request.param == "memory":
-        store = MemoryStore(shared=True)
+        store = SharedMemoryStore()
         return lambda: store
     if importlib.util.find_spec("redis") is None:
         pytest.skip("redis-py is not installed (the redis extra)")
@@ -269,11 +270,11 @@ async def test_a_policy_version_announced_at_one_gateway_stamps_turns_at_the_oth
         assert trajectory["trajectory"][0]["extras"]["policy_version"] == 8
 
 
-class CountingStore(MemoryStore):
+class CountingStore(SharedMemoryStore):
     """The shared memory store, counting the steps each gateway reads back."""
 
     def __init__(self) -> None:
-        super().__init__(shared=True)
+        super().__init__()
         self.steps_read = 0
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> Any:
@@ -296,11 +297,11 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
     """A gateway's copy brought up to date turn by turn (the other gateway recording one
     step at a time, abandoning one of its answers once this copy held it) holds the
     recording gateway's trajectory, ids and branches included."""
-    store = MemoryStore(shared=True)
+    store = SharedMemoryStore()
     writer, reader = (
         StoredRollouts(
-            RolloutRegistry(max_rollouts=10, ttl_s=60), store, owner=name, lease_s=10,
-            retry_window_s=60,
+            RolloutRegistry(max_rollouts=10, ttl_s=60), store, store.coordinator(), owner=name,
+            lease_s=10, retry_window_s=60,
         )
         for name in ("writer", "reader")
     )  # fmt: skip
@@ -332,7 +333,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
     assert copy.recorder.abandoned_indexes() == [2]
 
 
-async def forget_delivery(store: GatewayStore, rollout_id: str) -> None:
+async def forget_delivery(store: RolloutStore, rollout_id: str) -> None:
     """Make the stored last answer undelivered, as a gateway that committed it and died
     before handing it out leaves it."""
     if isinstance(store, MemoryStore):
@@ -372,7 +373,7 @@ async def test_an_answer_a_dead_gateway_never_handed_out_is_a_lost_answer_elsewh
 async def test_a_rollout_idle_at_one_gateway_but_busy_at_another_is_not_deleted() -> None:
     from ..conftest import FakeClock
 
-    store = MemoryStore(shared=True)
+    store = SharedMemoryStore()
     upstream = httpx.ASGITransport(RecordingUpstream().app())
     clock = FakeClock()
     config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=60)
