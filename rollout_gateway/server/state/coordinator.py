@@ -92,9 +92,10 @@ class TurnCoordinator(abc.ABC):
         """Finish background writes and stop. Idempotent."""
 
     @abc.abstractmethod
-    def vouches_for(self, held: HeldCopy) -> bool:
-        """Whether a copy holding ``held`` is the stored rollout, without asking the
-        store (so a request it refuses is refused before the turn's claim)."""
+    def vouches_for(self, revision: int) -> bool:
+        """Whether a copy reflecting stored ``revision`` (``-1``: none it can vouch for) is
+        the stored rollout without asking the store: its turn then needs no claim (nor
+        release), and a request it refuses is refused before one."""
 
     @abc.abstractmethod
     async def claim(self, rollout_id: str, owner: str, lease_s: float, held: HeldCopy) -> Claim:
@@ -169,9 +170,9 @@ class LocalCoordinator(TurnCoordinator):
         while self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
-    def vouches_for(self, held: HeldCopy) -> bool:
+    def vouches_for(self, revision: int) -> bool:
         """For a copy loaded and not left stale: this gateway writes alone."""
-        return held.revision >= 0
+        return revision >= 0
 
     async def claim(self, rollout_id: str, owner: str, lease_s: float, held: HeldCopy) -> Claim:
         """At once for a copy the gateway vouches for; else the stored rollout."""

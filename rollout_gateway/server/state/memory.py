@@ -4,8 +4,8 @@ Nothing survives the process: a restarted gateway has lost every rollout. It kee
 references, not copies (a step is the recorder's own object, an answer the bytes the agent
 got), so a turn costs what it cost before the store seam: a few dictionary operations.
 
-:class:`~.shared_memory.SharedMemoryStore` is one store several gateways of one process
-share, as gateways share Redis (the tests of the shared path run on it).
+The tests share one between several gateways of one process, as gateways share Redis
+(``tests/support/shared_memory.py``).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ at a time anywhere), a rollout idle here is deleted only when idle at every gate
 reports are numbered by the store once for all gateways and reach every gateway's board
 through the events (:meth:`~SharedCoordinator.watch`), and the policy version is read
 from the store. A backend implements the claim, its release, the numbering and the
-events: :mod:`.shared_memory` (gateways of one process, for tests) and
-:mod:`.redis_backend` (gateways anywhere).
+events: :mod:`.redis_backend` (gateways anywhere; for tests of gateways in one process,
+``tests/support/shared_memory.py``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class SharedCoordinator(TurnCoordinator):
         while self._posts:
             await asyncio.gather(*self._posts, return_exceptions=True)
 
-    def vouches_for(self, held: HeldCopy) -> bool:
+    def vouches_for(self, revision: int) -> bool:
         """Never: another gateway may have changed it."""
         return False
 

@@ -14,7 +14,6 @@ hold a rollout, change it or use it is the coordinator's to say
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -145,6 +144,8 @@ class StoredRollouts:
         """``record`` brought up to date with the store (its steps loaded), to be read
         (a trajectory). Raises :class:`~.store.UnknownRolloutError` (the record is then
         dropped) when the store no longer holds it."""
+        if self.vouches_for(record):
+            return record
         claim = await self._caught_up(record)
         if claim.row is not None:
             async with record.lock:  # never under a turn of this gateway
@@ -192,7 +193,7 @@ class StoredRollouts:
     def vouches_for(self, record: RolloutRecord) -> bool:
         """Whether ``record`` is the stored rollout without asking the store (a gateway
         alone on it, the copy loaded and not left stale)."""
-        return self.coordinator.vouches_for(_held(record))
+        return self.coordinator.vouches_for(record.revision if record.loaded else -1)
 
     # -- turns ---------------------------------------------------------------------------
 
@@ -201,7 +202,10 @@ class StoredRollouts:
         up to date with what the claim says it missed. Raises
         :class:`~.store.UnknownRolloutError` (the record is then dropped) when the store
         no longer holds it."""
-        held = _held(record)
+        revision = record.revision if record.loaded else -1
+        if self.coordinator.vouches_for(revision):
+            return  # nothing to claim: this gateway alone writes the store
+        held = HeldCopy(revision, record.recorder.num_steps)
         try:
             claim = await self.coordinator.claim(record.rollout_id, self.owner, self.lease_s, held)
         except UnknownRolloutError:
@@ -216,9 +220,14 @@ class StoredRollouts:
 
     async def release(self, record: RolloutRecord, *, delivered: bool | None = None) -> None:
         """Give ``record``'s turn back (``delivered``: see
-        :meth:`~.coordinator.TurnCoordinator.release`)."""
-        with contextlib.suppress(StoreError):  # a lost slot frees itself (its lease)
+        :meth:`~.coordinator.TurnCoordinator.release`); nothing for a copy the coordinator
+        vouches for (it took no claim)."""
+        if self.coordinator.vouches_for(record.revision if record.loaded else -1):
+            return
+        try:
             await self.coordinator.release(record.rollout_id, self.owner, delivered=delivered)
+        except StoreError:  # a lost slot frees itself (its lease)
+            pass
 
     async def repeated_answer(
         self,

@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.shared_memory import SharedMemoryStore
+
 from rollout_gateway.server.state.memory import MemoryStore
-from rollout_gateway.server.state.shared_memory import SharedMemoryStore
 from rollout_gateway.server.state.sqlite import SQLiteStore
 from rollout_gateway.server.state.store import RolloutStore
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.waiting import eventually
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.recorder import TrajectoryRecorder
@@ -86,18 +87,8 @@ async def gateway(backend: Backend, tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 def shared_only(backend: Backend, gateway: Gateway) -> None:
-    if backend.peer is None or gateway.coordinator.vouches_for(HeldCopy(0, 0)):
+    if backend.peer is None or gateway.coordinator.vouches_for(0):
         pytest.skip(f"{backend.name}: one gateway alone on its store")
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if await result if not isinstance(result, bool) else result:
-            return
-        assert time.monotonic() < deadline, "did not hold in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_claim_returns_what_the_copy_missed(gateway: Gateway) -> None:
@@ -108,7 +99,7 @@ async def test_a_claim_returns_what_the_copy_missed(gateway: Gateway) -> None:
     for index in range(3):
         await store.commit_turn("r1", TurnCommit(index, recorder._steps[index], counters(1), None))
     behind = HeldCopy(1, 1)
-    if coordinator.vouches_for(behind):  # a gateway alone: only a stale copy is behind
+    if coordinator.vouches_for(behind.revision):  # a gateway alone: only a stale copy is behind
         behind = HeldCopy(-1, 1)
     claim = await coordinator.claim("r1", "gw-a", 30.0, behind)
     assert claim.row is not None and (claim.revision, claim.row.steps) == (3, 3)
@@ -156,7 +147,7 @@ async def test_what_a_gateway_finds_and_deletes(backend: Backend, gateway: Gatew
     await gateway.store.create_rollout(row())
     opened = await coordinator.open(await gateway.store.open())  # (idempotent opens)
     found = await coordinator.find("r1")
-    if coordinator.vouches_for(HeldCopy(0, 0)):  # alone: it holds every stored rollout
+    if coordinator.vouches_for(0):  # alone: it holds every stored rollout
         assert found is None and await coordinator.find_key("d" * 64) is None
         assert await coordinator.may_delete("r1", idle_s=60, now=time.time())
         assert [r.registration["rollout_id"] for r in opened] in ([], ["r1"])
@@ -237,7 +228,7 @@ async def test_the_policy_version_is_read_where_another_gateway_announced_it(
     await gateway.store.announce_policy(4, 1.0)
     await gateway.coordinator.refresh_policy()
     heard: Any = gateway.heard.policies
-    if gateway.coordinator.vouches_for(HeldCopy(0, 0)):
+    if gateway.coordinator.vouches_for(0):
         assert heard == []  # alone: the gateway announced it itself
     else:
         await eventually(lambda: 4 in heard)

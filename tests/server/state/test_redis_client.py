@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-
-from rollout_gateway.local_cluster import RedisServer, free_port
+from support.local_cluster import RedisServer, free_port
+from support.waiting import eventually
 
 from .redis_fixtures import redis_server
 
@@ -105,14 +105,6 @@ class Gateway:
 
     async def exits_after(self, after: int) -> list[ExitReport]:
         return await self.store.exits.after(after)
-
-
-async def eventually(check: Any, timeout_s: float = 10.0) -> None:
-    """Wait until ``check()`` is true (what another connection hears takes a moment)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "not heard in time"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from support.shared_memory import SharedMemoryStore
 
 from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.state.dedupe import Turn
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
-from rollout_gateway.server.state.shared_memory import SharedMemoryStore
 from rollout_gateway.server.state.sqlite import SQLiteStore
 from rollout_gateway.server.state.store import RolloutStore
 from rollout_gateway.server.state.stored import StoredRollouts

@@ -16,18 +16,19 @@ import contextlib
 import importlib.util
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
+from support.shared_memory import SharedMemoryStore
+from support.waiting import eventually
 
 from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.state.ledger import RolloutLedger, TurnUse
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
-from rollout_gateway.server.state.shared_memory import SharedMemoryStore
 from rollout_gateway.server.state.store import RolloutStore
 from rollout_gateway.server.state.stored import StoredRollouts
 
@@ -55,14 +56,6 @@ def shared(request: pytest.FixtureRequest) -> Shared:
 
     url, prefix = shared_redis_url(), f"gateways{next(_prefixes)}:"
     return lambda: RedisStore(url, prefix=prefix)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Wait until ``check()`` holds (a shared store's news reach a gateway in a moment)."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "did not hold in time"
-        await asyncio.sleep(0.02)
 
 
 STEPS = [{"tool": "run", "arguments": {"cmd": f"step {i}"}} for i in range(4)] + [{"say": "done"}]

@@ -1,4 +1,4 @@
-"""Several gateways of one process on one memory store, as gateways share Redis.
+"""Several gateways of one process on one memory store, as gateways share Redis (tests).
 
 :class:`SharedMemoryStore` is a :class:`~.memory.MemoryStore` whose gateways each take a
 :class:`MemoryCoordinator` (:meth:`SharedMemoryStore.coordinator`): turn slots are claimed
