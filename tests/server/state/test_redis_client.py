@@ -393,14 +393,15 @@ async def test_a_turn_after_another_gateways_is_two_round_trips(server: RedisSer
     and steps, read along) and the commit ends the claim (the release that follows asks
     Redis nothing)."""
     prefix = f"t{next(_prefixes)}:"
-    a, b = (Gateway(CountingStore(server.url, prefix=prefix)) for _ in range(2))
+    # (A long lease: no renewal, a round trip of its own, on a slow machine.)
+    a, b = (Gateway(CountingStore(server.url, prefix=prefix, lease_s=120)) for _ in range(2))
     for gateway in (a, b):
         await gateway.open()
     await a.create_rollout(_row())
     held = {a: HeldCopy(-1, 0), b: HeldCopy(-1, 0)}
 
     async def turn(gateway: Gateway, owner: str, index: int) -> None:
-        claim = await gateway.claim("r1", owner, 2.0, held[gateway])
+        claim = await gateway.claim("r1", owner, 120.0, held[gateway])
         if index > 0:  # another gateway recorded the last turn: this copy is behind
             assert claim.row is not None and claim.row.revision == claim.revision
             assert claim.steps is not None
