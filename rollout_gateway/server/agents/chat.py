@@ -339,7 +339,15 @@ class ChatTurns:
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
-        history, new_bytes = await self._admit(record, messages, messages_text, body.get("stop"))
+        if self._answer_lost(record):  # it is not a turn the agent saw: taken back
+            self.gateway.metrics.abandoned_turns.inc()
+            await gateway.ledger.abandon_last(record)  # kept even if this turn is lost
+        try:
+            history, new_bytes = self._admit(record, messages, messages_text, body.get("stop"))
+        except TurnRefused as exc:
+            await gateway.ledger.refuse(record, exc.reason)
+            self._tell_refusal(record, exc)
+            raise
         extends = bool(history.shared)
         gateway.registry.touch(record)
         upstream_body = build_upstream_request(
@@ -407,42 +415,35 @@ class ChatTurns:
             )  # fmt: skip
         return answer
 
-    async def _admit(
-        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
-    ) -> tuple[HistoryMatch, int]:
-        """Whether the rollout may take this turn (raises the refusal if not).
-
-        Returns how the request extends the recorded history (the messages it shares) and
-        the bytes the turn stores for the agent: its new messages, and its ``stop``
-        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
-        An answer the agent never received (it moved on without it) is taken back first:
-        it is not a turn the agent saw.
-        """
+    @staticmethod
+    def _answer_lost(record: RolloutRecord) -> bool:
+        """Whether the rollout's last answer never reached its agent (it moved on without
+        it), answered here or at another gateway (or one that died)."""
         if not record.live:
             raise _not_registered(record)
         last = record.turns.last
         if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
             last.delivered = True  # handled
-            await self._abandon_last(record)
-        elif last is None and _answered_elsewhere_undelivered(record):
-            await self._abandon_last(record)  # (another gateway, or one that died, answered it)
+            return True
+        return last is None and _answered_elsewhere_undelivered(record)
+
+    def _admit(
+        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
+    ) -> tuple[HistoryMatch, int]:
+        """Whether the rollout may take this turn (raises :class:`TurnRefused` if not).
+
+        Returns how the request extends the recorded history (the messages it shares) and
+        the bytes the turn stores for the agent: its new messages, and its ``stop``
+        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
+        """
         history = record.recorder.match_history(messages, messages_text)
         shared = history.shared
         # Counted as stored: only the fields the trajectory keeps.
         new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
         if stop is not None:
             new_bytes += len(jsonio.dumps(stop))
-        try:
-            check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
-        except TurnRefused as exc:
-            await self.gateway.ledger.refuse(record, exc.reason)
-            self._tell_refusal(record, exc)
-            raise
+        check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         return history, new_bytes
-
-    async def _abandon_last(self, record: RolloutRecord) -> None:
-        self.gateway.metrics.abandoned_turns.inc()
-        await self.gateway.ledger.abandon_last(record)  # kept even if this turn is lost
 
     def _tell_refusal(self, record: RolloutRecord, exc: ApiError) -> None:
         """Count a refused turn, and tell it on the exit channel too: whatever the agent

@@ -81,7 +81,16 @@ class RolloutLedger:
             record.token_budget.add_turn(*use.v1_tokens)
         if record.at_max_turns and record.status == "active":
             record.status = "completed"
-        await self._commit(record, answer, delivered)
+        if not record.live:
+            return  # unregistered while the turn ran: nothing to keep
+        commit = self._commit_of(record, answer, delivered)
+        try:
+            record.revision = await self.store.commit_turn(record.rollout_id, commit)
+        except StoreError:
+            _stale(record)
+            raise
+        if answer is not None:
+            record.answer_key = answer.key
 
     async def record_overflow(self, record: RolloutRecord) -> None:
         """The engine refused the turn's prompt as longer than its context; the recorder
@@ -91,7 +100,15 @@ class RolloutLedger:
         record.truncation_reason = "context_length_exceeded"
         if record.status == "active":
             record.status = "completed"
-        await self._commit(record, None, None)
+        if not record.live:
+            return
+        try:
+            record.revision = await self.store.commit_turn(
+                record.rollout_id, self._commit_of(record, None, None)
+            )
+        except StoreError:
+            _stale(record)
+            raise
 
     async def note_failure(self, record: RolloutRecord, failed: FailedTurn) -> None:
         """An engine call of the rollout failed (no sample, no step): kept among its
@@ -143,23 +160,16 @@ class RolloutLedger:
             _stale(record)
             raise
 
-    async def _commit(
+    def _commit_of(
         self, record: RolloutRecord, answer: TurnAnswer | None, delivered: bool | None
-    ) -> None:
-        """Write the recorder's last step, the counters and the answer at once."""
-        if not record.live:
-            return  # unregistered while the turn ran: nothing to keep
+    ) -> TurnCommit:
+        """The recorder's last step, the counters and the answer, as one write that ends
+        the turn's claim."""
         recorder = record.recorder
-        index = recorder.num_steps - 1
         counters = counters_of(record, self.wall_clock())
-        commit = TurnCommit(index, recorder.last_step, counters, answer, self.owner, delivered)
-        try:
-            record.revision = await self.store.commit_turn(record.rollout_id, commit)
-        except StoreError:
-            _stale(record)
-            raise
-        if answer is not None:
-            record.answer_key = answer.key
+        return TurnCommit(
+            recorder.num_steps - 1, recorder.last_step, counters, answer, self.owner, delivered
+        )
 
 
 def _stale(record: RolloutRecord) -> None:
