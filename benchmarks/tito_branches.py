@@ -24,7 +24,9 @@ import asyncio
 import contextlib
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,8 +37,10 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 
 from rollout_gateway.cli import served_model_path
 from rollout_gateway.server import GatewayConfig, create_app
-from rollout_gateway.testing import RUN_SHELL_TOOL, run_shell_call
 from rollout_gateway.v1.trace_sync import TraceSync
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
+from support.tools import RUN_SHELL_TOOL, run_shell_call  # noqa: E402
 
 ADMIN = "tito-benchmark-admin-token-0123456789"
 TOOLS = [RUN_SHELL_TOOL]

@@ -364,11 +364,15 @@ class TraceSync:
                         self._tool_names[call.id] = call.name
         return [*self._messages[:shared], *(self._parse(m, index) for m in new_raw)]
 
-    def _commit_step(self, index: int, step: Mapping[str, Any]) -> None:
-        extras = step.get("extras") or {}
-        shared = int(step.get("prompt_shared") or 0)
-        new_raw = list(step.get("prompt_new") or ())
-        completion_raw = list(step.get("completion") or ())
+    def _commit_step(self, index: int, raw: Mapping[str, Any]) -> None:
+        try:
+            step: Mapping[str, Any] = protocol.parse_delta_step(raw)
+        except protocol.BodyError as e:
+            raise TraceSyncError(f"turn {index + 1}: {e}") from e
+        extras = step["extras"]
+        shared = step["prompt_shared"]
+        new_raw = step["prompt_new"]
+        completion_raw = step["completion"]
         extends = self._path is not None and shared == len(self._messages)
         prompt = self._prompt(index, shared, new_raw)
         tools_raw = step.get("tools", extras.get("tools", self._step_tools))

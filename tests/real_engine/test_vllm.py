@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from support.tools import RUN_SHELL_TOOL
 
 from rollout_gateway.server.turn_seed import turn_seed
-from rollout_gateway.testing import RUN_SHELL_TOOL
 
 from .conftest import URL_VAR, RealGateway, Stopwatch
 

@@ -255,7 +255,7 @@ def test_a_redis_url_with_a_state_dir_is_refused() -> None:
 
 
 def test_serve_exits_with_one_line_when_redis_is_unreachable(monkeypatch, capsys) -> None:
-    from rollout_gateway.local_cluster import free_port
+    from support.local_cluster import free_port
 
     pytest.importorskip("redis")
     monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)

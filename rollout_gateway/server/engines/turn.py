@@ -67,8 +67,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rollout_gateway.server")
 
-#: Failed engine calls a rollout keeps (the most recent).
-_MAX_FAILED_TURNS = 100
 
 #: Request fields that are not sampling settings (left out of ``extras.sampling``).
 _NOT_SAMPLING = frozenset(
@@ -200,6 +198,9 @@ class EngineTurn:
         #: Whether the engine refused the prompt as longer than its context (recorded
         #: as the rollout's truncation).
         self.overflowed = False
+        #: The failed call, once the engine call failed (not a context overflow): what
+        #: the rollout keeps in its ``failed_turns``.
+        self.failed_turn: FailedTurn | None = None
 
     async def call(self, emit: Callable[[bytes], None] | None) -> EngineResult:
         """Call the engine and record the step.
@@ -350,7 +351,7 @@ class EngineTurn:
         return extras
 
     def _note_failure(self, exc: UpstreamError) -> None:
-        """Keep a failed call in the rollout's ``failed_turns`` (bounded)."""
+        """Describe a failed call (:attr:`failed_turn`: the rollout's owner keeps it)."""
         error: TurnError = {
             "type": exc.kind,
             "message": exc.message,
@@ -363,8 +364,7 @@ class EngineTurn:
             "error": error,
             "timing": self._base_extras(None)["timing"],
         }
-        self.record.failed_turns.append(dict(failed))
-        del self.record.failed_turns[:-_MAX_FAILED_TURNS]
+        self.failed_turn = failed
 
     def _record_overflow(self, exc: UpstreamError) -> None:
         record = self.record
@@ -375,11 +375,8 @@ class EngineTurn:
         }
         extras = self._base_extras(None)
         extras.update({"status": "error", "error": error})
+        # The step (no sample); the rollout's owner ends the rollout (record_overflow).
         record.recorder.record_refused(self.messages, {**self.extras, **extras})
-        record.num_turns += 1  # a recorded step: num_turns stays the trajectory's length
-        record.truncation_reason = "context_length_exceeded"
-        if record.status == "active":
-            record.status = "completed"
         self.overflowed = True
         logger.warning(
             "rollout=%s turn=%d: prompt longer than the engine's context; recorded, "
