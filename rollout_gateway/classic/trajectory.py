@@ -99,9 +99,7 @@ def convert_tokens(raw: object, where: str) -> TrajectoryStepTokens | None:
     return cast(TrajectoryStepTokens, tokens)
 
 
-def finish_reason(
-    tool_calls: object, is_truncated: bool, extras: Mapping[str, Any] | None
-) -> str:
+def finish_reason(tool_calls: object, is_truncated: bool, extras: Mapping[str, Any] | None) -> str:
     """A step's finish reason in verifiers' words: tool calls, else what the engine said
     (when verifiers knows the word), else ``length`` for a truncated step, else ``stop``."""
     engine_finish = (extras or {}).get("finish_reason")
