@@ -36,7 +36,7 @@ from rollout_gateway.demo.stack import (
     WorkItem,
     off_loop,
 )
-from rollout_gateway.v1.internals import (
+from rollout_gateway.v1.eval_internals import (
     EvalConfig,
     EvalRunInfo,
     ModelContext,
