@@ -360,12 +360,6 @@ def _add_connection_options(p: argparse.ArgumentParser) -> None:
         help="total deadline of one upstream completion (default: %(default)s)",
     )  # fmt: skip
     conns.add_argument(
-        "--upstream-client", choices=("httptools", "aiohttp", "httpx"), default="httptools",
-        help="HTTP client of the upstream calls (default: %(default)s, the cheapest per "
-        "turn: lean HTTP/1.1 connections for the chat POST, whole or streamed, aiohttp for "
-        "the rest; httpx is kept for injected test transports)",
-    )  # fmt: skip
-    conns.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
         help="event loop (default: %(default)s = uvloop when installed, it is a "
         "dependency; asyncio: the standard library's)",
@@ -542,7 +536,6 @@ def serve_config(args: argparse.Namespace) -> GatewayConfig:
         rollout_ttl_s=args.rollout_ttl,
         max_rollouts=args.max_rollouts,
         upstream_timeout_s=args.upstream_timeout,
-        upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
         max_body_cost=args.max_body_cost,
         body_memory=args.body_memory,

@@ -131,9 +131,8 @@ class Gateway:
             fd_limit(),
             max_connections=config.max_connections,
             per_upstream_pool=config.max_connections_per_upstream,
-            # httptools: each upstream has its lean pool and an aiohttp one beside it.
-            upstream_pools=len(config.upstreams)
-            * (2 if config.upstream_client == "httptools" else 1),
+            # Each upstream has its lean pool and an httpx one beside it.
+            upstream_pools=len(config.upstreams) * 2,
         )
         self.pool = UpstreamPool(
             config.upstreams,
@@ -142,7 +141,6 @@ class Gateway:
             transport=upstream_transport,
             api_key=config.upstream_api_key,
             max_connections=self.fd_plan.upstream_connections,
-            client=config.upstream_client,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
         self.registry = RolloutRegistry(

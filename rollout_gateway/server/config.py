@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal
 from urllib.parse import urlsplit
 
 from rollout_gateway.server.http.intake import IntakeLimits
@@ -61,12 +60,6 @@ class GatewayConfig:
         upstream_timeout_s: total deadline of one upstream chat completion.
         upstream_connect_timeout_s: connect timeout to an upstream (fail fast when down).
         upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
-        upstream_client: HTTP client of the upstream calls: ``"httptools"`` (the default:
-            the chat POST, whole or streamed, on lean HTTP/1.1 connections, everything else
-            through aiohttp; :mod:`~rollout_gateway.server.engines.upstream_http1`),
-            ``"aiohttp"``, or ``"httpx"`` (always used when a test injects an httpx
-            transport). See
-            :mod:`rollout_gateway.server.engines.upstream_http`.
         probe_interval_s: period of the re-probe of unhealthy upstreams.
         stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
             many seconds without a chunk (tunnels and proxies drop silent connections).
@@ -147,7 +140,6 @@ class GatewayConfig:
     max_rollouts: int = 10_000
     upstream_timeout_s: float = 600.0
     upstream_connect_timeout_s: float = 5.0
-    upstream_client: Literal["httptools", "aiohttp", "httpx"] = "httptools"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_body_cost: int = DEFAULT_MAX_BODY_COST
     body_memory: int = DEFAULT_BODY_MEMORY
@@ -195,10 +187,6 @@ class GatewayConfig:
                 raise ValueError(f"upstreams: not an http(s) base URL: {url!r}")
         if self.upstream_mode not in ("chat", "token-in"):
             raise ValueError(f"upstream_mode: 'chat' or 'token-in', not {self.upstream_mode!r}")
-        if self.upstream_client not in ("httptools", "aiohttp", "httpx"):
-            raise ValueError(
-                f"upstream_client: 'httptools', 'aiohttp' or 'httpx', got {self.upstream_client!r}"
-            )
         if self.state_sync not in ("normal", "full"):
             raise ValueError(f"state_sync: 'normal' or 'full', not {self.state_sync!r}")
         if self.state_dir is not None and not self.state_dir.strip():

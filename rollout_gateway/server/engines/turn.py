@@ -24,7 +24,6 @@ prompt, no completion, ``status: "error"``), the rollout ends truncated with
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -213,9 +212,7 @@ class EngineTurn:
                 completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
                 result = EngineResult(completion, relayed=True)
             else:
-                raw, _ = await self.pool.chat_raw(
-                    self.record.upstream, self.upstream_body, shard_key=self.record.rollout_id
-                )
+                raw, _ = await self.pool.chat_raw(self.record.upstream, self.upstream_body)
                 # The prompt's ids stay JSON text: the recorder parses only what is new.
                 rest, prompt_ids_json = split_prompt_ids(raw)
                 completion, strict = parse_completion(rest)
@@ -249,42 +246,27 @@ class EngineTurn:
 
     async def _stream(self, emit: Callable[[bytes], None]) -> tuple[dict[str, Any], float | None]:
         pool = self.pool
-        upstream = pool.get(self.record.upstream)
-        label = upstream.label
+        label = pool.get(self.record.upstream).label
         body = {**self.upstream_body, "stream": True, "stream_options": {"include_usage": True}}
         self.upstream_body = body
         include_usage = wants_usage(self.body)
         assembler = StreamAssembler()
         first_chunk_s: float | None = None
-        upstream.in_flight += 1
+        stream = pool.stream(self.record.upstream, "/chat/completions", jsonio.dumps(body))
         try:
-            async with asyncio.timeout(pool.timeout_s):
-                stream = upstream.http.stream(
-                    "/chat/completions", jsonio.dumps(body), key=self.record.rollout_id
-                )
-                async with stream as response:
-                    upstream.answered()
-                    if response.status_code >= 400:
-                        raise_for_upstream_status(await response.read(), label)
-                    async for chunk in iter_sse_json(response.lines()):
-                        if first_chunk_s is None:
-                            first_chunk_s = self.upstream_seconds()
-                        assembler.feed(chunk)
-                        out = agent_chunk(chunk, self.body, include_usage=include_usage)
-                        if out is not None:
-                            emit(sse_event(out))
+            async with stream as response:  # bounded, counted in flight, failures classified
+                if response.status_code >= 400:
+                    raise_for_upstream_status(await response.read(), label)
+                async for chunk in iter_sse_json(response.lines()):
+                    if first_chunk_s is None:
+                        first_chunk_s = self.upstream_seconds()
+                    assembler.feed(chunk)
+                    out = agent_chunk(chunk, self.body, include_usage=include_usage)
+                    if out is not None:
+                        emit(sse_event(out))
         except StreamError as exc:
             detail = f"{label}: {exc.detail}"
             raise UpstreamError("protocol", exc.status_code, exc.message, detail) from exc
-        except UpstreamError:
-            raise
-        except Exception as exc:
-            failure = upstream.connection_failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
-        finally:
-            upstream.in_flight -= 1
         if not assembler.finished:
             raise UpstreamError("protocol", 502, "upstream stream ended before its answer did")
         return assembler.completion(), first_chunk_s
