@@ -396,16 +396,8 @@ class TraceSync:
             for created in self.trace.nodes[first_new:]:
                 created.timestamp = span.end
         self.last_failure = None
-        self.trace.calls.append(
-            ModelCall(
-                node=node,
-                model=self.model,
-                sampling=sampling,
-                endpoint=_ENDPOINT,
-                finish_reason=response.finish_reason,
-                usage=response.usage,
-                time=span,
-            )
+        self._record_call(
+            sampling, span, node=node, finish_reason=response.finish_reason, usage=response.usage
         )
         completion_ids = response.tokens.completion_ids if response.tokens is not None else []
         path = self._path_to(node)
@@ -414,15 +406,13 @@ class TraceSync:
     def _record_failed_call(self, failure: ProviderError, sampling: Any, span: Any) -> None:
         """An exchange that produced no sample: one ``ModelCall`` with v1's error."""
         self.last_failure = failure
+        self._record_call(sampling, span, error=_error_record(failure))
+
+    def _record_call(self, sampling: Any, span: Any, **outcome: Any) -> None:
+        """One exchange on the trace, as v1's server records it: its ``node``, finish
+        reason and usage when it was answered, its ``error`` when not."""
         self.trace.calls.append(
-            ModelCall(
-                node=None,
-                model=self.model,
-                sampling=sampling,
-                endpoint=_ENDPOINT,
-                time=span,
-                error=_error_record(failure),
-            )
+            ModelCall(model=self.model, sampling=sampling, endpoint=_ENDPOINT, time=span, **outcome)
         )
 
     def _pending_turn(
