@@ -8,17 +8,8 @@ tunnel's death and the exit channel end it in the rollout's own task
 (:class:`rollout_gateway.interrupt.Interrupt`, :func:`asyncio.timeout`).
 
 What the exit channel (:mod:`rollout_gateway.exits`) says about the rollout decides how
-often its sandbox is asked (:class:`~rollout_gateway.polling.ExitPollPlan`, which this
-module runs):
-
-- the launch wrapper's ``started`` report came: the agent's exit will be reported, so
-  the sandbox is asked only every ``safety_interval`` s (and once to confirm a report);
-- the agent was not launched behind the reporting wrapper (an env's own ``start_agent``),
-  the gateway has no exit reports, no ``started`` came within ``start_grace`` s (an image
-  without curl, wget or python3), or a report the sandbox did not confirm: no exit
-  report can be relied on, and the sandbox is polled adaptively (see :class:`PollPolicy`);
-- the gateway ``refused`` a turn: the rollout is over; the adapter's ``on_refusal``
-  stops the agent at once, then the sandbox confirms its exit.
+often its sandbox is asked: :class:`~rollout_gateway.polling.ExitPollPlan` decides, this
+module runs it (a refusal: the adapter's ``on_refusal`` stops the agent at once).
 """
 
 from __future__ import annotations

@@ -78,10 +78,12 @@ class ExitPollPlan:
     - the launch wrapper's ``started`` report came (and the gateway has reports): its exit
       will be reported, so the sandbox is asked only every ``safety_interval`` s, and once
       to confirm a report;
-    - no report can be relied on (no reporting wrapper, a gateway without reports, no
-      ``started`` within ``start_grace`` s, a report the sandbox did not confirm): the
-      sandbox is polled adaptively (:meth:`PollPolicy.interval`);
-    - the gateway ``refused`` a turn: the agent is stopped at once, then the sandbox asked.
+    - no report can be relied on (no reporting wrapper: an env's own ``start_agent``; a
+      gateway without reports; no ``started`` within ``start_grace`` s: an image without
+      curl, wget or python3; a report the sandbox did not confirm): the sandbox is polled
+      adaptively (:meth:`PollPolicy.interval`);
+    - the gateway ``refused`` a turn: the agent is stopped at once, then the sandbox asked
+      (an agent may retry a refused turn for minutes).
 
     Args:
         policy: the intervals.

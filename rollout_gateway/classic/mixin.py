@@ -305,7 +305,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         if not self.use_gateway:
             return await super().rollout(input, client, model, sampling_args)
         state = await self._init_state_or_error(input, client, model, sampling_args)
-        rollout = self._gateway_rollouts.new()
+        rollout = self._new_rollout(None)
         state["rollout_id"] = rollout.rollout_id
         if state.get("error") is not None:
             rollout.fail(state["error"])

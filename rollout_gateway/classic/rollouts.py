@@ -1,19 +1,11 @@
 """Which core rollout a verifiers state is, for the steps that receive only the state.
 
-The earlier mixin's overridable steps (``register_rollout(state)``,
-``poll_job_completion(state, sandbox_id, job)``...) take the verifiers state, or less
-(``get_gateway_tunnel_url(local_addr)``), and reach the gateway with what it holds. Here
-each step acts through a :class:`~rollout_gateway.lifecycle.GatewayRollout`:
-
-- inside ``rollout()``: the one ``rollout()`` runs (its finalize guarantees, its tunnel
-  lease, its per-rollout key), found by the state's ``rollout_id``;
-- called on its own (an env's own driver of the steps, the earlier mixin's own tests): a
-  rollout made for that state from what it holds, as the earlier mixin's steps used it:
-  its ``rollout_id``, and its ``gateway_url`` (else the gateway of its
-  ``tunnel_local_addr`` on ``gateway_port``, else the one the state's client names). It
-  counts as possibly registered, so ``cancel_rollout`` and ``unregister_rollout`` reach
-  the gateway. One registered by a direct ``register_rollout(state)`` is kept, with its
-  per-rollout key, until ``unregister_rollout(state)`` or the env's teardown.
+Inside ``rollout()``, a step acts through the :class:`~rollout_gateway.lifecycle.GatewayRollout`
+``rollout()`` runs (found by the state's ``rollout_id``). Called on its own (an env's own
+driver of the steps, the earlier mixin's own tests), it acts through one made for the
+state from what it holds, as the earlier mixin's steps did (docs/classic.md): possibly
+registered (``cancel_rollout`` and ``unregister_rollout`` go out), and kept, with its
+per-rollout key, from a direct ``register_rollout(state)`` to ``unregister_rollout(state)``.
 """
 
 from __future__ import annotations
@@ -84,10 +76,6 @@ class StateRollouts:
         #: Registered by a direct ``register_rollout(state)``, until unregistered.
         self._kept: dict[str, GatewayRollout] = {}
 
-    def new(self) -> GatewayRollout:
-        """A new rollout for ``rollout()`` (then run it under :meth:`running`)."""
-        return self._make(None)
-
     @contextmanager
     def running(self, rollout: GatewayRollout) -> Iterator[None]:
         """``rollout()`` runs ``rollout`` meanwhile: the steps of its state find it."""
@@ -109,8 +97,7 @@ class StateRollouts:
         return self._running.get(rollout_id) or self._kept.get(rollout_id)
 
     def of(self, state: State) -> GatewayRollout:
-        """The rollout ``state`` is: :meth:`get`'s, else one made for it (see the module
-        docstring)."""
+        """The rollout ``state`` is: :meth:`get`'s, else one made for it."""
         found = self.get(state)
         if found is not None:
             return found

@@ -1,36 +1,19 @@
 """Sync gateway turns into the trace when a harness segment ends, before v1 judges its exit.
 
-v1's ``HarnessSession.turn`` runs one harness segment (``launch``, or ``resume`` for a
-later user turn), then judges how the program exited: a non-zero exit is clean only if
-``trace.stop_condition`` is already set (a refused turn ends the program with the 4xx it
-got). v1's own server sets that stop *before* it answers the refused call; in gateway
-mode the refusal happens at the gateway, so without a sync the rollout would come back
-``ok=False, stop="harness_error"`` and unscored.
+v1 judges a harness segment's exit right after ``launch`` (or ``resume``) returns: a
+non-zero exit is clean only if ``trace.stop_condition`` is already set (a refused turn ends
+the program with the 4xx it got). v1's own server sets that stop before it answers the
+refused call; in gateway mode the refusal happens at the gateway, so without a sync the
+rollout would come back ``ok=False, stop="harness_error"``, unscored.
 
-The hook chosen: a subclass of the loaded harness class whose ``launch`` (and ``resume``,
-where the class has its own) runs the segment through :func:`run_segment`: mark the
-segment's start, end it at once if the gateway refuses one of its turns
-(:mod:`.refusals`), and when the program has exited, sync the gateway's turns and stop
-into the trace. Why this one:
-
-- ``launch`` and ``resume`` are the harness contract's own methods (public): v1 judges the
-  exit right after they return (``verifiers.v1.harness.HarnessSession.turn``), after the
-  program exited: no race with turns still in flight, as a live event stream across a
-  tunnel would have;
-- it covers every harness that runs through v1's default session, built-in or custom,
-  and every segment of a multi-segment interaction (``Rollout.step`` then counts the new
-  turns);
-- it is a *subclass*, not a wrapper: v1 rebuilds a harness as ``type(harness)(config)``
-  when a task adds skills, and the rebuilt one keeps the hook;
-- no verifiers code is patched: the harness object of each agent is replaced.
-
-Harnesses that replace the session entirely (ACP) never run ``launch`` through it; for
-them the final sync at slot release still rebuilds the trace before scoring. That release
-sync is skipped only when the last segment's exit was synced and no segment started since,
-so a trajectory is fetched once per segment in the common case.
-
-This module knows its interception only by the :class:`SegmentHost` protocol (the
-interception imports nothing from here).
+So each agent's harness becomes an instance of a subclass of its own class (v1 rebuilds a
+harness as ``type(harness)(config)``, which keeps it) whose ``launch`` (and ``resume``,
+where the class has its own) runs the segment through :func:`run_segment`: mark its start,
+end it at once if the gateway refuses one of its turns (:mod:`.refusals`), and sync the
+gateway's turns and stop once the program exited (no race with turns in flight). Nothing
+of v1 is patched, and only the harness contract's own methods are overridden. Harnesses
+that replace the session (ACP) never run it; the final sync at slot release fills their
+trace. docs/v1.md says more; the interception is known here by :class:`SegmentHost` only.
 """
 
 from __future__ import annotations

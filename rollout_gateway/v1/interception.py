@@ -142,9 +142,8 @@ class GatewayInterception(Interception):
         #: Send every rollout to ``fallback`` (the env sets it when the taskset's tool
         #: servers need the ``/state`` channel and ``fallback`` is on).
         self.force_fallback = False
-        #: Registrations made and finalized (tests and benchmarks read them).
+        #: Registrations made (tests and benchmarks read them).
         self.registrations = 0
-        self.finalizations = 0
 
     async def start(self) -> None:
         """Create the core's resources (clients and tunnels open lazily, one per gateway).
@@ -299,8 +298,6 @@ class GatewayInterception(Interception):
                 await asyncio.shield(finalize)
             except asyncio.CancelledError:
                 interrupted = True
-        if rollout.record.register_sent:
-            self.finalizations += 1
         if interrupted:
             raise asyncio.CancelledError
         error = rollout.record.error

@@ -24,6 +24,7 @@ Nothing here changes v1 at import: the one change to v1's behaviour
 Tested releases: see :data:`TESTED_VERIFIERS` (docs/v1.md says the same).
 """
 
+# ruff: noqa: F401 (this module hands verifiers' names on to the rest of the adapter)
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -156,113 +157,36 @@ except ImportError as e:  # an internal moved: say which verifiers, not just whi
 
 @dataclass(frozen=True)
 class PrivateDependency:
-    """One private name or behaviour of verifiers v1 the adapter relies on.
-
-    ``kind``: ``patch`` (the adapter replaces it, at :func:`rollout_gateway.v1.install`),
-    ``override`` (a subclass overrides it), ``mirror`` (the adapter's code follows v1's
-    code of that name, which it cannot call), ``attribute`` (the adapter reads or sets
-    it), ``behaviour`` (what v1 does that the adapter's design counts on). ``scope``:
-    ``runtime`` (rollouts need it) or ``eval`` (only the demo's eval runner,
-    :mod:`.eval_internals`).
-    """
+    """One private name or behaviour of verifiers v1 the adapter relies on: ``kind`` is
+    ``patch`` (replaced, by :func:`rollout_gateway.v1.install`), ``override`` (a subclass
+    overrides it), ``mirror`` (the adapter's code follows v1's, which it cannot call),
+    ``attribute`` (read or set) or ``behaviour`` (what v1 does that the design counts on);
+    ``used_by`` is the adapter's module; ``scope`` ``eval`` is the demo's eval runner only
+    (:mod:`.eval_internals`). docs/v1.md says why each is needed."""
 
     name: str
     kind: Literal["patch", "override", "mirror", "attribute", "behaviour"]
     used_by: str
-    why: str
     scope: Literal["runtime", "eval"] = "runtime"
 
 
-#: Every private dependency on verifiers v1 (docs/v1.md shows this table; each entry has a
-#: contract test in tests/v1/test_private_dependencies.py, under the entry's name).
+_P = PrivateDependency
+#: Every private dependency on verifiers v1 (docs/v1.md's table; each entry has a contract
+#: test in tests/v1/test_private_dependencies.py, under the entry's name).
 PRIVATE: tuple[PrivateDependency, ...] = (
-    PrivateDependency(
-        "verifiers.v1.runtimes._runtime_cls",
-        "patch",
-        "runtime.install_runtime_type",
-        "v1 builds every runtime through this closed table (make_runtime, "
-        "provision_runtime, runtime_is_local) and has no registry: local_sandbox joins it",
-    ),
-    PrivateDependency(
-        "verifiers.v1.env.Env._episode_agents",
-        "override",
-        "env.GatewayEnvMixin",
-        "where v1 builds an episode's agents: each gets the gateway segment hook",
-    ),
-    PrivateDependency(
-        "verifiers.v1.env.Env.serving",
-        "mirror",
-        "env.GatewayEnvMixin._gateway_serving",
-        "v1 picks the interception with a module function (make_interception) inside "
-        "serving(); gateway mode runs the same steps with its own interception",
-    ),
-    PrivateDependency(
-        "verifiers.v1.env.Env._interception",
-        "attribute",
-        "env.GatewayEnvMixin",
-        "the live interception serving() sets (and the agents read)",
-    ),
-    PrivateDependency(
-        "verifiers.v1.env.Env._shared_tools",
-        "attribute",
-        "env.GatewayEnvMixin",
-        "the live shared tool servers serving() sets",
-    ),
-    PrivateDependency(
-        "verifiers.v1.env.Env._requires_tunnel",
-        "attribute",
-        "env.GatewayEnvMixin",
-        "whether any consumer is remote (tunnel = auto)",
-    ),
-    PrivateDependency(
-        "verifiers.v1.harness.HarnessSession.turn",
-        "behaviour",
-        "harness_sync",
-        "a segment's exit is judged (trace.stop_condition read) after launch/resume "
-        "return: the hook syncs the gateway's turns at their end",
-    ),
-    PrivateDependency(
-        "verifiers.v1.agent.Agent._rollout_params",
-        "behaviour",
-        "harness_sync",
-        "v1 rebuilds a harness as type(harness)(config) when a task adds skills: the hook "
-        "is a subclass so that the rebuilt harness keeps it",
-    ),
-    PrivateDependency(
-        "verifiers.v1.agent.Agent._check_resume_support",
-        "behaviour",
-        "harness_sync",
-        "v1 reads 'type(harness).resume is Harness.resume' as no native resume: the hook "
-        "overrides resume only where the harness's own class does",
-    ),
-    PrivateDependency(
-        "verifiers.v1.graph.PendingTurn",
-        "attribute",
-        "trace_sync",
-        "a replayed turn that extends the previous one is committed on the previous path "
-        "(prefix_node_ids, path_len) instead of re-hashing the history",
-    ),
-    PrivateDependency(
-        "verifiers.v1.types.TurnTokens.message_spans",
-        "attribute",
-        "trace_sync",
-        "empty spans at the prefix's end place the new messages' tokens without a scan",
-    ),
-    PrivateDependency(
-        "verifiers.v1.session.RolloutSession",
-        "attribute",
-        "interception, features",
-        "what a rollout asks of its interception: ctx, limits, trace, released, error "
-        "and its per-turn hooks",
-    ),
-    PrivateDependency(
-        "verifiers.v1.cli",
-        "attribute",
-        "eval_internals (v1.demo)",
-        "the demo runs an eval as vf-eval does: resolved config, attempt directory, "
-        "planning, env loading, resume, the trace store",
-        scope="eval",
-    ),
+    _P("verifiers.v1.runtimes._runtime_cls", "patch", "runtime"),
+    _P("verifiers.v1.env.Env._episode_agents", "override", "env"),
+    _P("verifiers.v1.env.Env.serving", "mirror", "env"),
+    _P("verifiers.v1.env.Env._interception", "attribute", "env"),
+    _P("verifiers.v1.env.Env._shared_tools", "attribute", "env"),
+    _P("verifiers.v1.env.Env._requires_tunnel", "attribute", "env"),
+    _P("verifiers.v1.harness.HarnessSession.turn", "behaviour", "harness_sync"),
+    _P("verifiers.v1.agent.Agent._rollout_params", "behaviour", "harness_sync"),
+    _P("verifiers.v1.agent.Agent._check_resume_support", "behaviour", "harness_sync"),
+    _P("verifiers.v1.graph.PendingTurn", "attribute", "trace_sync"),
+    _P("verifiers.v1.types.TurnTokens.message_spans", "attribute", "trace_sync"),
+    _P("verifiers.v1.session.RolloutSession", "attribute", "interception"),
+    _P("verifiers.v1.cli", "attribute", "eval_internals", scope="eval"),
 )
 
 
@@ -270,21 +194,14 @@ def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
     """Make v1's runtime table resolve configs of ``config_cls`` to ``runtime_cls``
     (idempotent; every other config is resolved by v1's own function as before).
 
-    The one change the adapter makes to v1's behaviour (:data:`PRIVATE`'s ``patch``), and
-    why it is one: verifiers 0.4 builds a runtime from its config through one closed
-    table, the private function ``verifiers.v1.runtimes._runtime_cls``
-    (``{"subprocess": SubprocessRuntime, ...}[config.type]``), which ``make_runtime``
-    (every rollout's box), ``provision_runtime`` and ``runtime_is_local`` (whether an
-    agent's interception needs a tunnel) all call. v1 has no registry, entry point or
-    config hook for runtimes (harnesses, tasksets and judges are plug-ins; runtimes are
-    not), and no other seam avoids the table: handing v1 a ready box
-    (``Agent.run(task, runtime=box)``) still looks the agent's config up in it
-    (``runtime_is_local`` when the agent enters without an injected interception),
-    marks every trace ``borrowed`` and skips the per-task resource resolution; and a
-    rollout calls ``make_runtime`` as a module function, with no method of the agent or
-    env in between. So this wraps the table function once, when
-    :func:`rollout_gateway.v1.install` runs (never at import). What v1 *records* of a
-    runtime needs no change to v1: :mod:`rollout_gateway.v1.runtime_record`.
+    The one change the adapter makes to v1 (:data:`PRIVATE`'s ``patch``), made by
+    :func:`rollout_gateway.v1.install`, never at import. Why no other seam serves: v1
+    builds every runtime through this closed table (``make_runtime``, ``provision_runtime``,
+    ``runtime_is_local``) and has no registry, entry point or config hook for runtimes;
+    handing v1 a ready box (``Agent.run(task, runtime=box)``) still looks the config up in
+    it, marks every trace ``borrowed`` and skips the per-task resources; and a rollout
+    calls ``make_runtime`` as a module function, with no method of the agent or env in
+    between. (What v1 *records* of a runtime needs no change: :mod:`.runtime_record`.)
     """
     current = v1_runtimes._runtime_cls
     if getattr(current, "rollout_gateway_runtime_type", None) is config_cls:
@@ -297,64 +214,3 @@ def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
 
     resolve.rollout_gateway_runtime_type = config_cls  # type: ignore[attr-defined]
     v1_runtimes._runtime_cls = resolve
-
-
-__all__ = [
-    "PRIVATE",
-    "SUPPORTED_VERIFIERS",
-    "TESTED_VERIFIERS",
-    "VERIFIERS_VERSION",
-    "Agent",
-    "AgentInfo",
-    "ApptainerConfig",
-    "AssistantMessage",
-    "BaseInterceptionConfig",
-    "BaseRuntimeInfo",
-    "ChatDialect",
-    "DockerConfig",
-    "E2BConfig",
-    "ElasticInterceptionPoolConfig",
-    "Env",
-    "Error",
-    "Harness",
-    "Interception",
-    "InterceptionError",
-    "InterceptionServerConfig",
-    "ModalConfig",
-    "ModelCall",
-    "PendingTurn",
-    "PodmanConfig",
-    "PrimeConfig",
-    "PrivateDependency",
-    "ProgramResult",
-    "ProviderError",
-    "Response",
-    "RolloutSession",
-    "Runtime",
-    "RuntimeProcess",
-    "Sampling",
-    "SandboxError",
-    "SingleAgentEnv",
-    "SingleAgentEnvConfig",
-    "Slot",
-    "StaticInterceptionPoolConfig",
-    "SubprocessConfig",
-    "SubprocessRuntimeInfo",
-    "TaskError",
-    "TimeSpan",
-    "ToolMessage",
-    "Trace",
-    "TunnelError",
-    "TurnTokens",
-    "Usage",
-    "UnsupportedVerifiersError",
-    "agent_config_fields",
-    "check_verifiers",
-    "install_runtime_type",
-    "is_supported",
-    "make_interception",
-    "parse_message",
-    "prepare_turn",
-    "v1_runtimes",
-    "vf",
-]

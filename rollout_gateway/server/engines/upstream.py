@@ -23,7 +23,6 @@ import httpx
 from rollout_gateway.server.engines.upstream_http import (
     ConnectionFailureKind,
     HTTPAnswer,
-    UpstreamHTTP,
     UpstreamStream,
 )
 from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
@@ -115,7 +114,7 @@ class Upstream:
     """One inference server (OpenAI base URL) and its HTTP client."""
 
     base_url: str
-    http: UpstreamHTTP
+    http: Http1Upstream
     label: str = field(default="")  # base_url without credentials (metrics, logs, health)
     healthy: bool = True
     pinned: int = 0  # registered rollouts pinned here

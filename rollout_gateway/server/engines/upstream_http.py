@@ -55,39 +55,6 @@ class UpstreamStream(Protocol):
         ...
 
 
-class UpstreamHTTP(Protocol):
-    """The HTTP client of one upstream as its callers see it (``base_url`` is its OpenAI
-    base URL): :class:`~.upstream_http1.Http1Upstream` is the one implementation."""
-
-    base_url: str
-
-    async def post(self, path: str, content: bytes) -> HTTPAnswer:
-        """POST JSON ``content`` to ``base_url + path`` (or to ``path`` when it is an
-        absolute URL, e.g. vLLM's root-level token-in endpoint); the whole answer."""
-        ...
-
-    def stream(
-        self, path: str, content: bytes
-    ) -> contextlib.AbstractAsyncContextManager[UpstreamStream]:
-        """POST JSON ``content``; the answer streamed (closed, and the engine told to
-        stop, when the context exits)."""
-        ...
-
-    async def get(
-        self, url: str, *, timeout_s: float, params: Mapping[str, str] | None = None
-    ) -> HTTPAnswer:
-        """GET ``url`` (absolute, or a path under ``base_url``) within ``timeout_s``."""
-        ...
-
-    def failure_kind(self, exc: BaseException) -> ConnectionFailureKind | None:
-        """How ``exc`` raised by a call failed (``None``: not a connection failure)."""
-        ...
-
-    async def aclose(self) -> None:
-        """Close every connection."""
-        ...
-
-
 def _join(base_url: str, url: str) -> str:
     return url if "://" in url else base_url.rstrip("/") + "/" + url.lstrip("/")
 
@@ -215,7 +182,6 @@ __all__ = [
     "ConnectionFailureKind",
     "HTTPAnswer",
     "HttpxCalls",
-    "UpstreamHTTP",
     "UpstreamStream",
     "split_lines",
 ]

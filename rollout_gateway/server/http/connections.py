@@ -199,14 +199,8 @@ class ConnectionPolicy:
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol enforcing a :class:`ConnectionPolicy` (see the module
-    docstring); built by :func:`limited_protocol`. Its transport is a
-    :class:`HeadersWithBody`, which every request's answer goes out through.
-
-    What it relies on of uvicorn's protocol (pinned by ``tests/server/http/
-    test_uvicorn_contract.py``, with uvicorn's exact version): the constructor's keywords,
-    the methods overridden here, ``transport``, ``cycle.response_complete``,
-    ``connections``, ``loop``, ``scope`` and ``server_state.default_headers``.
-    """
+    docstring; its transport is a :class:`HeadersWithBody`). What it relies on of uvicorn
+    is pinned by ``tests/server/http/test_uvicorn_contract.py``, uvicorn by its version."""
 
     _deadline: asyncio.TimerHandle | None = None
     #: Whether the current request's head (request line, headers) is being read.
