@@ -24,6 +24,7 @@ prompt, no completion, ``status: "error"``), the rollout ends truncated with
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -246,24 +247,27 @@ class EngineTurn:
 
     async def _stream(self, emit: Callable[[bytes], None]) -> tuple[dict[str, Any], float | None]:
         pool = self.pool
-        label = pool.get(self.record.upstream).label
+        upstream = pool.get(self.record.upstream)
+        label = upstream.label
         body = {**self.upstream_body, "stream": True, "stream_options": {"include_usage": True}}
         self.upstream_body = body
         include_usage = wants_usage(self.body)
         assembler = StreamAssembler()
         first_chunk_s: float | None = None
-        stream = pool.stream(self.record.upstream, "/chat/completions", jsonio.dumps(body))
+        stream = upstream.http.stream("/chat/completions", jsonio.dumps(body))
         try:
-            async with stream as response:  # bounded, counted in flight, failures classified
-                if response.status_code >= 400:
-                    raise_for_upstream_status(await response.read(), label)
-                async for chunk in iter_sse_json(response.lines()):
-                    if first_chunk_s is None:
-                        first_chunk_s = self.upstream_seconds()
-                    assembler.feed(chunk)
-                    out = agent_chunk(chunk, self.body, include_usage=include_usage)
-                    if out is not None:
-                        emit(sse_event(out))
+            with upstream.call:  # counted in flight, a failure to get the answer classified
+                async with asyncio.timeout(pool.timeout_s), stream as response:
+                    upstream.answered()
+                    if response.status_code >= 400:
+                        raise_for_upstream_status(await response.read(), label)
+                    async for chunk in iter_sse_json(response.lines()):
+                        if first_chunk_s is None:
+                            first_chunk_s = self.upstream_seconds()
+                        assembler.feed(chunk)
+                        out = agent_chunk(chunk, self.body, include_usage=include_usage)
+                        if out is not None:
+                            emit(sse_event(out))
         except StreamError as exc:
             detail = f"{label}: {exc.detail}"
             raise UpstreamError("protocol", exc.status_code, exc.message, detail) from exc

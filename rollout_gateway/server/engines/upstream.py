@@ -1,19 +1,18 @@
 """Upstream inference servers: rollout pinning, health, error mapping, the calls in flight.
 
 Each upstream's HTTP client is an :class:`~.upstream_http1.Http1Upstream` (its calls go
-through httpx when a test injects a transport). Every chat call, whole or streamed, goes
-through :meth:`UpstreamPool.post` or :meth:`UpstreamPool.stream`: the one place that
-bounds it by the upstream deadline, counts it in flight and classifies a failure to get an
-answer.
+through httpx when a test injects a transport). Every call to an upstream, whole
+(:meth:`UpstreamPool.post`) or streamed (the engine turn's), runs in ``with
+upstream.call:`` (:class:`UpstreamCall`), the one place that counts it in flight and
+classifies a failure to get an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -23,7 +22,6 @@ import httpx
 from rollout_gateway.server.engines.upstream_http import (
     ConnectionFailureKind,
     HTTPAnswer,
-    UpstreamStream,
 )
 from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
 from rollout_gateway.server.http import jsonio
@@ -86,10 +84,10 @@ def redact_url(url: str) -> str:
 
 
 class UpstreamCall:
-    """``with upstream.call:`` around one call to an upstream: counted in flight while it
-    runs, and a failure to get an answer raised as the one classification of
-    :meth:`Upstream.connection_failure` (other errors pass as they are). One per upstream,
-    holding no state of a call: a call allocates nothing for it."""
+    """``with upstream.call:`` around one call to an upstream, whole or streamed (then
+    around the reading of the answer too): counted in flight while it runs, and a failure
+    to get the answer raised as the one classification of :meth:`Upstream.connection_failure`
+    (other errors pass as they are). One per upstream, holding no state of a call."""
 
     __slots__ = ("upstream",)
 
@@ -99,11 +97,9 @@ class UpstreamCall:
     def __enter__(self) -> None:
         self.upstream.in_flight += 1
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
-    ) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self.upstream.in_flight -= 1
-        if isinstance(exc, Exception):
+        if exc is not None and isinstance(exc, Exception):
             failure = self.upstream.connection_failure(exc)
             if failure is not None:
                 raise failure from exc
@@ -122,7 +118,7 @@ class Upstream:
 
     def __post_init__(self) -> None:
         self.label = self.label or redact_url(self.base_url)
-        #: ``with upstream.call:`` around each call (see :class:`UpstreamCall`).
+        #: ``with upstream.call:`` around each call to it (see :class:`UpstreamCall`).
         self.call = UpstreamCall(self)
 
     def connection_failure(self, exc: BaseException) -> UpstreamError | None:
@@ -378,22 +374,9 @@ class UpstreamPool:
         with upstream.call:
             async with asyncio.timeout(self.timeout_s):
                 response = await upstream.http.post(path, content)
-        upstream.answered()
+        if not upstream.healthy:
+            upstream.answered()
         return response
-
-    @contextlib.asynccontextmanager
-    async def stream(self, url: str, path: str, content: bytes) -> AsyncIterator[UpstreamStream]:
-        """One streamed POST to the upstream of ``url``, for the ``async with`` block that
-        reads it: bounded by ``timeout_s`` from connect to the block's end, counted in
-        flight, a failure to get (or to finish reading) the answer raised as the one
-        classification of :meth:`Upstream.connection_failure`; the block's own errors
-        pass as they are."""
-        upstream = self._by_url[url]
-        with upstream.call:
-            async with asyncio.timeout(self.timeout_s):
-                async with upstream.http.stream(path, content) as response:
-                    upstream.answered()
-                    yield response
 
     async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """The model cards of ``GET {url}/models`` (vLLM's carry ``max_model_len``)."""

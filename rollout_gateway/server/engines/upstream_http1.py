@@ -314,7 +314,8 @@ class Http1Upstream:
         if head is None:
             return await self.fallback.post(path, content)
         async with self._slots:
-            conn = await self._take()
+            conn = self._reuse() or await self._connect()  # not a coroutine more per call
+            self._busy.add(conn)
             try:
                 return await conn.request(head, content)
             finally:
@@ -330,7 +331,8 @@ class Http1Upstream:
                 yield answer
             return
         async with self._slots:
-            conn = await self._take()
+            conn = self._reuse() or await self._connect()
+            self._busy.add(conn)
             try:
                 await conn.open_stream(head, content)
                 yield _Http1Stream(conn)
@@ -388,13 +390,6 @@ class Http1Upstream:
             length,
         )
 
-    async def _take(self) -> _Connection:
-        """A connection for one call (a call slot is held): the newest idle one, or a new
-        one."""
-        conn = self._reuse() or await self._connect()
-        self._busy.add(conn)
-        return conn
-
     def _give(self, conn: _Connection) -> None:
         """A call is done with ``conn``: kept for reuse when its answer came whole and
         the server keeps it open; else closed (its state is unknown, and closing tells
@@ -427,6 +422,7 @@ class Http1Upstream:
             self._sweep_later(loop)
 
     def _reuse(self) -> _Connection | None:
+        """The newest idle connection still fresh enough to reuse (staler ones close)."""
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed and conn.loop.time() - conn.idle_since <= self._keepalive_s:

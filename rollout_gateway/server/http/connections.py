@@ -203,6 +203,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     is pinned by ``tests/server/http/test_uvicorn_contract.py``, uvicorn by its version."""
 
     _deadline: asyncio.TimerHandle | None = None
+    #: The connection's own transport (this class's checks skip the wrapper's frame).
+    _raw: asyncio.Transport
     #: Whether the current request's head (request line, headers) is being read.
     _in_head = True
     #: Bytes of the current request's head received so far.
@@ -216,9 +218,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, policy: ConnectionPolicy, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.policy = policy
+        # Read on every request: one attribute away, not two.
+        self._limits, self._idle = policy.limits, policy.idle
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self.transport.is_closing():
+        if self._refused or self._raw.is_closing():
             return  # refused already: the rest is dropped unparsed
         in_head, requests = self._in_head, self._requests
         started = perf_counter()
@@ -229,13 +233,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # that completes a head may carry a body and the next request. The bound is thus
         # reached at most one read (<= 256 KiB) late.
         same_head = in_head and self._in_head and self._requests == requests
-        if same_head and not self.transport.is_closing():
+        if same_head and not self._raw.is_closing():
             self._head_bytes += len(data)
-            if self._head_bytes > self.policy.limits.max_header_bytes:
+            if self._head_bytes > self._limits.max_header_bytes:
                 self._refuse_head()
 
     def _refuse_head(self) -> None:
-        limit = self.policy.limits.max_header_bytes
+        limit = self._limits.max_header_bytes
         self.policy.stats.oversized_headers += 1
         self._disarm()
         self._refused = True
@@ -285,11 +289,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self.policy.stats.body_timeouts += 1
         logger.debug("closing a connection: %s timeout", kind)
-        if not self.transport.is_closing():
+        if not self._raw.is_closing():
             self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # Every answer on this connection leaves through the wrapper: head and body together.
+        self._raw = transport
         sends = HeadersWithBody(transport, self.loop)
         super().connection_made(sends)  # type: ignore[arg-type]
         policy = self.policy
@@ -303,7 +308,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(policy.limits.header_timeout_s, "header")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.policy.idle.busy(self)
+        self._idle.busy(self)
         self._disarm()
         super().connection_lost(exc)
 
@@ -312,23 +317,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # Kept alive, and no pipelined request started in its place: idle until the client
         # sends its next request.
         cycle = self.cycle
-        if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
-            self.policy.idle.idle(self, self.transport)
+        if not self._raw.is_closing() and (cycle is None or cycle.response_complete):
+            self._idle.idle(self, self.transport)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._arm(self.policy.limits.header_timeout_s, "header")
+        self._arm(self._limits.header_timeout_s, "header")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._arm(self.policy.limits.body_timeout_s, "body")
+        self._arm(self._limits.body_timeout_s, "body")
         self._read_timer = ReadTimer()
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[READ_TIMER_KEY] = self._read_timer
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self.policy.idle.busy(self)  # the app answers it now: never closed to make room
+        self._idle.busy(self)  # the app answers it now: never closed to make room
         self._disarm()
         self._in_head, self._head_bytes = True, 0  # the next request's head
         self._requests += 1
