@@ -129,9 +129,8 @@ class Gateway:
             fd_limit(),
             max_connections=config.connections.max_connections,
             per_upstream_pool=config.upstream.max_connections_per_upstream,
-            # httptools: each upstream has its lean pool and an aiohttp one beside it.
-            upstream_pools=len(config.upstreams)
-            * (2 if config.upstream.upstream_client == "httptools" else 1),
+            # Each upstream has its lean pool and an httpx one beside it.
+            upstream_pools=len(config.upstreams) * 2,
         )
         self.pool = UpstreamPool(
             config.upstreams,
@@ -140,7 +139,6 @@ class Gateway:
             transport=parts.get("upstream_transport"),
             api_key=config.upstream.upstream_api_key,
             max_connections=self.fd_plan.upstream_connections,
-            client=config.upstream.upstream_client,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
         self.registry = RolloutRegistry(

@@ -245,9 +245,7 @@ class EngineTurn:
             completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
             result = EngineResult(completion, relayed=True)
         else:
-            raw, _ = await self.pool.chat_raw(
-                self.record.upstream, self.upstream_body, shard_key=self.record.rollout_id
-            )
+            raw, _ = await self.pool.chat_raw(self.record.upstream, self.upstream_body)
             # The prompt's ids stay JSON text: the recorder parses only what is new.
             rest, prompt_ids_json = split_prompt_ids(raw)
             completion, strict = parse_completion(rest)
@@ -303,13 +301,10 @@ class EngineTurn:
         include_usage = wants_usage(self.body)
         assembler = StreamAssembler()
         first_chunk_s: float | None = None
-        upstream.in_flight += 1
+        stream = upstream.http.stream("/chat/completions", jsonio.dumps(body))
         try:
-            async with asyncio.timeout(pool.timeout_s):
-                stream = upstream.http.stream(
-                    "/chat/completions", jsonio.dumps(body), key=self.record.rollout_id
-                )
-                async with stream as response:
+            with upstream.call:  # counted in flight, a failure to get the answer classified
+                async with asyncio.timeout(pool.timeout_s), stream as response:
                     upstream.answered()
                     if response.status_code >= 400:
                         raise_for_upstream_status(await response.read(), label)
@@ -323,15 +318,6 @@ class EngineTurn:
         except StreamError as exc:
             detail = f"{label}: {exc.detail}"
             raise UpstreamError("protocol", exc.status_code, exc.message, detail) from exc
-        except UpstreamError:
-            raise
-        except Exception as exc:
-            failure = upstream.connection_failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
-        finally:
-            upstream.in_flight -= 1
         if not assembler.finished:
             raise UpstreamError("protocol", 502, "upstream stream ended before its answer did")
         return assembler.completion(), first_chunk_s
