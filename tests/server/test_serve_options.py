@@ -375,7 +375,7 @@ def test_new_bounds_refuse_invalid_values_naming_them(option: str, value: str, c
 
 
 def test_consistent_new_bounds_start(monkeypatch) -> None:
-    from rollout_gateway.local_cluster import free_port
+    from support.local_cluster import free_port
 
     argv = [
         "--upstream", UP, "--max-body-bytes", str(4 * 1024 * 1024), "--max-body-cost",
