@@ -1,7 +1,7 @@
 """Branches per rollout, chat mode vs token-in mode, on the same multi-turn tool task.
 
 The gateway (in-process, real code path) sits in front of a real vLLM started with
-``--enable-scale-out`` (``shared/real-vllm``: ``VLLM_EXTRA_ARGS=--enable-scale-out bash
+``--enable-scale-out`` (``tools/real-vllm``: ``VLLM_EXTRA_ARGS=--enable-scale-out bash
 serve.sh DEST 8021``). For each mode, the same scripted agent drives the same rollouts
 (same seeds): a history that already holds an assistant tool call and its result, tool
 results appended after every call the model makes, a user follow-up otherwise. Each
