@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
@@ -56,7 +57,8 @@ class Engine:
         await send({"type": "http.response.start", "status": 200, "headers": head})
         self.sent_first = time.perf_counter()
         await send({"type": "http.response.body", "body": events[0], "more_body": True})
-        await self.go.wait()
+        with contextlib.suppress(TimeoutError):  # (never stuck: at most a second)
+            await asyncio.wait_for(self.go.wait(), 1.0)
         rest = b"".join(events[1:]) + b"data: [DONE]\n\n"
         await send({"type": "http.response.body", "body": rest})
 
