@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response, StreamingResponse
 
 from rollout_gateway.interrupt import Interrupt
+from rollout_gateway.server.agents.dialect_turns import (
+    CHAT,
+    DialectTurn,
+    as_gateway_error,
+    dialect_answer,
+    dialect_fingerprint,
+)
 from rollout_gateway.server.agents.limits import (
     NO_RETRY_HEADERS,
     TurnRefused,
@@ -45,8 +50,7 @@ from rollout_gateway.server.agents.sse import (
     guard_sse,
     iter_completion_sse,
 )
-from rollout_gateway.server.dialects.anthropic import AnthropicDialect, estimated_input_tokens
-from rollout_gateway.server.dialects.base import Dialect, ParsedRequest, StreamRenderer
+from rollout_gateway.server.dialects.base import Dialect, ParsedRequest
 from rollout_gateway.server.dialects.errors import GatewayError
 from rollout_gateway.server.dialects.routes import dialect_named
 from rollout_gateway.server.engines.streaming import EventLog
@@ -98,34 +102,6 @@ logger = logging.getLogger("rollout_gateway.server")
 #: retries two or three times). Each holds a connection until the turn ends, so without
 #: a bound one agent repeating a slow turn could hold every connection of the gateway.
 MAX_TURN_WAITERS = 8
-
-#: The chat completions dialect: the gateway's own path, its bytes as they always were.
-CHAT: Dialect = dialect_named("chat")
-
-
-@dataclass(eq=False)
-class DialectTurn(Turn):
-    """A turn asked in another dialect than chat: the renderer of its stream (each
-    engine chunk becomes the dialect's events as it comes) and the events that close
-    it, written once the answer is in (every waiter relays the same ones)."""
-
-    renderer: StreamRenderer | None = None
-    closing: bytes = b""
-
-
-def dialect_fingerprint(dialect: Dialect, fingerprint: bytes) -> bytes:
-    """The fingerprint of a body sent in ``dialect`` (a body can be valid in two
-    dialects: a chat request must not join a Messages turn). Chat's is the body's own."""
-    if dialect is CHAT:
-        return fingerprint
-    digest = hashlib.blake2b(fingerprint, digest_size=len(fingerprint) or 16)
-    digest.update(dialect.name.encode())
-    return digest.digest()
-
-
-def as_gateway_error(exc: ApiError) -> GatewayError:
-    """A refusal of the turn as every dialect renders it."""
-    return GatewayError(exc.status_code, exc.message, exc.code, exc.error_type, None, exc.headers)
 
 
 def _id_count(ids_json: bytes | None) -> int | None:
@@ -256,7 +232,7 @@ class ChatTurns:
             return Response(status_code=499)
         turn.delivered = True
         if parsed is not None:
-            return _dialect_answer(dialect, parsed, completion)
+            return dialect_answer(dialect, parsed, completion)
         answer = completion  # already the agent's view (see _locked_turn)
         if isinstance(answer, bytes):
             if not body.get("stream"):
@@ -376,59 +352,6 @@ class ChatTurns:
         if max_messages is not None and len(parsed.messages) > max_messages:
             validate_messages(parsed.body, max_messages)  # its refusal, as chat's
         return parsed
-
-    async def count_tokens(
-        self, request: AgentRequest, record: RolloutRecord, dialect: Dialect
-    ) -> Response:
-        """A dialect's token count (``/v1/messages/count_tokens``): answered within the
-        rollout's body budgets, never recorded, no turn counted."""
-        assert isinstance(dialect, AnthropicDialect)
-        intake = self.gateway.intake
-        lease = request.lease = intake.lease(record.rollout_id)  # the endpoint releases it
-        try:
-            raw = await intake.read(
-                lease, request.receive, request.content_length, request.read_timer
-            )
-        except ClientGone:
-            return Response(status_code=499)
-        body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
-        del raw
-        lease.drop_raw()
-        parsed = await intake.offload(lease, dialect.parse_count, body)
-        count = await self._count(record, parsed)
-        return JSONBytesResponse(dialect.render_count(count))
-
-    async def _count(self, record: RolloutRecord, parsed: ParsedRequest) -> int:
-        """The request's prompt tokens: the renderer's count in token-in mode, vLLM's own
-        (``POST /tokenize`` at its root) in front of vLLM, else an estimate from its size
-        (:func:`estimated_input_tokens`)."""
-        gateway = self.gateway
-        tools = parsed.body.get("tools")
-        try:
-            if gateway.token_in is not None:
-                return await gateway.token_in.count_prompt(parsed.messages, tools)
-            if (await gateway.engine(record.upstream)).kind == "vllm":
-                return await self._engine_count(record, parsed.messages, tools)
-        except Exception as exc:  # an engine or renderer that cannot say: the estimate
-            logger.info("rollout=%s count_tokens estimated: %r", record.rollout_id, exc)
-        return estimated_input_tokens(parsed)
-
-    async def _engine_count(self, record: RolloutRecord, messages: list[Any], tools: Any) -> int:
-        upstream = self.gateway.pool.get(record.upstream)
-        root = upstream.base_url.rstrip("/").removesuffix("/v1")
-        body: dict[str, Any] = {
-            "model": record.model,
-            "messages": messages,
-            "add_generation_prompt": True,
-        }
-        if tools:
-            body["tools"] = tools
-        async with asyncio.timeout(self.gateway.pool.timeout_s):
-            answer = await upstream.http.post(f"{root}/tokenize", jsonio.dumps(body))
-        count = jsonio.loads(answer.content).get("count") if answer.status_code == 200 else None
-        if not isinstance(count, int):
-            raise ValueError(f"/tokenize answered {answer.status_code}")
-        return count
 
     @staticmethod
     async def _await(turn: Turn, request: AgentRequest) -> dict[str, Any] | bytes:
@@ -661,25 +584,6 @@ def _turn_facts(body: dict[str, Any], parsed: ParsedRequest | None) -> dict[str,
     }
 
 
-def _dialect_answer(
-    dialect: Dialect, parsed: ParsedRequest, answer: dict[str, Any] | bytes
-) -> Response:
-    """The turn's answer (the engine's completion, the agent's view) in ``dialect``:
-    rendered for the request that asked (a retry's replay too), whole or as its stream."""
-    completion: dict[str, Any] = (
-        jsonio.loads_lenient(answer) if isinstance(answer, bytes) else answer
-    )
-    if parsed.stream:
-        events = dialect.stream(parsed).whole(completion)
-        return Response(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-    try:
-        return JSONBytesResponse(dialect.render(completion, parsed))
-    except TypeError:  # orjson's JSONEncodeError: an answer nested deeper than it writes
-        raise ApiError(502, "upstream answer is malformed", "upstream_error") from None
-
-
 def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:
     """The answer, also what a retry replays (kept until the next turn).
 
@@ -766,12 +670,4 @@ async def _aiter(events: Iterator[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-__all__ = [
-    "CHAT",
-    "ChatTurns",
-    "ClientGone",
-    "DialectTurn",
-    "as_gateway_error",
-    "dialect_fingerprint",
-    "store_refusal",
-]
+__all__ = ["ChatTurns", "ClientGone", "store_refusal"]

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from rollout_gateway.server.agents.chat import CHAT, as_gateway_error, store_refusal
+from rollout_gateway.server.agents.chat import store_refusal
+from rollout_gateway.server.agents.count_tokens import TokenCounts
+from rollout_gateway.server.agents.dialect_turns import CHAT, as_gateway_error
 from rollout_gateway.server.agents.request import AgentRequest
 from rollout_gateway.server.dialects.base import Dialect
 from rollout_gateway.server.dialects.errors import GatewayError, RequestError
@@ -53,6 +55,7 @@ class AgentEndpoint:
         self.keyed = keyed
         self.dialect = dialect
         self.aux = aux
+        self.counts = TokenCounts(chat.gateway) if aux else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway = self.gateway
@@ -66,8 +69,8 @@ class AgentEndpoint:
                 else:
                     rollout_id = scope["path_params"]["rollout_id"]
                     record = await gateway.agent_record(rollout_id, key)
-                if self.aux:
-                    response = await self.chat.count_tokens(request, record, dialect)
+                if self.counts is not None:
+                    response = await self.counts.count_tokens(request, record, dialect)
                 else:
                     response = await self.chat.handle(request, record, dialect)
             except ApiError as exc:
