@@ -34,9 +34,10 @@ from starlette.routing import Route
 from rollout_gateway import protocol
 from rollout_gateway.exits import agent_report
 from rollout_gateway.protocol import ExitReport
-from rollout_gateway.server.agents.chat import ChatTurns, store_refusal
+from rollout_gateway.server.agents.chat import ChatTurns
 from rollout_gateway.server.agents.endpoint import AgentEndpoint
 from rollout_gateway.server.agents.routes import AgentRoutes
+from rollout_gateway.server.agents.turn_runner import store_refusal
 from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.control.exit_stream import ExitStreams
 from rollout_gateway.server.control.plane import ControlPlane

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from rollout_gateway.server.agents.chat import store_refusal
 from rollout_gateway.server.agents.count_tokens import TokenCounts
 from rollout_gateway.server.agents.dialect_turns import CHAT, as_gateway_error
 from rollout_gateway.server.agents.request import AgentRequest
+from rollout_gateway.server.agents.turn_runner import store_refusal
 from rollout_gateway.server.dialects.base import Dialect
 from rollout_gateway.server.dialects.errors import GatewayError, RequestError
 from rollout_gateway.server.http.guard import log_internal_error, send_internal_error
