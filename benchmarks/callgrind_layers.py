@@ -25,9 +25,11 @@ C library, wherever it is called from):
 * ``turn``: the rest of the gateway's own code (the chat route, the turn, limits,
   metrics);
 * ``event loop``: asyncio and uvloop (what no Python function called: scheduling,
-  polling, the sockets' system calls' wrappers);
+  polling, reading sockets into bytes);
+* ``collector``: the garbage collector (it runs in whichever function allocated past
+  the threshold);
 * ``interpreter``, ``other``: what has no Python function within ``K`` callers
-  (start-up, the collector) or none of the above (the standard library, logging).
+  (start-up, deep C) or none of the above (the standard library, logging).
 
 Used by ``benchmarks/instructions.py --profile DIR``, which profiles the same sets its
 counts come from and prints each cell's marginal layer shares (set ``j`` minus set 0, per
@@ -48,7 +50,7 @@ from pathlib import Path
 
 #: Callers per recorded context (callgrind's ``--separate-callers``): enough to reach
 #: the calling Python function from most C code (orjson's parse: 3-5 frames below it).
-SEPARATE_CALLERS = 8
+SEPARATE_CALLERS = 6
 
 #: Python files -> layer, the first matching substring of the file's path wins.
 PYTHON_LAYERS = (
@@ -91,8 +93,9 @@ C_LAYERS = (
     ("sqlite", "store"),
     ("hiredis", "store"),
 )
-C_FUNCTIONS = {"loads": "JSON", "dumps": "JSON"}  # orjson's entry points
-#: Objects whose cost is the event loop's when no Python function called it.
+C_FUNCTIONS = {"loads": "JSON", "dumps": "JSON", "gc_collect_main": "collector"}
+#: Objects whose cost is the event loop's when no Python function called it (socket
+#: reads and writes, polling, callbacks).
 LOOP_OBJECTS = ("uvloop", "libuv", "_asyncio")
 
 _TRAMPOLINE = re.compile(r"0x[0-9a-f]{16}$")
@@ -129,18 +132,27 @@ def _c_layer(name: str, obj: str = "") -> str | None:
     return None
 
 
-def layer_of(context: str, obj: str, trampolines: dict[str, str]) -> str:
-    """The layer of one recorded context (``function'caller'caller...``) of object ``obj``."""
+def layer_of(
+    context: str, obj: str, trampolines: dict[str, str], objects: dict[str, str] | None = None
+) -> str:
+    """The layer of one recorded context (``function'caller'caller...``) of object ``obj``
+    (``objects``: each function's object, for the callers')."""
+    objects = objects or {}
     chain = context.split("'")
+    if "gc_collect_main" in chain:
+        return "collector"  # runs wherever an allocation crossed the threshold
     layer = _c_layer(chain[0], obj)
     if layer is not None:
         return layer
     first_python = None
-    for name in chain[1:] if not _TRAMPOLINE.match(chain[0]) else chain:
+    for name in chain[1:]:
         python = trampolines.get(name) if _TRAMPOLINE.match(name) else None
         if python is None:
-            if first_python is None and (layer := _c_layer(name)) is not None:
+            caller_obj = objects.get(name, "")
+            if first_python is None and (layer := _c_layer(name, caller_obj)) is not None:
                 return layer  # C code inside orjson, xxhash...: theirs
+            if first_python is None and any(f in caller_obj for f in LOOP_OBJECTS):
+                return "event loop"  # below uvloop's C (its socket reads) with no Python
             continue
         layer = python_layer(python)
         if layer is not None:
@@ -154,7 +166,8 @@ def layer_of(context: str, obj: str, trampolines: dict[str, str]) -> str:
 
 
 def self_costs(path: Path) -> tuple[Counter[tuple[str, str]], int]:
-    """Each context's own instructions (``(context, object) -> Ir``) and the pid."""
+    """Each context's own instructions (``(context, object) -> Ir``) and the pid. (A
+    function's object is also each of its contexts' first name's: :func:`objects_of`.)"""
     names: dict[str, str] = {}
     objects: dict[str, str] = {}
     costs: Counter[tuple[str, str]] = Counter()
@@ -199,13 +212,24 @@ def self_costs(path: Path) -> tuple[Counter[tuple[str, str]], int]:
     return costs, pid
 
 
+def objects_of(costs: Counter[tuple[str, str]]) -> dict[str, str]:
+    """Each function's object (callgrind names a function without symbols by its
+    address in its object: the same name in two objects is left out)."""
+    seen: dict[str, str] = {}
+    for context, obj in costs:
+        name = context.split("'", 1)[0]
+        if seen.setdefault(name, obj) != obj:
+            seen[name] = ""
+    return seen
+
+
 def layers(path: Path) -> Counter[str]:
     """A profile's instructions by layer."""
     costs, pid = self_costs(path)
-    trampolines = perf_map(pid)
+    trampolines, objects = perf_map(pid), objects_of(costs)
     out: Counter[str] = Counter()
     for (context, obj), ir in costs.items():
-        out[layer_of(context, obj, trampolines)] += ir
+        out[layer_of(context, obj, trampolines, objects)] += ir
     return out
 
 

@@ -4,22 +4,28 @@ What a process executes is the same on any machine, however loaded.
 
 Wall-clock CPU on a shared machine cannot settle a 5% question; the instructions a
 process executes can. Every server process of a setup runs under valgrind's cachegrind
-(``--cache-sim=no``: instructions only), the scripted model and the load generator run
+(instructions only, no cache simulation); the scripted model and the load generator run
 natively (not counted). The same conversation is driven through each setup, and each
 process's count is read when it exits.
 
-**Marginal instructions per turn.** A *set* of fresh processes per setup runs every cell
-(context size x chat or streamed), one rollout per cell, each for ``N`` turns (``--turns``);
-in set ``j`` cell ``j``'s rollout runs ``2N`` turns instead. Start-up, the cells before and
-after and shutdown are the same in both, so ``(count(set j) - count(set 0)) / N`` is what a
-turn of cell ``j`` costs each process, beyond what a rollout costs once (register,
-unregister: they cancel). The conversation is a tool-calling one of ``2N`` turns (the first
-``N`` are the same bytes in both sets); its system prompt is padded so that the prompts of
-the measured turns (``N+1 .. 2N``) average the cell's context size in the scripted model's
-tokens (1 byte each). Python processes run with ``PYTHONHASHSEED=0``; their bytecode is
-compiled before the first set. A process's idle timers (the gateway wakes once a second)
-add a few instructions per second of wall time; each setup's processes live only while
-their own cells are driven, so that stays a few thousandths of a turn.
+**Marginal instructions per turn.** For each cell (context size x chat or streamed) and
+setup, two fresh copies of the setup's processes run at once: through one, ``--rollouts``
+rollouts (one after another) of ``N`` turns (``--turns``); through the other, the same
+rollouts of ``2N`` turns. ``(count(2N) - count(N)) / (rollouts x N)`` is then what a turn
+costs each process: start-up, shutdown and what a rollout costs once (register,
+unregister) cancel. The conversation is a tool-calling one of ``2N`` turns (the first
+``N`` are the same bytes in both); its system prompt is padded so that the prompts of the
+measured turns (``N+1 .. 2N``) average the cell's context size in the scripted model's
+tokens (1 byte each). Python processes run with ``PYTHONHASHSEED=0``, on bytecode
+compiled beforehand.
+
+**Timers.** A process also works on timers, in proportion to the wall-clock time it
+lives: the gateway's server formats its ``Date`` header once a second (some 90,000
+instructions under valgrind), Redis runs its cron ten times a second. So every process of
+a pair lives as long from the moment it was ready to its stop (the longer drive plus
+6 s): that work weighs alike in both and cancels. What remains is the machine's timing in
+the I/O itself (an answer read in two pieces or three): a few tens of thousands of
+instructions per turn at most, less as ``--rollouts`` grows.
 
 Setups (``--setups``; all by default):
 
@@ -29,7 +35,9 @@ Setups (``--setups``; all by default):
   at the next gateway), with ``redis-server`` (append-only file, ``everysec``): each of
   the five processes counted (HAProxy's health checks every hour, not every 500 ms: a
   check is a request to a gateway, and their number would follow the wall clock);
-* ``proxy``: a plain aiohttp pass-through proxy (``gateway_overhead.py``'s);
+* ``proxy``: a plain aiohttp pass-through proxy (``gateway_overhead.py``'s), on uvloop
+  (the gateway's loop: on asyncio's, the passes of its loop a turn takes follow the
+  machine's timing, and its counts spread by 4% run to run);
 * ``base``: with ``--compare-source DIR``, a memory gateway from that checkout.
 
 Prints, per cell, each process's marginal instructions per turn, then the ratios the
@@ -411,88 +419,80 @@ class _Started(Server):
         self.redis.stop()
 
 
-# -- one set ---------------------------------------------------------------------------------
+# -- one pair ----------------------------------------------------------------------------------
 
 
 async def drive(
-    started: Started, plan: list[tuple[Cell, Conversation, int]], setup: str, rollouts: int
-) -> None:
-    """Each cell's rollouts, one after another: registered, ``turns`` turns,
-    unregistered. Every connection is closed at the end."""
+    started: Started, conversation: Conversation, turns: int, setup: str, rollouts: int
+) -> float:
+    """``rollouts`` rollouts of ``conversation``, one after another: each registered,
+    ``turns`` turns, unregistered. Every connection is closed at the end, when it
+    returns (``time.monotonic``)."""
     async with httpx.AsyncClient(base_url=started.root, timeout=600, headers=ADMIN) as control:
-        for index, (_, conversation, turns) in enumerate(plan):
-            for rollout in range(rollouts):
-                rid = f"instructions_{setup}_{index}_{rollout}"
-                url, headers = "/v1/chat/completions", {}
-                if started.gateway:
-                    (key,) = await _register(control, [rid])
-                    url = f"/v1/rollouts/{rid}/chat/completions"
-                    headers = {"Authorization": f"Bearer {key}"}
-                async with httpx.AsyncClient(
-                    base_url=started.root, timeout=600, headers=headers
-                ) as agent:
-                    await converse(agent, url, conversation, turns)
-                if started.gateway:
-                    (await control.post(f"/v1/rollouts/{rid}/unregister")).raise_for_status()
+        for rollout in range(rollouts):
+            rid = f"instructions_{setup}_{rollout}"
+            url, headers = "/v1/chat/completions", {}
+            if started.gateway:
+                (key,) = await _register(control, [rid])
+                url = f"/v1/rollouts/{rid}/chat/completions"
+                headers = {"Authorization": f"Bearer {key}"}
+            async with httpx.AsyncClient(
+                base_url=started.root, timeout=600, headers=headers
+            ) as agent:
+                await converse(agent, url, conversation, turns)
+            if started.gateway:
+                (await control.post(f"/v1/rollouts/{rid}/unregister")).raise_for_status()
+    return time.monotonic()
 
 
-def run_setup(
+def run_pair(
     name: str,
     directory: Path,
     model_root: str,
     args: argparse.Namespace,
-    plan: list[tuple[Cell, Conversation, int]],
-) -> dict[str, Path]:
-    """Setup ``name``'s fresh processes through ``plan``: each process's valgrind file.
+    conversation: Conversation,
+) -> tuple[dict[str, Path], dict[str, Path]]:
+    """Setup ``name`` twice, fresh, at once: ``conversation`` driven for ``N`` turns per
+    rollout through one, ``2N`` through the other. Each one's valgrind files.
 
-    Each process lives ``args.lifetimes[name]`` seconds from the moment it was ready,
-    whatever it did: what a process does on a timer (the gateway's housekeeping once a
-    second, Redis's ten times) then weighs alike in every set. Set 0 fixes the lifetime:
-    2.5 times its longest drive (a set drives at most twice as many turns) plus 6 s (an
-    idle keep-alive connection is closed in every set, never in some only).
+    Every process of both lives as long from the moment it was ready to its stop: the
+    longer drive plus 6 s (an idle keep-alive connection is closed in both, never in one
+    only). What a process does on a timer (the gateway's housekeeping once a second,
+    Redis's ten times) then weighs alike in both.
     """
-    started = start_setup(name, directory, model_root, args.compare_source, args.tools)
+    with ThreadPoolExecutor(2) as pool:
+        starting = [
+            pool.submit(start_setup, name, directory / part, model_root, args.compare_source,
+                        args.tools)
+            for part in ("n", "2n")
+        ]  # fmt: skip
+        pair = [future.result() for future in starting]
     try:
-        asyncio.run(drive(started, plan, name, args.rollouts))
-        done = time.monotonic()
-        first = min(s.ready for s in started.servers.values())
-        lifetime = args.lifetimes.setdefault(name, 2.5 * (done - first) + 6.0)
-        if done > first + lifetime - 5.0:
-            args.warnings.append(f"{name} in {directory.parent.name}: drive outlasted its "
-                                 f"lifetime ({done - first:.0f} of {lifetime:.0f} s)")  # fmt: skip
-        for server in sorted(started.servers.values(), key=lambda s: s.ready):
+
+        async def both() -> list[float]:
+            return await asyncio.gather(
+                *(drive(started, conversation, turns, name, args.rollouts)
+                  for started, turns in zip(pair, (args.turns, 2 * args.turns), strict=True))
+            )  # fmt: skip
+
+        ends = asyncio.run(both())
+        servers = [s for started in pair for s in started.servers.values()]
+        lifetime = 6.0 + max(
+            end - min(s.ready for s in started.servers.values())
+            for started, end in zip(pair, ends, strict=True)
+        )
+        for server in sorted(servers, key=lambda s: s.ready):
             time.sleep(max(0.0, server.ready + lifetime - time.monotonic()))
             server.stop()
     finally:
-        started.stop()
-    return started.outs
-
-
-def run_set(
-    args: argparse.Namespace,
-    directory: Path,
-    model_root: str,
-    plans: dict[Cell, tuple[Conversation, float]],
-    doubled: Cell | None,
-) -> dict[str, dict[str, Path]]:
-    """One set: every setup (at once, each in its own thread) through every cell, the
-    ``doubled`` cell for ``2N`` turns. setup -> process -> its valgrind file."""
-    plan = [
-        (cell, conversation, 2 * args.turns if cell == doubled else args.turns)
-        for cell, (conversation, _) in plans.items()
-    ]
-    with ThreadPoolExecutor(len(args.setups)) as pool:
-        futures = {
-            name: pool.submit(run_setup, name, directory / name, model_root, args, plan)
-            for name in args.setups
-        }
-        return {name: future.result() for name, future in futures.items()}
+        for started in pair:
+            started.stop()
+    return pair[0].outs, pair[1].outs
 
 
 # -- figures -----------------------------------------------------------------------------------
 
-#: setup -> process -> cell -> marginal instructions per turn (or per layer: see
-#: ``--profile``).
+#: setup -> process -> cell -> marginal instructions per turn.
 Figures = dict[str, dict[str, dict[Cell, float]]]
 #: setup -> process -> cell -> layer -> marginal instructions per turn.
 Layers = dict[str, dict[str, dict[Cell, dict[str, float]]]]
@@ -505,29 +505,27 @@ def measure(
     plans: dict[Cell, tuple[Conversation, float]],
 ) -> tuple[Figures, Layers]:
     """The marginal instructions per turn of every process in every cell (one run), and
-    with ``--profile`` their layers."""
-    sets = {}
-    args.lifetimes, args.warnings = {}, []  # set 0 fixes each setup's lifetime
-    for index, doubled in enumerate([None, *plans]):
-        sets[doubled] = run_set(args, directory / f"set{index}", model_root, plans, doubled)
-        print(f"  set {index} of {len(plans)} done ({time.strftime('%H:%M:%S')})", flush=True)
-    lifetimes = ", ".join(f"{name} {s:.0f} s" for name, s in args.lifetimes.items())
-    print(f"  each process lived (from ready to its stop): {lifetimes}")
-    for warning in args.warnings:
-        print(f"  WARNING: {warning}: its timers ran longer; its figures are off")
+    with ``--profile`` their layers. ``--jobs`` pairs run at once."""
+    jobs = [(setup, cell) for cell in plans for setup in args.setups]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {
+            (setup, cell): pool.submit(
+                run_pair, setup, directory / f"{setup}-{cell.context}-{cell.mode}", model_root,
+                args, plans[cell][0],
+            )
+            for setup, cell in jobs
+        }  # fmt: skip
+        pairs = {job: future.result() for job, future in futures.items()}
     turns = args.turns * args.rollouts
     figures: Figures = {}
     layers: Layers = {}
-    for setup, processes in sets[None].items():
-        for process, out in processes.items():
-            count = instructions(out)
+    for (setup, cell), (short, long) in pairs.items():
+        for process, out in short.items():
             by_cell = figures.setdefault(setup, {}).setdefault(process, {})
-            for cell in plans:
-                by_cell[cell] = (instructions(sets[cell][setup][process]) - count) / turns
-                if args.profile and process != "redis" and process != "haproxy":
-                    more = sets[cell][setup][process]
-                    shares = callgrind_layers.marginal(more, out, turns)
-                    layers.setdefault(setup, {}).setdefault(process, {})[cell] = shares
+            by_cell[cell] = (instructions(long[process]) - instructions(out)) / turns
+            if args.profile and process not in ("redis", "haproxy"):
+                shares = callgrind_layers.marginal(long[process], out, turns)
+                layers.setdefault(setup, {}).setdefault(process, {})[cell] = shares
     return figures, layers
 
 
@@ -677,6 +675,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rollouts", type=int, default=4, help="rollouts per cell, one after another"
     )
     parser.add_argument("--repeat", type=int, default=1, help="whole runs, to check agreement")
+    parser.add_argument("--jobs", type=int, default=2, help="pairs of setups run at once")
     parser.add_argument(
         "--compare-source", metavar="DIR", help="also count a memory gateway from this checkout"
     )
@@ -730,7 +729,7 @@ def main() -> None:
     with _process(model, f"{model_root}/v1/models"), contextlib.ExitStack() as stack:
         plans = conversations(model_root, cells, args.turns, args.tool_output_chars)
         for run in range(args.repeat):
-            print(f"run {run + 1} of {args.repeat}: {len(cells) + 1} sets of "
+            print(f"run {run + 1} of {args.repeat}: {len(cells)} pairs of each of "
                   f"{', '.join(args.setups)}", flush=True)  # fmt: skip
             if args.profile:
                 directory = args.profile / f"run{run + 1}"
