@@ -138,6 +138,32 @@ def instructions(out: Path) -> int:
     raise ValueError(f"{out}: no summary line")
 
 
+# -- the model -----------------------------------------------------------------------------
+
+
+def serve_model(port: int) -> None:
+    """The scripted model, its model card saying vLLM (``owned_by``): the gateway then
+    streams from it as from vLLM (the first chunk carrying the prompt's ids), what a
+    streamed turn costs in a deployment. Not counted."""
+    import orjson
+    import uvicorn
+
+    from rollout_gateway.scripted import create_scripted_model_app
+
+    app = create_scripted_model_app()
+    card = {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "vllm"}]}
+
+    async def as_vllm(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/models":
+            head = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": orjson.dumps(card)})
+            return
+        await app(scope, receive, send)
+
+    uvicorn.run(as_vllm, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
 # -- the conversation ---------------------------------------------------------------------
 
 
@@ -693,6 +719,7 @@ def _parser() -> argparse.ArgumentParser:
         "in profiles)",
     )
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return parser
 
 
@@ -717,6 +744,9 @@ def main() -> None:
     """Run the benchmark and print its figures."""
     parser = _parser()
     args = parser.parse_args()
+    if args.serve_model:
+        serve_model(args.serve_model)
+        return
     _defaults(parser, args)
     cells = [Cell(context, mode) for mode in args.modes for context in args.contexts]
     _precompile(args.tools, args.compare_source)
@@ -724,7 +754,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     model_port = _free_port()
     model_root = f"http://127.0.0.1:{model_port}"
-    model = [*CLI, "scripted-model", "--port", str(model_port), "--log-level", "warning"]
+    model = [sys.executable, __file__, "--serve-model", str(model_port)]
     runs = []
     with _process(model, f"{model_root}/v1/models"), contextlib.ExitStack() as stack:
         plans = conversations(model_root, cells, args.turns, args.tool_output_chars)

@@ -67,6 +67,7 @@ from rollout_gateway.server.http.responses import (
     validate_messages,
 )
 from rollout_gateway.server.recording.history import HistoryMatch, recorded_message
+from rollout_gateway.server.recording.prompt_ids import IdsText, answer_ids, id_count
 from rollout_gateway.server.state.dedupe import Turn
 from rollout_gateway.server.state.limits_v1 import turn_token_counts
 from rollout_gateway.server.state.registry import RolloutRecord
@@ -88,12 +89,9 @@ logger = logging.getLogger("rollout_gateway.server")
 MAX_TURN_WAITERS = 8
 
 
-def _id_count(ids_json: bytes | None) -> int | None:
+def _id_count(ids_json: IdsText | None) -> int | None:
     """How many ids a JSON id array holds, without parsing it (the prompt is kept as text)."""
-    if ids_json is None:
-        return None
-    body = ids_json.strip()[1:-1].strip()
-    return body.count(b",") + 1 if body else 0
+    return None if ids_json is None else id_count(ids_json)
 
 
 def _completion_tokens(completion: dict[str, Any], completion_ids: list[int] | None) -> int:
@@ -177,10 +175,12 @@ class ChatTurns:
             if body.get("stream"):
                 turn.events = EventLog()
             # Written now, while the parsed body is in the CPU's caches: the history check
-            # and the upstream request both use this text (see recording/history.py).
-            if big:
+            # and the upstream request both use this text (see recording/history.py). The
+            # parse wrote it already, checking the body's depth (jsonio.ParsedBody).
+            text = lease.messages_text
+            if text is None and big:
                 text = await intake.offload(lease, jsonio.dumps, messages)
-            else:
+            elif text is None:
                 text = jsonio.dumps(messages)
             turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages, text))
             turn.task.add_done_callback(_retrieve)
@@ -387,7 +387,7 @@ class ChatTurns:
         if result.relayed:
             turn.events.relayed = True
         _count_turn(record, call, result, new_bytes)
-        answer = _answer_of(result, body)
+        answer = _answer_of(result, body, ids_read=record.recorder.last_step.tokens is not None)
         # Durable before the agent gets it: a retry after a crash gets this very answer.
         key = AnswerKey(
             turn.fingerprint, turn.idempotency_key, gateway.rollouts.wall_clock(),
@@ -472,11 +472,14 @@ def _count_turn(
         record.status = "completed"
 
 
-def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:
+def _answer_of(
+    result: EngineResult, body: dict[str, Any], *, ids_read: bool
+) -> dict[str, Any] | bytes:
     """The answer, also what a retry replays (kept until the next turn).
 
     The engine's bytes as they are when the agent asked for everything the gateway asked
-    for, else the agent's view (without the prompt's ids unless it asked).
+    for, else the agent's view (without the prompt's ids unless it asked). ``ids_read``:
+    the turn's step has the prompt's ids (read from ``result.prompt_ids_json``).
     """
     completion = result.completion
     wants_ids = bool(body.get("return_token_ids"))
@@ -485,7 +488,7 @@ def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | b
         return result.raw
     if wants_ids and result.prompt_ids_json is not None:
         try:
-            completion["prompt_token_ids"] = jsonio.loads(result.prompt_ids_json)
+            completion["prompt_token_ids"] = answer_ids(result.prompt_ids_json, ids_read)
         except jsonio.JSONDecodeError:
             pass  # not ids JSON can carry: the step says so (tokens_error), the agent gets none
     return agent_answer(completion, body)

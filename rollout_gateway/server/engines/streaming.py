@@ -8,6 +8,13 @@ alone on a final chunk when ``stream_options.include_usage`` is set.
 :class:`StreamAssembler` folds those chunks back into the ``chat.completion`` dict a
 non-streamed request would have got, so the turn is recorded exactly as complete.
 :func:`agent_chunk` trims each chunk to what the agent asked for.
+
+The prompt's ids stay text, as in a whole answer (:mod:`~..recording.prompt_ids`): the
+first chunk's ``prompt_token_ids`` is cut out before the chunk is parsed and carried as
+an :class:`orjson.Fragment` (written back as it came, never parsed here: at a 32k context,
+parsing it into ints, checking it, writing it again for the agent and converting it for
+the recorder cost several times the rest of the turn); the recorder reads only the ids
+after the previous prompt's. A chunk relayed unchanged is relayed as the engine wrote it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from rollout_gateway.protocol import error_code
 from rollout_gateway.server.engines.upstream import agent_status
@@ -43,7 +52,35 @@ class StreamError(Exception):
         self.detail = detail or message
 
 
-async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+class StreamChunk(dict[str, Any]):
+    """A parsed ``chat.completion.chunk``, with the engine's text of it (:attr:`payload`:
+    what :func:`sse_event` relays while the chunk is unchanged; ``None`` when it came on
+    several ``data:`` lines). Its ``prompt_token_ids``, when it has them, are an
+    :class:`orjson.Fragment` of their JSON text, :attr:`ids_text` (see the module
+    docstring)."""
+
+    __slots__ = ("payload", "ids_text")
+
+    def __init__(self, value: dict[str, Any], payload: str | None, ids_text: str | None) -> None:
+        super().__init__(value)
+        self.payload = payload
+        self.ids_text = ids_text
+
+
+class StreamedCompletion(dict[str, Any]):
+    """The ``chat.completion`` a stream adds up to (:meth:`StreamAssembler.completion`).
+    Its ``prompt_token_ids``, when a chunk carried them as text, are an
+    :class:`orjson.Fragment` of :attr:`prompt_ids_json` (read by
+    :func:`~.answers.read_answer` for the recorder)."""
+
+    __slots__ = ("prompt_ids_json",)
+
+    def __init__(self, value: dict[str, Any], prompt_ids_json: bytes | None) -> None:
+        super().__init__(value)
+        self.prompt_ids_json = prompt_ids_json
+
+
+async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[StreamChunk]:
     """The JSON payloads of an SSE stream's ``data:`` events, up to ``[DONE]``.
 
     Raises :class:`StreamError` on an error event or a payload that is not JSON.
@@ -55,27 +92,63 @@ async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, An
             continue
         if line.strip() or not data:
             continue  # comments, event names, or a blank line with no data
-        payload, data = "\n".join(data), []
+        payload, lines_of_it = data[0] if len(data) == 1 else "\n".join(data), len(data)
+        data = []
         if payload.strip() == "[DONE]":
             return
-        yield _decode(payload)
+        yield _decode(payload, lines_of_it == 1)
     if data and "\n".join(data).strip() != "[DONE]":
-        yield _decode("\n".join(data))
+        yield _decode("\n".join(data), len(data) == 1)
 
 
-def _decode(payload: str) -> dict[str, Any]:
+_IDS_KEY = '"prompt_token_ids"'
+
+
+def _split_ids(payload: str) -> tuple[str, str | None]:
+    """``payload`` with its ``"prompt_token_ids": [...]`` array replaced by ``null``, and
+    the array's text (as :func:`~..recording.prompt_ids.split_prompt_ids` on bytes)."""
+    start = payload.find(_IDS_KEY)
+    if start < 0:
+        return payload, None
+    open_at = payload.find("[", start + len(_IDS_KEY))
+    if open_at < 0 or payload[start + len(_IDS_KEY) : open_at].strip() != ":":
+        return payload, None
+    close_at = payload.find("]", open_at)
+    if close_at < 0:
+        return payload, None
+    return payload[:open_at] + "null" + payload[close_at + 1 :], payload[open_at : close_at + 1]
+
+
+def _parse(payload: str) -> Any:
     try:
-        chunk = json.loads(payload)
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        pass  # NaN / Infinity (engines written in Python), or not JSON: the lenient parser
+    try:
+        return json.loads(payload)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise StreamError(
             "upstream sent a stream event that is not JSON", detail=f"{exc}: {payload[:200]!r}"
         ) from None
-    if not isinstance(chunk, dict):
+
+
+def _decode(payload: str, one_line: bool) -> StreamChunk:
+    rest, ids = _split_ids(payload)
+    if ids is None:
+        value = _parse(payload)
+    else:
+        value = _parse_without_ids(rest, payload)
+        if isinstance(value, dict) and value.get("prompt_token_ids", 0) is not None:
+            value, ids = _parse(payload), None  # the array cut out was not the top-level one
+    if not isinstance(value, dict):
         raise StreamError("upstream sent a stream event that is not an object")
     try:  # the chunk is relayed, and recorded: no value JSON cannot carry back
-        jsonio.check_writable(chunk)
+        jsonio.check_writable(value)
     except jsonio.UnwritableError as exc:
         raise StreamError("upstream answer is malformed", detail=f"stream event: {exc}") from None
+    if ids is not None:
+        value["prompt_token_ids"] = orjson.Fragment(ids)
+    chunk = StreamChunk(value, payload if one_line else None, ids)
     error = chunk.get("error")
     if error is not None:
         message = error.get("message") if isinstance(error, Mapping) else str(error)
@@ -95,6 +168,15 @@ def _decode(payload: str) -> dict[str, Any]:
         if problem is not None:  # relayed as it is, it would differ from what is recorded
             raise StreamError("upstream answer is malformed", detail=f"stream event: {problem}")
     return chunk
+
+
+def _parse_without_ids(rest: str, payload: str) -> Any:
+    """The chunk without its prompt ids (``null``); the whole ``payload`` (ids parsed)
+    when cutting them out did not leave JSON (an array not of plain ids)."""
+    try:
+        return _parse(rest)
+    except StreamError:
+        return _parse(payload)
 
 
 #: Text fields of a chunk's ``delta``.
@@ -197,7 +279,10 @@ class StreamAssembler:
     id: str | None = None
     created: int | None = None
     model: str | None = None
-    prompt_token_ids: list[int] | None = None
+    #: The ids, or their text as a fragment (see the module docstring) ...
+    prompt_token_ids: list[int] | orjson.Fragment | None = None
+    #: ... then that text.
+    prompt_ids_json: bytes | None = None
     usage: dict[str, Any] | None = None
     chunks: int = 0
     _choices: dict[int, _Choice] = field(default_factory=dict)
@@ -208,8 +293,11 @@ class StreamAssembler:
         self.id = self.id or chunk.get("id")
         self.created = self.created or chunk.get("created")
         self.model = self.model or chunk.get("model")
-        if isinstance(chunk.get("prompt_token_ids"), list):
-            self.prompt_token_ids = chunk["prompt_token_ids"]
+        ids = chunk.get("prompt_token_ids")
+        if isinstance(ids, list):
+            self.prompt_token_ids, self.prompt_ids_json = ids, None
+        elif isinstance(ids, orjson.Fragment) and isinstance(chunk, StreamChunk) and chunk.ids_text:
+            self.prompt_token_ids, self.prompt_ids_json = ids, chunk.ids_text.encode()
         if isinstance(chunk.get("usage"), Mapping):
             self.usage = dict(chunk["usage"])
         for position, choice in enumerate(chunk.get("choices") or ()):
@@ -226,7 +314,7 @@ class StreamAssembler:
             c.finish_reason is not None for c in self._choices.values()
         )
 
-    def completion(self) -> dict[str, Any]:
+    def completion(self) -> StreamedCompletion:
         """The ``chat.completion`` the chunks add up to."""
         choices = []
         for index in sorted(self._choices):
@@ -251,7 +339,7 @@ class StreamAssembler:
         }
         if self.prompt_token_ids is not None:
             out["prompt_token_ids"] = self.prompt_token_ids
-        return out
+        return StreamedCompletion(out, self.prompt_ids_json)
 
 
 def agent_chunk(
@@ -295,8 +383,12 @@ def agent_chunk(
 
 
 def sse_event(payload: Mapping[str, Any]) -> bytes:
-    """One SSE ``data:`` event."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    """One SSE ``data:`` event: a :class:`StreamChunk` as the engine wrote it, anything
+    else written with orjson (non-finite numbers as ``null``)."""
+    text = payload.payload if type(payload) is StreamChunk else None
+    if text is not None:
+        return b"".join((b"data: ", text.encode(), b"\n\n"))
+    return b"".join((b"data: ", jsonio.dumps(payload), b"\n\n"))
 
 
 def sse_error_event(message: str, status_code: int, error_type: str) -> bytes:
@@ -378,7 +470,9 @@ __all__ = [
     "KEEPALIVE_EVENT",
     "EventLog",
     "StreamAssembler",
+    "StreamChunk",
     "StreamError",
+    "StreamedCompletion",
     "agent_chunk",
     "iter_sse_json",
     "sse_error_event",
