@@ -76,17 +76,16 @@ def loads_chat_body(raw: bytes | str) -> ParsedBody:
     if type(messages) is not list:
         check_depth(value)
         return ParsedBody(value)
-    # [[messages], body without them] within MAX_BODY_DEPTH + 1 levels: the messages
-    # within MAX_BODY_DEPTH - 1 (as in the body), the rest within MAX_BODY_DEPTH.
+    # The messages sit one level below the body: written alone within MAX_BODY_DEPTH - 1
+    # levels (a TooDeepError says the body's bound); the rest checked without them.
+    written = _written_within(messages, MAX_BODY_DEPTH - 1, MAX_BODY_DEPTH)
     value["messages"] = None
     try:
-        rest = len(orjson.dumps(value))
-        written = _written_within([[messages], value], MAX_BODY_DEPTH + 1, MAX_BODY_DEPTH)
+        check_depth(value)
     finally:
         value["messages"] = messages
-    levels = _ORJSON_MAX_DEPTH - MAX_BODY_DEPTH - 1
-    # "[" * levels, "[[", the messages, "],", the rest, "]", "]" * levels
-    return ParsedBody(value, written[levels + 2 : len(written) - levels - 3 - rest])
+    levels = _ORJSON_MAX_DEPTH - MAX_BODY_DEPTH + 1
+    return ParsedBody(value, written[levels : len(written) - levels])
 
 
 def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
@@ -155,7 +154,7 @@ MAX_KEPT_ANSWER_DEPTH = 245
 #: own.
 _wrapper_chains: dict[int, list[tuple[list[Any], list[Any]]]] = {
     MAX_BODY_DEPTH: [],
-    MAX_BODY_DEPTH + 1: [],  # a chat body's messages and the rest (loads_chat_body)
+    MAX_BODY_DEPTH - 1: [],  # a chat body's messages (loads_chat_body)
     MAX_KEPT_ANSWER_DEPTH: [],
 }
 

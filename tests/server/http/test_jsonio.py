@@ -71,7 +71,7 @@ def test_a_chat_body_has_the_same_depth_bound_in_its_messages_and_elsewhere() ->
 
     for _ in range(2):  # the wrapper chain is reused
         loads_chat_body(body(MAX_BODY_DEPTH, MAX_BODY_DEPTH))
-        for bad in (body(MAX_BODY_DEPTH + 1, 3), body(3, MAX_BODY_DEPTH + 1)):
+        for bad in (body(MAX_BODY_DEPTH + 1, 3), body(3, MAX_BODY_DEPTH + 1), body(3, 300)):
             with pytest.raises(TooDeepError, match=f"deeper than {MAX_BODY_DEPTH} levels"):
                 loads_chat_body(bad)
             with pytest.raises(TooDeepError):
