@@ -88,7 +88,8 @@ from gateway_overhead import (
     _tool_output,
 )
 
-from rollout_gateway.local_cluster import GatewayGroup, RedisServer, haproxy_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
+from support.local_cluster import GatewayGroup, RedisServer, haproxy_config  # noqa: E402
 
 CLI = [sys.executable, "-m", "rollout_gateway.cli"]
 #: Dict and set order, hence the work, the same in every process.
@@ -434,7 +435,7 @@ def _start_redis_3(
 
 
 class _Started(Server):
-    """A :class:`~rollout_gateway.local_cluster.RedisServer` (started, ready) as a
+    """A :class:`support.local_cluster.RedisServer` (started, ready) as a
     :class:`Server`."""
 
     def __init__(self, redis: RedisServer) -> None:  # noqa: D107

@@ -33,10 +33,16 @@ CLASSIC_ONLY = [
     "test_integration_gateway.py",
     "test_client.py",
     "local_sandbox/test_local_sandbox.py",
+    "real_engine/test_classic_stack.py",
 ]
 
 #: Paths (relative to ``tests/``) that need the verifiers 0.4 stack.
-V1_ONLY = ["v1", "test_demo_v1.py"]
+V1_ONLY = [
+    "v1",
+    "test_demo_v1.py",
+    "real_engine/test_v1_stack.py",
+    "server/dialects/test_v1_parity.py",
+]
 
 
 def ignored_paths() -> list[str]:

@@ -26,13 +26,8 @@ from rollout_gateway.demo import DemoError, DemoOptions, run_demo
 from rollout_gateway.demo.progress import ProgressView, Screen, Tally, print_summary
 from rollout_gateway.demo.resume import resumed_options
 from rollout_gateway.demo.run_dir import RunDir
-from rollout_gateway.demo.stack import (
-    DemoStack,
-    RolloutSummary,
-    StackSetup,
-    WorkItem,
-    off_loop,
-)
+from rollout_gateway.demo.stack import DemoStack, RolloutSummary, StackSetup, WorkItem
+from rollout_gateway.demo.threads import off_loop
 
 
 class FakeStack(DemoStack):
@@ -169,6 +164,7 @@ def test_failed_rollouts_exit_1_and_resume_runs_them_again_keeping_the_start(
     assert code == 0, out
     assert sorted(again.ran) == [(0, 1), (1, 0)]  # only the failed ones ran again
     assert "resuming: 2 finished, 2 to run" in out
+    assert "running 2 of 4 rollouts (2 tasks x 2), 3 at once" in out
     assert again.setup is not None
     reused = again.setup.options
     assert (reused.examples, reused.rollouts_per_example) == (2, 2)
@@ -301,6 +297,28 @@ def test_the_timeout_keeps_finished_rollouts(tmp_path: Path) -> None:
     assert len(stack.stored(tmp_path / "run")) == 3
 
 
+class SignalledWhileFinishing(FakeStack):
+    """Its teardown (after every rollout ended) receives a SIGINT."""
+
+    async def start(self, setup: StackSetup, stack: contextlib.AsyncExitStack) -> list[WorkItem]:
+        async def ctrl_c() -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(0.2)  # the handler runs while the teardown goes on
+
+        stack.push_async_callback(ctrl_c)
+        return await super().start(setup, stack)
+
+
+def test_a_signal_after_every_rollout_ended_does_not_change_the_outcome(tmp_path: Path) -> None:
+    code, out, _ = run(options(tmp_path), SignalledWhileFinishing())
+    meta = metadata(tmp_path / "run")
+    # The exit status says what the summary and metadata say: completed, all clean.
+    assert (code, meta["status"], meta["counts"]["done"]) == (0, "completed", 4)
+    assert "stopped_by" not in meta
+    assert "SIGINT received while finishing; every rollout had ended" in out
+    assert "status         completed" in out
+
+
 class ClosedAfter(io.StringIO):
     """An output whose reader goes away after ``lines`` lines (``demo | head``)."""
 
@@ -367,3 +385,43 @@ def test_progress_bar_on_a_terminal_and_plain_lines_elsewhere() -> None:
     table = io.StringIO()
     print_summary(Screen(table), [long_error], [("status", "done")])
     assert table.getvalue().count("y") == 300  # wrapped, never cut off
+
+
+# -- the interface and its adapters (issue 32 point 5) ---------------------------------------
+
+
+def test_the_demo_package_imports_no_stack() -> None:
+    """``demo/`` is the interface and the runner: it names each stack's adapter and
+    imports none (an adapter imports the interface, never the reverse: no circle)."""
+    import ast
+
+    import rollout_gateway.demo
+
+    package = Path(rollout_gateway.demo.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                stack = name.startswith(("rollout_gateway.classic", "rollout_gateway.v1"))
+                assert not (stack or name.split(".")[0] == "verifiers"), (path.name, name)
+
+
+def test_each_adapter_lives_beside_its_stack_and_is_resolved_by_name() -> None:
+    from stacks import STACK
+
+    from rollout_gateway.demo.adapters import ADAPTERS, stack_class
+
+    assert ADAPTERS == {
+        "classic": "rollout_gateway.classic.demo:ClassicStack",
+        "v1": "rollout_gateway.v1.demo:V1Stack",
+    }
+    if STACK in ADAPTERS:
+        adapter = stack_class(STACK)
+        assert issubclass(adapter, DemoStack) and adapter.name == STACK
+    with pytest.raises(ValueError, match="unknown stack 'v2'"):
+        stack_class("v2")

@@ -82,6 +82,12 @@ def test_default_examples_give_as_many_tasks_and_traces_keep_the_gateways_logpro
     names = sorted(e["task"]["data"]["name"] for e in rows)
     assert names == ["calc-add", "stats-mean", "text-palindrome"]
     assert "running 3 rollouts (3 tasks x 1)" in printed
+    assert [e["traces"][0]["info"]["demo_rollout_index"] for e in rows] == [0, 0, 0]
+    # The tokens column counts what the trace counts: fed in once + generated.
+    for row in rows:
+        (trace,) = row["traces"]
+        shown = f"{trace['num_input_tokens']}+{trace['num_output_tokens']}"
+        assert shown in printed and trace["num_input_tokens"] > 0
 
     # Full precision: every per-token logprob in traces.jsonl is the gateway's, exactly.
     by_first_prompt = {
@@ -123,14 +129,30 @@ def test_v1s_own_readers_take_the_demos_traces(
     from verifiers.v1.state import State
 
     run, _, _ = finished_run
+    # docs/demo.md's command, as written: it re-scores what needs no runtime (nothing of
+    # the example's: its reward runs the test in the gone sandbox) into outputs/.
     replayed = subprocess.run(
-        [str(BIN / "vf-replay"), str(run), "--output-dir", str(tmp_path / "rp"), "--no-rich"],
+        [str(BIN / "vf-replay"), str(run), "--no-rich"],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
     )
-    assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+    said = replayed.stdout + replayed.stderr
+    assert replayed.returncode == 0, said[-3000:]
+    assert "skipped runtime-dependent signals: ['tests_pass']" in said
+    (out,) = (tmp_path / "outputs" / f"{TASKSET_ID}--replay").iterdir()
+    rescored = episodes(out)
+    assert len(rescored) == 3 and all(e["traces"][0].get("rewards", {}) == {} for e in rescored)
+    assert all(e["traces"][0]["rewards"] for e in episodes(run))  # the run's own: untouched
+    # Without --no-rich, verifiers 0.4.0's replay refuses the saved config (docs/demo.md).
+    plain = subprocess.run(
+        [str(BIN / "vf-replay"), str(run)], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert plain.returncode == 1 and "Input should be a valid boolean" in " ".join(
+        (plain.stdout + plain.stderr).split()
+    )
     loaded = read_episodes(run, Trace[WireTaskData, State, WireAgentConfig])
     assert len(loaded) == 3
     copy = tmp_path / "copy"
@@ -213,3 +235,26 @@ def test_a_timeout_stops_the_agents_and_keeps_the_run_resumable(tmp_path: Path) 
     assert _children() <= before  # no agent left running
     meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert meta["status"] == "timed_out" and meta["stopped_by"] == "timeout"
+
+
+def test_a_re_read_run_numbers_rollouts_as_the_live_table(tmp_path: Path) -> None:
+    """Each episode carries the rollout index it ran as, so the table of a re-read run
+    (resume, nothing to run) has the live table's rows whatever the finish order."""
+    from rollout_gateway.v1.demo import ROLLOUT_INDEX_KEY, number_rollouts
+
+    def episode(task: int, index: int | None, reward: float) -> dict[str, Any]:
+        info = {} if index is None else {ROLLOUT_INDEX_KEY: index}
+        trace = {
+            "task": {"data": {"idx": task, "name": f"t{task}"}},
+            "rewards": {"tests_pass": {"score": reward}},
+            "info": info,
+        }
+        return {"ok": True, "traces": [trace]}
+
+    finished = [episode(0, 2, 0.0), episode(0, 0, 1.0), episode(1, None, 1.0), episode(0, 1, 1.0)]
+    (tmp_path / "traces.jsonl").write_text("".join(json.dumps(e) + "\n" for e in finished))
+    rows = {(s.example_id, s.rollout_index): s.reward for s in V1Stack().stored(tmp_path)}
+    assert rows == {(0, 0): 1.0, (0, 1): 1.0, (0, 2): 0.0, (1, 0): 1.0}
+    # Older episodes without an index, and new rollouts, take the lowest free indexes.
+    assert number_rollouts([2, None, 0, 2], 2) == ([2, 1, 0, 3], [4, 5])
+    assert number_rollouts([], 3) == ([], [0, 1, 2])

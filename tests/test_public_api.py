@@ -14,21 +14,26 @@ from core_only import core_only_python
 from stacks import STACK
 
 import rollout_gateway
+from rollout_gateway.verifiers_stack import install_command
 
 #: Exports that need the classic stack (verifiers 0.3).
 CLASSIC_ONLY = {"RolloutGatewayMixin"}
 
 
-def test_all_lists_every_lazy_export_once() -> None:
-    # __all__ is a literal (read by tools without running the module, e.g. the API
-    # reference's generator); it must stay in step with the lazy exports.
-    assert sorted(rollout_gateway.__all__) == sorted(["__version__", *rollout_gateway._EXPORTS])
+def test_the_public_api_is_the_type_checking_imports() -> None:
+    # The TYPE_CHECKING imports of rollout_gateway/__init__.py: type checkers read them,
+    # the lazy imports are made of them, and __all__ (a literal, for the API reference's
+    # generator, which reads it without running the module) names each of them.
+    exports = rollout_gateway._exports()
+    assert sorted(rollout_gateway.__all__) == sorted(["__version__", *exports])
     assert len(set(rollout_gateway.__all__)) == len(rollout_gateway.__all__)
+    assert exports["GatewayClient"] == "rollout_gateway.client"
+    assert exports["RolloutGatewayMixin"] == "rollout_gateway.classic.mixin"
 
 
 def test_dir_lists_the_exports_this_installation_can_import() -> None:
     listed = {name for name in dir(rollout_gateway) if not name.startswith("_")}
-    expected = set(rollout_gateway._EXPORTS)
+    expected = set(rollout_gateway._exports())
     if STACK != "classic":
         expected -= CLASSIC_ONLY
     assert listed == expected
@@ -60,8 +65,8 @@ def test_rollout_gateway_v1_on_the_classic_stack_names_the_extra() -> None:
     assert done.returncode == 1
     assert _last_line(done) == (
         "rollout_gateway.verifiers_stack.WrongStackError: rollout_gateway.v1 needs the v1 "
-        "stack (verifiers 0.4); this environment has verifiers 0.3.1. Install it with: pip "
-        "install 'rollout-gateway[v1]' in a virtualenv of its own (the [v1] and [classic] "
+        "stack (verifiers 0.4); this environment has verifiers 0.3.1. Install it with: "
+        f"{install_command('v1')} in a virtualenv of its own (the [v1] and [classic] "
         "extras exclude each other); on verifiers 0.3 use rollout_gateway.RolloutGatewayMixin"
     )
 
@@ -73,7 +78,7 @@ def test_the_mixin_on_the_v1_stack_names_the_extra() -> None:
     assert _last_line(done) == (
         "rollout_gateway.verifiers_stack.WrongStackError: rollout_gateway.RolloutGatewayMixin "
         "needs the classic stack (verifiers 0.3); this environment has verifiers 0.4.0. "
-        "Install it with: pip install 'rollout-gateway[classic]' in a virtualenv of its own "
+        f"Install it with: {install_command('classic')} in a virtualenv of its own "
         "(the [classic] and [v1] extras exclude each other); on verifiers 0.4 use "
         "rollout_gateway.v1"
     )
@@ -100,10 +105,10 @@ def test_core_install_imports_the_core_and_names_the_extra_of_the_rest(core_pyth
     done = _python("import rollout_gateway.v1", core_python)
     assert _last_line(done).endswith(
         "rollout_gateway.v1 needs the v1 stack (verifiers 0.4); this environment has no "
-        "verifiers. Install it with: pip install 'rollout-gateway[v1]'"
+        f"verifiers. Install it with: {install_command('v1')}"
     )
     done = _python("from rollout_gateway import RolloutGatewayMixin", core_python)
-    assert "Install it with: pip install 'rollout-gateway[classic]'" in _last_line(done)
+    assert f"Install it with: {install_command('classic')}" in _last_line(done)
     done = _python("from rollout_gateway import LocalSandboxClient", core_python)
     assert _last_line(done) == (
         "ImportError: rollout_gateway.LocalSandboxClient needs prime-sandboxes (its request, "
@@ -126,8 +131,8 @@ def test_core_install_demo_says_which_extra_it_needs_and_leaves_nothing(
     )
     output = done.stdout + done.stderr
     assert "Traceback" not in output
-    assert "pip install 'rollout-gateway[v1]'" in output
-    assert "'rollout-gateway[classic]'" in output
+    flat = " ".join(output.split())  # help text wraps its lines
+    assert install_command("v1") in flat and install_command("classic") in flat
     if argv[-1] == "--help":
         assert done.returncode == 0
     else:
@@ -135,8 +140,8 @@ def test_core_install_demo_says_which_extra_it_needs_and_leaves_nothing(
         assert done.stderr.strip() == (
             "rollout-gateway demo: error: the demo runs an example env of verifiers, which "
             "this install lacks (core only: the gateway server and the scripted model). "
-            "Install a verifiers stack: pip install 'rollout-gateway[v1]' (verifiers 0.4) or "
-            "'rollout-gateway[classic]' (verifiers 0.3), in separate virtualenvs"
+            f"Install a verifiers stack, one per virtualenv: {install_command('v1')} "
+            f"(verifiers 0.4) or {install_command('classic')} (verifiers 0.3)"
         )
     assert list(tmp_path.iterdir()) == []  # no outputs/ directory, nothing at all
 

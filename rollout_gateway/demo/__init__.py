@@ -4,8 +4,12 @@ on either verifiers stack (the installed one).
 - :mod:`.options`: what a run does (``DemoOptions``, the command-line arguments, checks).
 - :mod:`.runner`: the run itself, the same on both stacks (preflight, run directory,
   setup, rollouts, signals, ``--timeout``, report, exit codes).
-- :mod:`.stack`: what differs between stacks (:class:`~.stack.DemoStack`); the adapters
-  are :mod:`.classic` (verifiers 0.3) and :mod:`rollout_gateway.v1.demo` (verifiers 0.4).
+- :mod:`.stack`: what differs between stacks, the interface alone
+  (:class:`~.stack.DemoStack`); each adapter lives beside its stack,
+  :mod:`rollout_gateway.classic.demo` (verifiers 0.3) and :mod:`rollout_gateway.v1.demo`
+  (verifiers 0.4), and :mod:`.adapters` resolves them by name.
+- :mod:`.threads`: blocking work (imports, probes) off the event loop.
+- :mod:`.help`: ``demo --help``, for the installed stack.
 - :mod:`.resume`: the settings ``--resume`` reuses and the ones it refuses.
 - :mod:`.run_dir`: the run directory and its ``metadata.json``.
 - :mod:`.progress`: the live progress bar / plain lines and the summary table.

@@ -11,11 +11,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
-from urllib.parse import urlsplit
+from typing import Any
+
+from rollout_gateway.options import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    Bound,
+    add_options,
+    base_url_problem,
+    one_line_errors,
+    option,
+    typed_options,
+)
 
 #: Where results go when neither ``--output`` nor ``--resume`` is given.
 DEFAULT_OUTPUT_ROOT = Path("outputs")
@@ -28,24 +37,76 @@ class DemoError(RuntimeError):
     """Something the user can fix stops the demo; the message says what and how."""
 
 
+_WORK = "what to run"
+_RUN = "how to run it"
+#: ``--timeout``: the whole run's time limit.
+SECONDS = Bound(float, lambda v: 0 < v < math.inf, "a positive number of seconds")
+
+
 @dataclass(frozen=True)
 class DemoOptions:
-    """What ``rollout-gateway demo`` runs."""
+    """What ``rollout-gateway demo`` runs (each field one option: its flag, default, check
+    and help; see :mod:`rollout_gateway.options`)."""
 
-    examples: int = 3
-    rollouts_per_example: int = 3
-    concurrency: int = 9
-    output: Path | None = None
-    resume: Path | None = None
-    upstream: str | None = None
-    model: str | None = None
-    temperature: float = 0.7
-    max_tokens: int = 512
-    timeout: float = 300.0
-    isolation: str = "auto"
-    stack: str = "auto"
-    keep_failed: bool = False
-    verbose: bool = False
+    examples: int = option(
+        3, flag="--examples", bound=AT_LEAST_ONE, metavar="N", group=_WORK,
+        help="tasks to run (the example env has {tasks})",
+    )  # fmt: skip
+    rollouts_per_example: int = option(
+        3, flag="--rollouts-per-example", bound=AT_LEAST_ONE, metavar="N", group=_WORK,
+        help="rollouts per task (a group, as in RL training)",
+    )  # fmt: skip
+    concurrency: int = option(
+        9, flag="--concurrency", bound=AT_LEAST_ONE, metavar="N", group=_RUN,
+        help="rollouts running at once",
+    )  # fmt: skip
+    output: Path | None = option(
+        None, flag="--output", convert=Path, metavar="DIR", group=_RUN, exclusive="where",
+        help=f"new directory for the results (default: {DEFAULT_OUTPUT_ROOT}/demo-<date>-<time>)",
+    )  # fmt: skip
+    resume: Path | None = option(
+        None, flag="--resume", convert=Path, metavar="DIR", group=_RUN, exclusive="where",
+        help="continue the run in DIR with its settings: rollouts it finished are kept, "
+        "failed ones run again",
+    )  # fmt: skip
+    upstream: str | None = option(
+        None, flag="--upstream", metavar="URL", group=_WORK,
+        help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8001/v1) instead of the "
+        "built-in scripted model; needs --model",
+    )  # fmt: skip
+    model: str | None = option(
+        None, flag="--model", group=_WORK, help="model name the --upstream serves"
+    )
+    temperature: float = option(
+        0.7, flag="--temperature", bound=NON_NEGATIVE, group=_WORK, help="sampling temperature"
+    )
+    max_tokens: int = option(
+        512, flag="--max-tokens", bound=AT_LEAST_ONE, metavar="N", group=_WORK,
+        help="completion tokens per turn",
+    )  # fmt: skip
+    timeout: float = option(
+        300.0, flag="--timeout", bound=SECONDS, metavar="SECONDS", group=_RUN,
+        help="time limit of the whole run, setup included; finished results are kept",
+    )  # fmt: skip
+    isolation: str = option(
+        "auto", flag="--isolation", choices=ISOLATION_CHOICES, group=_WORK,
+        help="local sandbox isolation; auto takes the strongest this host offers "
+        "(process-group = no containment, explicit opt-in only)",
+    )  # fmt: skip
+    stack: str = option(
+        "auto", flag="--stack", choices=("auto", *STACKS), group=_WORK,
+        help="verifiers stack to run on; auto = the installed verifiers (0.4: v1, 0.3: "
+        "classic); naming the other one is an error",
+    )  # fmt: skip
+    keep_failed: bool = option(
+        False, flag="--keep-failed", group=_RUN,
+        help="with --resume: keep the rollouts that failed instead of running them again",
+    )  # fmt: skip
+    verbose: bool = option(
+        False, flag="--verbose", group=_RUN,
+        help="log the env, sandbox and gateway steps to stderr and print each rollout's "
+        "error in full",
+    )  # fmt: skip
     #: The options the user gave on the command line (their field names).
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -91,9 +152,10 @@ STACK_HELP = {
         "results (a verifiers v1 run directory): DIR/configs/resolved/eval.json (the "
         "resolved config), DIR/traces.jsonl (one episode per line as each finishes, "
         "full-precision floats), DIR/logs/latest/eval.log, and DIR/metadata.json (the "
-        "demo's settings, status, counts, resumes). vf-replay DIR re-scores it; vf-eval @ "
+        "demo's settings, status, counts, resumes). vf-eval @ "
         "DIR/configs/resolved/eval.json --resume continues it against a gateway at the "
-        "address it names.",
+        "address it names; vf-replay DIR --no-rich re-scores it offline, which for the "
+        "example (its reward runs the task's test in the sandbox) scores nothing.",
     ),
 }
 
@@ -105,197 +167,20 @@ def number_of_tasks() -> int:
     return len(TASKS)
 
 
-class DemoHelpFormatter(
-    argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter
-):
-    """Real defaults shown (not ``None``/``False``); description and epilog keep their lines."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False) or action.default is argparse.SUPPRESS:
-            return action.help
-        return super()._get_help_string(action)
-
-
-class _Typed(argparse.Action):
-    """Stores the value and notes that the user typed the option."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
-        typed = set(getattr(namespace, "explicit", ()) or ())
-        namespace.explicit = frozenset(typed | {self.dest})
-
-
-def _flag(**kwargs: Any) -> dict[str, Any]:
-    """``add_argument`` keywords of a typed on/off flag."""
-    return {"action": _Typed, "nargs": 0, "const": True, "default": False, **kwargs}
-
-
-def _bounded(kind: type, accept: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
-    """An argparse type: a ``kind`` number that ``accept`` takes (NaN never does)."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not accept(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-_at_least_one = _bounded(int, lambda v: v >= 1, "at least 1")
-_positive_seconds = _bounded(float, lambda v: 0 < v < math.inf, "a positive number of seconds")
-_temperature = _bounded(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
-
-
-def _one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Make ``parser`` report a bad option as one line (no usage block) and exit 2."""
-
-    def error(message: str) -> NoReturn:
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-    parser.error = error  # type: ignore[method-assign]
-
-
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of the ``demo`` subcommand (defaults: those of :class:`DemoOptions`)."""
-    default = DemoOptions()
-    parser.formatter_class = DemoHelpFormatter
-    parser.set_defaults(explicit=frozenset())
-    _one_line_errors(parser)
-    work = parser.add_argument_group("what to run")
-    work.add_argument(
-        "--examples",
-        type=_at_least_one,
-        action=_Typed,
-        default=default.examples,
-        metavar="N",
-        help=f"tasks to run (the example env has {number_of_tasks()})",
-    )
-    work.add_argument(
-        "--rollouts-per-example",
-        type=_at_least_one,
-        action=_Typed,
-        default=default.rollouts_per_example,
-        metavar="N",
-        help="rollouts per task (a group, as in RL training)",
-    )
-    work.add_argument(
-        "--upstream",
-        action=_Typed,
-        default=None,
-        metavar="URL",
-        help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8001/v1) instead of the "
-        "built-in scripted model; needs --model",
-    )
-    work.add_argument(
-        "--model",
-        action=_Typed,
-        default=None,
-        help="model name the --upstream serves",
-    )
-    work.add_argument(
-        "--temperature",
-        type=_temperature,
-        action=_Typed,
-        default=default.temperature,
-        help="sampling temperature",
-    )
-    work.add_argument(
-        "--max-tokens",
-        type=_at_least_one,
-        action=_Typed,
-        default=default.max_tokens,
-        metavar="N",
-        help="completion tokens per turn",
-    )
-    work.add_argument(
-        "--isolation",
-        choices=ISOLATION_CHOICES,
-        action=_Typed,
-        default=default.isolation,
-        help="local sandbox isolation; auto takes the strongest this host offers "
-        "(process-group = no containment, explicit opt-in only)",
-    )
-    work.add_argument(
-        "--stack",
-        choices=("auto", *STACKS),
-        action=_Typed,
-        default=default.stack,
-        help="verifiers stack to run on; auto = the installed verifiers (0.4: v1, 0.3: "
-        "classic); naming the other one is an error",
-    )
-    run = parser.add_argument_group("how to run it")
-    run.add_argument(
-        "--concurrency",
-        type=_at_least_one,
-        action=_Typed,
-        default=default.concurrency,
-        metavar="N",
-        help="rollouts running at once",
-    )
-    run.add_argument(
-        "--timeout",
-        type=_positive_seconds,
-        action=_Typed,
-        default=default.timeout,
-        metavar="SECONDS",
-        help="time limit of the whole run, setup included; finished results are kept",
-    )
-    where = run.add_mutually_exclusive_group()
-    where.add_argument(
-        "--output",
-        type=Path,
-        action=_Typed,
-        default=None,
-        metavar="DIR",
-        help=f"new directory for the results (default: {DEFAULT_OUTPUT_ROOT}/demo-<date>-<time>)",
-    )
-    where.add_argument(
-        "--resume",
-        type=Path,
-        action=_Typed,
-        default=None,
-        metavar="DIR",
-        help="continue the run in DIR with its settings: rollouts it finished are kept, "
-        "failed ones run again",
-    )
-    run.add_argument(
-        "--keep-failed",
-        **_flag(help="with --resume: keep the rollouts that failed instead of running them again"),
-    )
-    run.add_argument(
-        "--verbose",
-        **_flag(
-            help="log the env, sandbox and gateway steps to stderr and print each rollout's "
-            "error in full"
-        ),
-    )
+    """Arguments of the ``demo`` subcommand: one per :class:`DemoOptions` field, which
+    declares it. A bad one is one line, no usage block (exit code 2)."""
+    one_line_errors(parser, "rollout-gateway demo --help lists the options")
+    # The work options first, as a user reads them; each group in declaration order.
+    add_options(parser, DemoOptions, fill={"tasks": str(number_of_tasks())})
 
 
 def check_upstream_url(text: str) -> str:
     """``text`` as an http(s) base URL with a host and a valid port (``DemoError`` if not)."""
-    text = text.strip()
-    parts = urlsplit(text)
-    try:
-        port_ok = parts.port is None or 0 < parts.port < 65536
-    except ValueError:
-        port_ok = False
-    if parts.scheme not in ("http", "https"):
-        hint = f" (did you mean http://{text}?)" if "://" not in text else ""
-        raise DemoError(f"--upstream {text}: not an http(s) URL{hint}")
-    if not parts.hostname or not port_ok:
-        raise DemoError(f"--upstream {text}: not a valid base URL (host and port)")
-    return text
+    problem = base_url_problem(text)
+    if problem is not None:
+        raise DemoError(f"--upstream {text.strip()}: {problem}")
+    return text.strip()
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
@@ -304,7 +189,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     Checks what one option's type cannot: options that need each other, and
     ``--examples`` against the example env's tasks.
     """
-    explicit = frozenset(getattr(args, "explicit", ()) or ())
+    explicit = typed_options(args)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoOptions)}
     values["explicit"] = explicit
     options = DemoOptions(**values)
@@ -339,7 +224,6 @@ __all__ = [
     "STACKS",
     "STACK_HELP",
     "DemoError",
-    "DemoHelpFormatter",
     "DemoOptions",
     "add_demo_arguments",
     "check_upstream_url",

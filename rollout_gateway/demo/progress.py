@@ -169,8 +169,8 @@ class ProgressView:
             f"[{self.tally.done:>{width}}/{self.tally.total}] "
             f"example={summary.example_id} rollout={summary.rollout_index} "
             f"task={summary.task} reward={summary.reward:.2f} turns={summary.turns} "
-            f"prompt_tokens={summary.prompt_tokens} "
-            f"completion_tokens={summary.completion_tokens} failed={self.tally.failed} "
+            f"input_tokens={summary.input_tokens} "
+            f"output_tokens={summary.output_tokens} failed={self.tally.failed} "
             f"mean_reward={mean:.3f} elapsed={elapsed:.1f}s" + (f" error={error}" if error else "")
         )
 
@@ -180,7 +180,8 @@ def print_summary(
 ) -> None:
     """The per-rollout table, then ``lines`` (label, value) aligned."""
     table = Table(title="rollouts", title_justify="left", show_edge=False, pad_edge=False)
-    for name in ("example", "rollout", "task", "reward", "turns", "tokens", "seconds"):
+    # tokens in+out: fed to the model (each counted once) + generated, as v1's traces count.
+    for name in ("example", "rollout", "task", "reward", "turns", "tokens in+out", "seconds"):
         table.add_column(name, justify="left" if name == "task" else "right", no_wrap=True)
     table.add_column("error", overflow="fold", ratio=1, min_width=20)
     rows = sorted(summaries, key=lambda s: (s.example_id, s.rollout_index))
@@ -191,7 +192,7 @@ def print_summary(
             s.task,
             f"{s.reward:.2f}",
             str(s.turns),
-            f"{s.prompt_tokens}+{s.completion_tokens}",
+            f"{s.input_tokens}+{s.output_tokens}",
             f"{s.seconds:.1f}",
             s.error or "-",
         )

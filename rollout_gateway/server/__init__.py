@@ -23,14 +23,31 @@ control plane see it.
 
 from __future__ import annotations
 
+from rollout_gateway.options import ConfigError
 from rollout_gateway.server.app import Gateway, create_app
-from rollout_gateway.server.config import DEFAULT_KEEP_ALIVE_S, GatewayConfig
+from rollout_gateway.server.config import (
+    DEFAULT_KEEP_ALIVE_S,
+    ConnectionSettings,
+    GatewayConfig,
+    IntakeLimits,
+    RegistrySettings,
+    RolloutLimits,
+    StateSettings,
+    UpstreamSettings,
+)
 from rollout_gateway.server.runner import running_server, serve, server_thread
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE_S",
+    "ConfigError",
+    "ConnectionSettings",
     "Gateway",
     "GatewayConfig",
+    "IntakeLimits",
+    "RegistrySettings",
+    "RolloutLimits",
+    "StateSettings",
+    "UpstreamSettings",
     "create_app",
     "running_server",
     "serve",

@@ -1,12 +1,42 @@
-"""Configuration of the reference rollout gateway server: settings, defaults, validation."""
+"""Configuration of the reference rollout gateway server: :class:`GatewayConfig`.
+
+The settings are a few small value objects, one per concern (as httpx's ``Timeout`` and
+``Limits``): :class:`UpstreamSettings`, :class:`RolloutLimits`,
+:class:`~rollout_gateway.server.http.intake.IntakeLimits`, :class:`ConnectionSettings`,
+:class:`RegistrySettings` and :class:`StateSettings`, under :class:`GatewayConfig` with
+the settings every gateway names (its upstreams and its access rules).
+
+Each setting is declared once, as a field made by :func:`rollout_gateway.options.option`:
+its default, its check, its help and the ``serve`` flag (or variable) that sets it. The
+command line is generated from these declarations, and a bad value raises
+:class:`~rollout_gateway.options.ConfigError` naming the field and its flag.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Literal
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
-from rollout_gateway.server.http.intake import IntakeLimits
+from rollout_gateway.options import (
+    POSITIVE,
+    POSITIVE_INT,
+    ConfigError,
+    base_url,
+    base_url_problem,
+    check_options,
+    option,
+    source_of,
+)
+from rollout_gateway.server.http.intake import (
+    DEFAULT_BODY_MEMORY,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_COST,
+    DEFAULT_MAX_CONCURRENT_PARSES,
+    DEFAULT_ROLLOUT_PARSE_SHARE,
+    IntakeLimits,
+)
 
 #: Uvicorn keep-alive (seconds). Must exceed the idle timeout of client connection pools
 #: (httpx's default ``keepalive_expiry`` is 5 s, the OpenAI SDK's is the same): if the
@@ -21,21 +51,6 @@ DEFAULT_MAX_TOTAL_COMPLETION_TOKENS = 4_000_000
 #: Bytes of chat messages a rollout may make the gateway store (history is stored once;
 #: a rollout that rewrites its history every turn pays for every copy).
 DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES = 64 * 1024 * 1024
-#: Largest request body.
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-#: Request bodies over 256 KiB parsed at once, gateway-wide (see ``http.intake``).
-DEFAULT_MAX_CONCURRENT_PARSES = 2
-#: Largest estimated parse cost (memory) of one request body, and of one rollout's
-#: requests alive at once (see ``http.intake``): a 16 MiB body of chat text costs about
-#: 140 MiB by the estimate, 16 MiB of ``[{}, ...]`` about 1 GiB.
-DEFAULT_MAX_BODY_COST = 256 * 1024 * 1024
-#: Request bodies being read or parsed at once, gateway-wide, at their size while read
-#: and their estimated cost while parsed (see ``http.intake``).
-DEFAULT_BODY_MEMORY = 1024 * 1024 * 1024
-#: Share of the gateway's time one rollout's big bodies (over 256 KiB) may take to be
-#: read, scanned, parsed and written again (the interpreter serves nobody else while it
-#: parses). Low, as the kernel's copy of the bytes is not measured.
-DEFAULT_ROLLOUT_PARSE_SHARE = 0.02
 #: Exit streams open at once (one per env process; see ``server.control.exit_stream``).
 DEFAULT_MAX_EXIT_STREAMS = 64
 #: Messages in one chat request. Each costs work on the event loop every turn (the
@@ -43,233 +58,356 @@ DEFAULT_MAX_EXIT_STREAMS = 64
 #: while 16 MiB of tiny ones (400k) stalled every other rollout for about 0.5 s a turn.
 DEFAULT_MAX_MESSAGES = 8192
 
+UPSTREAM_API_KEY_ENV = "ROLLOUT_GATEWAY_UPSTREAM_API_KEY"
+_TOKENS = "how turns are tokenized (see the docs: token-in mode)"
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    """How the gateway calls its upstreams (the engines), and how turns are tokenized."""
+
+    upstream_timeout_s: float = option(
+        600.0, flag="--upstream-timeout", bound=POSITIVE, metavar="S",
+        help="total deadline of one upstream completion",
+    )  # fmt: skip
+    upstream_connect_timeout_s: float = option(
+        5.0, bound=POSITIVE, help="connect timeout to an upstream (fail fast when down)"
+    )
+    upstream_api_key: str | None = option(
+        None, env=UPSTREAM_API_KEY_ENV,
+        help="bearer token sent to the upstreams (e.g. vLLM --api-key); never a flag",
+    )  # fmt: skip
+    max_connections_per_upstream: int = option(
+        1024, bound=POSITIVE_INT,
+        help="size of each upstream's HTTP connection pool (at most what the "
+        "file-descriptor limit leaves for upstream connections)",
+    )  # fmt: skip
+    probe_interval_s: float = option(
+        5.0, bound=POSITIVE, help="period of the re-probe of unhealthy upstreams"
+    )
+    upstream_mode: str = option(
+        "chat", flag="--upstream-mode", choices=("chat", "token-in"), group=_TOKENS,
+        help="chat: the engine renders each turn (/v1/chat/completions); token-in: the "
+        "gateway renders and bridges turns with the renderers package, as verifiers v1's "
+        "TrainClient does, and calls vLLM's /inference/v1/generate (vLLM started with "
+        "--enable-scale-out; needs rollout-gateway[tito])",
+    )  # fmt: skip
+    tokenizer: str | None = option(
+        None, flag="--tokenizer", metavar="PATH", group=_TOKENS,
+        help="token-in: the served model's tokenizer (HF model directory); default: the "
+        "model path the upstream's /v1/models reports, when it is a local directory",
+    )  # fmt: skip
+    renderer: str = option(
+        "auto", flag="--renderer", metavar="NAME", group=_TOKENS,
+        help="token-in: a renderers renderer name (qwen3, glm5...), 'module:factory' (a "
+        "callable taking the tokenizer), or auto",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        key = self.upstream_api_key
+        if key is not None and (not key or not all("!" <= c <= "~" for c in key)):
+            raise ConfigError(
+                "upstream_api_key",
+                f"${UPSTREAM_API_KEY_ENV}",
+                "must be printable ASCII without spaces (it is sent as an HTTP header)",
+            )
+        if self.upstream_mode != "token-in":
+            for name in ("tokenizer", "renderer"):
+                if getattr(self, name) != _defaults(UpstreamSettings)[name]:
+                    raise ConfigError(name, f"--{name}", "only with --upstream-mode token-in")
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """What one rollout may use: turns, tokens, stored bytes, requests at once."""
+
+    default_max_turns: int = option(
+        DEFAULT_MAX_TURNS, flag="--max-turns", bound=POSITIVE_INT, metavar="N",
+        help="turns of a rollout registered with max_turns=-1",
+    )  # fmt: skip
+    max_total_completion_tokens: int = option(
+        DEFAULT_MAX_TOTAL_COMPLETION_TOKENS, flag="--max-completion-tokens",
+        bound=POSITIVE_INT, metavar="N",
+        help="completion tokens of a rollout, all turns together",
+    )  # fmt: skip
+    default_max_context_tokens: int | None = option(
+        None, flag="--max-context-tokens", bound=POSITIVE_INT, metavar="N",
+        default_text="none, the engine's own",
+        help="context bound of a rollout registered without max_seq_len",
+    )  # fmt: skip
+    max_rollout_message_bytes: int = option(
+        DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES, flag="--max-rollout-bytes", bound=POSITIVE_INT,
+        metavar="N", help="message bytes stored per rollout",
+    )  # fmt: skip
+    max_messages: int = option(
+        DEFAULT_MAX_MESSAGES, flag="--max-messages", bound=POSITIVE_INT, metavar="N",
+        help="messages in one chat request (400 too_many_messages beyond)",
+    )  # fmt: skip
+    max_pending_turns: int = option(
+        4, bound=POSITIVE_INT, help="requests of one rollout queued or running at once (429 beyond)"
+    )
+    retry_dedupe_window_s: float = option(
+        120.0, flag="--retry-window", bound=POSITIVE, metavar="S",
+        help="an identical request this soon after a turn's answer is a retry",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """The HTTP server's connections (enforced by
+    :mod:`rollout_gateway.server.http.connections`) and the agents' streams."""
+
+    header_timeout_s: float = option(
+        30.0, flag="--header-timeout", bound=POSITIVE, metavar="S",
+        help="time to send a request's headers",
+    )  # fmt: skip
+    body_timeout_s: float = option(
+        120.0, flag="--body-timeout", bound=POSITIVE, metavar="S",
+        help="time to send a request's body after its headers",
+    )  # fmt: skip
+    keep_alive_s: float = option(
+        float(DEFAULT_KEEP_ALIVE_S), flag="--keep-alive", bound=POSITIVE, metavar="S",
+        help="idle keep-alive connections close after this",
+    )  # fmt: skip
+    max_connections: int | None = option(
+        None, flag="--max-connections", bound=POSITIVE_INT, metavar="N",
+        help="open connections at most; a new one closes the longest-idle connection (or "
+        "itself, when all are busy with a request). Default: what the file-descriptor "
+        "limit leaves (serve raises its soft limit to the hard one; 64 are reserved, a "
+        "third of the rest goes to upstream connections), at most 4096; a number the "
+        "limit cannot hold is refused",
+    )  # fmt: skip
+    max_exit_streams: int = option(
+        DEFAULT_MAX_EXIT_STREAMS, flag="--max-exit-streams", bound=POSITIVE_INT, metavar="N",
+        help="exit-report streams open at once, one per env process, at most half the "
+        "connection cap; more get 429 and long-poll meanwhile",
+    )  # fmt: skip
+    stream_keepalive_s: float = option(
+        10.0, bound=POSITIVE,
+        help="a streaming agent gets an SSE keepalive comment after this many seconds "
+        "without a chunk (tunnels and proxies drop silent connections)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """How many rollouts are kept, and for how long."""
+
+    rollout_ttl_s: float = option(
+        3600.0, flag="--rollout-ttl", bound=POSITIVE, metavar="SECONDS",
+        help="idle rollouts are dropped after this",
+    )  # fmt: skip
+    max_rollouts: int = option(
+        10_000, flag="--max-rollouts", bound=POSITIVE_INT, metavar="N",
+        help="registered rollouts at most (register answers 503 beyond)",
+    )  # fmt: skip
+    sweep_interval_s: float = option(30.0, bound=POSITIVE, help="period of the idle-rollout sweep")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    """Where the gateway keeps its state (``docs/state.md``): in memory (the default,
+    lost with the process), in SQLite (``state_dir``) or in Redis (``redis_url``)."""
+
+    state_dir: str | None = option(
+        None, flag="--state-dir", metavar="DIR",
+        help="keep rollouts, recorded turns, keys, limits, exit reports and the policy "
+        "version in a SQLite database in DIR (created 0700; one gateway per directory): a "
+        "gateway restarted on DIR, even after kill -9, goes on with every rollout, and a "
+        "retry of a turn answered before the restart gets that answer. Unwritable, full, "
+        "or written by another version: serve exits with status 2",
+    )  # fmt: skip
+    state_sync: str = option(
+        "normal", flag="--state-sync", choices=("normal", "full"), requires="state_dir",
+        help="with --state-dir, when a turn counts as stored before its answer is sent: "
+        "normal = in the database's log (survives the gateway's process being killed), "
+        "full = flushed to the device too (survives power loss; more latency per turn)",
+    )  # fmt: skip
+    redis_url: str | None = option(
+        None, flag="--redis", metavar="URL",
+        help="keep rollouts, recorded turns, keys, limits, exit reports and the policy "
+        "version in Redis (redis://[user:password@]host:port/db, rediss:// or unix://), "
+        "shared by every gateway given the same URL: run several behind a load balancer "
+        "(round robin, no stickiness) and any request of any rollout may go to any of "
+        "them. Needs the redis extra. Unreachable, or holding another version's state: "
+        "serve exits with status 2",
+    )  # fmt: skip
+    redis_prefix: str = option(
+        "rg:", flag="--redis-prefix", metavar="PREFIX", requires="redis_url",
+        help="with --redis, put before every key (deployments sharing one Redis)",
+    )  # fmt: skip
+    redis_lease_s: float = option(
+        10.0, flag="--redis-lease", bound=POSITIVE, metavar="SECONDS", requires="redis_url",
+        help="with --redis, how long a gateway that died mid-turn holds up that "
+        "rollout's next turn (a running turn renews it)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if self.state_dir is not None and not self.state_dir.strip():
+            raise ConfigError("state_dir", "--state-dir", "must not be empty")
+        if not self.redis_prefix:
+            raise ConfigError("redis_prefix", "--redis-prefix", "must not be empty")
+        if self.redis_url is None:
+            return
+        if self.state_dir is not None:
+            raise ConfigError(
+                "redis_url and state_dir",
+                "--redis and --state-dir",
+                "choose one (Redis for several gateways, a state directory for one)",
+            )
+        scheme = urlsplit(self.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                "redis_url",
+                "--redis",
+                f"a redis://, rediss:// or unix:// URL, not {scheme or 'no'}://",
+            )
+
+
+_ACCESS = "access (see the security model below)"
+
 
 @dataclass
 class GatewayConfig:
-    """Settings of one gateway instance (see ``rollout-gateway serve --help``).
+    """Settings of one gateway instance (``rollout-gateway serve --help`` lists them).
 
-    Access:
-        admin_token: register / cancel / unregister / trajectory / ``/metrics`` require
-            ``Authorization: Bearer <admin_token>``. Required unless ``open_control_plane``.
-        open_control_plane: run without an admin token (anyone who reaches the gateway
-            drives every rollout). Only served on a loopback address.
-        require_rollout_keys: register hands out a per-rollout ``api_key`` that chat
-            requests must present as ``Authorization: Bearer`` (default on).
+    Its upstreams and access rules, and one small value object per concern; each field
+    declares its default, check and help (:mod:`rollout_gateway.options`). A value that
+    cannot be used raises :class:`~rollout_gateway.options.ConfigError` (a
+    ``ValueError``) naming the field and the flag that sets it.
+    :meth:`from_fields` builds one from flat field names (a config file, ``serve``).
 
-    Upstreams:
-        upstreams: OpenAI base URLs of the inference servers (``http://h:p/v1``).
-        upstream_timeout_s: total deadline of one upstream chat completion.
-        upstream_connect_timeout_s: connect timeout to an upstream (fail fast when down).
-        upstream_api_key: bearer token sent to the upstreams (e.g. vLLM ``--api-key``).
-        upstream_client: HTTP client of the upstream calls: ``"httptools"`` (the default:
-            the chat POST, whole or streamed, on lean HTTP/1.1 connections, everything else
-            through aiohttp; :mod:`~rollout_gateway.server.engines.upstream_http1`),
-            ``"aiohttp"``, or ``"httpx"`` (always used when a test injects an httpx
-            transport). See
-            :mod:`rollout_gateway.server.engines.upstream_http`.
-        probe_interval_s: period of the re-probe of unhealthy upstreams.
-        stream_keepalive_s: a streaming agent gets an SSE keepalive comment after this
-            many seconds without a chunk (tunnels and proxies drop silent connections).
-        upstream_mode: ``"chat"`` (the engine renders each turn, ``/v1/chat/completions``)
-            or ``"token-in"`` (the gateway renders and bridges with ``renderers`` and
-            calls vLLM's ``/inference/v1/generate``; see :mod:`.engines.token_in`).
-        tokenizer: token-in mode: the served model's tokenizer (HF model directory).
-        renderer: token-in mode: ``auto``, a ``renderers`` renderer name, or
-            ``module:factory`` (a callable taking the tokenizer).
-
-    Per request and per rollout:
-        max_body_bytes: largest accepted request body (413 beyond, checked from
-            ``Content-Length`` and while reading).
-        max_body_cost: largest estimated parse cost (bytes of memory) of one request
-            body (413 ``request_too_complex`` beyond, before parsing); one rollout's
-            requests alive at once hold at most this much together (more wait).
-        body_memory: request bodies being read, waiting to be parsed, or parsed at once,
-            gateway-wide, in bytes (at their size, then at their estimated cost): more
-            wait before being read. Must hold ``max_concurrent_parses`` parses of
-            ``max_body_cost`` plus one body of ``max_body_bytes``.
-        max_concurrent_parses: request bodies over 256 KiB parsed at the same time,
-            gateway-wide (each costs several times its size while parsed; more wait).
-        rollout_parse_share: share of the gateway's time one rollout's bodies over
-            256 KiB may take to be read, scanned, parsed and written again (in (0, 1]; 1:
-            no wait). After one took ``t`` of CPU, that rollout's next one waits
-            ``t * (1 / share - 1)`` before it is read.
-        max_exit_streams: exit streams open at once, gateway-wide (one per env
-            process; more are answered 429 and long-poll meanwhile).
-        max_messages: messages in one chat request (400 ``too_many_messages`` beyond).
-        default_max_turns: turn budget of rollouts registered without one (``-1``).
-        max_total_completion_tokens: completion tokens per rollout, all turns together.
-        default_max_context_tokens: context bound of rollouts registered without a
-            ``max_seq_len`` (``None``: only the engine's own limit).
-        max_rollout_message_bytes: message bytes stored per rollout.
-        max_pending_turns: requests of one rollout queued or running at once (429 beyond).
-        retry_dedupe_window_s: a request identical to the rollout's last answered one,
-            arriving within this time, is answered from it instead of becoming a turn.
-
-    Registry:
-        enabled: when false, register answers 503 (the gateway is switched off).
-        rollout_ttl_s: rollouts idle (no call) for longer than this are dropped.
-        max_rollouts: registry bound; register answers 503 past it.
-        sweep_interval_s: period of the idle-rollout sweep.
-
-    State (see ``docs/state.md``):
-        state_dir: keep the gateway's state in a SQLite database in this directory
-            (durable across restarts; one gateway per directory). ``None``: in memory,
-            lost with the process.
-        state_sync: when a turn is on disk before its answer goes out: ``"normal"``
-            (written to the database's log: survives the process being killed) or
-            ``"full"`` (also flushed to the device: survives power loss).
-        redis_url: keep the state in Redis, shared by every gateway given the same URL
-            and prefix (several gateways behind a load balancer): ``redis://``,
-            ``rediss://`` or ``unix://``. Not with ``state_dir``.
-        redis_prefix: put before every key in Redis (deployments sharing one Redis).
-        redis_lease_s: how long a gateway that died mid-turn holds up its rollout's
-            next turn (a running turn renews its lease).
-
-    Connections (enforced by the HTTP server, :mod:`rollout_gateway.server.http.connections`):
-        header_timeout_s: a connection must send a request's headers within this time.
-        body_timeout_s: ... and its whole body within this time after the headers.
-        keep_alive_s: idle keep-alive connections are closed after this.
-        max_connections: open connections at most (a new one beyond closes the one idle
-            longest, or itself). ``None``: derived from the process's file-descriptor
-            limit (``RLIMIT_NOFILE``), at most 4096; see
-            :mod:`rollout_gateway.server.http.fds`. A number the limit cannot hold is
-            refused when the server starts.
-        max_connections_per_upstream: size of each upstream's HTTP connection pool (at
-            most what the file-descriptor limit leaves for upstream connections).
+    The admin token: register / cancel / unregister / trajectory / ``/metrics`` require
+    ``Authorization: Bearer <admin_token>``; required unless ``open_control_plane``
+    (anyone who reaches the gateway then drives every rollout: loopback only).
     """
 
-    upstreams: list[str] = field(default_factory=list)
-    admin_token: str | None = None
-    open_control_plane: bool = False
-    require_rollout_keys: bool = True
-    enabled: bool = True
-    rollout_ttl_s: float = 3600.0
-    max_rollouts: int = 10_000
-    upstream_timeout_s: float = 600.0
-    upstream_connect_timeout_s: float = 5.0
-    upstream_client: Literal["httptools", "aiohttp", "httpx"] = "httptools"
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_body_cost: int = DEFAULT_MAX_BODY_COST
-    body_memory: int = DEFAULT_BODY_MEMORY
-    max_concurrent_parses: int = DEFAULT_MAX_CONCURRENT_PARSES
-    rollout_parse_share: float = DEFAULT_ROLLOUT_PARSE_SHARE
-    max_exit_streams: int = DEFAULT_MAX_EXIT_STREAMS
-    max_messages: int = DEFAULT_MAX_MESSAGES
-    sweep_interval_s: float = 30.0
-    probe_interval_s: float = 5.0
-    upstream_api_key: str | None = None
-    max_connections_per_upstream: int = 1024
-    default_max_turns: int = DEFAULT_MAX_TURNS
-    max_total_completion_tokens: int = DEFAULT_MAX_TOTAL_COMPLETION_TOKENS
-    default_max_context_tokens: int | None = None
-    max_rollout_message_bytes: int = DEFAULT_MAX_ROLLOUT_MESSAGE_BYTES
-    max_pending_turns: int = 4
-    retry_dedupe_window_s: float = 120.0
-    header_timeout_s: float = 30.0
-    body_timeout_s: float = 120.0
-    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
-    max_connections: int | None = None
-    stream_keepalive_s: float = 10.0
-    upstream_mode: str = "chat"
-    tokenizer: str | None = None
-    renderer: str = "auto"
-    state_dir: str | None = None
-    state_sync: str = "normal"
-    redis_url: str | None = None
-    redis_prefix: str = "rg:"
-    redis_lease_s: float = 10.0
+    upstreams: list[str] = option(
+        default_factory=list, flag="--upstream", convert=base_url, metavar="URL",
+        required=True,
+        help="OpenAI base URL of an upstream, e.g. http://127.0.0.1:8001/v1 (repeatable)",
+    )  # fmt: skip
+    admin_token: str | None = option(
+        None, env="ROLLOUT_GATEWAY_ADMIN_TOKEN",
+        help="the control plane's bearer token (serve: from the variable or a file, never "
+        "a flag)",
+    )  # fmt: skip
+    open_control_plane: bool = option(
+        False, flag="--open-control-plane", group=_ACCESS,
+        help="run WITHOUT an admin token: anyone reaching the gateway drives every "
+        "rollout; loopback --host only",
+    )  # fmt: skip
+    require_rollout_keys: bool = option(
+        True, flag="--no-rollout-keys", group=_ACCESS,
+        help="do not issue per-rollout api keys (any agent can then drive any rollout)",
+    )  # fmt: skip
+    enabled: bool = option(True, flag="--disabled", help="start disabled: register answers 503")
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    limits: RolloutLimits = field(default_factory=RolloutLimits)
+    intake: IntakeLimits = field(default_factory=IntakeLimits)
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
+    state: StateSettings = field(default_factory=StateSettings)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            _check_field(f.name, str(f.type), getattr(self, f.name))
+        check_options(self)
+        for name, kind in _GROUPS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(name, None, f"must be a {kind.__name__}")
+        check_options(self.intake)
         if not self.upstreams:
-            raise ValueError("upstreams: at least one upstream base URL is required")
-        self.upstreams = [u.strip().rstrip("/") for u in self.upstreams]
-        for url in self.upstreams:
-            parts = urlsplit(url)
-            try:
-                port_ok = parts.port is None or 0 < parts.port < 65536
-            except ValueError:
-                port_ok = False
-            if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-                raise ValueError(f"upstreams: not an http(s) base URL: {url!r}")
-        if self.upstream_mode not in ("chat", "token-in"):
-            raise ValueError(f"upstream_mode: 'chat' or 'token-in', not {self.upstream_mode!r}")
-        if self.upstream_client not in ("httptools", "aiohttp", "httpx"):
-            raise ValueError(
-                f"upstream_client: 'httptools', 'aiohttp' or 'httpx', got {self.upstream_client!r}"
+            raise ConfigError(
+                "upstreams", "--upstream", "at least one upstream base URL is required"
             )
-        if self.state_sync not in ("normal", "full"):
-            raise ValueError(f"state_sync: 'normal' or 'full', not {self.state_sync!r}")
-        if self.state_dir is not None and not self.state_dir.strip():
-            raise ValueError("state_dir: must not be empty")
-        if self.redis_url is not None:
-            if self.state_dir is not None:
-                raise ValueError(
-                    "redis_url and state_dir: choose one (Redis for several gateways, a "
-                    "state directory for one)"
-                )
-            scheme = urlsplit(self.redis_url).scheme
-            if scheme not in ("redis", "rediss", "unix"):
-                raise ValueError(
-                    f"redis_url: a redis://, rediss:// or unix:// URL, not {scheme or 'no'}://"
-                )
-        if not self.redis_prefix:
-            raise ValueError("redis_prefix: must not be empty")
+        for url in self.upstreams:
+            if base_url_problem(url) is not None:
+                raise ConfigError("upstreams", "--upstream", f"not an http(s) base URL: {url!r}")
+        self.upstreams = [u.strip().rstrip("/") for u in self.upstreams]
         if self.admin_token is not None and not self.admin_token.strip():
-            raise ValueError("admin_token: must not be empty")
+            raise ConfigError("admin_token", None, "must not be empty")
         if self.admin_token is None and not self.open_control_plane:
-            raise ValueError(
-                "admin_token: required (or set open_control_plane=True explicitly, loopback only)"
+            raise ConfigError(
+                "admin_token",
+                None,
+                "required (or set open_control_plane=True explicitly, loopback only)",
             )
         for problem in self.contradictions():
-            raise ValueError(problem)
+            raise problem
 
-    def contradictions(self) -> list[str]:
-        """Settings that each look valid but cannot hold together (each message names
-        the fields, and the ``serve`` options or variables that set them)."""
+    @classmethod
+    def from_fields(cls, **values: Any) -> GatewayConfig:
+        """A config from flat field names, each routed to its value object
+        (``GatewayConfig.from_fields(upstreams=[...], admin_token=..., max_messages=64)``);
+        an unknown name is a ``TypeError``, as for the constructor."""
+        groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+        own: dict[str, Any] = {}
+        for name, value in values.items():
+            group = _GROUP_OF.get(name)
+            if group is None and name not in _OWN_FIELDS:
+                raise TypeError(f"GatewayConfig has no setting {name!r}")
+            (groups[group] if group is not None else own)[name] = value
+        built = {name: kind(**groups[name]) for name, kind in _GROUPS.items() if groups[name]}
+        return cls(**own, **built)
+
+    def contradictions(self) -> list[ConfigError]:
+        """Settings that each look valid but cannot hold together (each names the
+        fields, and the ``serve`` options or variables that set them)."""
         out = []
         if self.open_control_plane and self.admin_token is not None:
             out.append(
-                "open_control_plane (--open-control-plane): an admin token is configured too"
+                ConfigError(
+                    "open_control_plane", "--open-control-plane", "an admin token is configured too"
+                )
             )
         seen: set[str] = set()
         for url in self.upstreams:
             if url in seen:
-                out.append(f"upstreams (--upstream): {_redacted(url)} is listed twice")
+                out.append(
+                    ConfigError("upstreams", "--upstream", f"{_redacted(url)} is listed twice")
+                )
             seen.add(url)
-        if self.upstream_api_key is not None:
-            key = self.upstream_api_key
-            if not key or not all("!" <= c <= "~" for c in key):
-                out.append(
-                    "upstream_api_key ($ROLLOUT_GATEWAY_UPSTREAM_API_KEY): must be printable "
-                    "ASCII without spaces (it is sent as an HTTP header)"
+        with_credentials = [u for u in self.upstreams if _has_credentials(u)]
+        if self.upstream.upstream_api_key is not None and with_credentials:
+            out.append(
+                ConfigError(
+                    "upstreams",
+                    "--upstream",
+                    f"{_redacted(with_credentials[0])} carries credentials (user:password@) "
+                    f"and upstream_api_key (${UPSTREAM_API_KEY_ENV}) is set too: an upstream "
+                    "request cannot carry both; keep one",
                 )
-            with_credentials = [u for u in self.upstreams if _has_credentials(u)]
-            if with_credentials:
-                out.append(
-                    f"upstreams (--upstream): {_redacted(with_credentials[0])} carries "
-                    "credentials (user:password@) and upstream_api_key "
-                    "($ROLLOUT_GATEWAY_UPSTREAM_API_KEY) is set too: an upstream request "
-                    "cannot carry both; keep one"
-                )
-        if self.upstream_mode != "token-in":
-            if self.tokenizer is not None:
-                out.append("tokenizer (--tokenizer): only with upstream_mode 'token-in'")
-            if self.renderer != "auto":
-                out.append("renderer (--renderer): only with upstream_mode 'token-in'")
-        out.extend(self.intake_limits().problems())
+            )
+        out.extend(ConfigError(None, None, p) for p in self.intake.problems())
         return out
 
-    def intake_limits(self) -> IntakeLimits:
-        """The request-body bounds (see :mod:`rollout_gateway.server.http.intake`)."""
-        return IntakeLimits(
-            max_body_bytes=self.max_body_bytes,
-            max_body_cost=self.max_body_cost,
-            body_memory=self.body_memory,
-            max_concurrent_parses=self.max_concurrent_parses,
-            rollout_parse_share=self.rollout_parse_share,
-        )
+
+#: The value objects of :class:`GatewayConfig`, by attribute.
+_GROUPS: dict[str, type[Any]] = {
+    "upstream": UpstreamSettings,
+    "limits": RolloutLimits,
+    "intake": IntakeLimits,
+    "connections": ConnectionSettings,
+    "registry": RegistrySettings,
+    "state": StateSettings,
+}
+#: Each value object's field names, to the attribute holding it.
+_GROUP_OF = {f.name: name for name, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
+_OWN_FIELDS = {f.name for f in dataclasses.fields(GatewayConfig)} - set(_GROUPS)
+
+
+def _defaults(cls: type[Any]) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
 
 
 def _has_credentials(url: str) -> bool:
@@ -286,31 +424,6 @@ def _redacted(url: str) -> str:
     return parts._replace(netloc=f"***@{host}").geturl()
 
 
-def _check_field(name: str, kind: str, value: object) -> None:
-    """One field by its annotation: flags are bools, texts strings, sizes and times
-    positive finite numbers (an int where the annotation says so); a bool or a string is
-    never a number."""
-    if value is None and kind.endswith("| None"):
-        return
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"{name}: must be true or false, got {value!r}")
-        return
-    base = kind.split("|")[0].strip()
-    if base == "str":
-        if not isinstance(value, str):
-            raise ValueError(f"{name}: must be a string, got {value!r}")
-        return
-    if base not in ("int", "float"):
-        return
-    allowed = int if base == "int" else int | float
-    if isinstance(value, bool) or not isinstance(value, allowed):
-        what = "an integer" if base == "int" else "a number"
-        raise ValueError(f"{name}: must be {what}, got {value!r}")
-    if not value > 0 or value != value or value == float("inf"):
-        raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
-
-
 __all__ = [
     "DEFAULT_BODY_MEMORY",
     "DEFAULT_KEEP_ALIVE_S",
@@ -323,5 +436,13 @@ __all__ = [
     "DEFAULT_MAX_TOTAL_COMPLETION_TOKENS",
     "DEFAULT_MAX_TURNS",
     "DEFAULT_ROLLOUT_PARSE_SHARE",
+    "ConfigError",
+    "ConnectionSettings",
     "GatewayConfig",
+    "IntakeLimits",
+    "RegistrySettings",
+    "RolloutLimits",
+    "StateSettings",
+    "UpstreamSettings",
+    "source_of",
 ]

@@ -9,8 +9,9 @@ one of the env's ``RunSlot`` episodes, its agent contained in a local sandbox (t
 The run directory is a v1 run directory:
 
 - ``configs/resolved/eval.json``: the resolved config, so ``vf-eval @ DIR/configs/resolved/eval.json
-  --resume`` continues the run (against a gateway at the address it names) and
-  ``vf-replay DIR`` re-scores it;
+  --resume`` continues the run (against a gateway at the address it names), and
+  ``vf-replay DIR --no-rich`` reads it (re-scoring nothing of the example's: its reward
+  needs the rollout's sandbox; see docs/demo.md);
 - ``traces.jsonl``: one episode per line as each finishes, floats at full precision
   (v1's writer rounds per-token logprobs to 4 decimals; a trainer reads this file);
 - ``logs/attempt_<n>/eval.log`` (``logs/latest``): the env's and the gateway adapter's logs;
@@ -22,21 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
+import itertools
 import json
 import logging
 import uuid
 from pathlib import Path
 from typing import Any
 
-from rollout_gateway.demo.stack import (
-    DemoStack,
-    RolloutSummary,
-    StackSetup,
-    WorkItem,
-    off_loop,
-)
-from rollout_gateway.v1.internals import (
+from rollout_gateway.demo.stack import DemoStack, RolloutSummary, StackSetup, WorkItem
+from rollout_gateway.demo.threads import off_loop
+from rollout_gateway.v1.eval_internals import (
     EvalConfig,
     EvalRunInfo,
     ModelContext,
@@ -91,8 +89,6 @@ def _episode_summary(episode: dict[str, Any], rollout_index: int) -> RolloutSumm
         for r in rewards.values()
         if isinstance(r, dict)
     )
-    calls = trace.get("calls") or []
-    usages = [c.get("usage") or {} for c in calls]
     errors = [*(episode.get("errors") or []), *(trace.get("errors") or [])]
     timing = trace.get("timing") or {}
     scoring_end = float((timing.get("scoring") or {}).get("end") or 0.0)
@@ -108,12 +104,41 @@ def _episode_summary(episode: dict[str, Any], rollout_index: int) -> RolloutSumm
         task=str(task.get("name") or task.get("id") or "?"),
         reward=reward,
         turns=sum(1 for n in trace.get("nodes") or [] if n.get("sampled")),
-        prompt_tokens=int((usages[-1].get("prompt_tokens") or 0) if usages else 0)
-        + int((usages[-1].get("cached_input_tokens") or 0) if usages else 0),
-        completion_tokens=sum(int(u.get("completion_tokens") or 0) for u in usages),
+        # What the trace itself counts (its computed num_input/num_output_tokens).
+        input_tokens=int(trace.get("num_input_tokens") or 0),
+        output_tokens=int(trace.get("num_output_tokens") or 0),
         seconds=round(scoring_end - start, 3) if scoring_end and start else 0.0,
         error=error,
     )
+
+
+#: Where each trace of a demo episode notes the rollout index it ran as.
+ROLLOUT_INDEX_KEY = "demo_rollout_index"
+
+
+def _rollout_index(episode: dict[str, Any]) -> int | None:
+    for trace in episode.get("traces") or []:
+        index = (trace.get("info") or {}).get(ROLLOUT_INDEX_KEY)
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            return index
+    return None
+
+
+def number_rollouts(recorded: list[int | None], more: int) -> tuple[list[int], list[int]]:
+    """The rollout indexes of one task's stored episodes (their recorded ones; an episode
+    without one, from an older run, or a repeat, takes the lowest free index) and of
+    ``more`` new rollouts (the lowest indexes still free)."""
+    taken: set[int] = set()
+    stored: list[int | None] = []
+    for index in recorded:
+        if index is not None and index not in taken:
+            taken.add(index)
+            stored.append(index)
+        else:
+            stored.append(None)
+    free = (n for n in itertools.count() if n not in taken)
+    stored_indexes = [index if index is not None else next(free) for index in stored]
+    return stored_indexes, [next(free) for _ in range(more)]
 
 
 def read_episodes(run_dir: Path) -> list[dict[str, Any]]:
@@ -153,13 +178,15 @@ class V1Stack(DemoStack):
         self._rewards: list[float] = []
 
     def stored(self, run_dir: Path) -> list[RolloutSummary]:
-        seen: dict[int, int] = {}
-        summaries = []
-        for episode in read_episodes(run_dir):
-            summary = _episode_summary(episode, 0)
-            index = seen.get(summary.example_id, 0)
-            seen[summary.example_id] = index + 1
-            summaries.append(dataclasses.replace(summary, rollout_index=index))
+        episodes = read_episodes(run_dir)
+        summaries = [_episode_summary(episode, 0) for episode in episodes]
+        by_task: dict[int, list[int]] = {}
+        for position, summary in enumerate(summaries):
+            by_task.setdefault(summary.example_id, []).append(position)
+        for positions in by_task.values():
+            recorded = [_rollout_index(episodes[p]) for p in positions]
+            for p, index in zip(positions, number_rollouts(recorded, 0)[0], strict=True):
+                summaries[p] = dataclasses.replace(summaries[p], rollout_index=index)
         return summaries
 
     async def prepare(self) -> None:
@@ -220,11 +247,15 @@ class V1Stack(DemoStack):
         self._rewards = [s.reward for s in self.stored(setup.run_dir)]
         await stack.enter_async_context(env.serving())
         self._ctx = ModelContext(client=config.client, model=config.model, sampling=config.sampling)
-        return [
-            WorkItem(task.data.idx, len(kept) + n, env.slots(task, 1)[0])
-            for task, kept, owed in plan
-            for n in range(owed)
-        ]
+        items = []
+        for task, kept, owed in plan:
+            recorded = [
+                _rollout_index({"traces": [{"info": t.info} for t in episode.traces]})
+                for episode in kept
+            ]
+            for index in number_rollouts(recorded, owed)[1]:
+                items.append(WorkItem(task.data.idx, index, env.slots(task, 1)[0]))
+        return items
 
     def _build(self, setup: StackSetup) -> tuple[Any, Any, list[Any]]:
         """The resolved config, the env (not serving yet) and the tasks it runs."""
@@ -251,15 +282,20 @@ class V1Stack(DemoStack):
         stack.callback(close)
 
     async def run(self, item: WorkItem, limit: asyncio.Semaphore) -> RolloutSummary:
-        episode = await self._env.run_slot(item.handle, self._ctx, limit, self._persist)
+        persist = functools.partial(self._persist, item.rollout_index)
+        episode = await self._env.run_slot(item.handle, self._ctx, limit, persist)
         summary = _episode_summary(json.loads(self.dump(episode)), item.rollout_index)
         self._rewards.append(summary.reward)
         return summary
 
-    async def _persist(self, episode: Any) -> None:
-        """v1's persistence hook (``on_complete``): one line, whole, before anything else."""
+    async def _persist(self, rollout_index: int, episode: Any) -> None:
+        """v1's persistence hook (``on_complete``): one line, whole, before anything else.
+        Its traces note the rollout index it ran as (``info["demo_rollout_index"]``), so a
+        re-read run numbers its rollouts as the live table did."""
         assert self._setup is not None and self._config is not None
         episode.record_run(EvalRunInfo(id=self._config.run.id, name=self._config.run.name))
+        for trace in episode.traces:
+            trace.info[ROLLOUT_INDEX_KEY] = rollout_index
         with (self._setup.run_dir / TRACES_FILE).open("ab") as f:
             f.write(self.dump(episode) + b"\n")
 

@@ -4,6 +4,8 @@ What a block sees (docs/contributing-docs.md says the same to authors):
 
 * the working directory holds links to the checkout's top-level entries (so ``-e .``
   and ``./examples/...`` resolve); whatever the blocks write stays there;
+* the README's virtualenvs (``.venv``, ``.venv-classic``) that a session uses but does
+  not create stand for the suite's virtualenv (``. .venv/bin/activate`` works);
 * ``PATH`` starts with a shim directory, then the suite's virtualenv: ``python``,
   ``python3`` and ``python3.11`` are the suite's interpreter, except that
   ``python3.11 -m venv DIR`` makes ``DIR`` stand for the suite's virtualenv, and ``pip
@@ -23,7 +25,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snippets import ROOT, Block, Session
+from support.local_cluster import free_port
 
 #: Top-level entries of the checkout not linked into the scratch directory.
 _NOT_LINKED = {".git", "outputs", "site"}
@@ -52,12 +54,6 @@ class SessionResult:
 
 #: The line announcing each block in a session's output.
 BLOCK_START = "### doc block "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _write_exec(path: Path, text: str) -> None:
@@ -83,12 +79,21 @@ def make_shims(shim_dir: Path) -> None:
             for exe in "{venv_bin}"/*; do
                 name=$(basename "$exe")
                 case "$name" in
-                    pip|pip3|pip3.*) continue ;;
+                    pip|pip3|pip3.*|activate*|Activate*) continue ;;
                 esac
                 printf '#!/bin/sh\\nexec "%s" "$@"\\n' "$exe" > "$dir/bin/$name"
                 chmod 755 "$dir/bin/$name"
             done
             cp "{shim_dir}/pip" "$dir/bin/pip"
+            # ". DIR/bin/activate" puts DIR/bin first on PATH, as a virtualenv's does.
+            dir=$(cd "$dir" && pwd)
+            cat > "$dir/bin/activate" <<ACTIVATE
+        VIRTUAL_ENV="$dir"
+        export VIRTUAL_ENV
+        PATH="$dir/bin:\\$PATH"
+        export PATH
+        hash -r 2>/dev/null || true
+        ACTIVATE
             exit 0
         fi
         exec "{py}" "$@"
@@ -105,6 +110,22 @@ def make_workdir(workdir: Path) -> None:
         if entry.name in _NOT_LINKED or entry.name.startswith(_NOT_LINKED_PREFIXES):
             continue
         (workdir / entry.name).symlink_to(entry)
+
+
+#: The virtualenvs the README's two commands create (``.venv``: v1, ``.venv-classic``).
+README_VENVS = (".venv", ".venv-classic")
+
+
+def make_readme_venvs(shim_dir: Path, workdir: Path, blocks: list[Block]) -> None:
+    """Stand-ins (the suite's virtualenv) for the README's virtualenvs a session uses but
+    does not create, as after a newcomer ran the two commands: ``. .venv/bin/activate``
+    then works as written."""
+    code = "\n".join(block.code for block in blocks)
+    for name in README_VENVS:
+        if name in code and f"-m venv {name}" not in code:
+            subprocess.run(
+                [str(shim_dir / "python3.11"), "-m", "venv", name], cwd=workdir, check=True
+            )
 
 
 def _with_ports(code: str, ports: dict[int, int]) -> str:
@@ -156,6 +177,7 @@ def run_session(session: Session, blocks: list[Block], tmp: Path) -> SessionResu
     shim_dir, workdir = tmp / "shims", tmp / "work"
     make_shims(shim_dir)
     make_workdir(workdir)
+    make_readme_venvs(shim_dir, workdir, blocks)
     script = workdir / ".doc-session.sh"
     script.write_text(session_script(session, blocks, workdir))
     log = tmp / "output.log"

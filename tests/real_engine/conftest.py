@@ -1,7 +1,7 @@
 """The real-engine suite: the gateway in front of a real vLLM named by the environment.
 
 ``ROLLOUT_GATEWAY_REAL_VLLM_URL`` is the engine's OpenAI base URL
-(``http://127.0.0.1:8001/v1``, e.g. ``shared/real-vllm/serve.sh``'s); without it every
+(``http://127.0.0.1:8001/v1``, e.g. ``tools/real-vllm/serve.sh``'s); without it every
 test here is skipped, saying so. ``ROLLOUT_GATEWAY_REAL_VLLM_MODEL`` names the served
 model (default: the first one ``/models`` lists). ``.ci/run`` starts one and sets both.
 """
@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(
         reason=f"no real vLLM: set {URL_VAR} to its OpenAI base URL "
-        "(shared/real-vllm/serve.sh starts one; .ci/run does it)"
+        "(tools/real-vllm/serve.sh starts one; bash .ci/run real-engine does it)"
     )
     here = os.path.dirname(__file__)
     for item in items:
@@ -92,7 +92,9 @@ async def real_gateway(**fields: Any) -> AsyncIterator[RealGateway]:
         model = os.environ.get(MODEL_VAR)
         if not model:
             model = (await engine.get(f"{url}/models")).json()["data"][0]["id"]
-        config = GatewayConfig(upstreams=[url], admin_token=ADMIN, stream_keepalive_s=1.0, **fields)
+        config = GatewayConfig.from_fields(
+            upstreams=[url], admin_token=ADMIN, stream_keepalive_s=1.0, **fields
+        )
         async with contextlib.AsyncExitStack() as stack:
             root = await stack.enter_async_context(running_server(create_app(config)))
             control = await stack.enter_async_context(

@@ -171,7 +171,9 @@ async def make_gateway() -> AsyncIterator[GatewayFactory]:
                 fields.setdefault("upstreams", [UPSTREAM])
             if not fields.get("open_control_plane"):
                 fields.setdefault("admin_token", ADMIN_TOKEN)
-            app = create_app(GatewayConfig(**fields), clock=clock, upstream_transport=transport)
+            app = create_app(
+                GatewayConfig.from_fields(**fields), clock=clock, upstream_transport=transport
+            )
             await stack.enter_async_context(app.router.lifespan_context(app))
             headers = {}
             if fields.get("admin_token"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from support.local_cluster import free_port as _free_port
 
 from rollout_gateway.cli import build_parser, main
 from rollout_gateway.scripted import create_scripted_model_app
@@ -75,21 +75,16 @@ def test_cli_parses_serve_and_scripted_model() -> None:
             "--max-body-bytes", "1000", "--disabled",
         ]
     )  # fmt: skip
-    assert args.upstream == ["http://a:1/v1", "http://b:2/v1"]
-    assert (args.port, args.rollout_keys, args.admin_token_file) == (9000, False, "/tok")
-    assert (args.rollout_ttl, args.max_rollouts, args.upstream_timeout) == (60.0, 5, 30.0)
-    assert (args.max_body_bytes, args.disabled) == (1000, True)
+    # Each flag lands on the settings field that declares it.
+    assert args.upstreams == ["http://a:1/v1", "http://b:2/v1"]
+    assert (args.port, args.require_rollout_keys, args.admin_token_file) == (9000, False, "/tok")
+    assert (args.rollout_ttl_s, args.max_rollouts, args.upstream_timeout_s) == (60.0, 5, 30.0)
+    assert (args.max_body_bytes, args.enabled) == (1000, False)
     args = build_parser().parse_args(["scripted-model", "--latency-ms", "20"])
     assert (args.port, args.latency_ms, args.model_name) == (8001, 20.0, "scripted")
     with pytest.raises(SystemExit) as exc:
         main(["serve"])  # --upstream is required
     assert exc.value.code == 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -149,3 +149,10 @@ async def test_chunk_tokenizer_has_a_real_tokenizers_bytes_and_ids() -> None:
     cut = (await client.post("/chat/completions", json={**body, "max_tokens": 2})).json()
     assert cut["choices"][0]["message"]["content"] == text[:8]
     assert cut["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_command_lines_default_context_is_the_apps() -> None:
+    from rollout_gateway.cli import ScriptedModelProcess
+    from rollout_gateway.scripted.context import DEFAULT_MAX_MODEL_LEN
+
+    assert ScriptedModelProcess().max_model_len == DEFAULT_MAX_MODEL_LEN

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 
 import pytest
 
@@ -32,7 +33,6 @@ TOKEN = "serve-admin-token-0123456789"
         ("--upstream", "not a url"),
         ("--upstream", "ftp://host/v1"),
         ("--upstream", "http://host:99999/v1"),
-        ("--upstream-client", "requests"),
         ("--loop", "trio"),
         ("--port", "70000"),
         ("--port", "-1"),
@@ -106,7 +106,6 @@ def test_token_from_env_or_file(tmp_path, monkeypatch) -> None:
         ({"max_rollouts": 0}, "max_rollouts"),
         ({"admin_token": None}, "admin_token"),
         ({"admin_token": "  "}, "admin_token"),
-        ({"upstream_client": "requests"}, "upstream_client"),
         # A bool or a string is not a number, nor a float an integer (JSON or YAML
         # config files give such values); a flag is a bool.
         ({"max_rollouts": True}, "max_rollouts"),
@@ -123,7 +122,7 @@ def test_token_from_env_or_file(tmp_path, monkeypatch) -> None:
 def test_config_validation_names_the_field(fields: dict, name: str) -> None:
     kwargs = {"upstreams": [UP], "admin_token": TOKEN, **fields}
     with pytest.raises(ValueError, match=name):
-        GatewayConfig(**kwargs)
+        GatewayConfig.from_fields(**kwargs)
 
 
 def test_token_in_options_are_checked_naming_them(monkeypatch, tmp_path, capsys) -> None:
@@ -141,7 +140,11 @@ def test_token_in_options_are_checked_naming_them(monkeypatch, tmp_path, capsys)
     config = serve_config(
         parse(["serve", "--upstream", UP, "--upstream-mode", "token-in", "--tokenizer", "/m"])
     )
-    assert (config.upstream_mode, config.tokenizer, config.renderer) == ("token-in", "/m", "auto")
+    assert (config.upstream.upstream_mode, config.upstream.tokenizer, config.upstream.renderer) == (
+        "token-in",
+        "/m",
+        "auto",
+    )
     # Start-up fails, naming the option: renderers missing ([tito]), or no tokenizer there.
     args = ["serve", "--upstream", UP, "--upstream-mode", "token-in", "--tokenizer", str(tmp_path)]
     assert main(args) == 2
@@ -166,17 +169,12 @@ async def test_tokenizer_defaults_to_the_model_directory_the_upstream_serves(tmp
     assert found == str(tmp_path)
 
 
-def test_client_and_loop_options_reach_the_server(monkeypatch) -> None:
+def test_the_loop_option_reaches_the_server(monkeypatch) -> None:
     monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
     monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
-    args = build_parser().parse_args(
-        ["serve", "--upstream", UP, "--upstream-client", "httpx", "--loop", "asyncio"]
-    )
-    assert (args.upstream_client, args.loop) == ("httpx", "asyncio")
-    assert serve_config(args).upstream_client == "httpx"
-    defaults = build_parser().parse_args(["serve", "--upstream", UP])
-    assert (defaults.upstream_client, defaults.loop) == ("httptools", "auto")
-    assert serve_config(defaults).upstream_client == "httptools"
+    args = build_parser().parse_args(["serve", "--upstream", UP, "--loop", "asyncio"])
+    assert args.loop == "asyncio"
+    assert build_parser().parse_args(["serve", "--upstream", UP]).loop == "auto"
 
 
 @pytest.mark.parametrize(
@@ -216,7 +214,7 @@ def test_redis_options_reach_the_config(monkeypatch) -> None:
          "--redis-prefix", "train-7:", "--redis-lease", "3"]
     )  # fmt: skip
     config = serve_config(args)
-    assert (config.redis_url, config.redis_prefix, config.redis_lease_s) == (
+    assert (config.state.redis_url, config.state.redis_prefix, config.state.redis_lease_s) == (
         "redis://:pw@10.0.0.5:6380/2", "train-7:", 3.0,
     )  # fmt: skip
 
@@ -241,12 +239,16 @@ def test_unusable_redis_options_are_refused_naming_them(
 
 
 def test_a_redis_url_with_a_state_dir_is_refused() -> None:
-    with pytest.raises(ValueError, match="redis_url and state_dir: choose one"):
-        GatewayConfig(upstreams=[UP], admin_token=TOKEN, redis_url="redis://h", state_dir="/x")
+    with pytest.raises(
+        ValueError, match=r"redis_url and state_dir \(--redis and --state-dir\): choose"
+    ):
+        GatewayConfig.from_fields(
+            upstreams=[UP], admin_token=TOKEN, redis_url="redis://h", state_dir="/x"
+        )
 
 
 def test_serve_exits_with_one_line_when_redis_is_unreachable(monkeypatch, capsys) -> None:
-    from rollout_gateway.local_cluster import free_port
+    from support.local_cluster import free_port
 
     pytest.importorskip("redis")
     monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
@@ -346,20 +348,20 @@ def test_contradictory_options_are_refused_at_start_in_one_line(
 
 def test_the_credentials_contradiction_holds_for_library_users_too() -> None:
     with pytest.raises(ValueError, match="credentials"):
-        GatewayConfig(
+        GatewayConfig.from_fields(
             upstreams=["http://user:secret@upstream/v1"],
             admin_token=TOKEN,
             upstream_api_key="sk-upstream",
         )
     # Each alone is fine.
     GatewayConfig(upstreams=["http://user:secret@upstream/v1"], admin_token=TOKEN)
-    GatewayConfig(upstreams=[UP], admin_token=TOKEN, upstream_api_key="sk-upstream")
+    GatewayConfig.from_fields(upstreams=[UP], admin_token=TOKEN, upstream_api_key="sk-upstream")
 
 
 @pytest.mark.parametrize(
     "option,value",
     [("--rollout-parse-share", "0"), ("--rollout-parse-share", "1.5"), ("--max-body-cost", "0"),
-     ("--body-memory", "-1"), ("--max-model-len", "0")],
+     ("--body-memory", "-1"), ("--max-model-len", "-1")],
 )  # fmt: skip
 def test_new_bounds_refuse_invalid_values_naming_them(option: str, value: str, capsys) -> None:
     command = "scripted-model" if option == "--max-model-len" else "serve"
@@ -373,9 +375,105 @@ def test_new_bounds_refuse_invalid_values_naming_them(option: str, value: str, c
 
 
 def test_consistent_new_bounds_start(monkeypatch) -> None:
+    from support.local_cluster import free_port
+
     argv = [
         "--upstream", UP, "--max-body-bytes", str(4 * 1024 * 1024), "--max-body-cost",
         str(64 * 1024 * 1024), "--body-memory", str(256 * 1024 * 1024),
         "--rollout-parse-share", "1", "--max-connections", "64",
+        "--port", str(free_port()),  # serve checks nothing else listens there
     ]  # fmt: skip
     assert _serve(argv, monkeypatch) == 0
+
+
+# -- each option declared once (issue 32 point 2) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "group,fields,flag",
+    [
+        ("intake", {"max_body_bytes": 0}, "--max-body-bytes"),
+        ("limits", {"max_messages": -1}, "--max-messages"),
+        ("limits", {"retry_dedupe_window_s": float("inf")}, "--retry-window"),
+        ("connections", {"header_timeout_s": 0.0}, "--header-timeout"),
+        ("registry", {"max_rollouts": True}, "--max-rollouts"),
+        ("upstream", {"tokenizer": "/m"}, "--tokenizer"),
+        ("upstream", {"upstream_api_key": "two words"}, "$ROLLOUT_GATEWAY_UPSTREAM_API_KEY"),
+        ("state", {"redis_url": "http://h"}, "--redis"),
+        ("state", {"state_sync": "always"}, "--state-sync"),
+    ],
+)
+def test_a_config_error_names_its_field_and_flag(group: str, fields: dict, flag: str) -> None:
+    from rollout_gateway.options import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        GatewayConfig.from_fields(upstreams=[UP], admin_token=TOKEN, **fields)
+    (name,) = fields
+    assert f"{name} ({flag}): " in str(raised.value)
+    assert raised.value.command_line.startswith(f"{flag}: ")
+    # The same rule, from its value object in code.
+    kind = type(getattr(GatewayConfig(upstreams=[UP], admin_token=TOKEN), group))
+    with pytest.raises(ConfigError, match=re.escape(f"({flag})")):
+        GatewayConfig(upstreams=[UP], admin_token=TOKEN, **{group: kind(**fields)})
+
+
+@pytest.mark.parametrize(
+    "option,value,field",
+    [
+        ("--max-body-bytes", "0", "max_body_bytes"),
+        ("--retry-window", "nan", "retry_dedupe_window_s"),
+        ("--rollout-parse-share", "2", "rollout_parse_share"),
+        ("--max-connections", "x", "max_connections"),
+    ],
+)
+def test_the_command_line_and_the_config_refuse_the_same_values(
+    option: str, value: str, field: str, capsys
+) -> None:
+    # One check per option: the flag's type and the field's check are the same Bound.
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--upstream", UP, option, value])
+    said = capsys.readouterr().err
+    number = float(value) if value != "x" else value
+    with pytest.raises(ValueError, match=re.escape(option)):
+        GatewayConfig.from_fields(upstreams=[UP], admin_token=TOKEN, **{field: number})
+    assert option in said
+
+
+def test_every_serve_flag_sets_the_field_that_declares_it(monkeypatch) -> None:
+    """Each declared flag, typed with a non-default value, lands on its field."""
+    from rollout_gateway.options import options_of
+    from rollout_gateway.server import config as settings
+
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
+    values = {"max_body_bytes": "1000", "max_body_cost": "100000", "body_memory": "10000000"}
+    groups = {
+        "limits": settings.RolloutLimits,
+        "connections": settings.ConnectionSettings,
+        "registry": settings.RegistrySettings,
+        "intake": settings.IntakeLimits,
+    }
+    for group, kind in groups.items():
+        for f, declared in options_of(kind):
+            if declared.flag is None or declared.bound is None:
+                continue
+            text = values.get(f.name, "0.5" if declared.bound.kind is float else "7")
+            args = build_parser().parse_args(
+                ["serve", "--upstream", UP, declared.flag, text,
+                 *(a for k, v in values.items() if k != f.name for a in _flag_of(k, v))]
+            )  # fmt: skip
+            config = serve_config(args)
+            assert getattr(getattr(config, group), f.name) == declared.bound.parse(text), f.name
+
+
+def _flag_of(name: str, value: str) -> list[str]:
+    from rollout_gateway.options import source_of
+    from rollout_gateway.server.config import IntakeLimits
+
+    return [str(source_of(IntakeLimits, name)), value]
+
+
+def test_options_that_need_another_one_are_refused_naming_both(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
+    assert main(["serve", "--upstream", UP, "--state-sync", "full"]) == 2
+    assert "--state-sync: only with --state-dir" in capsys.readouterr().err

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -25,6 +24,7 @@ import verifiers.v1 as vf
 from fix_bug_v1 import FixBugHarness, FixBugHarnessConfig, FixBugTask, FixBugTaskset
 from fix_bug_v1.harness import run_program
 from starlette.responses import JSONResponse
+from support.local_cluster import free_port
 from verifiers.v1.configs.agent import TimeoutConfig
 from verifiers.v1.errors import InterceptionError, ProviderError, TaskError, TunnelError
 from verifiers.v1.errors import stop_condition as v1_stop
@@ -44,12 +44,6 @@ LOG = "SIDE_BY_SIDE_LOG"
 
 def first_task() -> FixBugTask:
     return next(iter(FixBugTaskset(vf.TasksetConfig(id="fix-bug-v1"))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def program_harness(source: str, log: Path) -> type[FixBugHarness]:
@@ -136,7 +130,9 @@ async def model_and_gateway(
 ) -> AsyncIterator[tuple[str, str, Any]]:
     async with running_server(model_app or create_scripted_model_app()) as model_root:
         app = create_app(
-            GatewayConfig(upstreams=[f"{model_root}/v1"], admin_token=ADMIN_TOKEN, **gateway)
+            GatewayConfig.from_fields(
+                upstreams=[f"{model_root}/v1"], admin_token=ADMIN_TOKEN, **gateway
+            )
         )
         async with running_server(app) as gateway_root:
             yield model_root, gateway_root, app.state.gateway
@@ -420,9 +416,10 @@ async def test_a_refused_turn_stops_an_agent_that_retries_forever(tmp_path: Path
     gateway_harness = program_harness(_RETRY_FOREVER_AGENT, gateway_log)
     async with model_and_gateway() as (model_root, gateway_root, _):
         # v1's own interception refuses turn 3 (stop max_turns) but cannot end a program
-        # that keeps retrying: it runs until the agent's time limit.
+        # that keeps retrying: it runs until the agent's time limit (long enough for a
+        # loaded machine to start the program and make its refused calls).
         own = await run_v1_own(
-            model_root, own_harness, max_turns=2, timeout=TimeoutConfig(rollout=3)
+            model_root, own_harness, max_turns=2, timeout=TimeoutConfig(rollout=10)
         )
         via_gateway = await run_gateway(gateway_root, gateway_harness, max_turns=2)
 

@@ -30,9 +30,10 @@ from starlette.responses import Response, StreamingResponse
 from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server.agents.limits import (
     NO_RETRY_HEADERS,
+    TurnRefused,
+    budget_bound,
     check_takes_turn,
     check_turn_allowed,
-    max_tokens_allowed,
 )
 from rollout_gateway.server.agents.request import AgentRequest
 from rollout_gateway.server.agents.sse import (
@@ -47,15 +48,18 @@ from rollout_gateway.server.engines.turn import (
     EngineTurn,
     agent_answer,
     context_overflow_error,
-    is_context_overflow,
     prepare_upstream_body,
     wants_usage,
 )
 from rollout_gateway.server.engines.upstream import UpstreamError
 from rollout_gateway.server.engines.upstream_request import (
+    agent_sampling,
     build_upstream_request,
     drop_unread_values,
     dropped_field_facts,
+    max_tokens_to_send,
+    requested_max_tokens,
+    validate_max_tokens,
 )
 from rollout_gateway.server.http import jsonio
 from rollout_gateway.server.http.jsonio import JSONBytesResponse
@@ -69,6 +73,7 @@ from rollout_gateway.server.http.responses import (
 from rollout_gateway.server.recording.history import HistoryMatch, recorded_message
 from rollout_gateway.server.recording.prompt_ids import IdsText, answer_ids, id_count
 from rollout_gateway.server.state.dedupe import Turn
+from rollout_gateway.server.state.ledger import TurnUse
 from rollout_gateway.server.state.limits_v1 import turn_token_counts
 from rollout_gateway.server.state.registry import RolloutRecord
 from rollout_gateway.server.state.store import (
@@ -140,15 +145,17 @@ class ChatTurns:
                     record, self.gateway.rollouts, fingerprint, idempotency_key,
                     is_retry=is_retry,
                 )  # fmt: skip
-            except ApiError as exc:
+            except TurnRefused as exc:
+                await self.gateway.ledger.refuse(record, exc.reason)
                 self._tell_refusal(record, exc)
                 raise
         body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
         del raw  # only the parsed body lives on, without what is never read
         lease.drop_raw()
         drop_unread_values(body)
-        messages = validate_messages(body, config.max_messages)
+        messages = validate_messages(body, config.limits.max_messages)
         validate_answer_flags(body)
+        validate_max_tokens(body)
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
             turn = record.turns.match(fingerprint, idempotency_key, is_retry=is_retry)
@@ -164,7 +171,7 @@ class ChatTurns:
             self.gateway.metrics.deduplicated_requests.inc()
             logger.info("rollout=%s retried request joins its earlier turn", record.rollout_id)
         else:
-            if len(record.turns.pending) >= config.max_pending_turns:
+            if len(record.turns.pending) >= config.limits.max_pending_turns:
                 raise ApiError(
                     429,
                     "too many concurrent requests for this rollout",
@@ -214,7 +221,7 @@ class ChatTurns:
 
     async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
         """Answer a streaming request from the turn's event log (see the module doc)."""
-        keepalive_s = self.gateway.config.stream_keepalive_s
+        keepalive_s = self.gateway.config.connections.stream_keepalive_s
         log: EventLog = turn.events
         log.followers += 1  # from here until _left: the log keeps its events for us
         if not log.events and not turn.task.done():
@@ -336,26 +343,32 @@ class ChatTurns:
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
-        before = (record.recorder.num_abandoned, record.truncation_reason)
+        if self._answer_lost(record):  # it is not a turn the agent saw: taken back
+            self.gateway.metrics.abandoned_turns.inc()
+            await gateway.ledger.abandon_last(record)  # kept even if this turn is lost
         try:
             history, new_bytes = self._admit(record, messages, messages_text, body.get("stop"))
-        except ApiError:
-            if (record.recorder.num_abandoned, record.truncation_reason) != before:
-                await gateway.rollouts.save(record)  # a limit reached, an answer taken back
+        except TurnRefused as exc:
+            await gateway.ledger.refuse(record, exc.reason)
+            self._tell_refusal(record, exc)
             raise
-        if record.recorder.num_abandoned != before[0]:
-            await gateway.rollouts.save(record)  # kept even if this turn is lost
         extends = bool(history.shared)
         gateway.registry.touch(record)
+        upstream = gateway.pool.get(record.upstream)
+        engine = await gateway.engine(record.upstream)
+        window = engine.max_model_len
+        max_tokens = max_tokens_to_send(
+            requested_max_tokens(body, record.sampling_params),
+            budget_bound(record, extends_history=extends, window=window),
+            window,
+        )
         upstream_body = build_upstream_request(
             body,
             model=record.model,
             sampling_params=record.sampling_params,
-            max_tokens_bound=max_tokens_allowed(record, extends_history=extends),
+            max_tokens=max_tokens,
             messages_text=messages_text,
         )
-        upstream = gateway.pool.get(record.upstream)
-        engine = await gateway.engine(record.upstream)
         call = EngineTurn(
             gateway.pool,
             gateway.policy,
@@ -366,7 +379,7 @@ class ChatTurns:
             prepare_upstream_body(upstream_body, record, engine),
             engine,
             history=history,
-            extras=dropped_field_facts(body),
+            extras={**dropped_field_facts(body), "agent_sampling": agent_sampling(body)},
         )
         emit = turn.events.append if turn.events is not None else None
         try:
@@ -375,18 +388,19 @@ class ChatTurns:
             gateway.metrics.upstream_errors.inc(upstream.label, exc.kind)
             logger.warning(
                 "rollout=%s turn=%d upstream=%s error=%s: %s",
-                record.rollout_id, record.num_turns + 1, upstream.label, exc.kind, exc.detail,
+                record.rollout_id, call.number, upstream.label, exc.kind, exc.detail,
             )  # fmt: skip
-            if is_context_overflow(exc):
-                await gateway.rollouts.commit(record, None)  # its step: the prompt refused
+            if call.overflowed:
+                await gateway.ledger.record_overflow(record)  # its step: the prompt refused
                 # The rollout is over (recorded truncated): the env stops its agent.
                 gateway.exit_board.refused(record.rollout_id, "context_length_exceeded")
                 raise context_overflow_error(exc) from None
-            await gateway.rollouts.save(record)  # the failed call, in failed_turns
+            assert call.failed_turn is not None  # (every other failure of the call is noted)
+            await gateway.ledger.note_failure(record, call.failed_turn)
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
             turn.events.relayed = True
-        _count_turn(record, call, result, new_bytes)
+        use = _turn_use(record, call, result, new_bytes)
         answer = _answer_of(result, body, ids_read=record.recorder.last_step.tokens is not None)
         # Durable before the agent gets it: a retry after a crash gets this very answer.
         key = AnswerKey(
@@ -396,7 +410,9 @@ class ChatTurns:
         without = result.raw_without_prompt_ids if answer is result.raw else None
         # (Whether it goes to a client still connected: see _admit.)
         delivered = turn.waiters > 0
-        await gateway.rollouts.commit(record, TurnAnswer(key, answer, without), delivered=delivered)
+        await gateway.ledger.count_turn(
+            record, use, TurnAnswer(key, answer, without), delivered=delivered
+        )
         turn.recorded = True
         upstream_s = call.upstream_seconds()
         gateway.metrics.turns.inc(upstream.label)
@@ -409,44 +425,35 @@ class ChatTurns:
             )  # fmt: skip
         return answer
 
-    def _admit(
-        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
-    ) -> tuple[HistoryMatch, int]:
-        """Whether the rollout may take this turn (raises the refusal if not).
-
-        Returns how the request extends the recorded history (the messages it shares) and
-        the bytes the turn stores for the agent: its new messages, and its ``stop``
-        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
-        An answer the agent never received (it moved on without it) is taken back first:
-        it is not a turn the agent saw.
-        """
+    @staticmethod
+    def _answer_lost(record: RolloutRecord) -> bool:
+        """Whether the rollout's last answer never reached its agent (it moved on without
+        it), answered here or at another gateway (or one that died)."""
         if not record.live:
             raise _not_registered(record)
         last = record.turns.last
         if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
-            self._abandon_last(record)
             last.delivered = True  # handled
-        elif last is None and _answered_elsewhere_undelivered(record):
-            self._abandon_last(record)  # (another gateway, or one that died, answered it)
+            return True
+        return last is None and _answered_elsewhere_undelivered(record)
+
+    def _admit(
+        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
+    ) -> tuple[HistoryMatch, int]:
+        """Whether the rollout may take this turn (raises :class:`TurnRefused` if not).
+
+        Returns how the request extends the recorded history (the messages it shares) and
+        the bytes the turn stores for the agent: its new messages, and its ``stop``
+        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
+        """
         history = record.recorder.match_history(messages, messages_text)
         shared = history.shared
         # Counted as stored: only the fields the trajectory keeps.
         new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
         if stop is not None:
             new_bytes += len(jsonio.dumps(stop))
-        try:
-            check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
-        except ApiError as exc:
-            self._tell_refusal(record, exc)
-            raise
+        check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         return history, new_bytes
-
-    def _abandon_last(self, record: RolloutRecord) -> None:
-        record.recorder.abandon_last()
-        record.num_turns -= 1
-        if record.status == "completed" and record.truncation_reason is None:
-            record.status = "active"
-        self.gateway.metrics.abandoned_turns.inc()
 
     def _tell_refusal(self, record: RolloutRecord, exc: ApiError) -> None:
         """Count a refused turn, and tell it on the exit channel too: whatever the agent
@@ -456,20 +463,16 @@ class ChatTurns:
         self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
 
 
-def _count_turn(
+def _turn_use(
     record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
-) -> None:
-    """Count a recorded turn against the rollout's limits and budget."""
+) -> TurnUse:
+    """What a recorded turn used of the rollout's limits and budget."""
     completion = result.completion
-    record.message_bytes += new_bytes
-    record.completion_tokens += _completion_tokens(completion, call.completion_ids)
-    record.num_turns += 1
+    v1_tokens = None
     if record.token_budget is not None:  # verifiers v1's token caps
-        record.token_budget.add_turn(
-            *turn_token_counts(completion, _id_count(result.prompt_ids_json), call.completion_ids)
-        )
-    if record.at_max_turns and record.status == "active":
-        record.status = "completed"
+        prompt_tokens = _id_count(result.prompt_ids_json)
+        v1_tokens = turn_token_counts(completion, prompt_tokens, call.completion_ids)
+    return TurnUse(new_bytes, _completion_tokens(completion, call.completion_ids), v1_tokens)
 
 
 def _answer_of(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
 from rollout_gateway.server.engines.answers import EngineAnswer, MalformedAnswer, read_answer
+from rollout_gateway.server.engines.context_refusal import (
+    COMPLETION,
+    PROMPT,
+    read_context_refusal,
+    retry_max_tokens,
+)
 from rollout_gateway.server.engines.probe import TOKEN_FLAG_FIELDS, EngineInfo, token_flags
 from rollout_gateway.server.engines.streaming import (
     StreamAssembler,
@@ -62,18 +67,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rollout_gateway.server")
 
-#: An engine's 400 for a prompt that does not fit its context (vLLM 0.32: "This model's
-#: maximum context length is 4096 tokens. However, your prompt contains at least 4097
-#: input tokens..."; SGLang: "The input (N tokens) is longer than the model's context
-#: length (M tokens)").
-_CONTEXT_OVERFLOW_RE = re.compile(
-    r"maximum context length|context length|context window|max_model_len|"
-    r"maximum model length|prompt is too long",
-    re.IGNORECASE,
-)
-
-#: Failed engine calls a rollout keeps (the most recent).
-_MAX_FAILED_TURNS = 100
 
 #: Request fields that are not sampling settings (left out of ``extras.sampling``).
 _NOT_SAMPLING = frozenset(
@@ -93,8 +86,13 @@ _NOT_SAMPLING = frozenset(
 
 
 def is_context_overflow(exc: UpstreamError) -> bool:
-    """Whether an upstream error says the prompt does not fit the engine's context."""
-    return exc.kind == "http_4xx" and bool(_CONTEXT_OVERFLOW_RE.search(exc.message))
+    """Whether an upstream error says the prompt itself does not fit the engine's context
+    (not a ``max_tokens`` too large for the room the prompt leaves:
+    :mod:`.context_refusal`)."""
+    if exc.kind != "http_4xx":
+        return False
+    refusal = read_context_refusal(exc.message)
+    return refusal is not None and refusal.kind == PROMPT
 
 
 def prepare_upstream_body(
@@ -190,40 +188,36 @@ class EngineTurn:
     def __post_init__(self) -> None:
         self.policy_version = self.policy.version
         self.policy_epoch = self.policy.epoch
+        #: The turn's own number in its rollout (1 for the first), for the logs.
+        self.number = self.record.num_turns + 1
         #: The recorded sample's completion ids and finish reason, once the answer is in.
         self.completion_ids: list[int] | None = None
         self.finish_reason: str | None = None
         #: Token-in mode: the turn's MoE routing (see :mod:`.routed_experts`), if sent.
         self.routed_experts: dict[str, Any] | None = None
+        #: Whether the engine refused the prompt as longer than its context (recorded
+        #: as the rollout's truncation).
+        self.overflowed = False
+        #: The failed call, once the engine call failed (not a context overflow): what
+        #: the rollout keeps in its ``failed_turns``.
+        self.failed_turn: FailedTurn | None = None
 
     async def call(self, emit: Callable[[bytes], None] | None) -> EngineResult:
         """Call the engine and record the step.
 
-        Streams when ``emit`` is given and the engine streams token ids. Raises
-        :class:`UpstreamError` (after recording a context overflow).
+        Streams when ``emit`` is given and the engine streams token ids. A ``max_tokens``
+        the engine refuses as larger than the room its prompt leaves is lowered to that
+        room and asked again, once (:meth:`_lower_max_tokens`). Raises
+        :class:`UpstreamError` (after recording a context overflow, or keeping the
+        failed call in ``failed_turns``).
         """
-        token_in = self.token_in
-        streamed = emit is not None and self.engine.streams_token_ids and token_in is None
-        first_chunk_s: float | None = None
-        result = EngineResult({})
         try:
-            if token_in is not None:  # the gateway renders; the agent's stream is synthesized
-                result = EngineResult(await token_in.complete(self))
-            elif streamed:
-                completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
-                result = EngineResult(completion, relayed=True)
-            else:
-                raw, _ = await self.pool.chat_raw(
-                    self.record.upstream, self.upstream_body, shard_key=self.record.rollout_id
-                )
-                # The prompt's ids stay JSON text: the recorder parses only what is new.
-                rest, prompt_ids_json = split_prompt_ids(raw)
-                completion, strict = parse_completion(rest)
-                without = rest if prompt_ids_json is not None else None
-                result = EngineResult(completion, raw, strict, prompt_ids_json, without)
-            # Read before anything is recorded: an answer that is not a chat completion
-            # is the upstream's fault (502), never the gateway's (500).
-            answer = read_answer(result.completion)
+            try:
+                result, answer, first_chunk_s = await self._attempt(emit)
+            except UpstreamError as exc:
+                if not self._lower_max_tokens(exc):
+                    raise
+                result, answer, first_chunk_s = await self._attempt(emit)
         except MalformedAnswer as exc:
             failure = malformed_answer(str(exc))
             self._note_failure(failure)
@@ -236,6 +230,57 @@ class EngineTurn:
             raise
         self._record(answer, first_chunk_s, result.prompt_ids_json)
         return result
+
+    async def _attempt(
+        self, emit: Callable[[bytes], None] | None
+    ) -> tuple[EngineResult, EngineAnswer, float | None]:
+        """One call of the engine: its answer, read (raises :class:`MalformedAnswer`
+        for one that is not a chat completion: the upstream's fault, a 502)."""
+        token_in = self.token_in
+        streamed = emit is not None and self.engine.streams_token_ids and token_in is None
+        first_chunk_s: float | None = None
+        if token_in is not None:  # the gateway renders; the agent's stream is synthesized
+            result = EngineResult(await token_in.complete(self))
+        elif streamed:
+            completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
+            result = EngineResult(completion, relayed=True)
+        else:
+            raw, _ = await self.pool.chat_raw(self.record.upstream, self.upstream_body)
+            # The prompt's ids stay JSON text: the recorder parses only what is new.
+            rest, prompt_ids_json = split_prompt_ids(raw)
+            completion, strict = parse_completion(rest)
+            without = rest if prompt_ids_json is not None else None
+            result = EngineResult(completion, raw, strict, prompt_ids_json, without)
+        return result, read_answer(result.completion), first_chunk_s
+
+    def _lower_max_tokens(self, exc: UpstreamError) -> bool:
+        """After the engine refused the ``max_tokens`` sent as more than its context leaves
+        after the prompt: lower it to the room the engine states, for one more call.
+        Returns whether there is one (token-in mode renders the prompt itself and sends
+        what fits; a refusal that states no smaller room goes to the agent).
+
+        A refusal that states the engine's context teaches it to the gateway when its
+        model card did not (the next turns are bounded by it).
+        """
+        sent = self.upstream_body.get("max_tokens")
+        if exc.kind != "http_4xx" or self.token_in is not None or not isinstance(sent, int):
+            return False
+        refusal = read_context_refusal(exc.message)
+        if refusal is None or refusal.kind != COMPLETION:
+            return False
+        if refusal.window is not None and self.engine.max_model_len is None:
+            self.engine.max_model_len = refusal.window
+        lowered = retry_max_tokens(refusal, sent=sent)
+        if lowered is None:
+            return False
+        self.upstream_body["max_tokens"] = lowered
+        self.extras["max_tokens_refused"] = {"max_tokens": sent, "message": exc.message[:500]}
+        logger.info(
+            "rollout=%s turn=%d: the engine refused max_tokens=%d (more than its context "
+            "leaves); asking again with %d",
+            self.record.rollout_id, self.number, sent, lowered,
+        )  # fmt: skip
+        return True
 
     @property
     def shared(self) -> int | None:
@@ -256,13 +301,10 @@ class EngineTurn:
         include_usage = wants_usage(self.body)
         assembler = StreamAssembler()
         first_chunk_s: float | None = None
-        upstream.in_flight += 1
+        stream = upstream.http.stream("/chat/completions", jsonio.dumps(body))
         try:
-            async with asyncio.timeout(pool.timeout_s):
-                stream = upstream.http.stream(
-                    "/chat/completions", jsonio.dumps(body), key=self.record.rollout_id
-                )
-                async with stream as response:
+            with upstream.call:  # counted in flight, a failure to get the answer classified
+                async with asyncio.timeout(pool.timeout_s), stream as response:
                     upstream.answered()
                     if response.status_code >= 400:
                         raise_for_upstream_status(await response.read(), label)
@@ -276,15 +318,6 @@ class EngineTurn:
         except StreamError as exc:
             detail = f"{label}: {exc.detail}"
             raise UpstreamError("protocol", exc.status_code, exc.message, detail) from exc
-        except UpstreamError:
-            raise
-        except Exception as exc:
-            failure = upstream.connection_failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
-        finally:
-            upstream.in_flight -= 1
         if not assembler.finished:
             raise UpstreamError("protocol", 502, "upstream stream ended before its answer did")
         return assembler.completion(), first_chunk_s
@@ -304,7 +337,7 @@ class EngineTurn:
         return extras
 
     def _note_failure(self, exc: UpstreamError) -> None:
-        """Keep a failed call in the rollout's ``failed_turns`` (bounded)."""
+        """Describe a failed call (:attr:`failed_turn`: the rollout's owner keeps it)."""
         error: TurnError = {
             "type": exc.kind,
             "message": exc.message,
@@ -317,8 +350,7 @@ class EngineTurn:
             "error": error,
             "timing": self._base_extras(None)["timing"],
         }
-        self.record.failed_turns.append(dict(failed))
-        del self.record.failed_turns[:-_MAX_FAILED_TURNS]
+        self.failed_turn = failed
 
     def _record_overflow(self, exc: UpstreamError) -> None:
         record = self.record
@@ -329,16 +361,14 @@ class EngineTurn:
         }
         extras = self._base_extras(None)
         extras.update({"status": "error", "error": error})
+        # The step (no sample); the rollout's owner ends the rollout (record_overflow).
         record.recorder.record_refused(self.messages, {**self.extras, **extras})
-        record.num_turns += 1  # a recorded step: num_turns stays the trajectory's length
-        record.truncation_reason = "context_length_exceeded"
-        if record.status == "active":
-            record.status = "completed"
+        self.overflowed = True
         logger.warning(
             "rollout=%s turn=%d: prompt longer than the engine's context; recorded, "
             "rollout truncated",
             record.rollout_id,
-            record.num_turns + 1,
+            self.number,
         )
 
     def _record(
@@ -386,7 +416,7 @@ class EngineTurn:
                     self.pool.get(record.upstream).label,
                     engine.kind,
                     record.rollout_id,
-                    record.num_turns + 1,
+                    self.number,
                 )
             engine.token_ids = False
         else:

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from rollout_gateway import protocol
+from rollout_gateway.server.http.responses import ApiError
 
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
 
@@ -45,15 +46,44 @@ _AGENT_FIELDS = frozenset((*AGENT_FORWARDED_FIELDS, *AGENT_READ_FIELDS))
 _KEPT_FIELDS = _AGENT_FIELDS | {"include_reasoning"}
 
 
+#: The agent's own request fields that are sampling settings, recorded as it sent them
+#: (``extras.agent_sampling``) beside what the gateway sent (``extras.sampling``). Its
+#: ``stop`` is forwarded, so ``extras.sampling`` holds it already.
+AGENT_SAMPLING_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "reasoning_effort",
+        "seed",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    }
+)
+#: A string value the agent sends (``reasoning_effort``) is kept up to this many characters:
+#: the step keeps it for the rollout's life.
+_MAX_AGENT_SAMPLING_CHARS = 64
+
+
 def drop_unread_values(body: dict[str, Any]) -> None:
     """Set to ``None`` the values of every field of an agent's request the gateway never
-    reads (see :func:`dropped_field_facts`, which still lists their names).
+    reads (see :func:`dropped_field_facts`, which still lists their names), but for the
+    sampling settings it records as the agent sent them (:func:`agent_sampling`).
 
     The parsed body lives until the turn is answered, behind a slow engine perhaps; a
     ``pad`` of millions of values would live as long, for nothing.
     """
-    for key in body:
-        if key not in _KEPT_FIELDS:
+    for key, value in body.items():
+        if key in _KEPT_FIELDS:
+            continue
+        if key not in AGENT_SAMPLING_FIELDS or not isinstance(value, bool | int | float | str):
             body[key] = None
 
 
@@ -95,12 +125,61 @@ def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return protocol.flatten_sampling_args(params)
 
 
+def validate_max_tokens(body: Mapping[str, Any]) -> None:
+    """Raise a 400 for an agent's ``max_tokens`` / ``max_completion_tokens`` that is not a
+    positive integer or ``null`` (an engine would refuse it anyway, and vLLM's refusal of
+    ``0`` reads like a prompt that fills its whole context)."""
+    for key in _MAX_TOKEN_KEYS:
+        value = body.get(key)
+        positive = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if value is not None and not positive:
+            raise ApiError(
+                400, f"'{key}' must be a positive integer or null", "invalid_request_error"
+            )
+
+
+def requested_max_tokens(body: Mapping[str, Any], sampling_params: Mapping[str, Any]) -> int | None:
+    """The completion bound asked for this turn: the registered ``max_tokens`` (or
+    ``max_completion_tokens``), else the agent's (checked: :func:`validate_max_tokens`);
+    ``None`` when neither sets one."""
+    asked = _first_set(flatten_sampling_params(sampling_params), _MAX_TOKEN_KEYS)
+    if asked is None:
+        asked = _first_set(body, _MAX_TOKEN_KEYS)
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) else None
+
+
+def max_tokens_to_send(asked: int | None, budget: int | None, window: int | None) -> int | None:
+    """The ``max_tokens`` a turn sends upstream (``None``: send none).
+
+    Never more than the engine can give, never less than was asked within the rollout's
+    limits:
+
+    - ``asked`` (:func:`requested_max_tokens`) is sent, lowered to ``budget`` (what the
+      rollout's own budgets leave, :func:`~rollout_gateway.server.agents.limits.budget_bound`)
+      and to ``window`` (the engine's context, ``max_model_len``): vLLM refuses a
+      ``max_tokens`` over its context and fits a smaller one to the room the prompt
+      leaves; an engine that refuses it (SGLang) says how many tokens the prompt has, and
+      the turn asks again with that room (:mod:`.context_refusal`).
+    - Nothing asked: the budget is sent where it is smaller than the engine's context
+      (or the context is unknown); else nothing, and the engine gives what its context
+      leaves after the prompt.
+    """
+    bound = budget
+    if asked is not None:
+        bound = asked if bound is None else min(asked, bound)
+    elif bound is not None and window is not None and bound >= window:
+        return None
+    if bound is not None and window is not None:
+        bound = min(bound, window)
+    return None if bound is None else max(1, bound)
+
+
 def build_upstream_request(
     body: Mapping[str, Any],
     *,
     model: str,
     sampling_params: Mapping[str, Any],
-    max_tokens_bound: int | None = None,
+    max_tokens: int | None = None,
     messages_text: bytes | None = None,
 ) -> dict[str, Any]:
     """The upstream request for an agent's chat ``body``.
@@ -108,25 +187,16 @@ def build_upstream_request(
     An allowlist: only :data:`AGENT_FORWARDED_FIELDS` of the agent's body are forwarded;
     every other field (sampling, ``n``, ``seed``, ``logit_bias``, ``echo``, engine
     extras...) is dropped (see :func:`dropped_field_facts`). The registered ``model``
-    and ``sampling_params`` are sent as registered. ``max_tokens`` is the registered value,
-    else the agent's ``max_tokens`` / ``max_completion_tokens``, capped by
-    ``max_tokens_bound`` (the rollout's remaining budget). The call is never streamed and
-    always asks for token ids and logprobs (vLLM's ``return_token_ids`` / ``logprobs``).
-    ``messages_text`` (``body["messages"]`` as :func:`orjson.dumps` writes it) is sent as
-    it is, not written again.
+    and ``sampling_params`` are sent as registered, but for their ``max_tokens``:
+    ``max_tokens`` is sent as given (:func:`max_tokens_to_send`; ``None``: none). The
+    call is never streamed and always asks for token ids and logprobs (vLLM's
+    ``return_token_ids`` / ``logprobs``). ``messages_text`` (``body["messages"]`` as
+    :func:`orjson.dumps` writes it) is sent as it is, not written again.
     """
     registered = flatten_sampling_params(sampling_params)
     request = {k: body[k] for k in AGENT_FORWARDED_FIELDS if k in body}
     if messages_text is not None and "messages" in request:
         request["messages"] = orjson.Fragment(messages_text)
-    max_tokens = _first_set(registered, _MAX_TOKEN_KEYS)
-    if max_tokens is None:
-        max_tokens = _first_set(body, _MAX_TOKEN_KEYS)
-    if max_tokens_bound is not None:
-        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
-            max_tokens = min(max_tokens, max_tokens_bound)
-        else:
-            max_tokens = max_tokens_bound
     request.update({k: v for k, v in registered.items() if k not in _MAX_TOKEN_KEYS})
     if max_tokens is not None:
         request["max_tokens"] = max_tokens
@@ -135,6 +205,21 @@ def build_upstream_request(
     request["return_token_ids"] = True
     request["logprobs"] = True
     return request
+
+
+def agent_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling fields of the agent's request as it sent them: numbers, booleans
+    and short strings (``null`` and other values left out). A turn records them as
+    ``extras.agent_sampling``: what the agent asked for, beside ``extras.sampling``,
+    what went upstream."""
+    out: dict[str, Any] = {}
+    for key in AGENT_SAMPLING_FIELDS.intersection(body):
+        value = body[key]
+        if isinstance(value, bool | int | float):
+            out[key] = value
+        elif isinstance(value, str):
+            out[key] = value[:_MAX_AGENT_SAMPLING_CHARS]
+    return out
 
 
 def _first_set(mapping: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
@@ -190,8 +275,10 @@ def agent_view(completion: dict[str, Any], body: Mapping[str, Any]) -> dict[str,
 
 __all__ = [
     "AGENT_FORWARDED_FIELDS",
+    "AGENT_SAMPLING_FIELDS",
     "AGENT_READ_FIELDS",
     "NOT_REGISTRABLE_FIELDS",
+    "agent_sampling",
     "agent_view",
     "assistant_message",
     "build_upstream_request",
@@ -200,4 +287,7 @@ __all__ = [
     "MAX_DROPPED_FIELD_CHARS",
     "dropped_field_facts",
     "flatten_sampling_params",
+    "max_tokens_to_send",
+    "requested_max_tokens",
+    "validate_max_tokens",
 ]

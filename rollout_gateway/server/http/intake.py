@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive
 
+from rollout_gateway.options import POSITIVE_INT, SHARE, option
 from rollout_gateway.server.http.budget import ByteBudget
 from rollout_gateway.server.http.connections import ReadTimer
 from rollout_gateway.server.http.jsonio import OFF_LOOP_PARSE_BYTES, ParsedBody, loads_chat_body
@@ -88,29 +89,61 @@ def worst_case_cost(nbytes: int) -> int:
     return nbytes * (1 + VALUE_COST)
 
 
+#: Largest request body.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Request bodies over 256 KiB parsed at once, gateway-wide.
+DEFAULT_MAX_CONCURRENT_PARSES = 2
+#: Largest estimated parse cost (memory) of one request body, and of one rollout's
+#: requests alive at once: a 16 MiB body of chat text costs about 140 MiB by the
+#: estimate, 16 MiB of ``[{}, ...]`` about 1 GiB.
+DEFAULT_MAX_BODY_COST = 256 * 1024 * 1024
+#: Request bodies being read or parsed at once, gateway-wide, at their size while read
+#: and their estimated cost while parsed.
+DEFAULT_BODY_MEMORY = 1024 * 1024 * 1024
+#: Share of the gateway's time one rollout's big bodies (over 256 KiB) may take to be
+#: read, scanned, parsed and written again (the interpreter serves nobody else while it
+#: parses). Low, as the kernel's copy of the bytes is not measured.
+DEFAULT_ROLLOUT_PARSE_SHARE = 0.02
+
+
 @dataclass(frozen=True)
 class IntakeLimits:
-    """The bounds of :class:`BodyIntake` (see the module docstring; ``serve`` options in
-    parentheses).
+    """The bounds of :class:`BodyIntake` (see the module docstring), each a ``serve``
+    option (:mod:`rollout_gateway.options`). Not checked when built (:meth:`problems`
+    says what cannot hold; :class:`~rollout_gateway.server.GatewayConfig` checks both).
 
-    Args:
-        max_body_bytes: largest body (``--max-body-bytes``; 413 beyond).
-        max_body_cost: largest estimated parse cost of one body, and of one key's
-            requests alive at once (``--max-body-cost``; 413 ``request_too_complex``).
-        body_memory: bodies being read or waiting to be parsed, plus parses in progress
-            at their cost, gateway-wide (``--body-memory``).
-        max_concurrent_parses: big bodies parsed at once (``--max-concurrent-parses``).
-        rollout_parse_share: the share of time one key's big bodies may take
-            (``--rollout-parse-share``; 1 turns the wait off).
-        big_body_bytes: bodies larger than this are big: scanned, parsed in a worker
-            thread, and shared fairly.
+    ``big_body_bytes``: bodies larger than this are big: scanned, parsed in a worker
+    thread, and shared fairly (no option).
     """
 
-    max_body_bytes: int
-    max_body_cost: int
-    body_memory: int
-    max_concurrent_parses: int
-    rollout_parse_share: float
+    max_body_bytes: int = option(
+        DEFAULT_MAX_BODY_BYTES, flag="--max-body-bytes", bound=POSITIVE_INT, metavar="N",
+        help="largest request body (413 beyond)",
+    )  # fmt: skip
+    max_body_cost: int = option(
+        DEFAULT_MAX_BODY_COST, flag="--max-body-cost", bound=POSITIVE_INT, metavar="BYTES",
+        help="largest estimated parse cost of a request body: its size plus 96 bytes per "
+        "',' '[' '{' in it (413 request_too_complex beyond, before parsing); one rollout's "
+        "requests alive at once hold at most this much together, more wait",
+    )  # fmt: skip
+    body_memory: int = option(
+        DEFAULT_BODY_MEMORY, flag="--body-memory", bound=POSITIVE_INT, metavar="BYTES",
+        help="request bodies being read or parsed at once, gateway-wide (at their size, "
+        "then at their parse cost); more wait before being read; must hold "
+        "--max-concurrent-parses x --max-body-cost + --max-body-bytes",
+    )  # fmt: skip
+    max_concurrent_parses: int = option(
+        DEFAULT_MAX_CONCURRENT_PARSES, flag="--max-concurrent-parses", bound=POSITIVE_INT,
+        metavar="N",
+        help="request bodies over 256 KiB parsed at once, gateway-wide; more wait their "
+        "turn (bounds the memory of many big bodies at once)",
+    )  # fmt: skip
+    rollout_parse_share: float = option(
+        DEFAULT_ROLLOUT_PARSE_SHARE, flag="--rollout-parse-share", bound=SHARE, metavar="F",
+        help="share of the gateway's time one rollout's bodies over 256 KiB may take (read, "
+        "scanned, parsed, written again): after one took t of CPU, its next one waits "
+        "t x (1/F - 1) before it is read; in (0, 1], 1 turns the wait off",
+    )  # fmt: skip
     big_body_bytes: int = OFF_LOOP_PARSE_BYTES
 
     @property
@@ -390,6 +423,11 @@ __all__ = [
     "VALUE_COST",
     "BodyIntake",
     "BodyLease",
+    "DEFAULT_BODY_MEMORY",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_BODY_COST",
+    "DEFAULT_MAX_CONCURRENT_PARSES",
+    "DEFAULT_ROLLOUT_PARSE_SHARE",
     "IntakeLimits",
     "body_cost",
     "worst_case_cost",

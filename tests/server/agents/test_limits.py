@@ -9,6 +9,7 @@ import time
 import orjson
 import pytest
 
+from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.server.http.intake import BodyIntake, IntakeLimits
 
 from ..conftest import GatewayHarness, RecordingUpstream, script
@@ -212,7 +213,7 @@ async def test_the_chat_route_parses_big_bodies_under_the_gateway_bound(make_gat
     gateway = gw.app.state.gateway
     assert gateway.intake.limits.max_concurrent_parses == 1
     loads, state = _tracking_loads()
-    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)  # observed
+    gateway.intake = BodyIntake(gateway.config.intake, loads=loads)  # observed
     padding = "y" * (300 * 1024)  # over the 256 KiB off-loop threshold
     for i in range(3):
         await gw.register(f"big{i}")
@@ -249,7 +250,7 @@ async def test_fields_the_gateway_never_reads_are_not_kept_while_the_turn_waits(
     upstream = RecordingUpstream(latency_s=0.5)
     gw = await make_gateway(upstream.app())
     gateway = gw.app.state.gateway
-    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)
+    gateway.intake = BodyIntake(gateway.config.intake, loads=loads)
     await gw.register("r1")
     body = {"messages": turn("hi"), "pad": [{}] * 1000}
     waiting = asyncio.ensure_future(gw.chat("r1", body))
@@ -273,9 +274,10 @@ async def test_another_rollouts_turn_is_served_while_a_big_parse_is_held(
             gate.wait(10)
         return orjson.loads(raw)
 
-    gw = await make_gateway()
+    # An engine without a context bound: the 1 MiB prompt is about the parse, not the context.
+    gw = await make_gateway(create_scripted_model_app(max_model_len=None))
     gateway = gw.app.state.gateway
-    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)
+    gateway.intake = BodyIntake(gateway.config.intake, loads=loads)
     await gw.register("attacker")
     await gw.register("victim")
     big = [{"role": "user", "content": script({"say": "ok"}) + " " + "x" * (1024 * 1024)}]
@@ -297,7 +299,7 @@ async def test_a_finished_rollout_refuses_a_big_body_without_parsing_it(make_gat
 
     gw = await make_gateway()
     gateway = gw.app.state.gateway
-    gateway.intake = BodyIntake(gateway.config.intake_limits(), loads=loads)
+    gateway.intake = BodyIntake(gateway.config.intake, loads=loads)
     await gw.register("r1", max_turns=1)
     first = turn("the only turn")
     assert (await gw.chat("r1", first)).status_code == 200
@@ -324,7 +326,7 @@ async def test_a_rollouts_big_bodies_wait_for_its_share_of_time(make_gateway) ->
         slept.append(seconds)
 
     gateway.intake = BodyIntake(
-        gateway.config.intake_limits(),
+        gateway.config.intake,
         loads=loads,
         cpu_clock=lambda: cpu["now"],
         clock=lambda: 100.0,  # time stands still: only the share's wait counts

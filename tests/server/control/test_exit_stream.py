@@ -23,7 +23,7 @@ ADMIN = "adm"
 
 
 def _config(**options: object) -> GatewayConfig:
-    return GatewayConfig(
+    return GatewayConfig.from_fields(
         upstreams=["http://127.0.0.1:9/v1"],
         require_rollout_keys=True,
         admin_token=ADMIN,

@@ -28,6 +28,15 @@ from starlette.routing import Route
 
 from rollout_gateway.scripted import build_completion
 from rollout_gateway.scripted import tokenizer as tok
+from rollout_gateway.server.http.responses import ApiError
+
+
+def _error(message: str) -> Response:
+    """SGLang's 400 (``create_error_response``)."""
+    return JSONResponse(
+        {"object": "error", "message": message, "type": "BadRequest", "code": 400},
+        status_code=400,
+    )
 
 
 @dataclass
@@ -45,8 +54,14 @@ class FakeSGLang:
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The SGLang answer to ``body``, from the scripted model's decision."""
-        plain = build_completion({**body, "return_token_ids": True, "logprobs": True}, "m")
+        """The SGLang answer to ``body``, from the scripted model's decision (a request
+        that does not fit ``max_model_len`` raises SGLang's refusal, as SGLang checks)."""
+        plain = build_completion(
+            {**body, "return_token_ids": True, "logprobs": True},
+            "m",
+            max_model_len=self.max_model_len,
+            context_check="sglang",
+        )
         prompt_ids = plain.pop("prompt_token_ids")
         choices = []
         for index, choice in enumerate(plain["choices"]):
@@ -106,11 +121,11 @@ class FakeSGLang:
                     "return_prompt_token_ids is not supported with streaming. "
                     "Please set stream=false when using return_prompt_token_ids=true."
                 )
-                return JSONResponse(
-                    {"object": "error", "message": message, "type": "BadRequest", "code": 400},
-                    status_code=400,
-                )
-            return JSONResponse(self.answer(body))
+                return _error(message)
+            try:
+                return JSONResponse(self.answer(body))
+            except ApiError as exc:
+                return _error(exc.message)
 
         async def models(request: Request) -> Response:
             card = {

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from rollout_gateway.server.engines.upstream_request import build_upstream_request
+from rollout_gateway.server.engines.upstream_request import (
+    build_upstream_request,
+    max_tokens_to_send,
+    requested_max_tokens,
+)
 
 from ..conftest import RecordingUpstream, script
 
@@ -61,11 +65,11 @@ async def test_agent_max_tokens_used_when_not_registered(make_gateway) -> None:
 
 
 def test_build_upstream_request_unit() -> None:
+    body = {"messages": [], "max_tokens": 3, "max_completion_tokens": 4, "seed": 1}
+    sampling = {"max_tokens": 9, "seed": 2}
+    asked = requested_max_tokens(body, sampling)  # the registered value wins
     out = build_upstream_request(
-        {"messages": [], "max_tokens": 3, "max_completion_tokens": 4, "seed": 1},
-        model="m",
-        sampling_params={"max_tokens": 9, "seed": 2},
-        max_tokens_bound=100,
+        body, model="m", sampling_params=sampling, max_tokens=max_tokens_to_send(asked, 100, None)
     )
     assert out == {
         "messages": [],
@@ -102,14 +106,9 @@ async def test_agent_sampling_fields_are_dropped_not_forwarded(make_gateway) -> 
 
 
 def test_remaining_budget_caps_max_tokens() -> None:
-    capped = build_upstream_request(
-        {"messages": [], "max_tokens": 500}, model="m", sampling_params={}, max_tokens_bound=40
-    )
-    assert capped["max_tokens"] == 40
-    bounded = build_upstream_request(
-        {"messages": []}, model="m", sampling_params={}, max_tokens_bound=40
-    )
-    assert bounded["max_tokens"] == 40
+    asked = requested_max_tokens({"messages": [], "max_tokens": 500}, {})
+    assert max_tokens_to_send(asked, 40, None) == 40
+    assert max_tokens_to_send(None, 40, None) == 40
 
 
 async def test_registered_sampling_params_may_not_set_the_conversation(gw) -> None:

@@ -394,7 +394,7 @@ def test_missing_renderers_is_a_startup_error_naming_the_option(
     tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "renderers", None)  # as if not installed
-    config = GatewayConfig(
+    config = GatewayConfig.from_fields(
         upstreams=[UPSTREAM],
         admin_token=ADMIN_TOKEN,
         upstream_mode="token-in",
@@ -405,7 +405,7 @@ def test_missing_renderers_is_a_startup_error_naming_the_option(
 
 
 def test_unloadable_tokenizer_and_bad_renderer_name_the_option(tmp_path: Path) -> None:
-    config = GatewayConfig(
+    config = GatewayConfig.from_fields(
         upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, upstream_mode="token-in",
         tokenizer=str(tmp_path),
     )  # fmt: skip
@@ -414,7 +414,7 @@ def test_unloadable_tokenizer_and_bad_renderer_name_the_option(tmp_path: Path) -
 
 
 def test_bad_renderer_names_the_option(tokenizer_dir: Path) -> None:
-    config = GatewayConfig(
+    config = GatewayConfig.from_fields(
         upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, upstream_mode="token-in",
         tokenizer=str(tokenizer_dir), renderer="no.such.module:factory",
     )  # fmt: skip

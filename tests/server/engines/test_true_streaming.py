@@ -2,7 +2,7 @@
 
 ``fixtures/vllm-0.32-*.json`` hold a request (``return_token_ids``, ``logprobs``,
 temperature 0) and vLLM's whole answer to it; ``*-stream.sse`` the raw SSE vLLM sent
-for the same request with ``stream: true`` (captured from ``shared/real-vllm``).
+for the same request with ``stream: true`` (captured from a real vLLM: ``tools/real-vllm``).
 """
 
 from __future__ import annotations
@@ -200,7 +200,9 @@ async def served_pair(engine: ReplayVLLM, **config: Any) -> AsyncIterator[httpx.
     """The fake engine and the gateway on loopback sockets (httpx's ASGI transport
     buffers whole responses, which would hide streaming). The client is the admin's."""
     async with running_server(engine.app()) as engine_root:
-        gateway_config = GatewayConfig(upstreams=[f"{engine_root}/v1"], admin_token=ADMIN, **config)
+        gateway_config = GatewayConfig.from_fields(
+            upstreams=[f"{engine_root}/v1"], admin_token=ADMIN, **config
+        )
         app = create_app(gateway_config)
         headers = {"Authorization": f"Bearer {ADMIN}"}
         async with (

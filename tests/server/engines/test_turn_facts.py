@@ -76,8 +76,11 @@ async def test_step_records_finish_stop_usage_timing_and_sampling(
         assert extras["usage"]["completion_tokens"] == len(step["tokens"]["completion_ids"])
         assert extras["timing"]["upstream_s"] >= 0 and extras["timing"]["started_at"] > 0
         # The sampling actually sent: the registered temperature, the turn's own seed.
-        sent = {k: bodies[turn][k] for k in ("temperature", "seed", "max_tokens")}
-        assert extras["sampling"] == sent  # the budget's max_tokens bound included
+        sent = {k: bodies[turn][k] for k in ("temperature", "seed")}
+        assert extras["sampling"] == sent
+        # Nobody set a completion bound: none is sent (the engine gives what its
+        # context leaves), and the step says the agent asked for none.
+        assert "max_tokens" not in bodies[turn] and extras["agent_sampling"] == {}
         assert sent["temperature"] == 0.5 and sent["seed"] == turn_seed(42, turn)
         assert bodies[turn]["seed"] == turn_seed(42, turn)
         assert bodies[turn]["include_reasoning"] is True  # tokens whatever the agent asks

@@ -18,7 +18,9 @@ ADMIN = "connections-admin-token-01"
 
 @contextlib.asynccontextmanager
 async def gateway(**limits: float) -> AsyncIterator[tuple[str, int]]:
-    config = GatewayConfig(upstreams=["http://127.0.0.1:9/v1"], admin_token=ADMIN, **limits)
+    config = GatewayConfig.from_fields(
+        upstreams=["http://127.0.0.1:9/v1"], admin_token=ADMIN, **limits
+    )
     async with running_server(create_app(config)) as root:
         yield root, int(root.rsplit(":", 1)[1])
 

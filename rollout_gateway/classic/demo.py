@@ -25,8 +25,9 @@ from rollout_gateway.demo.stack import (
     RolloutSummary,
     StackSetup,
     WorkItem,
-    off_loop,
+    new_input_tokens,
 )
+from rollout_gateway.demo.threads import off_loop
 
 RESULTS_FILE = "results.jsonl"
 #: What the classic stack imports (seconds, off the event loop: see :meth:`prepare`).
@@ -98,8 +99,10 @@ def summarize(record: dict[str, Any]) -> RolloutSummary:
         task=str(info.get("task_id") or "?"),
         reward=float(record.get("reward") or 0.0),
         turns=len(record.get("trajectory") or []),
-        prompt_tokens=len(steps[-1].get("prompt_ids") or []) if steps else 0,
-        completion_tokens=sum(len(t.get("completion_ids") or []) for t in steps),
+        input_tokens=new_input_tokens(
+            (len(t.get("prompt_ids") or []), len(t.get("completion_ids") or [])) for t in steps
+        ),
+        output_tokens=sum(len(t.get("completion_ids") or []) for t in steps),
         seconds=float(record.get("duration_s") or 0.0),
         error=error_text(record),
     )

@@ -1,0 +1,185 @@
+"""The engine's chat completion as an OpenAI Responses ``Response``; errors in OpenAI's shape.
+
+Output items, in the order the engine produces them: a ``reasoning`` item for the
+reasoning (its text as ``reasoning_text`` content, no summary), a ``message`` with the
+text (also an empty one when the answer has neither text nor tool calls), a
+``function_call`` per tool call (with its ``namespace`` when the request declared the
+tool in one) or a ``custom_tool_call``. ``status`` is ``completed``, or ``incomplete``
+(``incomplete_details.reason``: ``max_output_tokens`` / ``content_filter``) when the
+engine cut the answer. Item ids are derived from the engine's completion id, so a
+streamed answer's events, its final object and a replay agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rollout_gateway.protocol import error_code
+from rollout_gateway.server.dialects.completion import (
+    content_text,
+    first_choice,
+    id_base,
+    reasoning_of,
+    tool_call_parts,
+    usage_counts,
+)
+from rollout_gateway.server.dialects.errors import GatewayError
+from rollout_gateway.server.dialects.responses_parse import ResponsesContext
+from rollout_gateway.server.dialects.responses_wire import (
+    CustomToolCallItem,
+    ErrorBody,
+    FunctionCallItem,
+    MessageItem,
+    OutputItem,
+    ReasoningItem,
+    Response,
+    Usage,
+)
+
+#: Why an answer is ``incomplete``, by the engine's finish reason.
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def response_id(base: str) -> str:
+    """The answer's id (``base``: :func:`~.completion.id_base` of the completion id)."""
+    return "resp_" + base
+
+
+def reasoning_item(base: str, text: str) -> ReasoningItem:
+    """The reasoning item of an answer."""
+    return {
+        "id": "rs_" + base,
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
+
+
+def message_item(base: str, text: str) -> MessageItem:
+    """The message item of an answer."""
+    return {
+        "id": "msg_" + base,
+        "type": "message",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def call_item(
+    base: str, position: int, call: Mapping[str, Any], context: ResponsesContext
+) -> FunctionCallItem | CustomToolCallItem:
+    """The item of the answer's tool call at ``position``."""
+    kind, call_id, name, arguments = tool_call_parts(call)
+    if kind == "custom":
+        return {
+            "id": f"ctc_{base}_{position}",
+            "type": "custom_tool_call",
+            "call_id": call_id,
+            "name": name,
+            "input": arguments,
+        }
+    item: FunctionCallItem = {
+        "id": f"fc_{base}_{position}",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+    namespace = context.namespaces.get(name)
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def output_items(
+    base: str, message: Mapping[str, Any], context: ResponsesContext
+) -> list[OutputItem]:
+    """The answer's output items (see the module doc)."""
+    items: list[OutputItem] = []
+    reasoning = reasoning_of(message)
+    if reasoning:
+        items.append(reasoning_item(base, reasoning))
+    calls = [c for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
+    content = content_text(message)
+    if content or not calls:
+        items.append(message_item(base, content or ""))
+    items.extend(call_item(base, i, call, context) for i, call in enumerate(calls))
+    return items
+
+
+def usage_of(usage: Any) -> Usage | None:
+    """A chat ``usage`` in the Responses counts."""
+    if not isinstance(usage, Mapping):
+        return None
+    counts = usage_counts(usage)
+    return {
+        "input_tokens": counts.prompt,
+        "input_tokens_details": {"cached_tokens": counts.cached or 0},
+        "output_tokens": counts.completion,
+        "output_tokens_details": {"reasoning_tokens": counts.reasoning or 0},
+        "total_tokens": counts.prompt + counts.completion,
+    }
+
+
+def response_head(base: str, created: Any, model: Any, context: ResponsesContext) -> Response:
+    """The answer before its output: what ``response.created`` carries."""
+    return {
+        "id": response_id(base),
+        "object": "response",
+        "created_at": created if isinstance(created, int) else 0,
+        "model": str(model or ""),
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "output": [],
+        "parallel_tool_calls": context.parallel_tool_calls,
+        "tool_choice": context.tool_choice,
+        "tools": [],
+        "usage": None,
+    }
+
+
+def render_response(completion: Mapping[str, Any], context: ResponsesContext) -> Response:
+    """The whole answer."""
+    base = id_base(completion.get("id"))
+    choice = first_choice(completion)
+    message = choice.get("message")
+    message = message if isinstance(message, Mapping) else {}
+    response = response_head(base, completion.get("created"), completion.get("model"), context)
+    incomplete = INCOMPLETE_REASONS.get(str(choice.get("finish_reason")))
+    response["status"] = "incomplete" if incomplete else "completed"
+    if incomplete:
+        response["incomplete_details"] = {"reason": incomplete}
+    response["output"] = output_items(base, message, context)
+    response["usage"] = usage_of(completion.get("usage"))
+    return response
+
+
+def error_body(error: GatewayError) -> ErrorBody:
+    """``error`` in OpenAI's shape (the SDK picks its typed error by status)."""
+    default = "server_error" if error.status >= 500 else "invalid_request_error"
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.error_type or default,
+            "param": error.param,
+            "code": error.code or error_code(error.status),
+        }
+    }
+
+
+__all__ = [
+    "INCOMPLETE_REASONS",
+    "call_item",
+    "error_body",
+    "message_item",
+    "output_items",
+    "reasoning_item",
+    "render_response",
+    "response_head",
+    "response_id",
+    "usage_of",
+]

@@ -1,0 +1,239 @@
+"""An OpenAI Responses stream, produced chunk by chunk from the engine's chat chunks.
+
+The event sequence the ``openai`` SDK's ``responses.stream()`` helper assembles (and
+Codex reads): ``response.created`` and ``response.in_progress`` at the engine's first
+chunk; per output item ``response.output_item.added``, its deltas as the engine's chunks
+bring them (``response.reasoning_text.delta``; ``response.content_part.added`` then
+``response.output_text.delta``; ``response.function_call_arguments.delta``;
+``response.custom_tool_call_input.delta``), its ``*.done`` events and
+``response.output_item.done`` when the next kind of output begins; at the end
+``response.completed`` (``response.incomplete`` when the engine cut the answer) with the
+whole answer, the very object a non-streamed request gets. Events are numbered
+(``sequence_number``) and carry their ``event:`` line.
+
+Errors after the stream started: ``response.failed`` (what Codex acts on) with a
+top-level ``error`` too (what the OpenAI SDK raises on). Keepalive: an SSE comment
+(Codex's own idle timeout, ``stream_idle_timeout_ms``, is 300 s by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from rollout_gateway.server.dialects.base import StreamRenderer, named_event
+from rollout_gateway.server.dialects.completion import delta_reasoning, id_base
+from rollout_gateway.server.dialects.errors import GatewayError
+from rollout_gateway.server.dialects.responses_parse import ResponsesContext
+from rollout_gateway.server.dialects.responses_render import (
+    error_body,
+    message_item,
+    reasoning_item,
+    render_response,
+    response_head,
+)
+from rollout_gateway.server.dialects.responses_wire import Response
+
+_DELTA_EVENTS = {
+    "reasoning": b"response.reasoning_text.delta",
+    "message": b"response.output_text.delta",
+    "function": b"response.function_call_arguments.delta",
+    "custom": b"response.custom_tool_call_input.delta",
+}
+
+
+class _OpenItem:
+    """The output item being streamed: its kind, position, id and text so far."""
+
+    __slots__ = ("kind", "key", "index", "id", "parts", "item", "prefix", "suffix")
+
+    def __init__(self, kind: str, key: Any, index: int, item: dict[str, Any]) -> None:
+        self.kind = kind
+        self.key = key
+        self.index = index
+        self.id: str = item["id"]
+        self.item = item
+        self.parts: list[str] = []
+        name = _DELTA_EVENTS[kind]
+        content = b',"content_index":0' if kind in ("reasoning", "message") else b""
+        # The delta event of this item, around its sequence number and its text.
+        self.prefix = (
+            b"event: " + name + b'\ndata: {"type":"' + name + b'","item_id":'
+            + orjson.dumps(self.id) + b',"output_index":' + str(index).encode() + content
+            + b',"sequence_number":'
+        )  # fmt: skip
+        self.suffix = b',"logprobs":[]}\n\n' if kind == "message" else b"}\n\n"
+
+
+class ResponsesStream(StreamRenderer):
+    """The stream of one answer (see the module doc)."""
+
+    def __init__(self, context: ResponsesContext) -> None:
+        self.context = context
+        self.sequence = 0
+        self.base: str | None = None
+        self.head: Response | None = None
+        self.open: _OpenItem | None = None
+        self.items = 0
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        out = b"" if self.head is not None else self._start(chunk)
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if not isinstance(delta, dict) or not delta:
+                continue
+            reasoning = delta_reasoning(delta)
+            if reasoning:
+                out += self._delta("reasoning", "reasoning", reasoning)
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                out += self._delta("message", "message", content)
+            for call in delta.get("tool_calls") or ():
+                if isinstance(call, dict):
+                    out += self._call_delta(call)
+        return out
+
+    def finish(self, completion: dict[str, Any]) -> bytes:
+        out = b"" if self.head is not None else self._start(completion)
+        out += self._close()
+        final = render_response(completion, self.context)
+        for index, item in enumerate(final["output"][self.items :], start=self.items):
+            out += self._event("response.output_item.added", output_index=index, item=item)
+            out += self._event("response.output_item.done", output_index=index, item=item)
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return out + self._event(kind, response=final)
+
+    def error(self, error: GatewayError) -> bytes:
+        body = error_body(error)
+        failed = dict(self.head or response_head("failed", 0, "", self.context))
+        failed.update(
+            status="failed",
+            error={"code": body["error"]["code"], "message": error.message},
+        )
+        return self._event("response.failed", response=failed, error=body["error"])
+
+    def _event(self, kind: str, **payload: Any) -> bytes:
+        event = {"type": kind, "sequence_number": self.sequence, **payload}
+        self.sequence += 1
+        return named_event(kind.encode(), event)
+
+    def _start(self, chunk: dict[str, Any]) -> bytes:
+        self.base = id_base(chunk.get("id"))
+        self.head = response_head(self.base, chunk.get("created"), chunk.get("model"), self.context)
+        out = self._event("response.created", response=self.head)
+        return out + self._event("response.in_progress", response=self.head)
+
+    def _delta(self, kind: str, key: Any, text: str) -> bytes:
+        out = b""
+        current = self.open
+        if current is None or current.key != key:
+            out = self._open(kind, key, self._new_item(kind))
+            current = self.open
+            assert current is not None
+        current.parts.append(text)
+        sequence = str(self.sequence).encode()
+        self.sequence += 1
+        return out + current.prefix + sequence + b',"delta":' + orjson.dumps(text) + current.suffix
+
+    def _new_item(self, kind: str) -> dict[str, Any]:
+        base = self.base or "gateway"
+        if kind == "reasoning":
+            item: dict[str, Any] = dict(reasoning_item(base, ""))
+            item["content"] = []
+            return item
+        item = dict(message_item(base, ""))
+        item.update(status="in_progress", content=[])
+        return item
+
+    def _call_delta(self, call: dict[str, Any]) -> bytes:
+        position = call.get("index")
+        position = position if isinstance(position, int) else 0
+        custom = call.get("type") == "custom" or "custom" in call
+        kind = "custom" if custom else "function"
+        native = call.get(kind)
+        native = native if isinstance(native, dict) else {}
+        text = native.get("input" if custom else "arguments")
+        key = ("call", position)
+        out = b""
+        if self.open is None or self.open.key != key:
+            out = self._open(kind, key, self._call_item(kind, position, call, native))
+        if isinstance(text, str) and text:
+            out += self._delta(kind, key, text)
+        return out
+
+    def _call_item(
+        self, kind: str, position: int, call: dict[str, Any], native: dict[str, Any]
+    ) -> dict[str, Any]:
+        base = self.base or "gateway"
+        name = native.get("name") if isinstance(native.get("name"), str) else ""
+        call_id = str(call.get("id") or "")
+        if kind == "custom":
+            item_id = f"ctc_{base}_{position}"
+            return {
+                "id": item_id,
+                "type": "custom_tool_call",
+                "call_id": call_id,
+                "name": name,
+                "input": "",
+            }
+        item: dict[str, Any] = {
+            "id": f"fc_{base}_{position}",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": call_id,
+            "name": name,
+            "arguments": "",
+        }
+        namespace = self.context.namespaces.get(str(name))
+        if namespace is not None:
+            item["namespace"] = namespace
+        return item
+
+    def _open(self, kind: str, key: Any, item: dict[str, Any]) -> bytes:
+        out = self._close()
+        index = self.items
+        self.items += 1
+        self.open = _OpenItem(kind, key, index, item)
+        out += self._event("response.output_item.added", output_index=index, item=item)
+        if kind == "message":
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            out += self._event(
+                "response.content_part.added",
+                item_id=item["id"], output_index=index, content_index=0, part=part,
+            )  # fmt: skip
+        return out
+
+    def _close(self) -> bytes:
+        current = self.open
+        if current is None:
+            return b""
+        self.open = None
+        text = "".join(current.parts)
+        where = {"item_id": current.id, "output_index": current.index}
+        base = self.base or "gateway"
+        done: Any
+        if current.kind == "reasoning":
+            done = reasoning_item(base, text)
+            out = self._event("response.reasoning_text.done", **where, content_index=0, text=text)
+        elif current.kind == "message":
+            done = message_item(base, text)
+            out = self._event(
+                "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+            )
+            part = done["content"][0]
+            out += self._event("response.content_part.done", **where, content_index=0, part=part)
+        elif current.kind == "function":
+            done = {**current.item, "status": "completed", "arguments": text}
+            out = self._event(
+                "response.function_call_arguments.done", **where, arguments=text, name=done["name"]
+            )
+        else:
+            done = {**current.item, "input": text}
+            out = self._event("response.custom_tool_call_input.done", **where, input=text)
+        return out + self._event("response.output_item.done", output_index=current.index, item=done)
+
+
+__all__ = ["ResponsesStream"]

@@ -1,0 +1,137 @@
+"""A rollout's next request translates only what is new, and means what a full
+translation makes of it, whatever the agent did to its history."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from rollout_gateway.server.dialects import AnthropicDialect, ResponsesDialect
+from rollout_gateway.server.dialects.base import Dialect, ParsedRequest
+from rollout_gateway.server.dialects.memo import shared_prefix
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name).read_text())["body"]
+
+
+def claude_turn(body: dict[str, Any], i: int) -> dict[str, Any]:
+    """``body`` with one more exchange (Claude Code moves its cache marker to the newest)."""
+    messages = copy.deepcopy(body["messages"])
+    for message in messages:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            block.pop("cache_control", None)
+    call = {"type": "tool_use", "id": f"t{i}", "name": "Bash", "input": {"command": f"ls {i}"}}
+    thinking = {"type": "thinking", "thinking": f"step {i}", "signature": ""}
+    result = {"type": "tool_result", "tool_use_id": f"t{i}", "content": f"out {i}"}
+    result["cache_control"] = {"type": "ephemeral"}
+    messages += [
+        {"role": "assistant", "content": [thinking, {"type": "text", "text": f"run {i}"}, call]},
+        {"role": "user", "content": [result]},
+    ]
+    return {**body, "messages": messages}
+
+
+def codex_turn(body: dict[str, Any], i: int) -> dict[str, Any]:
+    items = copy.deepcopy(body["input"])
+    items += [
+        {"type": "reasoning", "id": f"rs{i}", "summary": [], "content": [
+            {"type": "reasoning_text", "text": f"step {i}"}]},
+        {"type": "function_call", "call_id": f"c{i}", "name": "exec_command", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": f"c{i}", "output": f"out {i}"},
+    ]  # fmt: skip
+    return {**body, "input": items}
+
+
+def same(with_memo: ParsedRequest, without: ParsedRequest) -> None:
+    assert with_memo.messages_text == without.messages_text
+    assert with_memo.body == without.body
+    assert with_memo.facts == without.facts
+    assert with_memo.context == without.context
+
+
+CASES = [
+    (AnthropicDialect(), fixture("claude_code_first_turn.json"), claude_turn, "messages"),
+    (ResponsesDialect(), fixture("codex_first_turn.json"), codex_turn, "input"),
+]
+
+
+@pytest.mark.parametrize(("dialect", "first", "grow", "key"), CASES)
+def test_a_growing_conversation_translates_as_a_whole_one(
+    dialect: Dialect, first: dict[str, Any], grow: Any, key: str
+) -> None:
+    body, memo = first, None
+    for turn in range(6):
+        raw = orjson.dumps(body)  # each request is parsed afresh, as from the wire
+        parsed = dialect.parse(orjson.loads(raw), memo)
+        same(parsed, dialect.parse(orjson.loads(raw)))
+        if turn >= 2:  # the history's messages are taken from the memo, not translated
+            assert memo is not None
+            reused = memo.conversation.messages
+            assert all(parsed.messages[i] is reused[i] for i in range(len(reused) - 2))
+        memo = parsed.memo
+        body = grow(body, turn)
+    assert memo is not None and memo.conversation.native  # the last request is kept
+
+
+@pytest.mark.parametrize(("dialect", "first", "grow", "key"), CASES)
+def test_any_rewrite_of_the_history_is_translated_afresh(
+    dialect: Dialect, first: dict[str, Any], grow: Any, key: str
+) -> None:
+    rng = random.Random(7)
+    body = first
+    for turn in range(4):
+        body = grow(body, turn)
+    memo = dialect.parse(copy.deepcopy(body)).memo
+    kept = orjson.dumps(memo.conversation.messages)
+    for _ in range(30):
+        edited = copy.deepcopy(body)
+        native = edited[key]
+        what = rng.choice(["edit", "drop", "cut", "system"])
+        index = rng.randrange(len(native))
+        if what == "edit":
+            native[index] = {"role": "user", "content": f"rewritten {index}"}
+        elif what == "drop":
+            del native[index]
+        elif what == "cut":
+            del native[index + 1 :]
+        else:
+            edited["system" if key == "messages" else "instructions"] = "another system"
+        if not native:
+            continue
+        same(dialect.parse(copy.deepcopy(edited), memo), dialect.parse(copy.deepcopy(edited)))
+    assert orjson.dumps(memo.conversation.messages) == kept  # a memo is never changed
+
+
+def test_an_open_run_of_assistant_items_is_not_reused() -> None:
+    """A request ending inside a run of assistant items (a prefill): the next request's
+    longer run is folded whole."""
+    dialect = ResponsesDialect()
+    start = [{"role": "user", "content": "hi"}, {"type": "reasoning", "id": "r", "summary": []}]
+    memo = dialect.parse({"model": "m", "input": copy.deepcopy(start)}).memo
+    more = [*start, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]
+    body = {"model": "m", "input": more}
+    same(dialect.parse(copy.deepcopy(body), memo), dialect.parse(copy.deepcopy(body)))
+
+
+def test_another_rollouts_memo_costs_only_a_full_translation() -> None:
+    dialect = AnthropicDialect()
+    other = dialect.parse(fixture("claude_code_after_tool.json")).memo
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert dialect.parse(copy.deepcopy(body), other).messages == [{"role": "user", "content": "hi"}]
+
+
+def test_shared_prefix() -> None:
+    assert shared_prefix([1, 2, 3], [1, 2, 3]) == 3
+    assert shared_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert shared_prefix([1, 5, 3], [1, 2, 3]) == 1
+    assert shared_prefix([1], [1, 2]) == 1
+    assert shared_prefix([], [1]) == 0
