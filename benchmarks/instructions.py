@@ -94,6 +94,24 @@ from support.local_cluster import GatewayGroup, RedisServer, haproxy_config  # n
 CLI = [sys.executable, "-m", "rollout_gateway.cli"]
 #: Dict and set order, hence the work, the same in every process.
 COUNTED_ENV = {"PYTHONHASHSEED": "0", "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+#: ``python -m rollout_gateway.cli``, its start-up probe of the model given 60 s instead
+#: of 2 (the default of ``probe_engine``'s timeout, in this checkout or an earlier one).
+#: Under valgrind on a loaded machine (load 18 on 2 cores) every probe took longer than
+#: 2 s: a gateway then knows no engine until a turn probes again 30 s later, so its turns
+#: are not streamed upstream until a turn the machine's timing picks (two runs' streamed
+#: counts differed by 30-200%). Only the probe's patience changes, not what it does.
+PATIENT_PROBE = """
+import importlib, runpy
+for name in ("rollout_gateway.server.engines.probe", "rollout_gateway.server.engines"):
+    try:
+        importlib.import_module(name).probe_engine.__defaults__ = (60.0,)
+        break
+    except (ImportError, AttributeError):
+        pass
+runpy.run_module("rollout_gateway.cli", run_name="__main__", alter_sys=True)
+"""
+#: Starts of a gateway whose probe of the model timed out (see Server._probe_failed).
+PROBE_ATTEMPTS = 4
 #: A process under valgrind starts and stops in tens of seconds on a loaded machine.
 START_TIMEOUT_S = 600.0
 SETUPS = ("memory", "sqlite", "redis-3", "proxy", "base")
@@ -120,8 +138,8 @@ class Tools:
 
     @property
     def cli(self) -> list[str]:
-        """``rollout-gateway`` as the counted servers run it."""
-        return [*self.python, "-m", "rollout_gateway.cli"]
+        """``rollout-gateway`` as the counted servers run it (:data:`PATIENT_PROBE`)."""
+        return [*self.python, "-c", PATIENT_PROBE]
 
     def env(self, source: str | None = None) -> dict[str, str]:
         """A counted Python server's environment: ``source`` (another checkout) or this
@@ -145,7 +163,12 @@ def instructions(out: Path) -> int:
 def serve_model(port: int) -> None:
     """The scripted model, its model card saying vLLM (``owned_by``): the gateway then
     streams from it as from vLLM (the first chunk carrying the prompt's ids), what a
-    streamed turn costs in a deployment. Not counted."""
+    streamed turn costs in a deployment. Not counted.
+
+    A streamed answer is sent in one write: chunk by chunk, how many of them a server
+    reads at once follows the machine's timing (its count of the same streamed turn
+    spread by 35% between two runs on a loaded machine); in one write every chunk is
+    still parsed, relayed and recorded, and what the reads cost is the same every run."""
     import orjson
     import uvicorn
 
@@ -160,9 +183,24 @@ def serve_model(port: int) -> None:
             await send({"type": "http.response.start", "status": 200, "headers": head})
             await send({"type": "http.response.body", "body": orjson.dumps(card)})
             return
-        await app(scope, receive, send)
+        await app(scope, receive, _one_write(send))
 
     uvicorn.run(as_vllm, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _one_write(send: Any) -> Any:
+    """``send``, with a response body's parts held back and sent as one."""
+    parts: list[bytes] = []
+
+    async def coalesced(message: dict[str, Any]) -> None:
+        if message["type"] != "http.response.body":
+            await send(message)
+            return
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            await send({"type": "http.response.body", "body": b"".join(parts)})
+
+    return coalesced
 
 
 # -- the conversation ---------------------------------------------------------------------
@@ -293,23 +331,51 @@ class Server:
         cwd: str | None = None,
     ) -> None:
         self.health, self.port = health, port
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                cwd=cwd, start_new_session=True,
-            )  # fmt: skip
         self.log = log
+        self._start = (cmd, {**os.environ, **(env or {})}, cwd)
+        self.proc = self._spawn()
         #: When it was seen ready (``time.monotonic``).
         self.ready = 0.0
 
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd, env, cwd = self._start
+        with open(self.log, "ab") as out:
+            return subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                start_new_session=True,
+            )  # fmt: skip
+
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._answers():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.log.stem} did not start: {self.log.read_text()[-2000:]}")
-            time.sleep(0.05)
+        """Wait until it answers; a gateway whose start-up probe of the model failed is
+        started again (see :meth:`_probe_failed`)."""
+        for attempt in range(PROBE_ATTEMPTS):
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not self._answers():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    log = self.log.read_text()[-2000:]
+                    raise RuntimeError(f"{self.log.stem} did not start: {log}")
+                time.sleep(0.05)
+            if not self._probe_failed() or attempt == PROBE_ATTEMPTS - 1:
+                break
+            print(f"  ({self.log.stem}: its probe of the model timed out; started again)")
+            self.stop()
+            self.proc = self._spawn()
         self.ready = time.monotonic()
+
+    def _probe_failed(self) -> bool:
+        """Whether a gateway's start-up probe of the model did not answer in time (2 s:
+        under valgrind on a loaded machine it may not). Such a gateway knows no engine
+        until it probes again on a turn 30 s later: its turns are not streamed upstream
+        until then, and which turn that is follows the machine's timing (two runs'
+        streamed counts differed by 30-200% so)."""
+        if self.health is None or not self.health.endswith("/health"):
+            return False
+        with contextlib.suppress(OSError, httpx.HTTPError, ValueError):
+            answer = httpx.get(self.health, headers=ADMIN, timeout=5).json()
+            upstreams = answer.get("upstreams") or []
+            return any(u.get("engine") not in ("vllm", None) for u in upstreams)
+        return False
 
     def _answers(self) -> bool:
         with contextlib.suppress(OSError, httpx.HTTPError):
@@ -420,7 +486,7 @@ def _start_redis_3(
         extra_args=["--max-rollouts", "1000"],
     )  # fmt: skip
     for index, gateway_port in enumerate(group.ports):
-        cmd = [*tools.python, *group.command(index)[1:]]  # the servers' interpreter
+        cmd = [*tools.cli, *group.command(index)[3:]]  # the servers' interpreter
         started.add(f"gw{index}", *_gateway(tools, directory, f"gw{index}", cmd, gateway_port))
     for server in started.servers.values():
         if not server.ready:
@@ -720,6 +786,10 @@ def _parser() -> argparse.ArgumentParser:
         "in profiles)",
     )
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR",
+        help="keep each process's valgrind file and log in DIR (cg_annotate reads them)",
+    )  # fmt: skip
     parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return parser
 
@@ -762,8 +832,8 @@ def main() -> None:
         for run in range(args.repeat):
             print(f"run {run + 1} of {args.repeat}: {len(cells)} pairs of each of "
                   f"{', '.join(args.setups)}", flush=True)  # fmt: skip
-            if args.profile:
-                directory = args.profile / f"run{run + 1}"
+            if args.profile or args.keep:
+                directory = (args.profile or args.keep) / f"run{run + 1}"
             else:
                 directory = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             runs.append(measure(args, directory, model_root, plans))
