@@ -90,12 +90,19 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 # -- the pass-through proxy (baseline) -------------------------------------------------------
 
 
-def run_proxy(port: int, upstream_root: str) -> None:
-    """A plain aiohttp reverse proxy: request bytes in, answer bytes out (no parsing)."""
+def run_proxy(port: int, upstream_root: str, loop: str = "asyncio") -> None:
+    """A plain aiohttp reverse proxy: request bytes in, answer bytes out (no parsing), on
+    asyncio's event loop or (``loop="uvloop"``) on the gateway's."""
     import aiohttp
     from aiohttp import web
 
+    if loop == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
     hop = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
+    keep = {"content-type", "date"}
 
     async def on_startup(app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0)
@@ -110,8 +117,11 @@ def run_proxy(port: int, upstream_root: str) -> None:
             request.method, request.rel_url, data=await request.read(), headers=headers
         ) as upstream:
             body = await upstream.read()
-            ctype = upstream.headers.get("content-type", "application/json")
-            return web.Response(body=body, status=upstream.status, headers={"content-type": ctype})
+            # The origin's Date, as proxies pass it on (writing one costs the proxy a
+            # formatting once a second with requests: work that follows the wall clock).
+            kept = {"content-type": "application/json"}
+            kept.update((k, v) for k, v in upstream.headers.items() if k.lower() in keep)
+            return web.Response(body=body, status=upstream.status, headers=kept)
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.on_startup.append(on_startup)
@@ -692,7 +702,7 @@ def _parser() -> argparse.ArgumentParser:
         help="start every rollout of a cell at once (default: spread over one model latency)",
     )
     parser.add_argument(
-        "--serve-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
+        "--serve-proxy", nargs="+", metavar="PORT UPSTREAM [LOOP]", help=argparse.SUPPRESS
     )
     parser.add_argument(
         "--stack-floor",
@@ -713,7 +723,7 @@ def main() -> None:
     parser = _parser()
     args = parser.parse_args()
     if args.serve_proxy:
-        run_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
+        run_proxy(int(args.serve_proxy[0]), *args.serve_proxy[1:])
         return
     if args.serve_stack_floor:
         port, upstream, json_work = args.serve_stack_floor

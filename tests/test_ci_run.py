@@ -31,12 +31,21 @@ def ci_run(
 def test_help_lists_every_step_and_a_bad_step_is_one_line() -> None:
     shown = ci_run("--help")
     assert shown.returncode == 0
-    for step in ("lint", "classic", "v1", "real-engine", "all", "--reuse", "--dry-run"):
+    for step in (
+        "lint",
+        "classic",
+        "v1",
+        "real-engine",
+        "speed-guard",
+        "all",
+        "--reuse",
+        "--dry-run",
+    ):
         assert step in shown.stdout
     bad = ci_run("tests")
     assert bad.returncode == 2
     assert bad.stderr.splitlines() == [
-        ".ci/run: error: no step 'tests': all, lint, classic, v1 or real-engine "
+        ".ci/run: error: no step 'tests': all, lint, classic, v1, real-engine or speed-guard "
         "(see bash .ci/run --help)"
     ]
 
@@ -53,6 +62,7 @@ def test_the_whole_run_uses_the_recipe_in_the_repository() -> None:
         "bash tools/real-vllm/setup.sh",
         "bash tools/real-vllm/serve.sh",
         "-m pytest -q -rs tests/real_engine",
+        "benchmarks/instructions_guard.py",
     ]
     found = [next(i for i, step in enumerate(steps) if piece in step) for piece in order]
     assert found == sorted(found), steps

@@ -220,12 +220,15 @@ class ChatTurns:
             turn.events = EventLog()
         # Written now, while the parsed body is in the CPU's caches: the history check
         # and the upstream request both use this text (see recording/history.py).
+        # A chat body's parse wrote it already, checking the body's depth
+        # (jsonio.ParsedBody); a dialect's parse wrote its translation's.
         lease = request.lease
-        if parsed is not None:
-            text = parsed.messages_text  # the dialect's parse wrote it
-        elif lease is not None and lease.big:
+        text: bytes | None = parsed.messages_text if parsed is not None else None
+        if text is None and lease is not None:
+            text = lease.messages_text
+        if text is None and lease is not None and lease.big:
             text = await self.gateway.intake.offload(lease, jsonio.dumps, messages)
-        else:
+        elif text is None:
             text = jsonio.dumps(messages)
         turn.task = asyncio.create_task(
             self.runner.run(record, turn, TurnRequest(body, messages, text, parsed))

@@ -40,6 +40,7 @@ from rollout_gateway.server.engines.upstream_request import (
 from rollout_gateway.server.http import jsonio
 from rollout_gateway.server.http.responses import ApiError
 from rollout_gateway.server.recording.history import HistoryMatch, recorded_message
+from rollout_gateway.server.recording.prompt_ids import IdsText, answer_ids, id_count
 from rollout_gateway.server.state.dedupe import Turn
 from rollout_gateway.server.state.ledger import TurnUse
 from rollout_gateway.server.state.limits_v1 import turn_token_counts
@@ -240,7 +241,7 @@ class TurnRunner:
         after a crash gets this very answer); returns the answer."""
         gateway = self.gateway
         use = _turn_use(record, call, result, new_bytes)
-        answer = _answer_of(result, body)
+        answer = _answer_of(result, body, ids_read=record.recorder.last_step.tokens is not None)
         key = AnswerKey(
             turn.fingerprint, turn.idempotency_key, gateway.rollouts.wall_clock(),
             record.recorder.num_steps - 1,
@@ -292,12 +293,9 @@ class TurnRunner:
         self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
 
 
-def _id_count(ids_json: bytes | None) -> int | None:
+def _id_count(ids_json: IdsText | None) -> int | None:
     """How many ids a JSON id array holds, without parsing it (the prompt is kept as text)."""
-    if ids_json is None:
-        return None
-    body = ids_json.strip()[1:-1].strip()
-    return body.count(b",") + 1 if body else 0
+    return None if ids_json is None else id_count(ids_json)
 
 
 def _completion_tokens(completion: dict[str, Any], completion_ids: list[int] | None) -> int:
@@ -332,11 +330,14 @@ def _turn_facts(body: dict[str, Any], parsed: ParsedRequest | None) -> dict[str,
     }
 
 
-def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:
+def _answer_of(
+    result: EngineResult, body: dict[str, Any], *, ids_read: bool
+) -> dict[str, Any] | bytes:
     """The answer, also what a retry replays (kept until the next turn).
 
     The engine's bytes as they are when the agent asked for everything the gateway asked
-    for, else the agent's view (without the prompt's ids unless it asked).
+    for, else the agent's view (without the prompt's ids unless it asked). ``ids_read``:
+    the turn's step has the prompt's ids (read from ``result.prompt_ids_json``).
     """
     completion = result.completion
     wants_ids = bool(body.get("return_token_ids"))
@@ -345,7 +346,7 @@ def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | b
         return result.raw
     if wants_ids and result.prompt_ids_json is not None:
         try:
-            completion["prompt_token_ids"] = jsonio.loads(result.prompt_ids_json)
+            completion["prompt_token_ids"] = answer_ids(result.prompt_ids_json, ids_read)
         except jsonio.JSONDecodeError:
             pass  # not ids JSON can carry: the step says so (tokens_error), the agent gets none
     return agent_answer(completion, body)

@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from rollout_gateway.server.engines.upstream_request import assistant_message
 from rollout_gateway.server.recording.recorder import TRUNCATING_FINISH_REASONS
 
@@ -66,6 +68,9 @@ class EngineAnswer:
     usage: dict[str, Any] | None
     cached_tokens: int | None
     weight_version: str | None
+    #: The prompt's ids as JSON text, when the answer carries them so (a streamed
+    #: answer's: :mod:`.streaming`); the recorder reads only what is new of it.
+    prompt_ids_json: bytes | None = None
 
     @property
     def first(self) -> ChoiceSample | None:
@@ -76,7 +81,7 @@ class EngineAnswer:
     def has_token_ids(self) -> bool:
         """Whether the engine sent prompt and completion ids."""
         first = self.first
-        if self.prompt_ids is None or first is None:
+        if (self.prompt_ids is None and self.prompt_ids_json is None) or first is None:
             return False
         return first.completion_ids is not None
 
@@ -213,9 +218,12 @@ def read_answer(completion: Mapping[str, Any]) -> EngineAnswer:
         if not isinstance(choice, dict):
             raise MalformedAnswer(f"choices[{i}] is not an object")
     choices = [read_choice(c, i) for i, c in enumerate(raw_choices)]
-    prompt_ids = _int_list(completion.get("prompt_token_ids"))
+    top_ids = completion.get("prompt_token_ids")
+    prompt_ids = _int_list(top_ids)
     if prompt_ids is None and raw_choices:  # SGLang: on the choice
         prompt_ids = _int_list(raw_choices[0].get("prompt_token_ids"))
+    # A streamed answer's ids as text (streaming.StreamedCompletion): read from that.
+    ids_text = getattr(completion, "prompt_ids_json", None)
     usage = completion.get("usage")
     metadata = completion.get("metadata")
     version = metadata.get("weight_version") if isinstance(metadata, dict) else None
@@ -225,6 +233,7 @@ def read_answer(completion: Mapping[str, Any]) -> EngineAnswer:
         usage=dict(usage) if isinstance(usage, dict) else None,
         cached_tokens=_cached_tokens(usage, raw_choices),
         weight_version=str(version) if version is not None else None,
+        prompt_ids_json=ids_text if isinstance(top_ids, orjson.Fragment) else None,
     )
 
 

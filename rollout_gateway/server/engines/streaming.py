@@ -8,6 +8,13 @@ alone on a final chunk when ``stream_options.include_usage`` is set.
 :class:`StreamAssembler` folds those chunks back into the ``chat.completion`` dict a
 non-streamed request would have got, so the turn is recorded exactly as complete.
 :func:`agent_chunk` trims each chunk to what the agent asked for.
+
+The prompt's ids stay text, as in a whole answer (:mod:`~..recording.prompt_ids`): the
+first chunk's ``prompt_token_ids`` is cut out before the chunk is parsed and carried as
+an :class:`orjson.Fragment` (written back as it came, never parsed here: at a 32k context,
+parsing it into ints, checking it, writing it again for the agent and converting it for
+the recorder cost several times the rest of the turn); the recorder reads only the ids
+after the previous prompt's. A chunk relayed unchanged is relayed as the engine wrote it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from rollout_gateway.protocol import error_code
 from rollout_gateway.server.engines.upstream import agent_status
@@ -43,39 +52,143 @@ class StreamError(Exception):
         self.detail = detail or message
 
 
-async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+class StreamChunk(dict[str, Any]):
+    """A parsed ``chat.completion.chunk``, with the engine's text of it (:attr:`payload`:
+    what :func:`sse_event` relays while the chunk is unchanged; ``None`` when it came on
+    several ``data:`` lines). Its ``prompt_token_ids``, when it has them, are an
+    :class:`orjson.Fragment` of their JSON text, :attr:`ids_text` (see the module
+    docstring)."""
+
+    __slots__ = ("_line", "_start", "ids_text")
+
+    def __init__(
+        self, value: dict[str, Any], line: str | None, start: int, ids_text: bytes | None
+    ) -> None:
+        super().__init__(value)
+        self._line, self._start = line, start
+        self.ids_text = ids_text
+
+    @property
+    def payload(self) -> str | None:
+        """The event's data as the engine wrote it (cut out of its line when asked: at a
+        32k context the first chunk's line is 224 kB, and only a chunk relayed unchanged
+        needs it)."""
+        return None if self._line is None else self._line[self._start :]
+
+
+class StreamedCompletion(dict[str, Any]):
+    """The ``chat.completion`` a stream adds up to (:meth:`StreamAssembler.completion`).
+    Its ``prompt_token_ids``, when a chunk carried them as text, are an
+    :class:`orjson.Fragment` of :attr:`prompt_ids_json` (read by
+    :func:`~.answers.read_answer` for the recorder)."""
+
+    __slots__ = ("prompt_ids_json",)
+
+    def __init__(self, value: dict[str, Any], prompt_ids_json: bytes | None) -> None:
+        super().__init__(value)
+        self.prompt_ids_json = prompt_ids_json
+
+
+async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[StreamChunk]:
     """The JSON payloads of an SSE stream's ``data:`` events, up to ``[DONE]``.
 
     Raises :class:`StreamError` on an error event or a payload that is not JSON.
     """
-    data: list[str] = []
+    data: list[str] = []  # the event's data: lines, whole (see _event)
     async for line in lines:
         if line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
+            data.append(line)
             continue
         if line.strip() or not data:
             continue  # comments, event names, or a blank line with no data
-        payload, data = "\n".join(data), []
-        if payload.strip() == "[DONE]":
+        chunk, data = _event(data), []
+        if chunk is None:
             return
-        yield _decode(payload)
-    if data and "\n".join(data).strip() != "[DONE]":
-        yield _decode("\n".join(data))
+        yield chunk
+    if data:
+        chunk = _event(data)
+        if chunk is not None:
+            yield chunk
 
 
-def _decode(payload: str) -> dict[str, Any]:
+def _data_start(line: str) -> int:
+    """Where a ``data:`` line's value starts (after the field name and its spaces)."""
+    start = 5
+    while line.startswith(" ", start):
+        start += 1
+    return start
+
+
+#: Longest ``[DONE]`` event checked for as such (with the spaces around it).
+_DONE_LEN = 64
+
+
+def _event(data: list[str]) -> StreamChunk | None:
+    """One event's chunk (``None``: ``[DONE]``). A one-line event is read in its line, not
+    copied out of it: the prompt's ids are cut out of the line itself (two copies of a
+    224 kB line fewer per streamed turn at a 32k context)."""
+    if len(data) == 1:
+        line = data[0]
+        start = _data_start(line)
+        if len(line) - start <= _DONE_LEN and line[start:].strip() == "[DONE]":
+            return None
+        return _decode(line, start, one_line=True)
+    payload = "\n".join(line[_data_start(line) :] for line in data)
+    if payload.strip() == "[DONE]":
+        return None
+    return _decode(payload, 0, one_line=False)
+
+
+_IDS_KEY = '"prompt_token_ids"'
+
+
+def _split_ids(text: str, start: int) -> tuple[str, bytes | None]:
+    """``text[start:]`` with its ``"prompt_token_ids": [...]`` array replaced by ``null``,
+    and the array's text (as :func:`~..recording.prompt_ids.split_prompt_ids` on bytes)."""
+    key_at = text.find(_IDS_KEY, start)
+    if key_at < 0:
+        return text[start:], None
+    open_at = text.find("[", key_at + len(_IDS_KEY))
+    if open_at < 0 or text[key_at + len(_IDS_KEY) : open_at].strip() != ":":
+        return text[start:], None
+    close_at = text.find("]", open_at)
+    if close_at < 0:
+        return text[start:], None
+    rest = text[start:open_at] + "null" + text[close_at + 1 :]
+    return rest, text[open_at : close_at + 1].encode()
+
+
+def _parse(payload: str) -> Any:
     try:
-        chunk = json.loads(payload)
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        pass  # NaN / Infinity (engines written in Python), or not JSON: the lenient parser
+    try:
+        return json.loads(payload)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise StreamError(
             "upstream sent a stream event that is not JSON", detail=f"{exc}: {payload[:200]!r}"
         ) from None
-    if not isinstance(chunk, dict):
+
+
+def _decode(text: str, start: int, *, one_line: bool) -> StreamChunk:
+    """The chunk of the event whose data is ``text[start:]``."""
+    rest, ids = _split_ids(text, start)
+    if ids is None:
+        value = _parse(rest)
+    else:
+        value = _parse_without_ids(rest, text, start)
+        if isinstance(value, dict) and value.get("prompt_token_ids", 0) is not None:
+            value, ids = _parse(text[start:]), None  # the array cut out was not the top-level one
+    if not isinstance(value, dict):
         raise StreamError("upstream sent a stream event that is not an object")
     try:  # the chunk is relayed, and recorded: no value JSON cannot carry back
-        jsonio.check_writable(chunk)
+        jsonio.check_writable(value)
     except jsonio.UnwritableError as exc:
         raise StreamError("upstream answer is malformed", detail=f"stream event: {exc}") from None
+    if ids is not None:
+        value["prompt_token_ids"] = orjson.Fragment(ids)
+    chunk = StreamChunk(value, text if one_line else None, start, ids)
     error = chunk.get("error")
     if error is not None:
         message = error.get("message") if isinstance(error, Mapping) else str(error)
@@ -95,6 +208,15 @@ def _decode(payload: str) -> dict[str, Any]:
         if problem is not None:  # relayed as it is, it would differ from what is recorded
             raise StreamError("upstream answer is malformed", detail=f"stream event: {problem}")
     return chunk
+
+
+def _parse_without_ids(rest: str, text: str, start: int) -> Any:
+    """The chunk without its prompt ids (``null``); the whole event (ids parsed) when
+    cutting them out did not leave JSON (an array not of plain ids)."""
+    try:
+        return _parse(rest)
+    except StreamError:
+        return _parse(text[start:])
 
 
 #: Text fields of a chunk's ``delta``.
@@ -197,7 +319,10 @@ class StreamAssembler:
     id: str | None = None
     created: int | None = None
     model: str | None = None
-    prompt_token_ids: list[int] | None = None
+    #: The ids, or their text as a fragment (see the module docstring) ...
+    prompt_token_ids: list[int] | orjson.Fragment | None = None
+    #: ... then that text.
+    prompt_ids_json: bytes | None = None
     usage: dict[str, Any] | None = None
     chunks: int = 0
     _choices: dict[int, _Choice] = field(default_factory=dict)
@@ -208,8 +333,11 @@ class StreamAssembler:
         self.id = self.id or chunk.get("id")
         self.created = self.created or chunk.get("created")
         self.model = self.model or chunk.get("model")
-        if isinstance(chunk.get("prompt_token_ids"), list):
-            self.prompt_token_ids = chunk["prompt_token_ids"]
+        ids = chunk.get("prompt_token_ids")
+        if isinstance(ids, list):
+            self.prompt_token_ids, self.prompt_ids_json = ids, None
+        elif isinstance(ids, orjson.Fragment) and isinstance(chunk, StreamChunk) and chunk.ids_text:
+            self.prompt_token_ids, self.prompt_ids_json = ids, chunk.ids_text
         if isinstance(chunk.get("usage"), Mapping):
             self.usage = dict(chunk["usage"])
         for position, choice in enumerate(chunk.get("choices") or ()):
@@ -226,7 +354,7 @@ class StreamAssembler:
             c.finish_reason is not None for c in self._choices.values()
         )
 
-    def completion(self) -> dict[str, Any]:
+    def completion(self) -> StreamedCompletion:
         """The ``chat.completion`` the chunks add up to."""
         choices = []
         for index in sorted(self._choices):
@@ -251,7 +379,7 @@ class StreamAssembler:
         }
         if self.prompt_token_ids is not None:
             out["prompt_token_ids"] = self.prompt_token_ids
-        return out
+        return StreamedCompletion(out, self.prompt_ids_json)
 
 
 def agent_chunk(
@@ -295,8 +423,12 @@ def agent_chunk(
 
 
 def sse_event(payload: Mapping[str, Any]) -> bytes:
-    """One SSE ``data:`` event."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    """One SSE ``data:`` event: a :class:`StreamChunk` as the engine wrote it, anything
+    else written with orjson (non-finite numbers as ``null``)."""
+    text = payload.payload if type(payload) is StreamChunk else None
+    if text is not None:
+        return b"".join((b"data: ", text.encode(), b"\n\n"))
+    return b"".join((b"data: ", jsonio.dumps(payload), b"\n\n"))
 
 
 def sse_error_event(message: str, status_code: int, error_type: str) -> bytes:
@@ -381,7 +513,9 @@ __all__ = [
     "KEEPALIVE_EVENT",
     "EventLog",
     "StreamAssembler",
+    "StreamChunk",
     "StreamError",
+    "StreamedCompletion",
     "agent_chunk",
     "iter_sse_json",
     "sse_error_event",

@@ -59,7 +59,7 @@ from rollout_gateway.server.engines.upstream_request import agent_view, flatten_
 from rollout_gateway.server.http import jsonio
 from rollout_gateway.server.http.responses import ApiError
 from rollout_gateway.server.recording.history import HistoryMatch
-from rollout_gateway.server.recording.prompt_ids import split_prompt_ids
+from rollout_gateway.server.recording.prompt_ids import IdsText, split_prompt_ids
 from rollout_gateway.server.turn_seed import turn_seed
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class EngineResult:
     #: Whether ``raw`` is strict JSON (no ``NaN``/``Infinity``).
     strict: bool = True
     #: The JSON text of the prompt's id array, cut out of ``raw``.
-    prompt_ids_json: bytes | None = None
+    prompt_ids_json: IdsText | None = None
     #: ``raw`` with that array replaced by ``null`` (what a store keeps of the answer).
     raw_without_prompt_ids: bytes | None = None
     #: Whether the chunks were relayed to the agent as the engine sent them.
@@ -386,9 +386,11 @@ class EngineTurn:
         )
 
     def _record(
-        self, answer: EngineAnswer, first_chunk_s: float | None, prompt_ids_json: bytes | None
+        self, answer: EngineAnswer, first_chunk_s: float | None, prompt_ids_json: IdsText | None
     ) -> None:
         record, engine, first = self.record, self.engine, answer.first
+        if prompt_ids_json is None:  # a streamed answer's ids stay text too (.streaming)
+            prompt_ids_json = answer.prompt_ids_json
         self.finish_reason = first.finish_reason if first else None
         extras: dict[str, Any] = {**self.extras, **self._base_extras(first_chunk_s)}
         extras.update(

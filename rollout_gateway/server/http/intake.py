@@ -53,7 +53,7 @@ from starlette.types import Receive
 from rollout_gateway.options import POSITIVE_INT, SHARE, option
 from rollout_gateway.server.http.budget import ByteBudget
 from rollout_gateway.server.http.connections import ReadTimer
-from rollout_gateway.server.http.jsonio import OFF_LOOP_PARSE_BYTES, loads_body
+from rollout_gateway.server.http.jsonio import OFF_LOOP_PARSE_BYTES, ParsedBody, loads_chat_body
 from rollout_gateway.server.http.responses import ApiError, receive_body
 
 T = TypeVar("T")
@@ -197,7 +197,7 @@ class BodyLease:
     """What one request holds of a :class:`BodyIntake`'s budgets (release it once the
     request is answered: :meth:`release` is idempotent)."""
 
-    __slots__ = ("_intake", "key", "raw", "cost", "big")
+    __slots__ = ("_intake", "key", "raw", "cost", "big", "messages_text")
 
     def __init__(self, intake: BodyIntake, key: str) -> None:
         self._intake = intake
@@ -209,6 +209,9 @@ class BodyLease:
         self.cost = 0
         #: Whether its body is big (scanned, parsed off the loop, on the key's share).
         self.big = False
+        #: Its body's ``messages`` as JSON, when the parse wrote them (see
+        #: :class:`~.jsonio.ParsedBody`).
+        self.messages_text: bytes | None = None
 
     async def hold_raw(self, nbytes: int) -> None:
         """Hold ``nbytes`` more of the body bytes budget (waits for room)."""
@@ -256,7 +259,9 @@ class BodyIntake:
 
     Args:
         limits: the bounds (raises ``ValueError`` when they cannot hold together).
-        loads: the parse function (strict JSON, depth-checked; a seam for tests).
+        loads: the parse function (strict JSON, depth-checked; a seam for tests); a
+            :class:`~.jsonio.ParsedBody` it returns leaves its ``messages_text`` on the
+            lease.
         cpu_clock: CPU seconds of the calling thread (run inside worker threads).
         clock: monotonic seconds (when a rollout's next big body may start).
         sleep: awaited to wait for a rollout's share (a seam for tests).
@@ -268,7 +273,7 @@ class BodyIntake:
         self,
         limits: IntakeLimits,
         *,
-        loads: Callable[[bytes], Any] = loads_body,
+        loads: Callable[[bytes], Any] = loads_chat_body,
         cpu_clock: Callable[[], float] = time.thread_time,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] = asyncio.sleep,
@@ -339,6 +344,13 @@ class BodyIntake:
     async def parse(self, lease: BodyLease, raw: bytes) -> Any:
         """``raw`` parsed (see the module docstring; raises ``JSONDecodeError``,
         ``TooDeepError`` or the 413 :class:`ApiError` ``request_too_complex``)."""
+        parsed = await self._parse(lease, raw)
+        if isinstance(parsed, ParsedBody):
+            lease.messages_text = parsed.messages_text
+            return parsed.value
+        return parsed
+
+    async def _parse(self, lease: BodyLease, raw: bytes) -> Any:
         limits = self.limits
         size = len(raw)
         if size <= limits.big_body_bytes:

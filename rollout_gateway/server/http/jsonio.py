@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from starlette.responses import Response
@@ -58,31 +58,70 @@ def loads_body(raw: bytes | str) -> Any:
     return value
 
 
+class ParsedBody(NamedTuple):
+    """A chat request body as :func:`loads_chat_body` parsed it."""
+
+    value: Any
+    #: ``dumps(value["messages"])`` (``None``: ``value`` is no object with a ``messages``
+    #: list). The messages are not changed after the parse: only other fields are.
+    messages_text: bytes | None = None
+
+
+def loads_chat_body(raw: bytes | str) -> ParsedBody:
+    """:func:`loads_body`, and the text of the body's ``messages`` list, written by the
+    depth check itself (one pass, not two): the history check and the upstream request use
+    it instead of writing the messages again (at a 32k context, a pass over 32 kB)."""
+    value = orjson.loads(raw)
+    messages = value.get("messages") if type(value) is dict else None
+    if type(messages) is not list:
+        check_depth(value)
+        return ParsedBody(value)
+    # The messages sit one level below the body: written alone within MAX_BODY_DEPTH - 1
+    # levels (a TooDeepError says the body's bound); the rest checked without them.
+    written = _written_within(messages, MAX_BODY_DEPTH - 1, MAX_BODY_DEPTH)
+    value["messages"] = None
+    try:
+        check_depth(value)
+    finally:
+        value["messages"] = messages
+    levels = _ORJSON_MAX_DEPTH - MAX_BODY_DEPTH + 1
+    return ParsedBody(value, written[levels : len(written) - levels])
+
+
 def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
     """Raise :class:`TooDeepError` when ``value`` nests deeper than ``max_depth``.
 
     Written by orjson inside ``254 - max_depth`` lists, ``value`` fails exactly then: one
     pass in C (a 170 kB chat body takes ~10 us), not a walk of every node in Python.
     """
+    _written_within(value, max_depth, max_depth, keep=False)
+
+
+def _written_within(value: Any, max_depth: int, reported: int, keep: bool = True) -> bytes:
+    """``dumps(value)`` (with ``keep``) inside ``254 - max_depth`` lists, which fails
+    exactly when ``value`` nests deeper than ``max_depth`` (see :func:`check_depth`; a
+    :class:`TooDeepError` says ``reported`` levels)."""
+    levels = _ORJSON_MAX_DEPTH - max_depth
     pool = _wrapper_chains.get(max_depth)
     chain = None
     if pool is not None:
         with contextlib.suppress(IndexError):  # none free: a new one
             chain = pool.pop()
     if chain is None:
-        chain = _wrapper_chain(_ORJSON_MAX_DEPTH - max_depth)
+        chain = _wrapper_chain(levels)
     outer, inner = chain
     inner[0] = value
     try:
-        orjson.dumps(outer)
+        written = orjson.dumps(outer)
     except orjson.JSONEncodeError as exc:
         if "Recursion" not in str(exc):
             raise UnwritableError(str(exc)) from None
-        raise TooDeepError(f"request body nests deeper than {max_depth} levels") from None
+        raise TooDeepError(f"request body nests deeper than {reported} levels") from None
     finally:
         inner[0] = None
         if pool is not None:
             pool.append(chain)
+    return written if keep else b""
 
 
 def check_writable(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
@@ -115,6 +154,7 @@ MAX_KEPT_ANSWER_DEPTH = 245
 #: own.
 _wrapper_chains: dict[int, list[tuple[list[Any], list[Any]]]] = {
     MAX_BODY_DEPTH: [],
+    MAX_BODY_DEPTH - 1: [],  # a chat body's messages (loads_chat_body)
     MAX_KEPT_ANSWER_DEPTH: [],
 }
 
@@ -158,6 +198,7 @@ __all__ = [
     "MAX_KEPT_ANSWER_DEPTH",
     "OFF_LOOP_PARSE_BYTES",
     "JSONBytesResponse",
+    "ParsedBody",
     "JSONDecodeError",
     "TooDeepError",
     "UnwritableError",
@@ -166,6 +207,7 @@ __all__ = [
     "dumps",
     "loads",
     "loads_body",
+    "loads_chat_body",
     "loads_lenient",
     "loads_off_loop",
 ]

@@ -61,7 +61,7 @@ def prefix_hasher(data: bytes | memoryview) -> xxhash.xxh3_128:
 ArrayText = tuple[bytes, int, int]
 
 
-def shared_elements(text: bytes, last: ArrayText | None) -> tuple[int, bytes, int]:
+def shared_elements(text: bytes | memoryview, last: ArrayText | None) -> tuple[int, bytes, int]:
     """How many leading elements the JSON array ``text`` shares with the array ``last``
     describes (all of them, when ``last``'s text up to its ``]`` is a prefix of ``text``
     ending at an element boundary; else 0), then ``text``'s own digest and length without
@@ -69,7 +69,7 @@ def shared_elements(text: bytes, last: ArrayText | None) -> tuple[int, bytes, in
     body = memoryview(text)[:-1]
     if last is not None:
         digest, length, count = last
-        if len(body) >= length and text[length : length + 1] in (b",", b"]"):
+        if len(body) >= length and bytes(text[length : length + 1]) in (b",", b"]"):
             hasher = prefix_hasher(body[:length])
             same = hasher.digest() == digest
             hasher.update(body[length:])

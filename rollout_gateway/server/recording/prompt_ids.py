@@ -13,11 +13,20 @@ the digest matches (else the whole array, as before).
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
+
 _KEY = b'"prompt_token_ids"'
 
+#: The JSON text of a prompt's id array: a view into the answer's bytes when cut out of
+#: one (at a 32k context 224 kB that need not be copied: only digested and its tail read).
+IdsText = bytes | memoryview
 
-def split_prompt_ids(raw: bytes) -> tuple[bytes, bytes | None]:
-    """``(answer with the prompt ids array replaced by null, the array's JSON text)``.
+
+def split_prompt_ids(raw: bytes) -> tuple[bytes, memoryview | None]:
+    """``(answer with the prompt ids array replaced by null, the array's JSON text)``,
+    the text a view into ``raw`` (not a copy).
 
     ``(raw, None)`` when the answer has no top-level-looking ``"prompt_token_ids": [...]``.
     A quoted key cannot occur inside a JSON string (its quotes would be escaped).
@@ -31,7 +40,24 @@ def split_prompt_ids(raw: bytes) -> tuple[bytes, bytes | None]:
     close_at = raw.find(b"]", open_at)
     if close_at < 0:
         return raw, None
-    return raw[:open_at] + b"null" + raw[close_at + 1 :], raw[open_at : close_at + 1]
+    rest = raw[:open_at] + b"null" + raw[close_at + 1 :]
+    return rest, memoryview(raw)[open_at : close_at + 1]
 
 
-__all__ = ["split_prompt_ids"]
+def answer_ids(text: IdsText, read_as_ids: bool) -> Any:
+    """The prompt's ids as an agent's answer carries them: when the recorder read
+    ``text`` as ids (the step has them), the text itself, written as it is
+    (:class:`orjson.Fragment`: at a 32k context parsing it into ints took four times the
+    rest of the turn); else parsed (raises ``orjson.JSONDecodeError``)."""
+    if read_as_ids:
+        return orjson.Fragment(bytes(text))
+    return orjson.loads(text)
+
+
+def id_count(text: IdsText) -> int:
+    """How many ids an id array's text holds, without parsing it."""
+    body = bytes(text).strip()[1:-1].strip()
+    return body.count(b",") + 1 if body else 0
+
+
+__all__ = ["IdsText", "answer_ids", "id_count", "split_prompt_ids"]

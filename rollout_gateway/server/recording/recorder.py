@@ -25,6 +25,7 @@ from rollout_gateway.server.recording.history import (
     recorded_message,
     same_message,
 )
+from rollout_gateway.server.recording.prompt_ids import IdsText
 from rollout_gateway.server.recording.steps import CheckState, RecordedStep, StepDelta
 from rollout_gateway.server.recording.token_branches import StepIds, TokenBranches
 
@@ -183,7 +184,7 @@ class TrajectoryRecorder:
         total_tokens: int | None = None,
         history: HistoryMatch | None = None,
         extras: Mapping[str, Any] | None = None,
-        prompt_ids_json: bytes | None = None,
+        prompt_ids_json: IdsText | None = None,
         truncated: bool = False,
         routed_experts: dict[str, Any] | None = None,
     ) -> None:

@@ -18,6 +18,7 @@ import orjson
 
 from rollout_gateway.protocol import common_prefix_len
 from rollout_gateway.server.recording.digests import ArrayText, shared_elements
+from rollout_gateway.server.recording.prompt_ids import IdsText
 
 #: What :meth:`TokenBranches.snapshot` saves: the branch, its length, the prompt text state.
 BranchSnapshot = tuple[array, int, "ArrayText | None"]
@@ -101,7 +102,7 @@ class TokenBranches:
         self.last_ids = array("i")
         self._last_prompt_text = None
 
-    def prompt(self, ids: Sequence[int] | None, text: bytes | None) -> PromptIds:
+    def prompt(self, ids: Sequence[int] | None, text: IdsText | None) -> PromptIds:
         """The prompt's ids, from ``text`` (JSON array) when given, else from ``ids``.
 
         Raises ``TypeError`` / ``ValueError`` / ``OverflowError`` for ids that are not

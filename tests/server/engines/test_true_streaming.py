@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,7 +25,7 @@ from starlette.routing import Route
 
 from rollout_gateway.server import GatewayConfig, create_app, running_server
 from rollout_gateway.server.engines.answers import read_answer
-from rollout_gateway.server.engines.streaming import StreamAssembler, iter_sse_json
+from rollout_gateway.server.engines.streaming import StreamAssembler, iter_sse_json, sse_event
 
 from ..conftest import GatewayFactory
 
@@ -115,7 +116,9 @@ async def test_assembled_stream_equals_the_whole_answer(name: str) -> None:
         assembler.feed(chunk)
     assert assembler.finished
     streamed, direct = read_answer(assembler.completion()), read_answer(whole)
-    assert streamed.prompt_ids == direct.prompt_ids
+    # The prompt's ids stay text (the recorder reads what is new of it), never parsed.
+    assert streamed.prompt_ids is None and streamed.prompt_ids_json is not None
+    assert orjson.loads(streamed.prompt_ids_json) == direct.prompt_ids
     s, d = streamed.first, direct.first
     assert s is not None and d is not None
     assert s.completion_ids == d.completion_ids
@@ -321,3 +324,19 @@ async def test_sse_parser_reads_what_servers_send() -> None:
     text = ': comment\n\nevent: x\ndata: {"a":\ndata: 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
     got = [chunk async for chunk in iter_sse_json(_lines(text))]
     assert got == [{"a": 1}, {"b": 2}]
+
+
+async def test_sse_parser_cuts_the_prompt_ids_out_of_the_line_as_text() -> None:
+    first = '{"id":"c","prompt_token_ids":[1, 2,3],"choices":[]}'
+    text = f'data:  {first}\n\ndata:{{"b": 2}}\n\ndata: {{"c":\ndata: 3}}\n\ndata: [DONE] \n\n'
+    got = [chunk async for chunk in iter_sse_json(_lines(text))]
+    assert [dict(c) for c in got[1:]] == [{"b": 2}, {"c": 3}]
+    ids = got[0]["prompt_token_ids"]
+    assert isinstance(ids, orjson.Fragment) and got[0].ids_text == b"[1, 2,3]"
+    assert orjson.dumps(got[0]) == b'{"id":"c","prompt_token_ids":[1, 2,3],"choices":[]}'
+    # Relayed unchanged as the engine wrote it (the spaces after "data:" are not its data).
+    assert [c.payload for c in got] == [first, '{"b": 2}', None]
+    assert sse_event(got[0]) == f"data: {first}\n\n".encode()
+    nested = '{"x":{"prompt_token_ids":[1]},"choices":[]}'  # not the top-level ids: parsed
+    (chunk,) = [c async for c in iter_sse_json(_lines(f"data: {nested}\n\n"))]
+    assert chunk == {"x": {"prompt_token_ids": [1]}, "choices": []} and chunk.ids_text is None

@@ -288,3 +288,19 @@ async def test_a_cancelled_wait_holds_nothing() -> None:
         await waiting
     budget.release("a", 10)
     assert budget.held == 0 and budget.waiting == 0
+
+
+@pytest.mark.parametrize("size", [50, 5000])  # parsed on the loop; in a worker thread
+async def test_a_chat_bodys_messages_text_is_left_on_its_lease(size: int) -> None:
+    intake = BodyIntake(limits(big_body_bytes=1000))
+    messages = [{"role": "user", "content": "x" * size}]
+    body = orjson.dumps({"model": "m", "messages": messages})
+    lease = intake.lease("r")
+    parsed = await intake.parse(lease, body)
+    assert parsed == {"model": "m", "messages": messages}
+    assert lease.messages_text == orjson.dumps(messages)
+    other = intake.lease("r")
+    assert await intake.parse(other, b'{"model": "m"}') == {"model": "m"}
+    assert other.messages_text is None
+    lease.release()
+    other.release()

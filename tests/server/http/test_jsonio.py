@@ -1,12 +1,21 @@
-"""jsonio: the depth bound on request bodies, checked in C with reused wrapper chains."""
+"""jsonio: the depth bound on request bodies, checked in C with reused wrapper chains, and
+a chat body's messages written by that check."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import orjson
 import pytest
 
-from rollout_gateway.server.http.jsonio import MAX_BODY_DEPTH, TooDeepError, check_depth
+from rollout_gateway.server.http.jsonio import (
+    MAX_BODY_DEPTH,
+    TooDeepError,
+    check_depth,
+    loads_body,
+    loads_chat_body,
+)
 
 
 def nested(levels: int) -> Any:
@@ -31,3 +40,39 @@ def test_the_bound_is_exact_call_after_call_whatever_bound_came_before() -> None
     with pytest.raises(TooDeepError):
         check_depth(nested(300), max_depth=200)
     _check_default_bound()  # a chain built for another bound is not reused for this one
+
+
+CHAT_BODIES = [
+    {"model": "m", "messages": [{"role": "user", "content": 'hi é \u2028 "q" \\ 😀'}]},
+    {"messages": [], "stop": ["a", "b"], "tools": [{"type": "function", "function": {}}]},
+    {"messages": [{"role": "tool", "content": [{"type": "text", "text": "x"}]}], "n": None},
+    {"stream": True, "messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+]
+
+
+@pytest.mark.parametrize("body", CHAT_BODIES)
+def test_a_chat_body_comes_with_its_messages_text_as_dumps_writes_it(body: Any) -> None:
+    raw = json.dumps(body).encode()
+    parsed = loads_chat_body(raw)
+    assert parsed.value == body and list(parsed.value) == list(body)  # key order kept
+    assert parsed.messages_text == orjson.dumps(body["messages"])
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'{"model": "m"}', b'{"messages": {"a": 1}}'])
+def test_other_bodies_are_parsed_without_messages_text(raw: bytes) -> None:
+    parsed = loads_chat_body(raw)
+    assert parsed.value == json.loads(raw) and parsed.messages_text is None
+
+
+def test_a_chat_body_has_the_same_depth_bound_in_its_messages_and_elsewhere() -> None:
+    def body(messages_levels: int, other_levels: int) -> bytes:
+        return json.dumps({"messages": [nested(messages_levels - 2)], "x": nested(
+            other_levels - 1)}).encode()  # fmt: skip
+
+    for _ in range(2):  # the wrapper chain is reused
+        loads_chat_body(body(MAX_BODY_DEPTH, MAX_BODY_DEPTH))
+        for bad in (body(MAX_BODY_DEPTH + 1, 3), body(3, MAX_BODY_DEPTH + 1), body(3, 300)):
+            with pytest.raises(TooDeepError, match=f"deeper than {MAX_BODY_DEPTH} levels"):
+                loads_chat_body(bad)
+            with pytest.raises(TooDeepError):
+                loads_body(bad)  # the same bound as the plain parse

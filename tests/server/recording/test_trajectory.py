@@ -262,7 +262,7 @@ def test_prompt_ids_from_json_text_equal_the_parsed_path() -> None:
     for i, prompt in enumerate(prompts):
         answer = json.dumps({"prompt_token_ids": prompt, "choices": []}).encode()
         rest, text = split_prompt_ids(answer)
-        assert json.loads(rest)["prompt_token_ids"] is None and json.loads(text) == prompt
+        assert json.loads(rest)["prompt_token_ids"] is None and json.loads(bytes(text)) == prompt
         turn = {"completion_ids": [7, 8], "completion_logprobs": [-0.1, -0.2]}
         messages = [{"role": "user", "content": str(i)}]
         completion = [{"role": "assistant", "content": "x"}]
@@ -355,3 +355,20 @@ def test_turns_with_the_same_tools_share_one_stored_list() -> None:
         rec.record([{"role": "user", "content": str(i)}], [], extras={"tools": list(tools)})
     first, second, third = (s["extras"]["tools"] for s in rec.steps())
     assert first == tools and second is first and third is first
+
+
+def test_an_answer_carries_the_prompt_ids_text_as_it_came_once_read_as_ids() -> None:
+    import orjson
+    import pytest
+
+    from rollout_gateway.server.recording.prompt_ids import answer_ids, split_prompt_ids
+
+    raw = b'{"choices":[],"prompt_token_ids":[1, 2,3]}'
+    _, text = split_prompt_ids(raw)
+    assert text is not None and bytes(text) == b"[1, 2,3]"  # a view, not a copy
+    assert orjson.dumps({"prompt_token_ids": answer_ids(text, True)}) == (
+        b'{"prompt_token_ids":[1, 2,3]}'
+    )
+    assert answer_ids(text, False) == [1, 2, 3]  # not read as ids: parsed (or refused)
+    with pytest.raises(orjson.JSONDecodeError):
+        answer_ids(memoryview(b"[1, x]"), False)
