@@ -61,16 +61,25 @@ def _join(base_url: str, url: str) -> str:
 
 async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
     """The lines of a byte stream, without ``\n`` / ``\r\n``, of any length (vLLM's first
-    chunk carries the whole prompt's ids on one line)."""
+    chunk carries the whole prompt's ids on one line). Each line is found with ``find``
+    (memchr) and decoded straight out of the buffer: no split into a list of copies."""
     parts: list[bytes] = []
     async for chunk in chunks:
-        parts.append(chunk)
         if b"\n" not in chunk:
+            parts.append(chunk)
             continue  # a line longer than the chunk: joined once it ends
-        *lines, rest = b"".join(parts).split(b"\n")
-        parts = [rest] if rest else []
-        for line in lines:
-            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+        if parts:
+            parts.append(chunk)
+            chunk, parts = b"".join(parts), []
+        view, start = memoryview(chunk), 0
+        end = chunk.find(b"\n")
+        while end >= 0:
+            stop = end - 1 if end > start and chunk[end - 1] == 13 else end  # 13: "\r"
+            yield str(view[start:stop], "utf-8", "replace")
+            start = end + 1
+            end = chunk.find(b"\n", start)
+        if start < len(chunk):
+            parts = [chunk[start:]]
     if parts:
         yield b"".join(parts).removesuffix(b"\r").decode("utf-8", "replace")
 
