@@ -37,7 +37,7 @@ from rollout_gateway.lifecycle import (
     STOP_COMPLETED,
     GatewayRollout,
 )
-from rollout_gateway.resources import GatewayResources
+from rollout_gateway.resources import GatewayResources, ResourcesOwner
 from rollout_gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         gateway: GatewaySettings | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._gateway_resources: GatewayResources | None = None
+        self._gateway_owner = ResourcesOwner(self._make_gateway_resources)
         self._gateway_rollouts: dict[str, GatewayRollout] = {}
         settings = GatewaySettings.coerce(gateway)
         legacy = {k: kwargs.pop(k) for k in list(kwargs) if k in DEPRECATED_KWARGS}
@@ -148,7 +148,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
             changes["gateway_port"] = gateway_port
         if timeout_seconds is not _UNSET:
             changes["agent_timeout"] = timeout_seconds
-        if self._gateway_resources is not None and changes:
+        if self._gateway_owner.current is not None and changes:
             raise GatewayConfigError("init_gateway cannot change settings once rollouts started")
         self.gateway_settings = self.gateway_settings.replace(**changes)
 
@@ -156,14 +156,17 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         """The env's clients and tunnels (created with the first gateway rollout).
 
         A method, not a property: verifiers discovers decorated hooks with ``getattr``
-        on every attribute, which would create the resources at construction.
+        on every attribute, which would create the resources at construction. After the
+        env's teardown, rollouts get a fresh set closed when the last of them ends
+        (:class:`~rollout_gateway.resources.ResourcesOwner`).
         """
-        if self._gateway_resources is None:
-            provider = self.gateway_settings.resolved_tunnel_provider(
-                local=self.sandbox_backend == "local"
-            )
-            self._gateway_resources = GatewayResources(self.gateway_settings, provider)
-        return self._gateway_resources
+        return self._gateway_owner.get()
+
+    def _make_gateway_resources(self) -> GatewayResources:
+        provider = self.gateway_settings.resolved_tunnel_provider(
+            local=self.sandbox_backend == "local"
+        )
+        return GatewayResources(self.gateway_settings, provider)
 
     def _replace_sandbox_client(self, client: Any) -> None:
         threaded = getattr(self, "sandbox_client", None)
@@ -297,9 +300,15 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         if not self.use_gateway:
             return await super().rollout(input, client, model, sampling_args)
         state = await self._init_state_or_error(input, client, model, sampling_args)
-        rollout = GatewayRollout(
-            self.gateway_resources(), is_typed=_is_vf_typed, is_infra=_is_vf_infra
-        )
+        resources = self._gateway_owner.acquire()
+        try:
+            await self._gateway_rollout(state, resources)
+        finally:
+            await self._gateway_owner.release(resources)
+        return state
+
+    async def _gateway_rollout(self, state: State, resources: GatewayResources) -> None:
+        rollout = GatewayRollout(resources, is_typed=_is_vf_typed, is_infra=_is_vf_infra)
         state["rollout_id"] = rollout.rollout_id
         if state.get("error") is not None:
             rollout.fail(state["error"])
@@ -320,7 +329,6 @@ class RolloutGatewayMixin(AgentSandboxSteps):
             current_rollout.reset(token)
             self._gateway_rollouts.pop(rollout.rollout_id, None)
             self._render_outcome(state, rollout)
-        return state
 
     async def _init_state_or_error(
         self, input: RolloutInput, client: Any, model: str, sampling_args: SamplingArgs | None
@@ -369,10 +377,11 @@ class RolloutGatewayMixin(AgentSandboxSteps):
 
     @vf.teardown(priority=10)
     async def teardown_gateway(self) -> None:
-        """End rollouts in flight, close the control-plane clients, stop every tunnel."""
-        resources, self._gateway_resources = self._gateway_resources, None
-        if resources is not None:
-            await resources.aclose()
+        """End rollouts in flight, close the control-plane clients, stop every tunnel.
+
+        Rollouts started afterwards still run, on resources closed when the last of them
+        ends: none is left open with nothing to close it."""
+        await self._gateway_owner.teardown()
 
 
 __all__ = ["SANDBOX_BACKEND_ENV", "RolloutGatewayMixin"]
