@@ -667,7 +667,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ARG",
-        help="extra `serve` argument, e.g. --gateway-option=--upstream-client=httpx (repeatable)",
+        help="extra `serve` argument, e.g. --gateway-option=--loop=asyncio (repeatable)",
     )
     parser.add_argument(
         "--compare-source",

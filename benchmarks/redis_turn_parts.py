@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,7 +71,8 @@ async def client_cpu_us(url: str, commands: int, batch: int) -> tuple[float, flo
 
 def measure_client(commands: int, batch: int) -> None:
     """Start a ``redis-server`` and print the client's CPU per command."""
-    from rollout_gateway.local_cluster import RedisServer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
+    from support.local_cluster import RedisServer
 
     if shutil.which("redis-server") is None:
         print("client: skipped (no redis-server on PATH)")

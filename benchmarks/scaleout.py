@@ -4,7 +4,7 @@ Starts, each in its own process on loopback: the scripted model, one gateway in 
 (``memory``: the default backend), a ``redis-server`` (append-only file synced every
 second, Redis's usual setting: ``--fsync always`` for every write), three gateways
 on it (``rollout-gateway serve --redis``) and HAProxy balancing over them round robin,
-without stickiness (``rollout_gateway.local_cluster``, what the scale-out tests run).
+without stickiness (``tests/support/local_cluster.py``, what the scale-out tests run).
 Then, for each context size, rounds of ``--rollouts`` concurrent rollouts of ``--turns``
 turns through each path, the paths taking turns round by round (``gateway_overhead.py``'s
 load), so a drift of a shared machine weighs on each alike:
@@ -71,7 +71,8 @@ from gateway_overhead import (
     rounds_for,
 )
 
-from rollout_gateway.local_cluster import GatewayGroup, HAProxy, RedisServer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
+from support.local_cluster import GatewayGroup, HAProxy, RedisServer  # noqa: E402
 
 CLI = [sys.executable, "-m", "rollout_gateway.cli"]
 #: Servers of one set, by name: what a path's CPU is read from.

@@ -1,7 +1,7 @@
 """Branches per rollout, chat mode vs token-in mode, on the same multi-turn tool task.
 
 The gateway (in-process, real code path) sits in front of a real vLLM started with
-``--enable-scale-out`` (``shared/real-vllm``: ``VLLM_EXTRA_ARGS=--enable-scale-out bash
+``--enable-scale-out`` (``tools/real-vllm``: ``VLLM_EXTRA_ARGS=--enable-scale-out bash
 serve.sh DEST 8021``). For each mode, the same scripted agent drives the same rollouts
 (same seeds): a history that already holds an assistant tool call and its result, tool
 results appended after every call the model makes, a user follow-up otherwise. Each
@@ -24,7 +24,9 @@ import asyncio
 import contextlib
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,8 +37,10 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 
 from rollout_gateway.cli import served_model_path
 from rollout_gateway.server import GatewayConfig, create_app
-from rollout_gateway.testing import RUN_SHELL_TOOL, run_shell_call
 from rollout_gateway.v1.trace_sync import TraceSync
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
+from support.tools import RUN_SHELL_TOOL, run_shell_call  # noqa: E402
 
 ADMIN = "tito-benchmark-admin-token-0123456789"
 TOOLS = [RUN_SHELL_TOOL]

@@ -1,10 +1,11 @@
-"""CPU per upstream call of each of the gateway's upstream clients, side by side.
+"""CPU per upstream call of the gateway's upstream client and of two general clients, side by side.
 
 The gateway's one upstream call per turn is ``POST /chat/completions``. This benchmark
-makes that call through each ``UpstreamHTTP`` implementation the gateway can use
-(``httptools``: ``Http1Upstream``, the default; ``aiohttp``: ``AiohttpUpstream``;
-``httpx``: ``HttpxUpstream``) against the scripted model in its own process, and prints
-this process's CPU per call for each, with ratios to aiohttp's. Whole answers by default;
+makes that call through the gateway's client (``httptools``: ``Http1Upstream``) and, for
+reference, through aiohttp's and httpx's clients set up as the gateway once used them
+(``aiohttp``, ``httpx``: the choice the lean client was measured against), against the
+scripted model in its own process, and prints this process's CPU per call for each, with
+ratios to aiohttp's. Whole answers by default;
 ``--stream`` also measures streamed answers (read line by line, as the gateway relays
 them). The clients take turns round by round (``--rounds``), so a drift of the shared
 machine weighs on each alike::
@@ -20,27 +21,78 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+import aiohttp
+import httpx
 import uvloop
 from gateway_overhead import _first_messages, _free_port, _process
 
-from rollout_gateway.server.engines.upstream_http import (
-    AiohttpUpstream,
-    HttpxUpstream,
-    UpstreamHTTP,
-)
+from rollout_gateway.server.engines.upstream_http import HTTPAnswer, split_lines
 from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
 
 CLIENTS = ("httptools", "aiohttp", "httpx")
+_JSON = {"Content-Type": "application/json"}
 
 
-def _client(kind: str, base_url: str) -> UpstreamHTTP:
-    if kind == "httptools":
-        return Http1Upstream(base_url)
-    if kind == "aiohttp":
-        return AiohttpUpstream(base_url)
-    return HttpxUpstream(base_url)
+class _Reference:
+    """A general client making the same calls (aiohttp's or httpx's, pooled and set up as
+    the gateway used them before its own client)."""
+
+    def __init__(self, kind: str, base_url: str) -> None:
+        self.kind, self.base_url = kind, base_url
+        self.session: Any = None
+
+    def _session(self) -> Any:
+        if self.session is None:
+            if self.kind == "aiohttp":
+                connector = aiohttp.TCPConnector(limit=1024, limit_per_host=0)
+                self.session = aiohttp.ClientSession(
+                    connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+                )
+            else:
+                limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+                self.session = httpx.AsyncClient(timeout=None, limits=limits)
+        return self.session
+
+    async def post(self, path: str, content: bytes) -> HTTPAnswer:
+        url = self.base_url + path
+        if self.kind == "aiohttp":
+            async with self._session().post(url, data=content, headers=_JSON) as response:
+                return HTTPAnswer(response.status, await response.read())
+        answer = await self._session().post(url, content=content, headers=_JSON)
+        return HTTPAnswer(answer.status_code, answer.content)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, content: bytes) -> AsyncIterator[Any]:
+        url = self.base_url + path
+        if self.kind == "aiohttp":
+            async with self._session().post(url, data=content, headers=_JSON) as response:
+                yield _Lines(response.status, response.content.iter_any())
+            return
+        request = self._session().build_request("POST", url, content=content, headers=_JSON)
+        response = await self._session().send(request, stream=True)
+        try:
+            yield _Lines(response.status_code, response.aiter_bytes())
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await (self.session.close() if self.kind == "aiohttp" else self.session.aclose())
+
+
+class _Lines:
+    def __init__(self, status_code: int, chunks: AsyncIterator[bytes]) -> None:
+        self.status_code, self._chunks = status_code, chunks
+
+    def lines(self) -> AsyncIterator[str]:
+        return split_lines(self._chunks)
+
+
+def _client(kind: str, base_url: str) -> Any:
+    return Http1Upstream(base_url) if kind == "httptools" else _Reference(kind, base_url)
 
 
 def _body(context_tokens: int, stream: bool) -> bytes:

@@ -43,81 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS: dict[str, str] = {
-    "RolloutGatewayMixin": "rollout_gateway.classic.mixin",
-    "GatewaySettings": "rollout_gateway.settings",
-    "GatewayRollout": "rollout_gateway.lifecycle",
-    "RolloutHooks": "rollout_gateway.lifecycle",
-    "RolloutRecord": "rollout_gateway.lifecycle",
-    "AgentExit": "rollout_gateway.lifecycle",
-    "GatewayResources": "rollout_gateway.resources",
-    "GatewayClient": "rollout_gateway.client",
-    "RetryPolicy": "rollout_gateway.client",
-    "TunnelProvider": "rollout_gateway.tunnels",
-    "PrimeTunnelProvider": "rollout_gateway.tunnels",
-    "DirectTunnelProvider": "rollout_gateway.tunnels",
-    "TunnelPool": "rollout_gateway.tunnels",
-    "PollPolicy": "rollout_gateway.polling",
-    "LocalSandboxClient": "rollout_gateway.local_sandbox",
-    "AgentCrashError": "rollout_gateway.errors",
-    "AgentPollError": "rollout_gateway.errors",
-    "AgentStartError": "rollout_gateway.errors",
-    "EmptyTrajectoryError": "rollout_gateway.errors",
-    "EngineError": "rollout_gateway.errors",
-    "GatewayAuthError": "rollout_gateway.errors",
-    "GatewayConfigError": "rollout_gateway.errors",
-    "GatewayError": "rollout_gateway.errors",
-    "GatewayProtocolError": "rollout_gateway.errors",
-    "GatewayRequestError": "rollout_gateway.errors",
-    "GatewayTunnelError": "rollout_gateway.errors",
-    "GatewayUnavailableError": "rollout_gateway.errors",
-    "PostRolloutError": "rollout_gateway.errors",
-    "RolloutConflictError": "rollout_gateway.errors",
-    "RolloutGatewayError": "rollout_gateway.errors",
-    "RolloutInfraError": "rollout_gateway.errors",
-    "RolloutInputError": "rollout_gateway.errors",
-    "RolloutNotFoundError": "rollout_gateway.errors",
-    "SandboxError": "rollout_gateway.errors",
-}
-
-__all__ = [
-    "__version__",
-    "RolloutGatewayMixin",
-    "GatewaySettings",
-    "GatewayRollout",
-    "RolloutHooks",
-    "RolloutRecord",
-    "AgentExit",
-    "GatewayResources",
-    "GatewayClient",
-    "RetryPolicy",
-    "TunnelProvider",
-    "PrimeTunnelProvider",
-    "DirectTunnelProvider",
-    "TunnelPool",
-    "PollPolicy",
-    "LocalSandboxClient",
-    "AgentCrashError",
-    "AgentPollError",
-    "AgentStartError",
-    "EmptyTrajectoryError",
-    "EngineError",
-    "GatewayAuthError",
-    "GatewayConfigError",
-    "GatewayError",
-    "GatewayProtocolError",
-    "GatewayRequestError",
-    "GatewayTunnelError",
-    "GatewayUnavailableError",
-    "PostRolloutError",
-    "RolloutConflictError",
-    "RolloutGatewayError",
-    "RolloutInfraError",
-    "RolloutInputError",
-    "RolloutNotFoundError",
-    "SandboxError",
-]
-
+# The public API: these imports. Type checkers read them; at run time they are read from
+# this file (``_exports``), and each name is imported when first used.
 if TYPE_CHECKING:
     from rollout_gateway.classic.mixin import (
         RolloutGatewayMixin,
@@ -173,6 +100,69 @@ if TYPE_CHECKING:
     )
 
 
+def _exports() -> dict[str, str]:
+    """Each public name and its module: the ``TYPE_CHECKING`` imports above (read once)."""
+    global _EXPORTS
+    if _EXPORTS is None:
+        import ast
+        from pathlib import Path
+
+        tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+        block = next(
+            n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+        )
+        _EXPORTS = {
+            alias.name: node.module
+            for node in block.body
+            if isinstance(node, ast.ImportFrom) and node.module is not None
+            for alias in node.names
+        }
+    return _EXPORTS
+
+
+_EXPORTS: dict[str, str] | None = None
+
+#: The names above (a literal: the API reference's generator reads it without running
+#: the module; tests/test_public_api.py checks that it names every import above).
+__all__ = [
+    "__version__",
+    "RolloutGatewayMixin",
+    "GatewaySettings",
+    "GatewayRollout",
+    "RolloutHooks",
+    "RolloutRecord",
+    "AgentExit",
+    "GatewayResources",
+    "GatewayClient",
+    "RetryPolicy",
+    "TunnelProvider",
+    "PrimeTunnelProvider",
+    "DirectTunnelProvider",
+    "TunnelPool",
+    "PollPolicy",
+    "LocalSandboxClient",
+    "AgentCrashError",
+    "AgentPollError",
+    "AgentStartError",
+    "EmptyTrajectoryError",
+    "EngineError",
+    "GatewayAuthError",
+    "GatewayConfigError",
+    "GatewayError",
+    "GatewayProtocolError",
+    "GatewayRequestError",
+    "GatewayTunnelError",
+    "GatewayUnavailableError",
+    "PostRolloutError",
+    "RolloutConflictError",
+    "RolloutGatewayError",
+    "RolloutInfraError",
+    "RolloutInputError",
+    "RolloutNotFoundError",
+    "SandboxError",
+]
+
+
 #: Exports that need an extra, and how to tell whether this installation has it.
 _NEEDS_CLASSIC = frozenset({"RolloutGatewayMixin"})
 _NEEDS_PRIME_SANDBOXES = frozenset({"LocalSandboxClient"})
@@ -192,7 +182,7 @@ def _available(name: str) -> bool:
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _exports().get(name)
     if module is None:
         raise AttributeError(f"module 'rollout_gateway' has no attribute {name!r}")
     if not _available(name):
@@ -212,4 +202,4 @@ def __dir__() -> list[str]:
     # The exports this installation can import, beside the module's own names: help()
     # and tab completion show the public API without failing on another stack's adapter.
     dunders = (name for name in globals() if name.startswith("__"))
-    return sorted({*dunders, *(name for name in __all__ if _available(name))})
+    return sorted({*dunders, *(name for name in _exports() if _available(name))})

@@ -37,8 +37,7 @@ from rollout_gateway.serve_command import (
 )
 
 if TYPE_CHECKING:
-    from rollout_gateway.server import GatewayConfig
-    from rollout_gateway.server.state.store import GatewayStore
+    pass
 
 #: Exit status after Ctrl-C (SIGINT): 128 + 2, as shells report it.
 EXIT_SIGINT = 130
@@ -111,6 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from rollout_gateway.server.engines.token_in import TokenInUnavailable
     from rollout_gateway.server.http.fds import raise_fd_limit
     from rollout_gateway.server.ops.gc_tuning import tune_for_serving
+    from rollout_gateway.server.state.store import StoreError
 
     # This process only serves: as many connections as the hard limit allows.
     raise_fd_limit()
@@ -123,19 +123,23 @@ def run_serve(args: argparse.Namespace) -> int:
     for line in (notice or "").splitlines():
         print(f"rollout-gateway serve: {line}", file=sys.stderr, flush=True)
     _setup_logging(args.log_level)
-    store = _opened_store(config)
-    if store is None:
+    if not _port_free("serve", args.host, args.port):
         return 2
     try:
-        app = create_app(config, store=store)
+        app = create_app(config)
+        tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
+        # The store is opened on the loop that serves, before the server binds: a store
+        # that cannot be used is refused here, with its reason, instead of a gateway that
+        # starts and fails its first turn.
+        serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
+    except StoreError as e:
+        option = "--redis" if config.state.redis_url is not None else "--state-dir"
+        print(f"rollout-gateway serve: error: {option}: {e}", file=sys.stderr)
+        return 2
     except (TokenInUnavailable, ValueError) as e:  # the message names the option
         # ValueError: what the process's limits cannot hold (--max-connections).
         print(f"rollout-gateway serve: error: {e}", file=sys.stderr)
         return 2
-    if not _port_free("serve", args.host, args.port):
-        return 2
-    tune_for_serving()  # this process only serves: see server/ops/gc_tuning.py
-    serve(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop)
     return 0
 
 
@@ -159,25 +163,6 @@ def _port_free(command: str, host: str, port: int) -> bool:
         )
         return False
     return True
-
-
-def _opened_store(config: GatewayConfig) -> GatewayStore | None:
-    """The store ``config`` names, opened before serving: a store that cannot be used is
-    refused here, with its reason (one line, ``None``), instead of a gateway that starts
-    and fails its first turn."""
-    import asyncio
-
-    from rollout_gateway.server.state.backends import store_for
-    from rollout_gateway.server.state.store import StoreError
-
-    try:
-        store = store_for(config)
-        asyncio.run(store.open())
-    except StoreError as e:
-        option = "--redis" if config.state.redis_url is not None else "--state-dir"
-        print(f"rollout-gateway serve: error: {option}: {e}", file=sys.stderr)
-        return None
-    return store
 
 
 @dataclass(frozen=True)

@@ -156,17 +156,16 @@ class GatewayClient:
         self.base_url = protocol.gateway_root(base_url)
         self._root = self.base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
-        self._auth_help = auth_help or (
-            "pass the gateway's admin token (admin_token=...)"
-            if admin_token
-            else "the client sent no admin token: pass admin_token=..."
+        #: Whether the gateway accepts the admin token (calls wait for its first answer).
+        self.access = AdminAccess(
+            self.base_url,
+            auth_help
+            or (
+                "pass the gateway's admin token (admin_token=...)"
+                if admin_token
+                else "the client sent no admin token: pass admin_token=..."
+            ),
         )
-        #: The gateway's refusal of the admin token, once seen (later calls raise it).
-        self.auth_error: GatewayAuthError | None = None
-        #: Whether the gateway answered a call without refusing the token.
-        self._access_confirmed = False
-        #: The first call in flight while access is unconfirmed (others wait for it).
-        self._first_call: asyncio.Future[None] | None = None
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -175,6 +174,11 @@ class GatewayClient:
             timeout=timeout,
             limits=limits,
         )
+
+    @property
+    def auth_error(self) -> GatewayAuthError | None:
+        """The gateway's refusal of the admin token, once seen (later calls raise it)."""
+        return self.access.error
 
     @property
     def is_closed(self) -> bool:
@@ -205,15 +209,6 @@ class GatewayClient:
             await self._request_once("GET", protocol.trajectory_path(probe), probe)
         except GatewayError as e:
             logger.debug("gateway %s: admin token check inconclusive: %s", self.base_url, e)
-
-    def _auth_error_copy(self) -> GatewayAuthError:
-        # A fresh instance per raise: rollouts raise it concurrently, each with its own
-        # traceback.
-        seen = self.auth_error
-        assert seen is not None
-        return GatewayAuthError(
-            str(seen), status_code=seen.status_code, gateway_url=seen.gateway_url
-        )
 
     async def register(
         self,
@@ -260,13 +255,7 @@ class GatewayClient:
         data = await self.retry.call(attempt)
         if data is None:  # an earlier attempt landed: its answer was lost
             return protocol.register_response(rollout_id, body)
-        response = cast(protocol.RegisterResponse, _require_dict(data, "register", rollout_id))
-        answered_key = response.get("api_key")
-        if answered_key is not None and not isinstance(answered_key, str):
-            raise GatewayProtocolError(
-                "register answered a non-string api_key", rollout_id=rollout_id
-            )
-        return response
+        return _parsed(protocol.parse_register_response, data, rollout_id)
 
     async def get_trajectory(
         self, rollout_id: str, *, expand: bool = True
@@ -285,37 +274,25 @@ class GatewayClient:
             rollout_id,
             query=protocol.TRAJECTORY_DELTA_QUERY,
         )
-        body = _require_dict(data, "trajectory", rollout_id)
+        body = _parsed(protocol.parse_trajectory_response, data, rollout_id)
         steps = body.get("trajectory")
-        if steps is not None and not isinstance(steps, list):
-            raise GatewayProtocolError(
-                "trajectory answer: 'trajectory' is not a list", rollout_id=rollout_id
-            )
-        if not expand:
-            return cast(protocol.TrajectoryResponse, body)
-        if body.pop("format", None) == "delta" and steps is not None:
-            try:
-                body["trajectory"] = protocol.expand_delta_steps(steps)
-            except (KeyError, TypeError, IndexError) as e:
-                raise GatewayProtocolError(
-                    f"trajectory answer: malformed delta step ({type(e).__name__}: {e})",
-                    rollout_id=rollout_id,
-                ) from e
-        return cast(protocol.TrajectoryResponse, body)
+        if expand and data.pop("format", None) == "delta" and steps is not None:
+            body["trajectory"] = _parsed(protocol.expand_delta_steps, steps, rollout_id)
+        return body
 
     async def cancel(self, rollout_id: str) -> protocol.StatusResponse:
         """Cancel a rollout: the gateway refuses its later turns."""
         data = await self._request(
             "POST", protocol.cancel_path(_checked_id(rollout_id)), rollout_id
         )
-        return cast(protocol.StatusResponse, _require_dict(data, "cancel", rollout_id))
+        return _parsed(protocol.parse_status_response, data, rollout_id)
 
     async def unregister(self, rollout_id: str) -> protocol.StatusResponse:
         """Unregister a rollout and free its state on the gateway."""
         data = await self._request(
             "POST", protocol.unregister_path(_checked_id(rollout_id)), rollout_id
         )
-        return cast(protocol.StatusResponse, _require_dict(data, "unregister", rollout_id))
+        return _parsed(protocol.parse_status_response, data, rollout_id)
 
     async def wait_exits(self, after: int, timeout: float) -> protocol.ExitsResponse:
         """Agent exit reports numbered above ``after``, waiting up to ``timeout`` s for one.
@@ -325,7 +302,7 @@ class GatewayClient:
         """
         params = protocol.exits_query(after, timeout=timeout)
         data = await self._request_once("GET", protocol.EXITS_PATH, "", query=params)
-        return _checked_exits(_require_dict(data, "exits", ""))
+        return _parsed(protocol.parse_exits_response, data, "")
 
     @contextlib.asynccontextmanager
     async def exit_feed(
@@ -392,24 +369,9 @@ class GatewayClient:
         query: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> Any:
-        """One attempt; translates every httpx failure into a typed error.
-
-        Until the gateway has answered one call without refusing the admin token, calls
-        go one at a time: a refused token then fails the first call, and every call
-        waiting behind it raises the same :class:`GatewayAuthError` without being sent
-        (a burst of rollouts meets a misconfiguration once, not once per rollout).
-        """
-        while not self._access_confirmed:
-            if self.auth_error is not None:
-                raise self._auth_error_copy()
-            if self._first_call is None:
-                break
-            await asyncio.shield(self._first_call)
-        if self.auth_error is not None:
-            raise self._auth_error_copy()
-        first = not self._access_confirmed
-        if first:
-            self._first_call = asyncio.get_running_loop().create_future()
+        """One attempt (once :class:`AdminAccess` lets it go); translates every httpx
+        failure into a typed error."""
+        first = await self.access.enter()
         answered: int | None = None
         try:
             response = await self._http.request(method, self._url(path, query), **kwargs)
@@ -418,12 +380,7 @@ class GatewayClient:
             raise _transport_error(method, path, e, rollout_id) from e
         finally:
             if first:
-                # An answer that is not a refusal confirms the token; no answer (a
-                # transport failure, a cancellation) lets the next call go first.
-                self._access_confirmed = answered is not None and answered not in (401, 403)
-                gate, self._first_call = self._first_call, None
-                if gate is not None and not gate.done():
-                    gate.set_result(None)
+                self.access.answered(answered)
         status = response.status_code
         if status < 400:
             try:  # orjson: several times faster on a long trajectory than json
@@ -440,7 +397,9 @@ class GatewayClient:
         """The typed error of an answer with an error status (read already)."""
         status = response.status_code
         if status in (401, 403):
-            return self._refused(method, path, response)
+            return self.access.refused(
+                status, f"{method} {path}: {status} {_error_message(response)}"
+            )
         message = f"{method} {path}: {status} {_error_message(response)}"
         if status in self.retry.retry_statuses:
             return GatewayUnavailableError(
@@ -454,19 +413,75 @@ class GatewayClient:
             return GatewayRequestError(message, status_code=status, rollout_id=rollout_id)
         return GatewayUnavailableError(message, status_code=status, rollout_id=rollout_id)
 
-    def _refused(self, method: str, path: str, response: httpx.Response) -> GatewayAuthError:
-        """The gateway refused the admin token: remember it, say it once in the log."""
-        status = response.status_code
-        error = GatewayAuthError(
-            f"the rollout gateway at {self.base_url} refused the control plane ({method} "
-            f"{path}: {status} {_error_message(response)}); {self._auth_help}",
-            status_code=status,
-            gateway_url=self.base_url,
+
+class AdminAccess:
+    """Whether a gateway accepts a client's admin token.
+
+    Until the gateway has answered one call without refusing the token, calls go one at
+    a time: a refused token then fails the first call, and every call waiting behind it
+    (and every later one) raises the same :class:`GatewayAuthError` without being sent,
+    so a burst of rollouts meets a misconfiguration once, not once per rollout.
+
+    Args:
+        base_url: the gateway's root (named in the error).
+        auth_help: what to set (ends the error's message).
+    """
+
+    def __init__(self, base_url: str, auth_help: str) -> None:
+        self.base_url = base_url
+        self.auth_help = auth_help
+        #: The gateway's refusal of the admin token, once seen.
+        self.error: GatewayAuthError | None = None
+        #: Whether the gateway answered a call without refusing the token.
+        self._confirmed = False
+        #: The first call in flight while access is unconfirmed (others wait for it).
+        self._first_call: asyncio.Future[None] | None = None
+
+    async def enter(self) -> bool:
+        """Wait until a call may go; whether it goes first (then tell :meth:`answered`).
+        Raises the refusal once the token was refused."""
+        while not self._confirmed:
+            if self.error is not None:
+                raise self._error_copy()
+            if self._first_call is None:
+                break
+            await asyncio.shield(self._first_call)
+        if self.error is not None:
+            raise self._error_copy()
+        first = not self._confirmed
+        if first:
+            self._first_call = asyncio.get_running_loop().create_future()
+        return first
+
+    def answered(self, status: int | None) -> None:
+        """The first call's answer: one that is not a refusal confirms the token; none (a
+        transport failure, a cancellation) lets the next call go first."""
+        self._confirmed = status is not None and status not in (401, 403)
+        gate, self._first_call = self._first_call, None
+        if gate is not None and not gate.done():
+            gate.set_result(None)
+
+    def refused(self, status: int, what: str) -> GatewayAuthError:
+        """The gateway refused the token with ``status`` (``what``: the call and its
+        answer): remember it, say it once in the log."""
+        if self.error is None:
+            self.error = GatewayAuthError(
+                f"the rollout gateway at {self.base_url} refused the control plane ({what}); "
+                f"{self.auth_help}",
+                status_code=status,
+                gateway_url=self.base_url,
+            )
+            logger.error("%s", self.error)
+        return self._error_copy()
+
+    def _error_copy(self) -> GatewayAuthError:
+        # A fresh instance per raise: rollouts raise it concurrently, each with its own
+        # traceback.
+        seen = self.error
+        assert seen is not None
+        return GatewayAuthError(
+            str(seen), status_code=seen.status_code, gateway_url=seen.gateway_url
         )
-        if self.auth_error is None:
-            self.auth_error = error
-            logger.error("%s", error)
-        return self._auth_error_copy()
 
 
 _EXIT_STREAM_CONNECT_TIMEOUT = 10.0
@@ -533,20 +548,10 @@ def _long_poll_lines(content: bytes) -> list[protocol.ExitStreamLine]:
         body = orjson.loads(content)
     except ValueError as e:
         raise GatewayProtocolError(f"GET {protocol.EXITS_PATH}: answer is not JSON") from e
-    answer = _checked_exits(_require_dict(body, "exits", ""))
-    try:
-        lines = [protocol.check_exit_stream_line(report) for report in answer["exits"]]
-    except ValueError as e:
-        raise GatewayProtocolError(f"GET {protocol.EXITS_PATH}: bad exit report: {e}") from e
+    answer = _parsed(protocol.parse_exits_response, body, "")
+    lines: list[protocol.ExitStreamLine] = list(answer["exits"])
     lines.append({"cursor": answer["cursor"]})
     return lines
-
-
-def _checked_exits(body: dict[str, Any]) -> protocol.ExitsResponse:
-    exits, cursor = body.get("exits"), body.get("cursor")
-    if not isinstance(exits, list) or not isinstance(cursor, int) or isinstance(cursor, bool):
-        raise GatewayProtocolError("exits answer lacks 'exits' or 'cursor'")
-    return cast(protocol.ExitsResponse, body)
 
 
 def _transport_error(
@@ -569,10 +574,13 @@ def _checked_id(rollout_id: str) -> str:
     return rollout_id
 
 
-def _require_dict(data: Any, what: str, rollout_id: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise GatewayProtocolError(f"{what} answer is not a JSON object", rollout_id=rollout_id)
-    return data
+def _parsed(parse: Callable[[Any], T], data: Any, rollout_id: str) -> T:
+    """``data`` read by a parser of :mod:`rollout_gateway.protocol` (an answer that is
+    not the protocol's is the gateway's fault: :class:`GatewayProtocolError`)."""
+    try:
+        return parse(data)
+    except protocol.BodyError as e:
+        raise GatewayProtocolError(str(e), rollout_id=rollout_id) from None
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -596,6 +604,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
     "RETRYABLE_STATUSES",
+    "AdminAccess",
     "ExitFeed",
     "GatewayClient",
     "RetryPolicy",

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_gateway import agent_wait, protocol
+from rollout_gateway import protocol
 from rollout_gateway.errors import (
     AgentPollError,
     GatewayAuthError,
@@ -291,33 +291,6 @@ class GatewayRollout:
         return agent_environment(
             record.agent_base_url, record.api_key, model, self.settings.agent_timeout
         )
-
-    # These two hand back agent_wait's coroutine (no wrapping coroutine of their own):
-    # hundreds of rollouts wait in them at once, each frame costs memory and collector
-    # work, and every wake-up of the wait resumes the whole chain of awaits.
-
-    def poll_until_exit(
-        self,
-        probe: Callable[[], Awaitable[AgentExit | None]],
-        *,
-        is_transient: Callable[[BaseException], bool] = lambda e: False,
-        on_refusal: Callable[[], Awaitable[Any]] | None = None,
-    ) -> Coroutine[Any, Any, AgentExit]:
-        """Call ``probe`` (``None`` while the agent runs) until the agent exited;
-        ``on_refusal`` stops the agent when the gateway refuses one of its turns.
-
-        See :func:`rollout_gateway.agent_wait.poll_until_exit`.
-        """
-        return agent_wait.poll_until_exit(
-            self, probe, is_transient=is_transient, on_refusal=on_refusal
-        )
-
-    def wait_for_agent(self, until_exit: Awaitable[Any]) -> Coroutine[Any, Any, None]:
-        """Wait for ``until_exit``, racing the agent timeout and the tunnel's death.
-
-        See :func:`rollout_gateway.agent_wait.wait_for_agent`.
-        """
-        return agent_wait.wait_for_agent(self, until_exit)
 
     @property
     def lease(self) -> TunnelLease | None:

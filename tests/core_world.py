@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_gateway.agent_wait import poll_until_exit, wait_for_agent
 from rollout_gateway.client import RetryPolicy
 from rollout_gateway.launch import agent_launch_command
 from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
@@ -147,7 +148,7 @@ class SandboxHooks(RolloutHooks):
             status = await self.sandboxes.get_background_job(sandbox_id, self.job)
             return AgentExit(status.exit_code) if status.completed else None
 
-        await self.rollout.wait_for_agent(self.rollout.poll_until_exit(probe))
+        await wait_for_agent(self.rollout, poll_until_exit(self.rollout, probe))
 
     async def fetch(self) -> None:
         await self._enter("fetch")

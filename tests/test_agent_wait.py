@@ -8,6 +8,7 @@ from typing import Any
 
 from core_world import NO_WAIT_RETRY, World
 
+from rollout_gateway.agent_wait import poll_until_exit
 from rollout_gateway.launch import agent_launch_command
 from rollout_gateway.lifecycle import AgentExit
 from rollout_gateway.polling import PollPolicy
@@ -93,7 +94,7 @@ async def test_a_refusal_stops_the_agent_and_its_exit_is_confirmed() -> None:
         await asyncio.sleep(0)
 
     waiter = asyncio.ensure_future(
-        rollout.poll_until_exit(probe_of(world, sandbox, job), on_refusal=stop_agent)
+        poll_until_exit(rollout, probe_of(world, sandbox, job), on_refusal=stop_agent)
     )
     await asyncio.sleep(0.1)
     assert not waiter.done()
@@ -109,7 +110,7 @@ async def test_with_the_wrappers_start_report_only_the_safety_poll_is_asked() ->
     waits = Waits()
     world = world_with(waiting, waits)
     rollout, sandbox, job = await start(world)
-    waiter = asyncio.ensure_future(rollout.poll_until_exit(probe_of(world, sandbox, job)))
+    waiter = asyncio.ensure_future(poll_until_exit(rollout, probe_of(world, sandbox, job)))
     await asyncio.sleep(0.3)  # past start_grace
     assert world.sandboxes.calls["get_background_job"] == 0  # heard the start: no probe
     assert waits.asked[-1] == POLICY.safety_interval
@@ -122,7 +123,7 @@ async def test_without_a_start_report_the_sandbox_is_polled_adaptively() -> None
     waits = Waits()
     world = world_with(waiting, waits, http_client=False)  # no curl, wget nor python3
     rollout, sandbox, job = await start(world)
-    waiter = asyncio.ensure_future(rollout.poll_until_exit(probe_of(world, sandbox, job)))
+    waiter = asyncio.ensure_future(poll_until_exit(rollout, probe_of(world, sandbox, job)))
     await asyncio.sleep(0.5)
     assert world.sandboxes.calls["get_background_job"] >= 3  # polled, past start_grace
     assert max(waits.asked) <= POLICY.start_grace  # never the safety interval
@@ -140,7 +141,7 @@ async def test_an_agent_launched_without_the_wrapper_is_polled_from_the_start() 
 
     world = world_with(quick, waits)
     rollout, sandbox, job = await start(world, wrapper=False)
-    agent_exit = await asyncio.wait_for(rollout.poll_until_exit(probe_of(world, sandbox, job)), 5)
+    agent_exit = await asyncio.wait_for(poll_until_exit(rollout, probe_of(world, sandbox, job)), 5)
     assert agent_exit.exit_code == 0
     assert max(waits.asked) <= POLICY.max_interval  # no grace, no safety wait
     await world.resources.aclose()
@@ -153,7 +154,7 @@ async def test_a_gateway_without_start_reports_passes_the_start_on_as_a_null_exi
     world = world_with(waiting, waits, http_client=False)
     rollout, sandbox, job = await start(world)
     world.gateway.exit_board.report(rollout_id_of(sandbox), None)  # no "started" field
-    waiter = asyncio.ensure_future(rollout.poll_until_exit(probe_of(world, sandbox, job)))
+    waiter = asyncio.ensure_future(poll_until_exit(rollout, probe_of(world, sandbox, job)))
     await asyncio.sleep(0.3)  # past start_grace
     assert world.sandboxes.calls["get_background_job"] == 0
     assert waits.asked[-1] == POLICY.safety_interval

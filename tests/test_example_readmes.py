@@ -10,13 +10,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from stacks import STACK
+from support.local_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = {
@@ -29,12 +29,6 @@ pytestmark = pytest.mark.skipif(STACK not in README, reason="needs a verifiers s
 
 def bash_blocks(readme: Path) -> list[str]:
     return re.findall(r"```bash\n(.*?)```", readme.read_text(), flags=re.DOTALL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def as_run_here(block: str) -> str:

@@ -1,4 +1,4 @@
-"""The scale-out test bed (rollout_gateway.local_cluster): real redis-server, real
+"""The scale-out test bed (tests/support/local_cluster.py): real redis-server, real
 HAProxy, real gateway processes, real kill -9; each stopped by its own process group."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.local_cluster import GatewayGroup, HAProxy, RedisServer, haproxy_config
 
-from rollout_gateway.local_cluster import GatewayGroup, HAProxy, RedisServer, haproxy_config
 from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.server import server_thread
 

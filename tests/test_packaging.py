@@ -29,6 +29,7 @@ CORE_MODULES = [
     "rollout_gateway.polling",
     "rollout_gateway.server",
     "rollout_gateway.scripted",
+    "rollout_gateway.testing",
     "rollout_gateway.cli",
 ]
 

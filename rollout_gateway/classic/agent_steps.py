@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import verifiers as vf
@@ -20,7 +21,10 @@ from verifiers.envs.experimental.sandbox_mixin import is_retryable_sandbox_read_
 from verifiers.types import State
 from verifiers.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
 
-from rollout_gateway.errors import SandboxError
+from rollout_gateway.agent_wait import poll_until_exit, wait_for_agent
+from rollout_gateway.classic.errors import to_vf_error
+from rollout_gateway.classic.rollouts import StateRollouts
+from rollout_gateway.errors import GatewayTunnelError, SandboxError
 from rollout_gateway.launch import agent_launch_command, stop_agent_script
 from rollout_gateway.lifecycle import (
     AGENT_TIMEOUT_VARS,
@@ -42,10 +46,11 @@ class AgentSandboxSteps(_Base):
 
     use_gateway: bool
     gateway_settings: GatewaySettings
-    _gateway_rollouts: dict[str, GatewayRollout]
+    _gateway_rollouts: StateRollouts
 
     def _core(self, state: State) -> GatewayRollout:
-        return self._gateway_rollouts[state["rollout_id"]]
+        """The core rollout of ``state``, also for a step called on its own (:mod:`.rollouts`)."""
+        return self._gateway_rollouts.of(state)
 
     async def build_env_vars(self, state: State) -> dict[str, str]:
         """Sandbox environment: the env's ``environment_vars`` plus the OpenAI settings.
@@ -59,7 +64,7 @@ class AgentSandboxSteps(_Base):
         if not self.use_gateway:
             return await super().build_env_vars(state)
         env_vars = dict(self.environment_vars) if self.environment_vars else {}
-        rollout = self._gateway_rollouts.get(state.get("rollout_id", ""))
+        rollout = self._gateway_rollouts.get(state)
         agent_env = agent_environment(
             state["rollout_base_url"],
             rollout.record.api_key if rollout is not None else None,
@@ -104,14 +109,19 @@ class AgentSandboxSteps(_Base):
         job = await self.sandbox_client.start_background_job(state["sandbox_id"], command)
         state["background_job"] = job
         state["agent_start_time"] = time.time()
-        rollout = self._gateway_rollouts.get(state.get("rollout_id", ""))
+        rollout = self._gateway_rollouts.get(state)
         if rollout is not None:  # the wrapper reports the agent's start and exit
             rollout.record.agent_reports = reports
 
     async def poll_job_completion(
         self, state: State, sandbox_id: str, background_job: BackgroundJob
     ) -> None:
-        """Poll the agent's job until it exits (adaptive, see :class:`PollPolicy`)."""
+        """Poll the agent's job until it exits (adaptive, see :class:`PollPolicy`).
+
+        Called on its own (not by ``wait_for_agent_completion`` in a rollout), it also
+        watches the tunnel of the state's gateway, as the earlier mixin did: its death
+        raises ``vf.TunnelError`` (a :class:`GatewayTunnelError`).
+        """
         if not self.use_gateway:
             return await super().poll_job_completion(state, sandbox_id, background_job)
 
@@ -124,16 +134,36 @@ class AgentSandboxSteps(_Base):
             return AgentExit(status.exit_code, status.stdout or "", status.stderr or "")
 
         rollout = self._core(state)
-        agent_exit = await rollout.poll_until_exit(
+        polling = poll_until_exit(
+            rollout,
             probe,
             is_transient=is_retryable_sandbox_read_error,
             on_refusal=lambda: self.stop_agent(state),  # the rollout is over: end the agent
         )
+        if self._gateway_rollouts.is_running(rollout):
+            agent_exit = await polling  # wait_for_agent_completion watches the tunnel
+        else:
+            agent_exit = await self._polling_alone(rollout, state, polling)
         state["agent_polls"] = rollout.record.agent_polls
         state["agent_exit_code"] = agent_exit.exit_code
         state["agent_stdout"] = agent_exit.stdout
         state["agent_stderr"] = agent_exit.stderr
         state["agent_end_time"] = time.time()
+
+    async def _polling_alone(
+        self, rollout: GatewayRollout, state: State, polling: Awaitable[AgentExit]
+    ) -> AgentExit:
+        """``poll_job_completion`` called on its own: the poll, until the tunnel of the
+        state's gateway (when it has one) dies."""
+        if not (state.get("tunnel_local_addr") or state.get("tunnel_url")):
+            return await polling
+        try:
+            await rollout.lease_tunnel()
+            await wait_for_agent(rollout, polling, agent_timeout=False)
+        except GatewayTunnelError as e:
+            raise to_vf_error(e) from e.__cause__
+        assert rollout.record.agent_exit is not None
+        return rollout.record.agent_exit
 
     async def wait_for_agent_completion(self, state: State) -> None:
         """Wait for the agent to exit, bounded by the agent timeout.
@@ -146,7 +176,7 @@ class AgentSandboxSteps(_Base):
         sandbox_id, job = state.get("sandbox_id"), state.get("background_job")
         if sandbox_id and job:
             rollout = self._core(state)
-            await rollout.wait_for_agent(self.poll_job_completion(state, sandbox_id, job))
+            await wait_for_agent(rollout, self.poll_job_completion(state, sandbox_id, job))
             state["agent_timed_out"] = rollout.record.agent_timed_out
         else:
             state.setdefault("agent_timed_out", False)
@@ -167,18 +197,18 @@ class AgentSandboxSteps(_Base):
             await self.sandbox_client.execute_command(sandbox_id, stop_agent_script(), timeout=30)
         if job is None:
             return
-        rollout = self._core(state)
-        grace = rollout.settings.agent_stop_grace
-        deadline = rollout.settings.clock() + grace
+        settings = self.gateway_settings
+        grace = settings.agent_stop_grace
+        deadline = settings.clock() + grace
         while True:  # let the job report its exit, so its output is kept
             status = await self.sandbox_client.get_background_job(sandbox_id, job, timeout=30)
             if status.completed:
                 state["agent_exit_code"] = status.exit_code
                 state["agent_stdout"], state["agent_stderr"] = status.stdout, status.stderr
                 return
-            if rollout.settings.clock() >= deadline:
+            if settings.clock() >= deadline:
                 return
-            await rollout.settings.sleep(min(0.2, grace))
+            await settings.sleep(min(0.2, grace))
 
     async def delete_rollout_sandbox(self, state: State) -> None:
         """Delete the rollout's sandbox (or keep it for scoring when so configured)."""

@@ -1,17 +1,17 @@
 """The lifecycle core's steps routed through a verifiers 0.3 env's overridable methods.
 
 :class:`ClassicHooks` is the bridge between :class:`rollout_gateway.lifecycle.GatewayRollout`
-and :class:`rollout_gateway.classic.mixin.RolloutGatewayMixin`: each core step calls the
-env's method of the earlier experimental mixin's name and signature (so an override
-written for it runs, once), then mirrors what it learned between the verifiers state and
-the core's record.
+and the env (:class:`rollout_gateway.classic.mixin.RolloutGatewayMixin`): each core step
+calls the env's method of the earlier experimental mixin's name and signature (so an
+override written for it runs, once), then mirrors what it learned between the verifiers
+state and the core's record. The env is typed as :class:`GatewaySteps`, what the hooks
+call of it, so this module never imports the mixin that imports it.
 """
 
 from __future__ import annotations
 
-import weakref
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rollout_gateway import protocol
 from rollout_gateway.classic.errors import to_vf_error
@@ -22,21 +22,46 @@ from rollout_gateway.errors import (
     EmptyTrajectoryError,
     EngineError,
 )
-from rollout_gateway.lifecycle import AgentExit, GatewayRollout, RolloutHooks
+from rollout_gateway.lifecycle import (
+    STOP_AGENT_TIMEOUT,
+    STOP_CANCELLED,
+    STOP_COMPLETED,
+    AgentExit,
+    GatewayRollout,
+    RolloutHooks,
+)
 
 if TYPE_CHECKING:
+    from prime_sandboxes import CreateSandboxRequest
     from verifiers.types import State
 
-    from rollout_gateway.classic.mixin import RolloutGatewayMixin
+    from rollout_gateway.settings import GatewaySettings
 
 
-#: The gateway rollout the current task runs (for steps whose signature carries no state).
-#: A weak reference: contexts are copied into every timer and callback scheduled during
-#: the rollout (some outlive it in the event loop's heap), and must not keep a finished
-#: rollout, with its trajectory, alive. The mixin holds the rollout while it runs.
-current_rollout: ContextVar[weakref.ref[GatewayRollout] | None] = ContextVar(
-    "rollout_gateway_current_rollout", default=None
-)
+class GatewaySteps(Protocol):
+    """What a rollout's hooks call of its env: the earlier mixin's overridable steps and
+    the ``CliAgentEnv`` hooks around them (``RolloutGatewayMixin`` has them all)."""
+
+    gateway_settings: GatewaySettings
+
+    async def register_rollout(self, state: State) -> None: ...
+    async def get_gateway_tunnel_url(self, local_addr: str | None = None) -> str: ...
+    async def build_env_vars(self, state: State) -> dict[str, str]: ...
+    async def build_sandbox_request(
+        self, state: State, env_vars: dict[str, str]
+    ) -> CreateSandboxRequest: ...
+    async def create_sandbox(self, state: State, request: CreateSandboxRequest) -> Any: ...
+    async def start_agent(self, state: State) -> None: ...
+    async def wait_for_agent_completion(self, state: State) -> None: ...
+    async def fetch_trajectory(self, state: State) -> None: ...
+    async def is_completed(self, state: State) -> bool: ...
+    async def post_rollout(self, state: State) -> None: ...
+    async def cleanup(self, state: State) -> None: ...
+    async def stop_agent(self, state: State) -> None: ...
+    async def cancel_rollout(self, state: State) -> None: ...
+    async def unregister_rollout(self, state: State) -> None: ...
+    async def delete_rollout_sandbox(self, state: State) -> None: ...
+    def mark_timed_out(self, state: State) -> None: ...
 
 
 def exit_from_state(state: State) -> AgentExit | None:
@@ -51,9 +76,9 @@ def exit_from_state(state: State) -> AgentExit | None:
 
 
 class ClassicHooks(RolloutHooks):
-    """Core steps -> ``RolloutGatewayMixin`` methods, for one rollout's ``state``."""
+    """Core steps -> the env's methods (:class:`GatewaySteps`), for one rollout's ``state``."""
 
-    def __init__(self, rollout: GatewayRollout, env: RolloutGatewayMixin, state: State) -> None:
+    def __init__(self, rollout: GatewayRollout, env: GatewaySteps, state: State) -> None:
         super().__init__(rollout)
         self.env = env
         self.state = state
@@ -195,5 +220,30 @@ class ClassicHooks(RolloutHooks):
     async def delete_sandbox(self) -> None:
         await self.env.delete_rollout_sandbox(self.state)
 
+    def render_outcome(self) -> None:
+        """The rollout ended: its error, stop condition and timing on the state."""
+        state, record = self.state, self.rollout.record
+        state.setdefault("agent_timed_out", record.agent_timed_out)
+        if "agent_exit_code" not in state and record.agent_exit is not None:
+            state["agent_exit_code"] = record.agent_exit.exit_code
+        if record.error is not None:
+            state["error"] = to_vf_error(record.error)
+        if record.stop_condition == STOP_CANCELLED:
+            return
+        if record.timed_out:
+            self.env.mark_timed_out(state)
+        if state.get("completion") is None:
+            state["completion"] = []
+        state["is_completed"] = True
+        # verifiers' own stop condition (rendered before scoring) names a clean ending
+        # more precisely (e.g. max_turns_reached); an error or timeout always wins.
+        if record.stop_condition not in (STOP_COMPLETED, STOP_AGENT_TIMEOUT) or not state.get(
+            "stop_condition"
+        ):
+            state["stop_condition"] = record.stop_condition
+        timing = state["timing"]
+        timing.setup.end = record.times.get("agent_start", timing.setup.start)
+        timing.generation.end = time.time()
 
-__all__ = ["ClassicHooks", "current_rollout", "exit_from_state"]
+
+__all__ = ["ClassicHooks", "GatewaySteps", "exit_from_state"]

@@ -14,7 +14,6 @@ import logging
 import os
 import time
 import warnings
-import weakref
 from typing import Any
 
 import verifiers as vf
@@ -22,8 +21,13 @@ from verifiers.types import RolloutInput, SamplingArgs, State
 
 from rollout_gateway import protocol
 from rollout_gateway.classic.agent_steps import AgentSandboxSteps
-from rollout_gateway.classic.errors import to_vf_error
-from rollout_gateway.classic.hooks import ClassicHooks, current_rollout
+from rollout_gateway.classic.hooks import ClassicHooks
+from rollout_gateway.classic.rollouts import (
+    StateRollouts,
+    current_rollout,
+    host_gateway_url,
+    shared_tunnel_url,
+)
 from rollout_gateway.classic.trajectory import apply_trajectory, recorded_tools
 from rollout_gateway.errors import (
     GatewayConfigError,
@@ -32,9 +36,6 @@ from rollout_gateway.errors import (
     RolloutInputError,
 )
 from rollout_gateway.lifecycle import (
-    STOP_AGENT_TIMEOUT,
-    STOP_CANCELLED,
-    STOP_COMPLETED,
     GatewayRollout,
 )
 from rollout_gateway.resources import GatewayResources, ResourcesOwner
@@ -94,7 +95,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         **kwargs: Any,
     ) -> None:
         self._gateway_owner = ResourcesOwner(self._make_gateway_resources)
-        self._gateway_rollouts: dict[str, GatewayRollout] = {}
+        self._gateway_rollouts = StateRollouts(self._new_rollout, self._state_gateway_url)
         settings = GatewaySettings.coerce(gateway)
         legacy = {k: kwargs.pop(k) for k in list(kwargs) if k in DEPRECATED_KWARGS}
         if legacy:
@@ -168,6 +169,24 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         )
         return GatewayResources(self.gateway_settings, provider)
 
+    def _new_rollout(
+        self, rollout_id: str | None, resources: GatewayResources | None = None
+    ) -> GatewayRollout:
+        return GatewayRollout(
+            resources or self.gateway_resources(),
+            rollout_id=rollout_id,
+            is_typed=_is_vf_typed,
+            is_infra=_is_vf_infra,
+        )
+
+    def _state_gateway_url(self, state: State) -> str:
+        """The gateway of a state's rollout, for a step called on its own (:mod:`.rollouts`)."""
+        if state.get("gateway_url"):
+            return str(state["gateway_url"])
+        if state.get("tunnel_local_addr"):
+            return host_gateway_url(self.gateway_settings, state["tunnel_local_addr"])
+        return self.resolve_gateway_url(state)
+
     def _replace_sandbox_client(self, client: Any) -> None:
         threaded = getattr(self, "sandbox_client", None)
         if threaded is not None and hasattr(threaded, "teardown"):
@@ -188,12 +207,14 @@ class RolloutGatewayMixin(AgentSandboxSteps):
 
     async def register_rollout(self, state: State) -> None:
         """Register the rollout with the gateway (model, sampling params, limits)."""
-        await self._core(state).register(
+        rollout = self._core(state)
+        await rollout.register(
             model=state["model"],
             sampling_params=self.gateway_sampling_params(state),
             max_turns=self.max_turns if self.max_turns > 0 else protocol.UNLIMITED_TURNS,
             max_seq_len=self.max_seq_len,
         )
+        self._gateway_rollouts.keep(rollout)
 
     def gateway_sampling_params(self, state: State) -> dict[str, Any]:
         """Sampling params registered for the rollout: the env's, then the rollout's.
@@ -208,7 +229,11 @@ class RolloutGatewayMixin(AgentSandboxSteps):
 
     async def unregister_rollout(self, state: State) -> None:
         """Unregister the rollout (runs once per rollout, from the core's finalize)."""
-        await self._core(state).unregister()
+        rollout = self._core(state)
+        try:
+            await rollout.unregister()
+        finally:
+            self._gateway_rollouts.forget(rollout)
 
     async def cancel_rollout(self, state: State) -> None:
         """Cancel the rollout at the gateway (best effort): its later turns are refused."""
@@ -225,32 +250,17 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         """
         ref = current_rollout.get()
         rollout = ref() if ref is not None else None
+        tunnels = self.gateway_resources().tunnels
         if rollout is None:
-            return await self._shared_tunnel_url(local_addr)
+            return await shared_tunnel_url(tunnels, self.gateway_settings, local_addr)
         gateway_url = rollout.record.gateway_url or ""
         if local_addr not in (None, protocol.gateway_host(gateway_url)):
             port = self.gateway_settings.gateway_port
             scheme = gateway_url.split("://", 1)[0] or "http"
-            return await self.gateway_resources().tunnels.get_url(f"{scheme}://{local_addr}:{port}")
+            return await tunnels.get_url(f"{scheme}://{local_addr}:{port}")
         await rollout.lease_tunnel()
         assert rollout.record.tunnel_url is not None
         return rollout.record.tunnel_url
-
-    async def _shared_tunnel_url(self, local_addr: str | None) -> str:
-        """The earlier mixin's ``get_gateway_tunnel_url`` outside a rollout."""
-        tunnels = self.gateway_resources().tunnels
-        settings = self.gateway_settings
-        if local_addr is not None:
-            scheme = (settings.gateway_url or "http://").split("://", 1)[0]
-            return await tunnels.get_url(f"{scheme}://{local_addr}:{settings.gateway_port}")
-        gateways = tunnels.gateway_urls()
-        if not gateways and settings.gateway_url:
-            gateways = [settings.gateway_url]
-        if len(gateways) == 1:
-            return await tunnels.get_url(gateways[0])  # replaced if it died
-        if not gateways:
-            raise ValueError("local_addr is required when starting tunnel")
-        raise ValueError("local_addr is required when multiple tunnels are active")
 
     # The earlier mixin's public attributes, set by init_gateway there (settings here).
 
@@ -308,27 +318,25 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         return state
 
     async def _gateway_rollout(self, state: State, resources: GatewayResources) -> None:
-        rollout = GatewayRollout(resources, is_typed=_is_vf_typed, is_infra=_is_vf_infra)
+        rollout = self._new_rollout(None, resources)
         state["rollout_id"] = rollout.rollout_id
         if state.get("error") is not None:
             rollout.fail(state["error"])
-        self._gateway_rollouts[rollout.rollout_id] = rollout
-        token = current_rollout.set(weakref.ref(rollout))
+        hooks = ClassicHooks(rollout, self, state)
         try:
-            state["timing"].generation.start = state["timing"].setup.start = time.time()
-            try:
-                rollout.record.gateway_url = state["gateway_url"] = self.resolve_gateway_url(state)
-            except GatewayConfigError as e:
-                rollout.fail(e)
-            hooks = ClassicHooks(rollout, self, state)
-            if rollout.record.error is not None:
-                await rollout.run_finalize(hooks)
-            else:
-                await rollout.execute(hooks, timeout=self.timeout_seconds)
+            with self._gateway_rollouts.running(rollout):
+                state["timing"].generation.start = state["timing"].setup.start = time.time()
+                try:
+                    url = self.resolve_gateway_url(state)
+                    rollout.record.gateway_url = state["gateway_url"] = url
+                except GatewayConfigError as e:
+                    rollout.fail(e)
+                if rollout.record.error is not None:
+                    await rollout.run_finalize(hooks)
+                else:
+                    await rollout.execute(hooks, timeout=self.timeout_seconds)
         finally:
-            current_rollout.reset(token)
-            self._gateway_rollouts.pop(rollout.rollout_id, None)
-            self._render_outcome(state, rollout)
+            hooks.render_outcome()
 
     async def _init_state_or_error(
         self, input: RolloutInput, client: Any, model: str, sampling_args: SamplingArgs | None
@@ -341,30 +349,6 @@ class RolloutGatewayMixin(AgentSandboxSteps):
             state = await self.init_state(blank, client, model, sampling_args)
             state["error"] = RolloutInputError(f"malformed input row: {type(e).__name__}: {e}")
             return state
-
-    def _render_outcome(self, state: State, rollout: GatewayRollout) -> None:
-        record = rollout.record
-        state.setdefault("agent_timed_out", record.agent_timed_out)
-        if "agent_exit_code" not in state and record.agent_exit is not None:
-            state["agent_exit_code"] = record.agent_exit.exit_code
-        if record.error is not None:
-            state["error"] = to_vf_error(record.error)
-        if record.stop_condition == STOP_CANCELLED:
-            return
-        if record.timed_out:
-            self.mark_timed_out(state)
-        if state.get("completion") is None:
-            state["completion"] = []
-        state["is_completed"] = True
-        # verifiers' own stop condition (rendered before scoring) names a clean ending
-        # more precisely (e.g. max_turns_reached); an error or timeout always wins.
-        if record.stop_condition not in (STOP_COMPLETED, STOP_AGENT_TIMEOUT) or not state.get(
-            "stop_condition"
-        ):
-            state["stop_condition"] = record.stop_condition
-        timing = state["timing"]
-        timing.setup.end = record.times.get("agent_start", timing.setup.start)
-        timing.generation.end = time.time()
 
     # ------------------------------------------------------------------ verifiers hooks
 
@@ -381,6 +365,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
 
         Rollouts started afterwards still run, on resources closed when the last of them
         ends: none is left open with nothing to close it."""
+        self._gateway_rollouts.clear()
         await self._gateway_owner.teardown()
 
 

@@ -99,6 +99,45 @@ def convert_tokens(raw: object, where: str) -> TrajectoryStepTokens | None:
     return cast(TrajectoryStepTokens, tokens)
 
 
+def finish_reason(tool_calls: object, is_truncated: bool, extras: Mapping[str, Any] | None) -> str:
+    """A step's finish reason in verifiers' words: tool calls, else what the engine said
+    (when verifiers knows the word), else ``length`` for a truncated step, else ``stop``."""
+    engine_finish = (extras or {}).get("finish_reason")
+    if tool_calls:
+        return "tool_calls"
+    if engine_finish in ("stop", "length", "tool_calls"):
+        return str(engine_finish)
+    return "length" if is_truncated else "stop"
+
+
+def usage_and_tokens(
+    tokens: TrajectoryStepTokens | None,
+) -> tuple[Usage | None, ResponseTokens | None]:
+    """A step's usage (counted from its token ids) and its ``ResponseTokens``."""
+    if tokens is None:
+        return None, None
+    prompt_n, completion_n = len(tokens["prompt_ids"]), len(tokens["completion_ids"])
+    usage = Usage.model_construct(
+        prompt_tokens=prompt_n,
+        completion_tokens=completion_n,
+        reasoning_tokens=0,
+        total_tokens=prompt_n + completion_n,
+    )
+    # Already checked by convert_tokens: share the lists instead of re-validating every
+    # element (the costliest part of a 500-rollout burst otherwise).
+    response_tokens = ResponseTokens.model_construct(
+        prompt_ids=tokens["prompt_ids"],
+        prompt_mask=tokens["prompt_mask"],
+        completion_ids=tokens["completion_ids"],
+        completion_mask=tokens["completion_mask"],
+        completion_logprobs=tokens["completion_logprobs"],
+        routed_experts=None,
+        multi_modal_data=None,
+        prompt_attribution=None,
+    )
+    return usage, response_tokens
+
+
 def synthesize_response(
     completion: Messages,
     tokens: TrajectoryStepTokens | None,
@@ -118,39 +157,9 @@ def synthesize_response(
     )
     content = getattr(assistant, "content", None) if assistant is not None else ""
     tool_calls = cast(list[ToolCall] | None, getattr(assistant, "tool_calls", None))
-    engine_finish = (extras or {}).get("finish_reason")
-    if tool_calls:
-        finish_reason = "tool_calls"
-    elif engine_finish in ("stop", "length", "tool_calls"):
-        finish_reason = engine_finish  # what the engine said, when verifiers knows the word
-    elif is_truncated:
-        finish_reason = "length"
-    else:
-        finish_reason = "stop"
-    usage = None
-    response_tokens = None
-    if tokens is not None:
-        prompt_n, completion_n = len(tokens["prompt_ids"]), len(tokens["completion_ids"])
-        usage = Usage.model_construct(
-            prompt_tokens=prompt_n,
-            completion_tokens=completion_n,
-            reasoning_tokens=0,
-            total_tokens=prompt_n + completion_n,
-        )
-        # Already checked by convert_tokens: share the lists instead of re-validating
-        # every element (the costliest part of a 500-rollout burst otherwise).
-        response_tokens = ResponseTokens.model_construct(
-            prompt_ids=tokens["prompt_ids"],
-            prompt_mask=tokens["prompt_mask"],
-            completion_ids=tokens["completion_ids"],
-            completion_mask=tokens["completion_mask"],
-            completion_logprobs=tokens["completion_logprobs"],
-            routed_experts=None,
-            multi_modal_data=None,
-            prompt_attribution=None,
-        )
+    usage, response_tokens = usage_and_tokens(tokens)
     # Built from values of known types (the messages were validated on conversion):
-    # constructed, not re-validated, as for the tokens above.
+    # constructed, not re-validated, as for the tokens.
     return Response.model_construct(
         id=response_id,
         created=int(time.time()),
@@ -160,7 +169,7 @@ def synthesize_response(
             content=content,
             reasoning_content=getattr(assistant, "reasoning_content", None),
             tool_calls=tool_calls or None,
-            finish_reason=finish_reason,
+            finish_reason=finish_reason(tool_calls, is_truncated, extras),
             is_truncated=is_truncated,
             tokens=response_tokens,
         ),

@@ -9,23 +9,22 @@ gateway adds and where it deviates. Every route answers errors as
 in the order a request meets them: HTTP transport (:mod:`.http`), the agent API
 (:mod:`.agents`) and the control plane (:mod:`.control`), which reach the engines
 (:mod:`.engines`), the recorded trajectories (:mod:`.recording`) and the rollouts' state
-(:mod:`.state`) through the gateway (:class:`~.context.GatewayContext`).
+(:mod:`.state`) through the gateway (:class:`~.context.GatewayContext`). Its state opens
+and closes with the app (:mod:`.lifespan`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import logging
 import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict, Unpack
 
 import httpx
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -33,14 +32,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from rollout_gateway import protocol
-from rollout_gateway.exits import ExitBoard, agent_report
-from rollout_gateway.protocol import (
-    BEARER_CHAT_COMPLETIONS_PATH,
-    BEARER_MODELS_PATH,
-    EXITS_PATH,
-    POLICY_VERSION_PATH,
-    ExitReport,
-)
+from rollout_gateway.exits import agent_report
+from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.agents.chat import ChatTurns, store_refusal
 from rollout_gateway.server.agents.endpoint import ChatEndpoint
 from rollout_gateway.server.agents.routes import AgentRoutes
@@ -56,15 +49,13 @@ from rollout_gateway.server.http.fds import fd_limit, plan_fds
 from rollout_gateway.server.http.guard import GuardMiddleware
 from rollout_gateway.server.http.intake import BodyIntake
 from rollout_gateway.server.http.jsonio import JSONBytesResponse
-from rollout_gateway.server.http.responses import (
-    ApiError,
-    checked_rollout_id,
-    error_response,
-)
+from rollout_gateway.server.http.responses import ApiError, checked_rollout_id, error_response
+from rollout_gateway.server.lifespan import lifespan
 from rollout_gateway.server.ops.memory import MemoryTrimmer
 from rollout_gateway.server.ops.metrics import GatewayMetrics
-from rollout_gateway.server.recording.digests import share_seed
-from rollout_gateway.server.state.backends import store_for
+from rollout_gateway.server.state.backends import state_for
+from rollout_gateway.server.state.coordinator import TurnCoordinator
+from rollout_gateway.server.state.ledger import RolloutLedger
 from rollout_gateway.server.state.policy import PolicyClock
 from rollout_gateway.server.state.registry import (
     Clock,
@@ -73,12 +64,7 @@ from rollout_gateway.server.state.registry import (
     key_digest,
     key_matches,
 )
-from rollout_gateway.server.state.store import (
-    GatewayStore,
-    PolicyState,
-    StoreContents,
-    StoreError,
-)
+from rollout_gateway.server.state.store import PolicyState, RolloutStore, StoreError
 from rollout_gateway.server.state.stored import StoredRollouts
 
 logger = logging.getLogger("rollout_gateway.server")
@@ -94,57 +80,65 @@ def _wall_clock(clock: Clock) -> Clock:
     return lambda: offset + clock()
 
 
+class GatewayParts(TypedDict, total=False):
+    """Parts a caller may give a gateway instead of those its settings name (tests, a
+    process that embeds the gateway)."""
+
+    #: Monotonic clock of idle expiry and retry windows (tests inject a fake one).
+    clock: Clock
+    #: httpx transport for the upstreams, or one per upstream URL (tests route to
+    #: in-process apps with ``httpx.ASGITransport``).
+    upstream_transport: httpx.AsyncBaseTransport | Mapping[str, httpx.AsyncBaseTransport] | None
+    #: Token-in mode's renderer and generate call (default: loaded from
+    #: ``config.upstream.tokenizer`` / ``config.upstream.renderer``).
+    token_in: TokenInEngine | None
+    #: Where the state goes (default: the backend the settings name,
+    #: :func:`~.state.backends.store_for`); opened with the app (:mod:`.lifespan`).
+    store: RolloutStore | None
+    #: How turns are taken and exit reports numbered (default: the store's own,
+    #: :meth:`~.state.store.RolloutStore.coordinator`).
+    coordinator: TurnCoordinator | None
+
+
+def _token_in(config: GatewayConfig, given: TokenInEngine | None) -> TokenInEngine | None:
+    """Token-in mode's engine (``None`` in chat mode)."""
+    if config.upstream.upstream_mode != "token-in":
+        return None
+    if given is not None:
+        return given
+    if not config.upstream.tokenizer:
+        raise ValueError("tokenizer: required with upstream_mode 'token-in'")
+    return TokenInEngine(load_renderer(config.upstream.tokenizer, config.upstream.renderer))
+
+
 class Gateway:
     """The gateway's state and parts, and its operational routes (one per app).
 
     Args:
         config: the settings.
-        clock: monotonic clock of idle expiry and retry windows (tests inject a fake one).
-        upstream_transport: httpx transport(s) to reach the upstreams (tests).
-        token_in: the renderer and generate call of ``upstream_mode="token-in"``; loaded
-            from ``config.upstream.tokenizer`` / ``config.upstream.renderer`` when not given.
-        store: where the state goes (default: the backend ``config`` names,
-            :func:`~.state.backends.store_for`); opened in the app's lifespan (or before,
-            by the caller: ``open`` is idempotent).
+        parts: what to use instead of what ``config`` names (:class:`GatewayParts`).
     """
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        *,
-        clock: Clock = time.monotonic,
-        upstream_transport: httpx.AsyncBaseTransport
-        | Mapping[str, httpx.AsyncBaseTransport]
-        | None = None,
-        token_in: TokenInEngine | None = None,
-        store: GatewayStore | None = None,
-    ) -> None:
+    def __init__(self, config: GatewayConfig, **parts: Unpack[GatewayParts]) -> None:
         self.config = config
-        if config.upstream.upstream_mode == "token-in" and token_in is None:
-            if not config.upstream.tokenizer:
-                raise ValueError("tokenizer: required with upstream_mode 'token-in'")
-            token_in = TokenInEngine(
-                load_renderer(config.upstream.tokenizer, config.upstream.renderer)
-            )
+        clock = parts.get("clock") or time.monotonic
         #: Token-in mode's renderer and generate call (``None`` in chat mode).
-        self.token_in = token_in if config.upstream.upstream_mode == "token-in" else None
+        self.token_in = _token_in(config, parts.get("token_in"))
         #: How the process's file descriptors are shared (connection caps).
         self.fd_plan = plan_fds(
             fd_limit(),
             max_connections=config.connections.max_connections,
             per_upstream_pool=config.upstream.max_connections_per_upstream,
-            # httptools: each upstream has its lean pool and an aiohttp one beside it.
-            upstream_pools=len(config.upstreams)
-            * (2 if config.upstream.upstream_client == "httptools" else 1),
+            # Each upstream has its lean pool and an httpx one beside it.
+            upstream_pools=len(config.upstreams) * 2,
         )
         self.pool = UpstreamPool(
             config.upstreams,
             timeout_s=config.upstream.upstream_timeout_s,
             connect_timeout_s=config.upstream.upstream_connect_timeout_s,
-            transport=upstream_transport,
+            transport=parts.get("upstream_transport"),
             api_key=config.upstream.upstream_api_key,
             max_connections=self.fd_plan.upstream_connections,
-            client=config.upstream.upstream_client,
         )
         self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
         self.registry = RolloutRegistry(
@@ -154,19 +148,28 @@ class Gateway:
             on_remove=self._on_remove,
             on_expire=self._on_expire,
         )
-        #: Where what must not be lost goes (see :mod:`.state.store`).
-        self.store = store if store is not None else store_for(config)
+        #: Where what must not be lost goes, and how turns are taken (:mod:`.state`).
+        self.store, self.coordinator = state_for(
+            config, parts.get("store"), parts.get("coordinator")
+        )
+        #: Whether the store and the coordinator are open (:mod:`.lifespan`).
+        self.state_open = False
+        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        wall_clock = _wall_clock(clock)
         #: The registry written through to the store.
         self.rollouts = StoredRollouts(
             self.registry,
             self.store,
-            owner=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}",
+            self.coordinator,
+            owner=owner,
             lease_s=config.upstream.upstream_timeout_s + _CLAIM_MARGIN_S,
             retry_window_s=config.limits.retry_dedupe_window_s,
             clock=clock,
-            wall_clock=_wall_clock(clock),
-            on_load=self._pin_loaded,
+            wall_clock=wall_clock,
+            on_load=self.pin_loaded,
         )
+        #: The records' one owner: each change of a rollout's status and counters.
+        self.ledger = RolloutLedger(self.store, owner=owner, wall_clock=wall_clock)
         #: The policy version in effect (announced by the trainer).
         self.policy = PolicyClock()
         #: What runs behind each upstream (probed at start-up, again on use until it answers).
@@ -175,29 +178,30 @@ class Gateway:
         self.trimmer = MemoryTrimmer()
         #: Request bodies: admitted, costed and parsed within the gateway's bounds.
         self.intake = BodyIntake(config.intake, on_big_release=self.trimmer.freed)
-        #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`).
-        #: On a shared store the store numbers them for every gateway (:meth:`report_exit`).
-        shared = self.store.shared
-        self.exit_board = ExitBoard(
-            journal=None if shared else self.rollouts,
-            publish=self._publish_exit if shared else None,
-        )
-        self._exit_posts: set[asyncio.Task[None]] = set()
-        #: The open exit streams (capped; ended on shutdown).
-        # Each holds a connection open: at most half of the connection cap.
+        #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`),
+        #: numbered as the coordinator numbers them.
+        self.exit_board = self.coordinator.exit_board()
+        # Each exit stream holds a connection open: at most half of the connection cap.
         max_streams = max(
             1, min(config.connections.max_exit_streams, self.fd_plan.agent_connections // 2)
         )
+        #: The open exit streams (capped; ended on shutdown).
         self.exit_streams = ExitStreams(self.exit_board, max_streams=max_streams)
-        self.store.watch(self)
+        self.coordinator.watch(self)
 
     def _on_remove(self, record: RolloutRecord) -> None:
         self.pool.release(record.upstream)
-        if not self.store.shared:  # shared: a record dropped here may live on elsewhere
-            self.exit_board.forget(record.rollout_id)
+        self.coordinator.dropped(record.rollout_id)
         self.trimmer.removed()
 
-    def _pin_loaded(self, record: RolloutRecord) -> None:
+    def _on_expire(self, record: RolloutRecord) -> None:
+        # (Dropped from this gateway; from the store when it is idle at every gateway
+        # sharing it: see StoredRollouts.expired.)
+        self.rollouts.expired(record)
+        self.metrics.expired_rollouts.inc()
+        logger.info("rollout=%s expired after %.0f s idle", record.rollout_id, self.registry.ttl_s)
+
+    def pin_loaded(self, record: RolloutRecord) -> None:
         """A record read back from the store: pin it to its upstream, or to another one
         when this gateway does not have that upstream."""
         if record.upstream in self.engines:
@@ -208,7 +212,7 @@ class Gateway:
     # -- what other gateways on a shared store changed (StoreEvents) ----------------------
 
     def exit_reported(self, report: ExitReport) -> None:
-        """An exit report numbered by the shared store."""
+        """An exit report numbered for every gateway sharing the store."""
         self.exit_board.apply(report)
 
     def rollout_removed(self, rollout_id: str) -> None:
@@ -224,36 +228,10 @@ class Gateway:
     async def report_exit(
         self, rollout_id: str, exit_code: int | None, *, started: bool = False
     ) -> None:
-        """Keep an agent's report: numbered by this gateway's board, or, on a shared
-        store, once for every gateway by the store, which hands it to every gateway's
-        board, this one's included, in number order (a board taking it here at once could
-        take it before an earlier report still on its way: a stream past it would miss
-        that one). On a shared store it is stored when this returns (else a 503)."""
-        if not self.store.shared:
-            self.exit_board.report(rollout_id, exit_code, started=started)
-            return
-        await self.store.report_exit(agent_report(rollout_id, exit_code, started=started))
-
-    def _publish_exit(self, report: ExitReport) -> None:
-        """A report the board made (a refusal of the gateway's) to a shared store, in the
-        background: a refusal is told on the exit channel beside the agent's answer."""
-
-        async def post() -> None:
-            try:
-                await self.store.report_exit(report)
-            except StoreError as exc:
-                logger.warning("rollout=%s report not stored: %s", report["rollout_id"], exc)
-
-        task = asyncio.get_running_loop().create_task(post())
-        self._exit_posts.add(task)
-        task.add_done_callback(self._exit_posts.discard)
-
-    def _on_expire(self, record: RolloutRecord) -> None:
-        # (On a shared store: dropped from this gateway's cache, and from the store only
-        # when it is idle at every gateway: see StoredRollouts.expired.)
-        self.rollouts.expired(record)
-        self.metrics.expired_rollouts.inc()
-        logger.info("rollout=%s expired after %.0f s idle", record.rollout_id, self.registry.ttl_s)
+        """Keep an agent's report, numbered as the coordinator numbers them (by this
+        gateway's board, or once for every gateway sharing the store: then stored when
+        this returns, else a 503)."""
+        await self.coordinator.report_exit(agent_report(rollout_id, exit_code, started=started))
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -279,9 +257,11 @@ class Gateway:
         record = await self.rollouts.find(rollout_id)
         if record is None:
             raise ApiError(
-                404, f"rollout {rollout_id} is not registered", "not_found",
+                404,
+                f"rollout {rollout_id} is not registered",
+                "not_found",
                 code="rollout_not_found",
-            )  # fmt: skip
+            )
         return record
 
     async def agent_record(self, rollout_id: str, token: str | None) -> RolloutRecord:
@@ -300,9 +280,11 @@ class Gateway:
         digest = record.key_digest if record is not None else None
         if not key_matches(token, digest):
             raise ApiError(
-                404, f"rollout {rollout_id} is not registered (or the api key is not its key)",
-                "not_found", code="rollout_not_found",
-            )  # fmt: skip
+                404,
+                f"rollout {rollout_id} is not registered (or the api key is not its key)",
+                "not_found",
+                code="rollout_not_found",
+            )
         assert record is not None
         return record
 
@@ -358,68 +340,6 @@ class Gateway:
         """Expire idle rollouts now; returns how many were dropped."""
         return len(self.registry.expire_idle())
 
-    async def _periodic(self, interval_s: float, action: Callable[[], object]) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                result = action()
-                if asyncio.iscoroutine(result):
-                    await result
-            except Exception:  # a failed sweep must not kill the loop
-                logger.exception("periodic task failed")
-
-    def restore(self, contents: StoreContents) -> None:
-        """Hold again what the store held at start: rollouts (pinned to their upstream,
-        or to another when it is no longer configured), exit reports, the policy version."""
-        for problem in contents.damage:
-            logger.error("state store %s: %s", self.store.name, problem)
-        for record in self.rollouts.restore(contents.rollouts):
-            self._pin_loaded(record)
-        self.exit_board.restore(contents.exits, contents.exit_cursor)
-        if contents.policy.version is not None:
-            self.policy.adopt(contents.policy.version, contents.policy.updated_at)
-        if contents.rollouts:
-            logger.info(
-                "state: %d rollouts restored from the %s store",
-                len(contents.rollouts), self.store.name,
-            )  # fmt: skip
-
-    @contextlib.asynccontextmanager
-    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Open the store and restore its state; probe the engines; run the idle sweep
-        and the upstream re-probe; at the end, finish the store's writes and close it."""
-        self.restore(await self.store.open())
-        if self.store.shared:  # the digests a step is stored with hold at every gateway
-            share_seed(self.store.secret)
-        await asyncio.gather(
-            *(
-                probe_engine(self.pool.get(url).http, info, self.pool.get(url).label)
-                for url, info in self.engines.items()
-            ),
-            *(
-                token_in.probe(upstream)
-                for token_in in ([self.token_in] if self.token_in is not None else [])
-                for upstream in self.pool.upstreams
-            ),
-        )
-        tasks = [
-            asyncio.create_task(self._periodic(self.config.registry.sweep_interval_s, self.sweep)),
-            asyncio.create_task(
-                self._periodic(self.config.upstream.probe_interval_s, self.pool.probe_unhealthy)
-            ),
-        ]
-        try:
-            yield
-        finally:
-            self.exit_streams.close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.pool.aclose()
-            await asyncio.gather(*self._exit_posts, return_exceptions=True)
-            await self.rollouts.drain()
-            await self.store.close()
-
     # -- error rendering -----------------------------------------------------------------
 
     def api_error_response(self, exc: ApiError) -> Response:
@@ -445,32 +365,14 @@ class Gateway:
         return error_response(exc.status_code, str(exc.detail), error_type)
 
 
-def create_app(
-    config: GatewayConfig,
-    *,
-    clock: Clock = time.monotonic,
-    upstream_transport: httpx.AsyncBaseTransport
-    | Mapping[str, httpx.AsyncBaseTransport]
-    | None = None,
-    token_in: TokenInEngine | None = None,
-    store: GatewayStore | None = None,
-) -> GatewayApp:
-    """The gateway ASGI app. Its state is ``app.state.gateway`` (a :class:`Gateway`).
+def create_app(config: GatewayConfig, **parts: Unpack[GatewayParts]) -> GatewayApp:
+    """The gateway ASGI app of ``config`` (with ``parts``: see :class:`GatewayParts`). Its
+    state is ``app.state.gateway`` (a :class:`Gateway`).
 
     The agents' chat routes are answered by :class:`~.agents.endpoint.ChatEndpoint` through
     the app's lean path (:mod:`.http.dispatch`); every other route by Starlette's routing.
-
-    Args:
-        config: the settings.
-        clock: monotonic clock used for idle expiry (tests inject a fake one).
-        upstream_transport: httpx transport for the upstreams, or one per upstream URL
-            (tests route to in-process apps with ``httpx.ASGITransport``).
-        token_in: token-in mode's engine (see :class:`Gateway`).
-        store: the state store (see :class:`Gateway`).
     """
-    gateway = Gateway(
-        config, clock=clock, upstream_transport=upstream_transport, token_in=token_in, store=store
-    )
+    gateway = Gateway(config, **parts)
     chat = ChatEndpoint(gateway.chat, keyed=False)
     chat_by_key = ChatEndpoint(gateway.chat, keyed=True)
     agent = AgentRoutes(gateway)
@@ -479,7 +381,7 @@ def create_app(
         chat=chat,
         chat_by_key=chat_by_key,
         routes=[
-            Route(EXITS_PATH, control.exits, methods=["GET"]),
+            Route(protocol.EXITS_PATH, control.exits, methods=["GET"]),
             Route(protocol.REGISTER_ROUTE, control.register, methods=["POST"]),
             Route(protocol.EXIT_ROUTE, agent.report_exit, methods=["POST"]),
             Route(protocol.CHAT_COMPLETIONS_ROUTE, chat, methods=["POST"]),
@@ -487,10 +389,10 @@ def create_app(
             Route(protocol.CANCEL_ROUTE, control.cancel, methods=["POST"]),
             Route(protocol.UNREGISTER_ROUTE, control.unregister, methods=["POST"]),
             Route(protocol.MODELS_ROUTE, agent.models, methods=["GET"]),
-            Route(BEARER_CHAT_COMPLETIONS_PATH, chat_by_key, methods=["POST"]),
-            Route(BEARER_MODELS_PATH, agent.models_by_key, methods=["GET"]),
-            Route(POLICY_VERSION_PATH, control.get_policy_version, methods=["GET"]),
-            Route(POLICY_VERSION_PATH, control.set_policy_version, methods=["POST"]),
+            Route(protocol.BEARER_CHAT_COMPLETIONS_PATH, chat_by_key, methods=["POST"]),
+            Route(protocol.BEARER_MODELS_PATH, agent.models_by_key, methods=["GET"]),
+            Route(protocol.POLICY_VERSION_PATH, control.get_policy_version, methods=["GET"]),
+            Route(protocol.POLICY_VERSION_PATH, control.set_policy_version, methods=["POST"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         ],
@@ -502,7 +404,7 @@ def create_app(
             StoreError: gateway._on_store_error,
             HTTPException: gateway._on_http_error,
         },
-        lifespan=gateway.lifespan,
+        lifespan=functools.partial(lifespan, gateway),
     )
     # A path with a trailing slash is a 404 like any unknown path, not Starlette's 307 to
     # the slashless path built from the client's Host header (an empty body, not an error).
@@ -511,4 +413,4 @@ def create_app(
     return app
 
 
-__all__ = ["Gateway", "create_app"]
+__all__ = ["Gateway", "GatewayParts", "create_app"]

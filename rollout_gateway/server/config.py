@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from rollout_gateway.options import (
@@ -76,12 +76,6 @@ class UpstreamSettings:
     upstream_api_key: str | None = option(
         None, env=UPSTREAM_API_KEY_ENV,
         help="bearer token sent to the upstreams (e.g. vLLM --api-key); never a flag",
-    )  # fmt: skip
-    upstream_client: Literal["httptools", "aiohttp", "httpx"] = option(
-        "httptools", flag="--upstream-client", choices=("httptools", "aiohttp", "httpx"),
-        help="HTTP client of the upstream calls (httptools, the cheapest per turn: lean "
-        "HTTP/1.1 connections for the chat POST, whole or streamed, aiohttp for the rest; "
-        "httpx is kept for injected test transports)",
     )  # fmt: skip
     max_connections_per_upstream: int = option(
         1024, bound=POSITIVE_INT,

@@ -23,9 +23,11 @@ if TYPE_CHECKING:
     from rollout_gateway.server.http.intake import BodyIntake
     from rollout_gateway.server.http.responses import ApiError
     from rollout_gateway.server.ops.metrics import GatewayMetrics
+    from rollout_gateway.server.state.coordinator import TurnCoordinator
+    from rollout_gateway.server.state.ledger import RolloutLedger
     from rollout_gateway.server.state.policy import PolicyClock
     from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
-    from rollout_gateway.server.state.store import GatewayStore, PolicyState
+    from rollout_gateway.server.state.store import RolloutStore
     from rollout_gateway.server.state.stored import StoredRollouts
 
 
@@ -38,8 +40,12 @@ class GatewayContext(Protocol):
     registry: RolloutRegistry
     #: The registry written through to the state store, and read back.
     rollouts: StoredRollouts
+    #: The records' one owner: every change of a rollout's status and counters.
+    ledger: RolloutLedger
     #: The state store.
-    store: GatewayStore
+    store: RolloutStore
+    #: How turns are taken, exit reports numbered and other gateways heard.
+    coordinator: TurnCoordinator
     #: The policy version in effect.
     policy: PolicyClock
     #: The agents' exit reports.
@@ -66,10 +72,6 @@ class GatewayContext(Protocol):
 
     async def keyed_record(self, token: str | None) -> RolloutRecord:
         """The rollout of a call routed by its key (``token``)."""
-        ...
-
-    def policy_announced(self, state: PolicyState) -> None:
-        """Adopt the policy version a store holds (announced at any gateway)."""
         ...
 
     async def report_exit(

@@ -222,6 +222,9 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) ->
 
     ``app`` is an ASGI app or a :class:`~rollout_gateway.server.config.GatewayConfig`
     (a gateway app is then built from it). Extra ``kwargs`` go to ``uvicorn.Config``.
+    A gateway's state is opened on the loop that serves it, before the server binds
+    (:func:`~rollout_gateway.server.lifespan.open_state`): a store it cannot use raises
+    its :class:`~rollout_gateway.server.state.store.StoreError` here, before serving.
     """
     if isinstance(app, GatewayConfig):
         from rollout_gateway.server.app import create_app
@@ -229,7 +232,14 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) ->
         app = create_app(app)
     options: dict[str, Any] = {"log_level": "info", "access_log": False}
     options.update(kwargs)
-    _Server(_uvicorn_config(app, host, port, **options)).run()
+    server = _Server(_uvicorn_config(app, host, port, **options))
+    gateway = _gateway(app)
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as loop:
+        if gateway is not None:
+            from rollout_gateway.server.lifespan import open_state
+
+            loop.run(open_state(gateway))
+        loop.run(server.serve())
 
 
 __all__ = ["running_server", "serve", "server_thread"]

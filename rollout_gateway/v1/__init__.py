@@ -10,7 +10,11 @@
   ``TaskError`` for a task whose hooks need the env on every turn
   (:class:`GatewayFeatureError` at ``serving()``); the gateway's limits under v1's names.
 - Versions: :data:`SUPPORTED_VERIFIERS`, checked on import
-  (:class:`UnsupportedVerifiersError`); every v1 internal used is in :mod:`.internals`.
+  (:class:`UnsupportedVerifiersError`); every v1 internal used is in :mod:`.internals`
+  (the demo's eval-only ones in :mod:`.eval_internals`), every private one in its table
+  (``internals.PRIVATE``). Importing changes nothing in v1; :func:`install` makes the one
+  change (the ``local_sandbox`` entry of v1's runtime table), and a
+  :class:`LocalSandboxRuntimeConfig` calls it when it is made.
 - :class:`LocalSandboxRuntime`, :class:`LocalSandboxRuntimeConfig`: the ``local_sandbox``
   runtime type (``--env.agent.runtime.type local_sandbox``), contained local sandboxes
   for v1 agents; :data:`RuntimeChoice` and :class:`LocalSandboxAgentConfig` accept it in
@@ -51,6 +55,7 @@ from rollout_gateway.v1.runtime import (
     LocalSandboxRuntime,
     LocalSandboxStartError,
     check_local_sandbox,
+    install,
 )
 from rollout_gateway.v1.runtime_record import local_sandbox_record, record_for_v1
 from rollout_gateway.v1.stops import ADAPTER_STOPS, REFUSAL_STOPS, TRUNCATION_STOPS
@@ -83,6 +88,7 @@ __all__ = [
     "check_local_sandbox",
     "gateway_synced",
     "gateway_synced_agent",
+    "install",
     "interception_error",
     "local_sandbox_record",
     "record_for_v1",

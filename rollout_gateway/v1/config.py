@@ -12,7 +12,8 @@ Runtimes the same way: v1's ``RuntimeConfig`` is a closed union discriminated on
 adds :class:`LocalSandboxRuntimeConfig`, and :class:`LocalSandboxAgentConfig` is v1's
 ``AgentConfig`` whose ``runtime`` is that choice, so ``--env.agent.runtime.type
 local_sandbox`` (TOML: ``[env.agent.runtime] type = "local_sandbox"``) selects
-:class:`~rollout_gateway.v1.LocalSandboxRuntime`.
+:class:`~rollout_gateway.v1.LocalSandboxRuntime` (its config is defined beside it, in
+:mod:`rollout_gateway.v1.runtime`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_config import BaseConfig
 
 from rollout_gateway.v1.internals import (
     ApptainerConfig,
     BaseInterceptionConfig,
-    BaseRuntimeInfo,
     DockerConfig,
     E2BConfig,
     ElasticInterceptionPoolConfig,
@@ -36,6 +35,11 @@ from rollout_gateway.v1.internals import (
     StaticInterceptionPoolConfig,
     SubprocessConfig,
     vf,
+)
+from rollout_gateway.v1.runtime import (
+    IsolationChoice,
+    LocalSandboxRuntimeConfig,
+    LocalSandboxRuntimeInfo,
 )
 
 #: Environment variable holding the gateway's control-plane token, by default.
@@ -80,65 +84,6 @@ InterceptionChoice = Annotated[
     | GatewayInterceptionConfig,
     Field(discriminator="type"),
 ]
-
-
-#: The isolation modes of the local sandboxes (``rollout_gateway.local_sandbox``), and
-#: ``auto``: the strongest this host offers (never ``process-group``).
-IsolationChoice = Literal["auto", "bwrap", "unshare", "uid", "process-group"]
-
-
-class LocalSandboxRuntimeConfig(BaseConfig):
-    """Run the harness in a contained local sandbox (``rollout_gateway.local_sandbox``).
-
-    The same isolation modes and guarantees as the classic stack's local backend: a
-    private working directory (``HOME``) and temp directory as the only writable places,
-    its own uid on root hosts, no host environment, and enforced process, memory and
-    disk limits where the host offers them (``rollout-gateway demo --help`` lists them).
-    The network is the host's (agents reach the gateway over loopback). The task's
-    ``resources`` (``cpu``, ``memory``, ``disk``) apply unless set here.
-    """
-
-    type: Literal["local_sandbox"] = "local_sandbox"
-    isolation: IsolationChoice = "auto"
-    """``auto`` (the strongest this host offers), ``bwrap``, ``unshare``, ``uid``, or
-    ``process-group`` (no containment: explicit opt-in, with a warning)."""
-    root: str | None = None
-    """Directory holding the sandboxes (default ``$ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT`` or
-    ``<temp dir>/rollout-gateway-sandboxes``)."""
-    cpu: float | None = Field(None, gt=0)
-    """CPU cores (CPU-time bound of each command; a CPU quota where the host offers
-    cgroups). None: one core."""
-    memory: float = Field(2.0, gt=0)
-    """Memory in GB, for the whole sandbox."""
-    disk: float = Field(5.0, gt=0)
-    """Disk in GB: everything the sandbox writes (working and temp directories)."""
-    pids: int = Field(1024, gt=0)
-    """Processes (and threads) the sandbox may have at once."""
-    image: str | None = None
-    """A local image seeding the working directory: ``local:<dir or .tar[.gz]>``,
-    ``dir:<dir>`` or an absolute path. A container image name is refused (a local
-    sandbox runs the host's programs: use the docker or prime runtime for images)."""
-    timeout_minutes: float = Field(24 * 60, gt=0)
-    """Longest lifetime of one sandbox; past it the sandbox is killed and removed (v1's
-    own timeouts bound the agent first)."""
-
-    @field_validator("image")
-    @classmethod
-    def _local_image(cls, image: str | None) -> str | None:
-        from rollout_gateway.local_sandbox.seeding import local_image_path
-
-        if image is not None and local_image_path(image) is None:
-            raise ValueError(
-                f"the local_sandbox runtime cannot run container image {image!r}: it runs "
-                "the host's programs (use the docker or prime runtime for images, or a "
-                "local image: local:<directory or .tar>)"
-            )
-        return image
-
-
-class LocalSandboxRuntimeInfo(LocalSandboxRuntimeConfig, BaseRuntimeInfo):
-    """What a trace records about the local sandbox its rollout ran in (``id``: the
-    sandbox id)."""
 
 
 #: v1's runtime union plus ``local_sandbox``: annotate an agent config's ``runtime`` with it.

@@ -34,7 +34,7 @@ from typing import Any
 
 from rollout_gateway.demo.stack import DemoStack, RolloutSummary, StackSetup, WorkItem
 from rollout_gateway.demo.threads import off_loop
-from rollout_gateway.v1.internals import (
+from rollout_gateway.v1.eval_internals import (
     EvalConfig,
     EvalRunInfo,
     ModelContext,

@@ -8,15 +8,17 @@ single-agent env (select it with ``--env.id rollout-gateway-env``).
 
 What the mixin overrides, and why:
 
-- ``serving()``: first checks that agents on the ``local_sandbox`` runtime can get
-  sandboxes on this host (a typed error before any rollout); builds a
+- ``serving()``: first makes sure v1 resolves the ``local_sandbox`` runtime type and that
+  agents on it can get sandboxes on this host (a typed error before any rollout); builds a
   :class:`GatewayInterception` for the gateway type (v1's
   ``make_interception`` sends unknown types to its elastic pool); it refuses, before any
   rollout, a taskset whose tool servers need the env's ``/state`` channel, unless
   ``fallback`` is set, in which case v1's own interception (built by v1's
   ``make_interception`` from its default config) serves those tasks.
-- ``_episode_agents()``: gives each agent's harness the sync hook of
+- ``_episode_agents()``: gives each agent's harness the segment hook of
   :mod:`rollout_gateway.v1.harness_sync` (v1 builds the agents of an episode there).
+
+Each private name of v1 used here is in :data:`rollout_gateway.v1.internals.PRIVATE`.
 - ``run_episode()``: records the traces of ``local_sandbox`` rollouts in v1's vocabulary
   before v1 writes or sends them (:mod:`rollout_gateway.v1.runtime_record`: v1's trace
   readers accept only v1's own runtime types), in every mode.
@@ -53,7 +55,7 @@ from rollout_gateway.v1.internals import (
     agent_config_fields,
     make_interception,
 )
-from rollout_gateway.v1.runtime import check_local_sandbox
+from rollout_gateway.v1.runtime import check_local_sandbox, install
 from rollout_gateway.v1.runtime_record import record_for_v1
 
 if TYPE_CHECKING:
@@ -165,10 +167,13 @@ class GatewayEnvMixin(_Base):
                         self._interception = None
 
     async def _check_local_sandboxes(self) -> None:
-        """Before any rollout: every agent on the ``local_sandbox`` runtime can get its
-        sandboxes here (else :class:`~rollout_gateway.v1.LocalSandboxStartError`)."""
+        """Before any rollout: v1 resolves the ``local_sandbox`` runtime type
+        (:func:`~rollout_gateway.v1.install`, also for a config that arrived without
+        validation), and every agent on it can get its sandboxes here (else
+        :class:`~rollout_gateway.v1.LocalSandboxStartError`)."""
         for spec in agent_config_fields(self.config).values():
             if isinstance(spec.runtime, LocalSandboxRuntimeConfig):
+                install()
                 await check_local_sandbox(spec.runtime)
 
     async def run_episode(self, *args: Any, **kwargs: Any) -> Any:

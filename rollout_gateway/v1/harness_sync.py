@@ -1,107 +1,140 @@
-"""Sync gateway turns into the trace before v1 judges how the harness exited.
+"""Sync gateway turns into the trace when a harness segment ends, before v1 judges its exit.
 
-v1's ``HarnessSession.turn`` runs the harness program, then ``Harness._check_result``:
-a non-zero exit is clean only if ``trace.stop_condition`` is already set (a refused turn
-ends the program with the 4xx it got). v1's own server sets that stop *before* it answers
-the refused call; in gateway mode the refusal happens at the gateway, so without a sync
-the rollout would come back ``ok=False, stop="harness_error"`` and unscored.
+v1 judges a harness segment's exit right after ``launch`` (or ``resume``) returns: a
+non-zero exit is clean only if ``trace.stop_condition`` is already set (a refused turn ends
+the program with the 4xx it got). v1's own server sets that stop before it answers the
+refused call; in gateway mode the refusal happens at the gateway, so without a sync the
+rollout would come back ``ok=False, stop="harness_error"``, unscored.
 
-The hook chosen: a subclass of the loaded harness class whose ``_check_result`` first
-awaits :meth:`GatewayInterception.sync`. Why this one:
-
-- it is the one place v1 reads ``stop_condition`` to judge an exit, so the sync happens
-  exactly when needed, after the program exited (no race with turns still in flight, as a
-  live event stream across a tunnel would have);
-- it covers every harness that runs through v1's default session, built-in or custom,
-  and every segment of a multi-segment interaction (``Rollout.step`` then counts the new
-  turns);
-- it is a *subclass*, not a wrapper: v1 rebuilds a harness as ``type(harness)(config)``
-  when a task adds skills, and the rebuilt one keeps the hook;
-- no verifiers code is patched: the harness object of each agent is replaced.
-
-Harnesses that replace the session entirely (ACP) never call ``_check_result``; for them
-the final sync at slot release still rebuilds the trace before scoring. That release sync
-is skipped only when the last segment's exit was synced and no segment started since
-(``launch``/``resume`` mark a segment's start), so a trajectory is fetched once per
-segment in the common case.
+So each agent's harness becomes an instance of a subclass of its own class (v1 rebuilds a
+harness as ``type(harness)(config)``, which keeps it) whose ``launch`` (and ``resume``,
+where the class has its own) runs the segment through :func:`run_segment`: mark its start,
+end it at once if the gateway refuses one of its turns (:mod:`.refusals`), and sync the
+gateway's turns and stop once the program exited (no race with turns in flight). Nothing
+of v1 is patched, and only the harness contract's own methods are overridden. Harnesses
+that replace the session (ACP) never run it; the final sync at slot release fills their
+trace. docs/v1.md says more; the interception is known here by :class:`SegmentHost` only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Awaitable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rollout_gateway.v1.internals import Harness, ProgramResult, Runtime, Trace
+from rollout_gateway.v1.internals import Harness, ProgramResult, Trace
+from rollout_gateway.v1.refusals import RefusalWatch
 
 if TYPE_CHECKING:
-    from rollout_gateway.v1.interception import GatewayInterception
     from rollout_gateway.v1.internals import Agent
 
-_CLASSES: dict[tuple[type, int], type] = {}
+
+class SegmentHost(Protocol):
+    """What a harness segment needs of its rollout's interception
+    (:class:`~rollout_gateway.v1.GatewayInterception` is one)."""
+
+    def segment_started(self, trace: Trace) -> None:
+        """A segment of ``trace`` starts: turns may come that no sync has seen."""
+        ...
+
+    def refusal_watch(self, trace: Trace) -> RefusalWatch:
+        """The watch that ends the segment when the gateway refuses a turn of ``trace``."""
+        ...
+
+    async def sync(self, trace: Trace, *, exit_code: int | None = None) -> None:
+        """Commit the gateway's turns of ``trace``, and its limit stop after ``exit_code``."""
+        ...
+
+
+#: Whether this task runs inside a segment already: a harness's own ``resume`` may relaunch
+#: through ``launch`` (v1's default does), which is the same segment, synced once.
+_IN_SEGMENT: ContextVar[bool] = ContextVar("rollout_gateway_v1_in_segment", default=False)
+
+
+async def run_segment(
+    host: SegmentHost, trace: Trace, program: Awaitable[ProgramResult]
+) -> ProgramResult:
+    """Run one harness segment of ``trace`` (``program``: the harness's own ``launch`` or
+    ``resume``) under the rollout's refusal watch; once the program exited, sync the
+    gateway's turns into the trace. A segment the refusal ended returns what a killed
+    program returns (:meth:`RefusalWatch.result`)."""
+    if _IN_SEGMENT.get():
+        return await program
+    token = _IN_SEGMENT.set(True)
+    try:
+        host.segment_started(trace)
+        async with host.refusal_watch(trace) as watch:
+            result = await program
+        if watch.fired:
+            result = watch.result()
+    finally:
+        _IN_SEGMENT.reset(token)
+    await host.sync(trace, exit_code=result.exit_code)
+    return result
 
 
 class GatewaySyncedHarness(Harness):
-    """Mixin: ``_check_result`` syncs the gateway's turns into the trace first."""
+    """Mixin: each harness segment runs through :func:`run_segment`."""
 
-    gateway_interception: GatewayInterception
+    #: The interception, weakly: a harness class lives as long as the classes v1 keeps.
+    _gateway_ref: weakref.ref[SegmentHost]
 
-    async def _check_result(self, trace: Trace, runtime: Runtime, result: ProgramResult) -> None:
-        await self.gateway_interception.sync(trace, exit_code=result.exit_code)
-        await super()._check_result(trace, runtime, result)
+    @property
+    def gateway_interception(self) -> SegmentHost:
+        """The interception whose rollouts this harness class syncs."""
+        host = self._gateway_ref()
+        if host is None:
+            raise RuntimeError("this harness's gateway interception is closed")
+        return host
 
-    # Each segment starts with launch (v1's default resume relaunches through it): the
-    # trace is then behind the gateway until the segment's exit is synced (a segment cut
-    # by a timeout never is). A class with its own resume gets the same mark there. The
-    # segment runs under the rollout's refusal watch: a turn the gateway refuses ends it
-    # at once, whatever the program does with the refusal (see :mod:`.refusals`).
     async def launch(self, ctx: Any, trace: Trace, *args: Any, **kwargs: Any) -> ProgramResult:
-        interception = self.gateway_interception
-        interception.segment_started(trace)
-        async with interception.refusal_watch(trace) as watch:
-            return await super().launch(ctx, trace, *args, **kwargs)
-        return watch.result()  # only when the refusal ended the segment
+        program = super().launch(ctx, trace, *args, **kwargs)
+        return await run_segment(self.gateway_interception, trace, program)
 
 
-async def _marked_resume(
+async def _synced_resume(
     self: GatewaySyncedHarness, ctx: Any, trace: Trace, *args: Any, **kwargs: Any
 ) -> ProgramResult:
-    interception = self.gateway_interception
-    interception.segment_started(trace)
-    async with interception.refusal_watch(trace) as watch:
-        return await super(GatewaySyncedHarness, self).resume(ctx, trace, *args, **kwargs)
-    return watch.result()
+    program = super(GatewaySyncedHarness, self).resume(ctx, trace, *args, **kwargs)
+    return await run_segment(self.gateway_interception, trace, program)
 
 
-def gateway_synced(harness: Harness, interception: GatewayInterception) -> Harness:
-    """``harness`` as an instance of its class with the gateway sync hook (idempotent)."""
+#: The synced class of each harness class, per interception (gone with the interception).
+_CLASSES: weakref.WeakKeyDictionary[SegmentHost, dict[type, type]] = weakref.WeakKeyDictionary()
+
+
+def gateway_synced(harness: Harness, interception: SegmentHost) -> Harness:
+    """``harness`` as an instance of its class with the gateway segment hook (idempotent)."""
     if isinstance(harness, GatewaySyncedHarness):
         return harness
     cls = type(harness)
-    key = (cls, id(interception))
-    synced = _CLASSES.get(key)
+    classes = _CLASSES.setdefault(interception, {})
+    synced = classes.get(cls)
     if synced is None:
         namespace: dict[str, Any] = {
-            "gateway_interception": interception,
+            "_gateway_ref": weakref.ref(interception),
             "__module__": cls.__module__,
             "__doc__": cls.__doc__,
         }
         if cls.resume is not Harness.resume:
             # Only then: v1 reads "overrides resume" as native resume support.
-            namespace["resume"] = _marked_resume
+            namespace["resume"] = _synced_resume
         synced = type(f"GatewaySynced{cls.__name__}", (GatewaySyncedHarness, cls), namespace)
-        _CLASSES[key] = synced
+        classes[cls] = synced
     return synced(harness.config)
 
 
-def gateway_synced_agent(agent: Agent, interception: GatewayInterception) -> Agent:
-    """Give ``agent`` the gateway sync hook (for ``vf.Agent(..., interception=gi)``)."""
+def gateway_synced_agent(agent: Agent, interception: SegmentHost) -> Agent:
+    """Give ``agent`` the gateway segment hook (for ``vf.Agent(..., interception=gi)``)."""
     agent.harness = gateway_synced(agent.harness, interception)
     return agent
 
 
-def forget(interception: GatewayInterception) -> None:
-    """Drop the classes made for ``interception`` (called when it stops)."""
-    for key in [k for k in _CLASSES if k[1] == id(interception)]:
-        del _CLASSES[key]
-
-
-__all__ = ["GatewaySyncedHarness", "forget", "gateway_synced", "gateway_synced_agent"]
+__all__ = [
+    "GatewaySyncedHarness",
+    "SegmentHost",
+    "gateway_synced",
+    "gateway_synced_agent",
+    "run_segment",
+]

@@ -12,7 +12,8 @@ model call crosses the env process. Per rollout:
 3. yield the slot; the harness runs;
 4. :meth:`GatewayInterception.sync` rebuilds the trace from the recorded turns
    (:mod:`.trace_sync`) and sets a limit stop the gateway reported; it runs before v1
-   judges the harness's exit (:mod:`.harness_sync`) and once more at slot release;
+   judges the harness's exit (at the end of each harness segment, :mod:`.harness_sync`)
+   and once more at slot release;
 5. unregister exactly once (cancel first when the rollout was cancelled).
 
 Use it directly::
@@ -46,7 +47,6 @@ from rollout_gateway.tunnels import TunnelProvider
 from rollout_gateway.v1.config import GatewayInterceptionConfig
 from rollout_gateway.v1.errors import feature_error, interception_error, to_v1_error
 from rollout_gateway.v1.features import session_features
-from rollout_gateway.v1.harness_sync import forget
 from rollout_gateway.v1.internals import Interception, RolloutSession, Slot, Trace
 from rollout_gateway.v1.refusals import RefusalWatch
 from rollout_gateway.v1.stops import limit_stop, refusal_stop
@@ -74,6 +74,7 @@ class _Active:
     rollout: GatewayRollout
     sync: TraceSync
     lock: asyncio.Lock
+    spec: RegisterSpec
     #: v1 judged the harness's exit (the sync hook ran with its exit code).
     harness_exited: bool = False
     #: The trace holds every turn: synced after the last harness segment exited (and no
@@ -141,9 +142,8 @@ class GatewayInterception(Interception):
         #: Send every rollout to ``fallback`` (the env sets it when the taskset's tool
         #: servers need the ``/state`` channel and ``fallback`` is on).
         self.force_fallback = False
-        #: Registrations made and finalized (tests and benchmarks read them).
+        #: Registrations made (tests and benchmarks read them).
         self.registrations = 0
-        self.finalizations = 0
 
     async def start(self) -> None:
         """Create the core's resources (clients and tunnels open lazily, one per gateway).
@@ -168,7 +168,6 @@ class GatewayInterception(Interception):
         # Rollouts still holding a slot are cancelled: each finalizes (cancel, unregister).
         if self._resources is not None:
             await self._resources.aclose()
-        forget(self)
 
     def gateway_url(self, session: RolloutSession) -> str:
         """The gateway root: ``config.url``, else the run's client base URL minus ``/v1``."""
@@ -198,9 +197,7 @@ class GatewayInterception(Interception):
     @contextlib.asynccontextmanager
     async def acquire(self, session: RolloutSession) -> AsyncIterator[Slot]:
         """Register ``session``'s rollout and yield its slot; sync and unregister on exit."""
-        features = session_features(session)
-        if self.force_fallback and self.fallback is not None:
-            features.append("tool servers on the /state channel")
+        features = self._env_side_features(session)
         if features:
             if self.fallback is None:
                 raise feature_error(features)  # v1's TaskError: stop task_error
@@ -208,60 +205,19 @@ class GatewayInterception(Interception):
             async with self.fallback.acquire(session) as slot:
                 yield slot
             return
-        if self._resources is None:
+        resources = self._resources
+        if resources is None:
             raise RuntimeError("GatewayInterception is not started (use `async with`)")
-        spec = self.register_spec(session)
-        rollout = GatewayRollout(self._resources)
-        rollout.record.gateway_url = self.gateway_url(session)
-        active = _Active(
-            session=session,
-            rollout=rollout,
-            sync=TraceSync(
-                session.trace,
-                model=spec.model,
-                sampling=session.ctx.sampling,
-                rollout_id=rollout.rollout_id,
-            ),
-            lock=asyncio.Lock(),
-        )
-        trace_id = session.trace.id
+        active = self._new_active(session, resources)
+        rollout, trace_id = active.rollout, session.trace.id
         task = asyncio.current_task()
         if task is not None:
-            self._resources.track(task)
+            resources.track(task)
         try:
-            try:
-                await rollout.register(
-                    model=spec.model,
-                    sampling_params=spec.sampling_params,
-                    max_turns=spec.max_turns,
-                    max_seq_len=spec.max_seq_len,
-                    extra=dict(spec.limits) or None,
-                )
-                self.registrations += 1
-                await rollout.lease_tunnel()
-            except RolloutGatewayError as e:
-                raise to_v1_error(e, "gateway setup") from e
-            record = rollout.record
-            assert record.tunnel_url is not None
-            if not record.api_key:
-                # v1 harnesses reach the model at {base_url}/v1 and are told apart by
-                # their bearer key alone: without one, rollouts could not be routed.
-                raise interception_error(
-                    "the gateway issued no per-rollout api_key; verifiers v1 agents are "
-                    "routed by bearer key (start the gateway with per-rollout keys)"
-                )
+            slot = await self._open(active)
             self._active[trace_id] = active
-            yield (record.tunnel_url, record.api_key, "")
-            if active.harness_exited:
-                # The harness program exited: nothing left to cancel.
-                record.agent_exit = AgentExit(exit_code=None)
-            else:
-                # Released without v1 judging an exit: the rollout was aborted (cancelled,
-                # failed in setup) while the agent may still run. Refuse its next turns
-                # first; finalize then unregisters (the core sends each call once).
-                await rollout.cancel()
-            if not active.exit_synced:
-                await self._sync(active, exit_code=None)
+            yield slot
+            await self._release(active)
         except asyncio.CancelledError:
             rollout.record.cancelled = True
             raise
@@ -271,6 +227,66 @@ class GatewayInterception(Interception):
         finally:
             self._active.pop(trace_id, None)
             await self._finalize(rollout)
+
+    def _env_side_features(self, session: RolloutSession) -> list[str]:
+        """What of ``session`` needs the env on every turn (then v1's own interception
+        serves it, or it is refused); empty when the gateway can serve it."""
+        features = session_features(session)
+        if self.force_fallback and self.fallback is not None:
+            features.append("tool servers on the /state channel")
+        return features
+
+    def _new_active(self, session: RolloutSession, resources: GatewayResources) -> _Active:
+        spec = self.register_spec(session)
+        rollout = GatewayRollout(resources)
+        rollout.record.gateway_url = self.gateway_url(session)
+        sync = TraceSync(
+            session.trace,
+            model=spec.model,
+            sampling=session.ctx.sampling,
+            rollout_id=rollout.rollout_id,
+        )
+        return _Active(session=session, rollout=rollout, sync=sync, lock=asyncio.Lock(), spec=spec)
+
+    async def _open(self, active: _Active) -> Slot:
+        """Register the rollout and lease its tunnel: its slot (v1's errors on failure)."""
+        rollout, spec = active.rollout, active.spec
+        try:
+            await rollout.register(
+                model=spec.model,
+                sampling_params=spec.sampling_params,
+                max_turns=spec.max_turns,
+                max_seq_len=spec.max_seq_len,
+                extra=dict(spec.limits) or None,
+            )
+            self.registrations += 1
+            await rollout.lease_tunnel()
+        except RolloutGatewayError as e:
+            raise to_v1_error(e, "gateway setup") from e
+        record = rollout.record
+        assert record.tunnel_url is not None
+        if not record.api_key:
+            # v1 harnesses reach the model at {base_url}/v1 and are told apart by
+            # their bearer key alone: without one, rollouts could not be routed.
+            raise interception_error(
+                "the gateway issued no per-rollout api_key; verifiers v1 agents are "
+                "routed by bearer key (start the gateway with per-rollout keys)"
+            )
+        return (record.tunnel_url, record.api_key, "")
+
+    async def _release(self, active: _Active) -> None:
+        """v1 released the slot: the agent is done, or aborted; the last turns synced."""
+        record = active.rollout.record
+        if active.harness_exited:
+            # The harness program exited: nothing left to cancel.
+            record.agent_exit = AgentExit(exit_code=None)
+        else:
+            # Released without v1 judging an exit: the rollout was aborted (cancelled,
+            # failed in setup) while the agent may still run. Refuse its next turns
+            # first; finalize then unregisters (the core sends each call once).
+            await active.rollout.cancel()
+        if not active.exit_synced:
+            await self._sync(active, exit_code=None)
 
     async def _finalize(self, rollout: GatewayRollout) -> None:
         """The core's one finalize path (cancel if needed, unregister once), shielded."""
@@ -282,8 +298,6 @@ class GatewayInterception(Interception):
                 await asyncio.shield(finalize)
             except asyncio.CancelledError:
                 interrupted = True
-        if rollout.record.register_sent:
-            self.finalizations += 1
         if interrupted:
             raise asyncio.CancelledError
         error = rollout.record.error

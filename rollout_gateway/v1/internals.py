@@ -1,24 +1,38 @@
-"""Every part of verifiers v1 the adapter uses, in one module, behind a version check.
+"""Every part of verifiers v1 the adapter's runtime uses, in one module, behind a version check.
 
 The adapter plugs into v1 through names ``verifiers.v1`` does not re-export (its
-interception contract, the trace graph, the chat dialect, the harness and session
-classes, the agent-config helper), and those move between verifiers releases: prime-rl
-pins verifiers by git commit, and at an older commit ``agent_config_fields`` lives in
-``verifiers.v1.agent``, not ``verifiers.v1.configs.agent``. So:
+interception contract, the trace graph, the chat dialect, the session, the runtime
+configs, the agent-config helper), and through a few private ones (:data:`PRIVATE`).
+Those move between verifiers releases: prime-rl pins verifiers by git commit, and at an
+older commit ``agent_config_fields`` lives in ``verifiers.v1.agent``. So:
 
-- the rest of :mod:`rollout_gateway.v1` imports verifiers only from here;
+- the rest of :mod:`rollout_gateway.v1` imports verifiers only from here (what only the
+  demo's eval runner needs, v1's CLI, from :mod:`.eval_internals`: a moved CLI module
+  does not break the runtime adapter);
 - importing this module first checks the installed verifiers against
   :data:`SUPPORTED_VERIFIERS` and raises :class:`UnsupportedVerifiersError` (an
   ``ImportError``) naming the installed and the supported versions, before any v1
   import can fail deep inside an env server; an internal that moved under a version
-  inside the range fails with the same error, naming what is missing.
+  inside the range fails with the same error, naming what is missing;
+- :data:`PRIVATE` lists every private name and behaviour of v1 the adapter depends on;
+  ``tests/v1/test_private_dependencies.py`` holds one contract test for each, which fails
+  naming the entry when verifiers changes it.
+
+Nothing here changes v1 at import: the one change to v1's behaviour
+(:func:`install_runtime_type`) is made by an explicit step, :func:`rollout_gateway.v1.install`.
 
 Tested releases: see :data:`TESTED_VERIFIERS` (docs/v1.md says the same).
 """
 
+# ruff: noqa: F401 (this module hands verifiers' names on to the rest of the adapter)
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import metadata
+from typing import Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 #: verifiers versions the adapter accepts (PEP 440 specifier, checked at import).
 SUPPORTED_VERIFIERS = ">=0.4.0,<0.5"
@@ -44,32 +58,15 @@ class UnsupportedVerifiersError(ImportError):
         super().__init__(message)
 
 
-def _version_tuple(version: str) -> tuple[int, int, int, bool]:
-    """``(major, minor, micro, is_release)`` of a PEP 440 version (enough for the range)."""
-    head = version.split("+", 1)[0]
-    parts: list[int] = []
-    rest = head
-    for _ in range(3):
-        digits = ""
-        while rest and rest[0].isdigit():
-            digits, rest = digits + rest[0], rest[1:]
-        parts.append(int(digits or 0))
-        if rest.startswith("."):
-            rest = rest[1:]
-        if not rest or not rest[0].isdigit():
-            break
-    while len(parts) < 3:
-        parts.append(0)
-    return parts[0], parts[1], parts[2], not rest or rest.startswith("post")
-
-
 def is_supported(version: str) -> bool:
-    """Whether ``version`` is in :data:`SUPPORTED_VERIFIERS` (pre-releases of 0.4.0,
-    e.g. ``0.4.0.dev3``, are before 0.4.0 and so not; those of 0.4.1 are)."""
-    major, minor, micro, release = _version_tuple(version)
-    if (major, minor) != (0, 4):
+    """Whether ``version`` is in :data:`SUPPORTED_VERIFIERS`. Pre-releases count (prime-rl
+    pins verifiers by commit, whose builds are ``.devN`` versions): those of 0.4.1 are in
+    the range, those of 0.4.0 (``0.4.0.dev3``) come before 0.4.0 and are not."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
         return False
-    return micro > 0 or release
+    return SpecifierSet(SUPPORTED_VERIFIERS).contains(parsed, prereleases=True)
 
 
 def check_verifiers(version: str | None = None) -> str:
@@ -104,7 +101,6 @@ try:
         ProgramResult,
         ProviderError,
         Response,
-        RolloutError,
         Runtime,
         Sampling,
         TaskError,
@@ -114,11 +110,10 @@ try:
         TunnelError,
         TurnTokens,
         Usage,
-        graph,
     )
 
     # Runtimes: the runtime configs (the local_sandbox runtime type joins their union) and
-    # the runtime module (whose runtime registry the local_sandbox runtime extends).
+    # the runtime module (whose runtime table install_runtime_type extends).
     from verifiers.v1 import runtimes as v1_runtimes
 
     # The internals, below: each moved between versions or may.
@@ -128,9 +123,7 @@ try:
     # The chat dialect: requests and messages of recorded turns, as v1's server parses them.
     from verifiers.v1.dialects.chat import ChatDialect, parse_message
     from verifiers.v1.envs.single_agent import SingleAgentEnv, SingleAgentEnvConfig
-
-    # The error model's stop names (``<boundary>_error``).
-    from verifiers.v1.errors import SandboxError, stop_condition
+    from verifiers.v1.errors import SandboxError
 
     # The trace graph: replaying recorded turns as v1's server commits them.
     from verifiers.v1.graph import PendingTurn, prepare_turn
@@ -161,41 +154,54 @@ try:
 except ImportError as e:  # an internal moved: say which verifiers, not just which name
     raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
 
-# What `rollout-gateway demo` runs a v1 eval with, as vf-eval does (rollout_gateway.v1.demo):
-# the resolved config and its files, env loading, planning, the trace store.
-try:
-    from verifiers.v1.cli.eval import resume as eval_resume
-    from verifiers.v1.cli.output import create_attempt_log_dir, write_config
-    from verifiers.v1.clients import ModelContext
-    from verifiers.v1.configs.cli.eval import EvalConfig
-    from verifiers.v1.episode import EvalRunInfo
-    from verifiers.v1.utils.eval import plan_rollouts
-    from verifiers.v1.utils.loaders import load_environment
-    from verifiers.v1.utils.trace_store import type_adapter
-except ImportError as e:  # an internal moved: say which verifiers, not just which name
-    raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
+
+@dataclass(frozen=True)
+class PrivateDependency:
+    """One private name or behaviour of verifiers v1 the adapter relies on: ``kind`` is
+    ``patch`` (replaced, by :func:`rollout_gateway.v1.install`), ``override`` (a subclass
+    overrides it), ``mirror`` (the adapter's code follows v1's, which it cannot call),
+    ``attribute`` (read or set) or ``behaviour`` (what v1 does that the design counts on);
+    ``used_by`` is the adapter's module; ``scope`` ``eval`` is the demo's eval runner only
+    (:mod:`.eval_internals`). docs/v1.md says why each is needed."""
+
+    name: str
+    kind: Literal["patch", "override", "mirror", "attribute", "behaviour"]
+    used_by: str
+    scope: Literal["runtime", "eval"] = "runtime"
+
+
+_P = PrivateDependency
+#: Every private dependency on verifiers v1 (docs/v1.md's table; each entry has a contract
+#: test in tests/v1/test_private_dependencies.py, under the entry's name).
+PRIVATE: tuple[PrivateDependency, ...] = (
+    _P("verifiers.v1.runtimes._runtime_cls", "patch", "runtime"),
+    _P("verifiers.v1.env.Env._episode_agents", "override", "env"),
+    _P("verifiers.v1.env.Env.serving", "mirror", "env"),
+    _P("verifiers.v1.env.Env._interception", "attribute", "env"),
+    _P("verifiers.v1.env.Env._shared_tools", "attribute", "env"),
+    _P("verifiers.v1.env.Env._requires_tunnel", "attribute", "env"),
+    _P("verifiers.v1.harness.HarnessSession.turn", "behaviour", "harness_sync"),
+    _P("verifiers.v1.agent.Agent._rollout_params", "behaviour", "harness_sync"),
+    _P("verifiers.v1.agent.Agent._check_resume_support", "behaviour", "harness_sync"),
+    _P("verifiers.v1.graph.PendingTurn", "attribute", "trace_sync"),
+    _P("verifiers.v1.types.TurnTokens.message_spans", "attribute", "trace_sync"),
+    _P("verifiers.v1.session.RolloutSession", "attribute", "interception"),
+    _P("verifiers.v1.cli", "attribute", "eval_internals", scope="eval"),
+)
 
 
 def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
     """Make v1's runtime table resolve configs of ``config_cls`` to ``runtime_cls``
     (idempotent; every other config is resolved by v1's own function as before).
 
-    The one change the adapter makes to v1's behaviour, and why it is one: verifiers 0.4
-    builds a runtime from its config through one closed table, the private function
-    ``verifiers.v1.runtimes._runtime_cls`` (``{"subprocess": SubprocessRuntime, ...}
-    [config.type]``), which ``make_runtime`` (every rollout's box), ``provision_runtime``
-    and ``runtime_is_local`` (whether an agent's interception needs a tunnel) all call.
-    v1 has no registry, entry point or config hook for runtimes (harnesses, tasksets and
-    judges are plug-ins; runtimes are not), and no other seam avoids the table: handing
-    v1 a ready box (``Agent.run(task, runtime=box)``) still looks the agent's config up
-    in it (``runtime_is_local`` when the agent enters without an injected interception),
-    marks every trace ``borrowed`` and skips the per-task resource resolution; and a
-    rollout calls ``make_runtime`` as a module function, with no method of the agent or
-    env in between. So this wraps the table function once; ``rollout_gateway.v1.runtime``
-    calls it for ``local_sandbox`` when imported. ``tests/v1/test_runtime.py`` pins it
-    (the entry resolves; every v1 type resolves to v1's runtime of that name, as
-    before). What v1 *records* of a runtime needs no change to v1:
-    :mod:`rollout_gateway.v1.runtime_record`.
+    The one change the adapter makes to v1 (:data:`PRIVATE`'s ``patch``), made by
+    :func:`rollout_gateway.v1.install`, never at import. Why no other seam serves: v1
+    builds every runtime through this closed table (``make_runtime``, ``provision_runtime``,
+    ``runtime_is_local``) and has no registry, entry point or config hook for runtimes;
+    handing v1 a ready box (``Agent.run(task, runtime=box)``) still looks the config up in
+    it, marks every trace ``borrowed`` and skips the per-task resources; and a rollout
+    calls ``make_runtime`` as a module function, with no method of the agent or env in
+    between. (What v1 *records* of a runtime needs no change: :mod:`.runtime_record`.)
     """
     current = v1_runtimes._runtime_cls
     if getattr(current, "rollout_gateway_runtime_type", None) is config_cls:
@@ -208,74 +214,3 @@ def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
 
     resolve.rollout_gateway_runtime_type = config_cls  # type: ignore[attr-defined]
     v1_runtimes._runtime_cls = resolve
-
-
-__all__ = [
-    "EvalConfig",
-    "EvalRunInfo",
-    "ModelContext",
-    "create_attempt_log_dir",
-    "eval_resume",
-    "load_environment",
-    "plan_rollouts",
-    "type_adapter",
-    "write_config",
-    "Agent",
-    "AgentInfo",
-    "ApptainerConfig",
-    "BaseRuntimeInfo",
-    "DockerConfig",
-    "E2BConfig",
-    "ModalConfig",
-    "PodmanConfig",
-    "PrimeConfig",
-    "RuntimeProcess",
-    "SandboxError",
-    "SubprocessConfig",
-    "SubprocessRuntimeInfo",
-    "install_runtime_type",
-    "v1_runtimes",
-    "AssistantMessage",
-    "BaseInterceptionConfig",
-    "ChatDialect",
-    "ElasticInterceptionPoolConfig",
-    "Env",
-    "Error",
-    "Harness",
-    "Interception",
-    "InterceptionError",
-    "InterceptionServerConfig",
-    "ModelCall",
-    "PendingTurn",
-    "ProgramResult",
-    "ProviderError",
-    "Response",
-    "RolloutError",
-    "RolloutSession",
-    "Runtime",
-    "Sampling",
-    "SingleAgentEnv",
-    "SingleAgentEnvConfig",
-    "Slot",
-    "StaticInterceptionPoolConfig",
-    "TaskError",
-    "TimeSpan",
-    "ToolMessage",
-    "Trace",
-    "TunnelError",
-    "TurnTokens",
-    "Usage",
-    "agent_config_fields",
-    "graph",
-    "make_interception",
-    "parse_message",
-    "prepare_turn",
-    "stop_condition",
-    "vf",
-    "SUPPORTED_VERIFIERS",
-    "TESTED_VERIFIERS",
-    "VERIFIERS_VERSION",
-    "UnsupportedVerifiersError",
-    "check_verifiers",
-    "is_supported",
-]

@@ -14,11 +14,13 @@ Selecting it: a config whose agent ``runtime`` is a :data:`~rollout_gateway.v1.R
 :class:`~rollout_gateway.v1.LocalSandboxAgentConfig` with ``vf.Agent``) and
 ``runtime.type = "local_sandbox"``.
 
-verifiers 0.4 has no way to register a runtime type: importing this module adds the
+verifiers 0.4 has no way to register a runtime type: :func:`install` adds the
 ``local_sandbox`` entry to v1's runtime table
 (:func:`rollout_gateway.v1.internals.install_runtime_type` says why that is the one change
-to v1's internals, and how it is pinned). How a trace
-records the runtime: :mod:`rollout_gateway.v1.runtime_record`.
+to v1's internals). Importing changes nothing; a :class:`LocalSandboxRuntimeConfig` calls
+:func:`install` when it is made, so whatever selects the type (``--env.agent.runtime.type
+local_sandbox``, TOML, code) has the entry before v1 can look it up. How a trace records
+the runtime: :mod:`rollout_gateway.v1.runtime_record`.
 """
 
 from __future__ import annotations
@@ -32,17 +34,15 @@ import signal
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from prime_sandboxes import APIError, CreateSandboxRequest, SandboxFileNotFoundError
+from pydantic import Field, field_validator
+from pydantic_config import BaseConfig
 
 from rollout_gateway.local_sandbox import LocalSandboxClient, LocalSandboxError, processes
-from rollout_gateway.v1.config import (
-    IsolationChoice,
-    LocalSandboxRuntimeConfig,
-    LocalSandboxRuntimeInfo,
-)
 from rollout_gateway.v1.internals import (
+    BaseRuntimeInfo,
     ProgramResult,
     Runtime,
     RuntimeProcess,
@@ -55,6 +55,72 @@ logger = logging.getLogger(__name__)
 #: ``execute_command``'s bound for v1's commands: none in practice (v1 bounds the agent's
 #: time itself, and a cancelled command is killed with its process group).
 _NO_TIMEOUT = 10 * 365 * 24 * 3600
+
+
+# ---------------------------------------------------------------- the config
+
+#: The isolation modes of the local sandboxes (``rollout_gateway.local_sandbox``), and
+#: ``auto``: the strongest this host offers (never ``process-group``).
+IsolationChoice = Literal["auto", "bwrap", "unshare", "uid", "process-group"]
+
+
+class LocalSandboxRuntimeConfig(BaseConfig):
+    """Run the harness in a contained local sandbox (``rollout_gateway.local_sandbox``).
+
+    The same isolation modes and guarantees as the classic stack's local backend: a
+    private working directory (``HOME``) and temp directory as the only writable places,
+    its own uid on root hosts, no host environment, and enforced process, memory and
+    disk limits where the host offers them (``rollout-gateway demo --help`` lists them).
+    The network is the host's (agents reach the gateway over loopback). The task's
+    ``resources`` (``cpu``, ``memory``, ``disk``) apply unless set here.
+    """
+
+    type: Literal["local_sandbox"] = "local_sandbox"
+    isolation: IsolationChoice = "auto"
+    """``auto`` (the strongest this host offers), ``bwrap``, ``unshare``, ``uid``, or
+    ``process-group`` (no containment: explicit opt-in, with a warning)."""
+    root: str | None = None
+    """Directory holding the sandboxes (default ``$ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT`` or
+    ``<temp dir>/rollout-gateway-sandboxes``)."""
+    cpu: float | None = Field(None, gt=0)
+    """CPU cores (CPU-time bound of each command; a CPU quota where the host offers
+    cgroups). None: one core."""
+    memory: float = Field(2.0, gt=0)
+    """Memory in GB, for the whole sandbox."""
+    disk: float = Field(5.0, gt=0)
+    """Disk in GB: everything the sandbox writes (working and temp directories)."""
+    pids: int = Field(1024, gt=0)
+    """Processes (and threads) the sandbox may have at once."""
+    image: str | None = None
+    """A local image seeding the working directory: ``local:<dir or .tar[.gz]>``,
+    ``dir:<dir>`` or an absolute path. A container image name is refused (a local
+    sandbox runs the host's programs: use the docker or prime runtime for images)."""
+    timeout_minutes: float = Field(24 * 60, gt=0)
+    """Longest lifetime of one sandbox; past it the sandbox is killed and removed (v1's
+    own timeouts bound the agent first)."""
+
+    @field_validator("image")
+    @classmethod
+    def _local_image(cls, image: str | None) -> str | None:
+        from rollout_gateway.local_sandbox.seeding import local_image_path
+
+        if image is not None and local_image_path(image) is None:
+            raise ValueError(
+                f"the local_sandbox runtime cannot run container image {image!r}: it runs "
+                "the host's programs (use the docker or prime runtime for images, or a "
+                "local image: local:<directory or .tar>)"
+            )
+        return image
+
+    def model_post_init(self, context: Any, /) -> None:
+        """The config selects the runtime: v1 can resolve it from now (see :func:`install`)."""
+        super().model_post_init(context)
+        install()
+
+
+class LocalSandboxRuntimeInfo(LocalSandboxRuntimeConfig, BaseRuntimeInfo):
+    """What a trace records about the local sandbox its rollout ran in (``id``: the
+    sandbox id)."""
 
 
 class LocalSandboxStartError(SandboxError):
@@ -284,11 +350,20 @@ class LocalSandboxRuntime(Runtime):
             raise SandboxError(f"write {path!r}: {e}") from e
 
 
-install_runtime_type(LocalSandboxRuntimeConfig, LocalSandboxRuntime)
+def install() -> None:
+    """Teach v1's runtime table the ``local_sandbox`` type (idempotent; every other type
+    resolves as before). Called when a :class:`LocalSandboxRuntimeConfig` is made; call it
+    yourself only to resolve the type from a config built without validation."""
+    install_runtime_type(LocalSandboxRuntimeConfig, LocalSandboxRuntime)
+
 
 __all__ = [
+    "IsolationChoice",
     "LocalSandboxProcess",
     "LocalSandboxRuntime",
+    "LocalSandboxRuntimeConfig",
+    "LocalSandboxRuntimeInfo",
     "LocalSandboxStartError",
     "check_local_sandbox",
+    "install",
 ]

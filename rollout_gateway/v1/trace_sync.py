@@ -166,6 +166,45 @@ def _error_record(failure: Exception) -> Any:
     )
 
 
+def _turn_response(
+    step: Mapping[str, Any],
+    message: Any,
+    tokens: Mapping[str, Any] | None,
+    prompt_ids: list[int] | None,
+    model: str,
+    response_id: str,
+    span: Any,
+) -> Any:
+    """A recorded turn's answer as v1's ``Response``: the message, finish reason, usage,
+    and its ``TurnTokens`` when the gateway recorded token ids."""
+    completion_ids = list(tokens.get("completion_ids") or ()) if tokens is not None else []
+    counted = prompt_ids is not None
+    usage = _usage(
+        step,
+        len(prompt_ids) if prompt_ids is not None else None,
+        len(completion_ids) if counted else None,
+    )
+    turn_tokens = None
+    if prompt_ids is not None and tokens is not None:
+        # Checked by the gateway: shared, not revalidated (long contexts' ids).
+        turn_tokens = TurnTokens.model_construct(
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            completion_logprobs=list(tokens.get("completion_logprobs") or ()),
+            routed_experts=tokens.get("routed_experts"),
+        )
+    return Response.model_construct(
+        id=response_id,
+        created=int(span.end or time.time()),
+        model=model,
+        message=message,
+        finish_reason=_finish_reason(step, message),
+        usage=usage,
+        tokens=turn_tokens,
+        raw=None,
+    )
+
+
 def _delta_form(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Full-form steps (the protocol table's, from a gateway without the delta form) in
     the delta form, every other field kept."""
@@ -276,17 +315,7 @@ class TraceSync:
         self._failures_seen.add(_failure_key(failed))
         error = failed.get("error") if isinstance(failed.get("error"), Mapping) else {}
         failure = provider_error(cast(Mapping[str, Any], error))
-        self.last_failure = failure
-        self.trace.calls.append(
-            ModelCall(
-                node=None,
-                model=self.model,
-                sampling=self.sampling,
-                endpoint=_ENDPOINT,
-                time=_span(failed.get("timing")),
-                error=_error_record(failure),
-            )
-        )
+        self._record_failed_call(failure, self.sampling, _span(failed.get("timing")))
 
     # ------------------------------------------------------------------ steps
 
@@ -364,19 +393,22 @@ class TraceSync:
                         self._tool_names[call.id] = call.name
         return [*self._messages[:shared], *(self._parse(m, index) for m in new_raw)]
 
-    def _commit_step(self, index: int, step: Mapping[str, Any]) -> None:
-        extras = step.get("extras") or {}
-        shared = int(step.get("prompt_shared") or 0)
-        new_raw = list(step.get("prompt_new") or ())
-        completion_raw = list(step.get("completion") or ())
+    def _commit_step(self, index: int, raw: Mapping[str, Any]) -> None:
+        try:
+            step: Mapping[str, Any] = protocol.parse_delta_step(raw)
+        except protocol.BodyError as e:
+            raise TraceSyncError(f"turn {index + 1}: {e}") from e
+        extras = step["extras"]
+        shared = step["prompt_shared"]
+        new_raw = step["prompt_new"]
+        completion_raw = step["completion"]
         extends = self._path is not None and shared == len(self._messages)
         prompt = self._prompt(index, shared, new_raw)
         tools_raw = step.get("tools", extras.get("tools", self._step_tools))
         self._step_tools = tools_raw
         tokens = step.get("tokens")
-        prompt_ids: list[int] | None = None
-        if isinstance(tokens, Mapping):
-            prompt_ids = self._prompt_ids(tokens)
+        tokens = tokens if isinstance(tokens, Mapping) else None
+        prompt_ids = self._prompt_ids(tokens) if tokens is not None else None
         span = _span(extras.get("timing"))
         sampling = self._sampling_of(extras)
         self._note_upstream(extras)
@@ -384,92 +416,63 @@ class TraceSync:
         if failure is not None or not completion_raw:
             # A failed exchange commits no node; v1 records the call with its error.
             failure = failure or ProviderError("the recorded turn has no answer", status_code=502)
-            self.last_failure = failure
-            self.trace.calls.append(
-                ModelCall(
-                    node=None,
-                    model=self.model,
-                    sampling=sampling,
-                    endpoint=_ENDPOINT,
-                    time=span,
-                    error=_error_record(failure),
-                )
-            )
+            self._record_failed_call(failure, sampling, span)
             self._advance(prompt, None, prompt_ids, [], path=None, tools=tools_raw)
             return
         message = _assistant(completion_raw)
-        completion_ids = (
-            list(tokens.get("completion_ids") or ()) if isinstance(tokens, Mapping) else []
-        )
-        finish = _finish_reason(step, message)
-        usage = _usage(
-            step,
-            len(prompt_ids) if prompt_ids is not None else None,
-            len(completion_ids) if prompt_ids is not None else None,
-        )
-        turn_tokens = None
-        if prompt_ids is not None and isinstance(tokens, Mapping):
-            # Checked by the gateway: shared, not revalidated (long contexts' ids).
-            turn_tokens = TurnTokens.model_construct(
-                prompt_ids=prompt_ids,
-                completion_ids=completion_ids,
-                completion_logprobs=list(tokens.get("completion_logprobs") or ()),
-                routed_experts=tokens.get("routed_experts"),
-            )
-        response = Response.model_construct(
-            id=f"{self.rollout_id}-turn-{index + 1}",
-            created=int(span.end or time.time()),
-            model=self.model,
-            message=message,
-            finish_reason=finish,
-            usage=usage,
-            tokens=turn_tokens,
-            raw=None,
-        )
-        tools = self._tools_of(tools_raw)
-        if extends and (tools_raw or None) == (self._path_tools or None):
-            # The step extends the previous one: its prefix is the previous path, as
-            # prepare_turn would find it by hashing every message of the history again.
-            assert self._path is not None
-            path = self._path
-            path_len = sum(len(self.trace.nodes[n].token_ids) for n in path)
-            turn = PendingTurn(
-                trace=self.trace,
-                prompt=prompt,
-                tools=list(tools or []),
-                prefix_node_ids=list(path),
-                path_len=path_len,
-            )
-            if turn_tokens is not None:
-                # The new messages' tokens are not told apart (no renderer spans): they
-                # land on the assistant node, as without spans. Said with empty spans at
-                # the prefix's end, commit places them without scanning every node for a
-                # concurrent commit of the same message (there is none in a replay).
-                new_messages = len(prompt) - len(path)
-                turn_tokens.message_spans = [None] * len(path) + [(path_len, path_len)] * (
-                    new_messages
-                )
-        else:
-            turn = prepare_turn(self.trace, prompt, tools)
+        response_id = f"{self.rollout_id}-turn-{index + 1}"
+        response = _turn_response(step, message, tokens, prompt_ids, self.model, response_id, span)
+        turn = self._pending_turn(prompt, tools_raw, extends, response.tokens)
         first_new = len(self.trace.nodes)
         node = turn.commit(response)
         if span.end:
             for created in self.trace.nodes[first_new:]:
                 created.timestamp = span.end
         self.last_failure = None
-        self.trace.calls.append(
-            ModelCall(
-                node=node,
-                model=self.model,
-                sampling=sampling,
-                endpoint=_ENDPOINT,
-                finish_reason=finish,
-                usage=usage,
-                time=span,
-            )
+        self._record_call(
+            sampling, span, node=node, finish_reason=response.finish_reason, usage=response.usage
         )
-        self._advance(
-            prompt, message, prompt_ids, completion_ids, path=self._path_to(node), tools=tools_raw
+        completion_ids = response.tokens.completion_ids if response.tokens is not None else []
+        path = self._path_to(node)
+        self._advance(prompt, message, prompt_ids, completion_ids, path=path, tools=tools_raw)
+
+    def _record_failed_call(self, failure: ProviderError, sampling: Any, span: Any) -> None:
+        """An exchange that produced no sample: one ``ModelCall`` with v1's error."""
+        self.last_failure = failure
+        self._record_call(sampling, span, error=_error_record(failure))
+
+    def _record_call(self, sampling: Any, span: Any, **outcome: Any) -> None:
+        """One exchange on the trace, as v1's server records it: its ``node``, finish
+        reason and usage when it was answered, its ``error`` when not."""
+        self.trace.calls.append(
+            ModelCall(model=self.model, sampling=sampling, endpoint=_ENDPOINT, time=span, **outcome)
+        )
+
+    def _pending_turn(
+        self, prompt: list[Any], tools_raw: Any, extends: bool, turn_tokens: Any
+    ) -> PendingTurn:
+        """Where the turn goes in the graph: on the previous step's path when it extends
+        it (as ``prepare_turn`` would find it by hashing every message of the history
+        again), else where ``prepare_turn`` puts it."""
+        tools = self._tools_of(tools_raw)
+        if not extends or (tools_raw or None) != (self._path_tools or None):
+            return prepare_turn(self.trace, prompt, tools)
+        assert self._path is not None
+        path = self._path
+        path_len = sum(len(self.trace.nodes[n].token_ids) for n in path)
+        if turn_tokens is not None:
+            # The new messages' tokens are not told apart (no renderer spans): they land
+            # on the assistant node, as without spans. Said with empty spans at the
+            # prefix's end, commit places them without scanning every node for a
+            # concurrent commit of the same message (there is none in a replay).
+            new_messages = len(prompt) - len(path)
+            turn_tokens.message_spans = [None] * len(path) + [(path_len, path_len)] * new_messages
+        return PendingTurn(
+            trace=self.trace,
+            prompt=prompt,
+            tools=list(tools or []),
+            prefix_node_ids=list(path),
+            path_len=path_len,
         )
 
     def _prompt_ids(self, tokens: Mapping[str, Any]) -> list[int]:

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import verifiers as vf
 from helpers import GatewayTestEnv
 from openai import AsyncOpenAI
+from support.local_cluster import free_port
 
 from rollout_gateway.testing import FakeGateway, FakeSandbox, FakeSandboxClient, task_row
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def upstream_model() -> vf.Client:

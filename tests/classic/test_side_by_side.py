@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import pytest
 import verifiers as vf
 from helpers import GatewayTestEnv
 from openai import AsyncOpenAI
+from support.local_cluster import free_port
 
 from rollout_gateway.polling import PollPolicy
 from rollout_gateway.scripted import create_scripted_model_app
@@ -42,12 +42,6 @@ TOOLS = [
         },
     }
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snippets import ROOT, Block, Session
+from support.local_cluster import free_port
 
 #: Top-level entries of the checkout not linked into the scratch directory.
 _NOT_LINKED = {".git", "outputs", "site"}
@@ -54,12 +54,6 @@ class SessionResult:
 
 #: The line announcing each block in a session's output.
 BLOCK_START = "### doc block "
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _write_exec(path: Path, text: str) -> None:

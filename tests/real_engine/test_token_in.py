@@ -21,9 +21,9 @@ pytest.importorskip("renderers", reason="token-in mode needs the [tito] extra (r
 pytest.importorskip("transformers", reason="token-in mode needs the [tito] extra (transformers)")
 
 from stacks import STACK  # noqa: E402
+from support.tools import RUN_SHELL_TOOL, run_shell_call  # noqa: E402
 
 from rollout_gateway.cli import served_model_path  # noqa: E402
-from rollout_gateway.testing import RUN_SHELL_TOOL, run_shell_call  # noqa: E402
 
 from .conftest import URL_VAR, RealGateway, real_gateway  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The gateway in front of a real vLLM (see conftest): what the trainer receives is exact.
 
-Written for ``shared/real-vllm`` (vLLM 0.32 CPU, Gemma 3 270M base model, 4096-token
+Written for ``tools/real-vllm`` (vLLM 0.32 CPU, Gemma 3 270M base model, 4096-token
 context, ``--logprobs-mode processed_logprobs``, ``pythonic`` tool parser): a base model
 rarely ends a turn or calls a tool by itself, so tool calls are forced with a named
 ``tool_choice`` and most plain turns end on ``length``.
@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from support.tools import RUN_SHELL_TOOL
 
 from rollout_gateway.server.turn_seed import turn_seed
-from rollout_gateway.testing import RUN_SHELL_TOOL
 
 from .conftest import URL_VAR, RealGateway, Stopwatch
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from support.local_cluster import free_port as _free_port
 
 from .conftest import script
 
@@ -33,12 +34,6 @@ MESSAGES = [{"role": "user", "content": script({"say": "done"})}]
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/status"), reason="reads the gateway's RSS from /proc"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

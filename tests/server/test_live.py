@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from support.local_cluster import free_port as _free_port
 
 from rollout_gateway.cli import build_parser, main
 from rollout_gateway.scripted import create_scripted_model_app
@@ -85,12 +85,6 @@ def test_cli_parses_serve_and_scripted_model() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["serve"])  # --upstream is required
     assert exc.value.code == 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

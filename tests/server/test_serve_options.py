@@ -33,7 +33,6 @@ TOKEN = "serve-admin-token-0123456789"
         ("--upstream", "not a url"),
         ("--upstream", "ftp://host/v1"),
         ("--upstream", "http://host:99999/v1"),
-        ("--upstream-client", "requests"),
         ("--loop", "trio"),
         ("--port", "70000"),
         ("--port", "-1"),
@@ -107,7 +106,6 @@ def test_token_from_env_or_file(tmp_path, monkeypatch) -> None:
         ({"max_rollouts": 0}, "max_rollouts"),
         ({"admin_token": None}, "admin_token"),
         ({"admin_token": "  "}, "admin_token"),
-        ({"upstream_client": "requests"}, "upstream_client"),
         # A bool or a string is not a number, nor a float an integer (JSON or YAML
         # config files give such values); a flag is a bool.
         ({"max_rollouts": True}, "max_rollouts"),
@@ -171,17 +169,12 @@ async def test_tokenizer_defaults_to_the_model_directory_the_upstream_serves(tmp
     assert found == str(tmp_path)
 
 
-def test_client_and_loop_options_reach_the_server(monkeypatch) -> None:
+def test_the_loop_option_reaches_the_server(monkeypatch) -> None:
     monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
     monkeypatch.delenv("ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE", raising=False)
-    args = build_parser().parse_args(
-        ["serve", "--upstream", UP, "--upstream-client", "httpx", "--loop", "asyncio"]
-    )
-    assert (args.upstream_client, args.loop) == ("httpx", "asyncio")
-    assert serve_config(args).upstream.upstream_client == "httpx"
-    defaults = build_parser().parse_args(["serve", "--upstream", UP])
-    assert (defaults.upstream_client, defaults.loop) == ("httptools", "auto")
-    assert serve_config(defaults).upstream.upstream_client == "httptools"
+    args = build_parser().parse_args(["serve", "--upstream", UP, "--loop", "asyncio"])
+    assert args.loop == "asyncio"
+    assert build_parser().parse_args(["serve", "--upstream", UP]).loop == "auto"
 
 
 @pytest.mark.parametrize(
@@ -255,7 +248,7 @@ def test_a_redis_url_with_a_state_dir_is_refused() -> None:
 
 
 def test_serve_exits_with_one_line_when_redis_is_unreachable(monkeypatch, capsys) -> None:
-    from rollout_gateway.local_cluster import free_port
+    from support.local_cluster import free_port
 
     pytest.importorskip("redis")
     monkeypatch.setenv("ROLLOUT_GATEWAY_ADMIN_TOKEN", TOKEN)
@@ -382,7 +375,7 @@ def test_new_bounds_refuse_invalid_values_naming_them(option: str, value: str, c
 
 
 def test_consistent_new_bounds_start(monkeypatch) -> None:
-    from rollout_gateway.local_cluster import free_port
+    from support.local_cluster import free_port
 
     argv = [
         "--upstream", UP, "--max-body-bytes", str(4 * 1024 * 1024), "--max-body-cost",
@@ -404,7 +397,6 @@ def test_consistent_new_bounds_start(monkeypatch) -> None:
         ("limits", {"retry_dedupe_window_s": float("inf")}, "--retry-window"),
         ("connections", {"header_timeout_s": 0.0}, "--header-timeout"),
         ("registry", {"max_rollouts": True}, "--max-rollouts"),
-        ("upstream", {"upstream_client": "requests"}, "--upstream-client"),
         ("upstream", {"tokenizer": "/m"}, "--tokenizer"),
         ("upstream", {"upstream_api_key": "two words"}, "$ROLLOUT_GATEWAY_UPSTREAM_API_KEY"),
         ("state", {"redis_url": "http://h"}, "--redis"),

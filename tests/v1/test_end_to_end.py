@@ -267,6 +267,10 @@ def test_the_sync_hook_keeps_v1s_resume_support_check() -> None:
 
     from rollout_gateway.v1 import gateway_synced
 
-    synced = gateway_synced(FixBugHarness(FixBugHarnessConfig()), object())  # type: ignore[arg-type]
+    class Host:  # stands in for the interception (only its identity is used here)
+        pass
+
+    host = Host()
+    synced = gateway_synced(FixBugHarness(FixBugHarnessConfig()), host)  # type: ignore[arg-type]
     assert type(synced).resume is Harness.resume
     assert isinstance(synced, FixBugHarness)

@@ -1,4 +1,4 @@
-"""Opt-in: v1 gateway mode against a real vLLM (``shared/real-vllm``), one branch per rollout.
+"""Opt-in: v1 gateway mode against a real vLLM (``tools/real-vllm``), one branch per rollout.
 
 Set ``ROLLOUT_GATEWAY_REAL_VLLM`` to the vLLM's OpenAI base URL (e.g.
 ``http://127.0.0.1:8001/v1``) and ``ROLLOUT_GATEWAY_REAL_VLLM_MODEL`` (default

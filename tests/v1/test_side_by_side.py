@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -25,6 +24,7 @@ import verifiers.v1 as vf
 from fix_bug_v1 import FixBugHarness, FixBugHarnessConfig, FixBugTask, FixBugTaskset
 from fix_bug_v1.harness import run_program
 from starlette.responses import JSONResponse
+from support.local_cluster import free_port
 from verifiers.v1.configs.agent import TimeoutConfig
 from verifiers.v1.errors import InterceptionError, ProviderError, TaskError, TunnelError
 from verifiers.v1.errors import stop_condition as v1_stop
@@ -44,12 +44,6 @@ LOG = "SIDE_BY_SIDE_LOG"
 
 def first_task() -> FixBugTask:
     return next(iter(FixBugTaskset(vf.TasksetConfig(id="fix-bug-v1"))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def program_harness(source: str, log: Path) -> type[FixBugHarness]:

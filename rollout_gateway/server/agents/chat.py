@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from rollout_gateway.interrupt import Interrupt
 from rollout_gateway.server.agents.limits import (
     NO_RETRY_HEADERS,
+    TurnRefused,
     budget_bound,
     check_takes_turn,
     check_turn_allowed,
@@ -71,6 +72,7 @@ from rollout_gateway.server.http.responses import (
 )
 from rollout_gateway.server.recording.history import HistoryMatch, recorded_message
 from rollout_gateway.server.state.dedupe import Turn
+from rollout_gateway.server.state.ledger import TurnUse
 from rollout_gateway.server.state.limits_v1 import turn_token_counts
 from rollout_gateway.server.state.registry import RolloutRecord
 from rollout_gateway.server.state.store import (
@@ -145,7 +147,8 @@ class ChatTurns:
                     record, self.gateway.rollouts, fingerprint, idempotency_key,
                     is_retry=is_retry,
                 )  # fmt: skip
-            except ApiError as exc:
+            except TurnRefused as exc:
+                await self.gateway.ledger.refuse(record, exc.reason)
                 self._tell_refusal(record, exc)
                 raise
         body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
@@ -340,15 +343,15 @@ class ChatTurns:
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
-        before = (record.recorder.num_abandoned, record.truncation_reason)
+        if self._answer_lost(record):  # it is not a turn the agent saw: taken back
+            self.gateway.metrics.abandoned_turns.inc()
+            await gateway.ledger.abandon_last(record)  # kept even if this turn is lost
         try:
             history, new_bytes = self._admit(record, messages, messages_text, body.get("stop"))
-        except ApiError:
-            if (record.recorder.num_abandoned, record.truncation_reason) != before:
-                await gateway.rollouts.save(record)  # a limit reached, an answer taken back
+        except TurnRefused as exc:
+            await gateway.ledger.refuse(record, exc.reason)
+            self._tell_refusal(record, exc)
             raise
-        if record.recorder.num_abandoned != before[0]:
-            await gateway.rollouts.save(record)  # kept even if this turn is lost
         extends = bool(history.shared)
         gateway.registry.touch(record)
         upstream = gateway.pool.get(record.upstream)
@@ -388,15 +391,16 @@ class ChatTurns:
                 record.rollout_id, call.number, upstream.label, exc.kind, exc.detail,
             )  # fmt: skip
             if call.overflowed:
-                await gateway.rollouts.commit(record, None)  # its step: the prompt refused
+                await gateway.ledger.record_overflow(record)  # its step: the prompt refused
                 # The rollout is over (recorded truncated): the env stops its agent.
                 gateway.exit_board.refused(record.rollout_id, "context_length_exceeded")
                 raise context_overflow_error(exc) from None
-            await gateway.rollouts.save(record)  # the failed call, in failed_turns
+            assert call.failed_turn is not None  # (every other failure of the call is noted)
+            await gateway.ledger.note_failure(record, call.failed_turn)
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
             turn.events.relayed = True
-        _count_turn(record, call, result, new_bytes)
+        use = _turn_use(record, call, result, new_bytes)
         answer = _answer_of(result, body)
         # Durable before the agent gets it: a retry after a crash gets this very answer.
         key = AnswerKey(
@@ -406,7 +410,9 @@ class ChatTurns:
         without = result.raw_without_prompt_ids if answer is result.raw else None
         # (Whether it goes to a client still connected: see _admit.)
         delivered = turn.waiters > 0
-        await gateway.rollouts.commit(record, TurnAnswer(key, answer, without), delivered=delivered)
+        await gateway.ledger.count_turn(
+            record, use, TurnAnswer(key, answer, without), delivered=delivered
+        )
         turn.recorded = True
         upstream_s = call.upstream_seconds()
         gateway.metrics.turns.inc(upstream.label)
@@ -419,44 +425,35 @@ class ChatTurns:
             )  # fmt: skip
         return answer
 
-    def _admit(
-        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
-    ) -> tuple[HistoryMatch, int]:
-        """Whether the rollout may take this turn (raises the refusal if not).
-
-        Returns how the request extends the recorded history (the messages it shares) and
-        the bytes the turn stores for the agent: its new messages, and its ``stop``
-        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
-        An answer the agent never received (it moved on without it) is taken back first:
-        it is not a turn the agent saw.
-        """
+    @staticmethod
+    def _answer_lost(record: RolloutRecord) -> bool:
+        """Whether the rollout's last answer never reached its agent (it moved on without
+        it), answered here or at another gateway (or one that died)."""
         if not record.live:
             raise _not_registered(record)
         last = record.turns.last
         if last is not None and last.recorded and not last.delivered and last.waiters <= 0:
-            self._abandon_last(record)
             last.delivered = True  # handled
-        elif last is None and _answered_elsewhere_undelivered(record):
-            self._abandon_last(record)  # (another gateway, or one that died, answered it)
+            return True
+        return last is None and _answered_elsewhere_undelivered(record)
+
+    def _admit(
+        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
+    ) -> tuple[HistoryMatch, int]:
+        """Whether the rollout may take this turn (raises :class:`TurnRefused` if not).
+
+        Returns how the request extends the recorded history (the messages it shares) and
+        the bytes the turn stores for the agent: its new messages, and its ``stop``
+        (recorded in ``extras.sampling``; an agent can send megabytes of it each turn).
+        """
         history = record.recorder.match_history(messages, messages_text)
         shared = history.shared
         # Counted as stored: only the fields the trajectory keeps.
         new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
         if stop is not None:
             new_bytes += len(jsonio.dumps(stop))
-        try:
-            check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
-        except ApiError as exc:
-            self._tell_refusal(record, exc)
-            raise
+        check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)
         return history, new_bytes
-
-    def _abandon_last(self, record: RolloutRecord) -> None:
-        record.recorder.abandon_last()
-        record.num_turns -= 1
-        if record.status == "completed" and record.truncation_reason is None:
-            record.status = "active"
-        self.gateway.metrics.abandoned_turns.inc()
 
     def _tell_refusal(self, record: RolloutRecord, exc: ApiError) -> None:
         """Count a refused turn, and tell it on the exit channel too: whatever the agent
@@ -466,20 +463,16 @@ class ChatTurns:
         self.gateway.exit_board.refused(record.rollout_id, str(exc.code))
 
 
-def _count_turn(
+def _turn_use(
     record: RolloutRecord, call: EngineTurn, result: EngineResult, new_bytes: int
-) -> None:
-    """Count a recorded turn against the rollout's limits and budget."""
+) -> TurnUse:
+    """What a recorded turn used of the rollout's limits and budget."""
     completion = result.completion
-    record.message_bytes += new_bytes
-    record.completion_tokens += _completion_tokens(completion, call.completion_ids)
-    record.num_turns += 1
+    v1_tokens = None
     if record.token_budget is not None:  # verifiers v1's token caps
-        record.token_budget.add_turn(
-            *turn_token_counts(completion, _id_count(result.prompt_ids_json), call.completion_ids)
-        )
-    if record.at_max_turns and record.status == "active":
-        record.status = "completed"
+        prompt_tokens = _id_count(result.prompt_ids_json)
+        v1_tokens = turn_token_counts(completion, prompt_tokens, call.completion_ids)
+    return TurnUse(new_bytes, _completion_tokens(completion, call.completion_ids), v1_tokens)
 
 
 def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:

@@ -4,8 +4,10 @@ Every rollout has a turn budget (its registered ``max_turns``, else the gateway'
 default), a budget of completion tokens over all its turns, a context bound (its
 registered ``max_seq_len``, else the gateway's default, if any) and a budget of stored
 message bytes. A turn past a budget is refused with :data:`TURN_REFUSED_STATUS` (a status
-the OpenAI SDK does not retry) and an error ``code`` naming the limit; the trajectory then
-reports ``is_truncated: true`` and ``truncation_reason``.
+the OpenAI SDK does not retry) and an error ``code`` naming the limit
+(:class:`TurnRefused`); the trajectory then reports ``is_truncated: true`` and
+``truncation_reason`` (the caller tells the record's owner, :meth:`~rollout_gateway.
+server.state.ledger.RolloutLedger.refuse`: nothing here changes the record).
 """
 
 from __future__ import annotations
@@ -30,70 +32,59 @@ if TYPE_CHECKING:
 NO_RETRY_HEADERS = {"x-should-retry": "false"}
 
 
-def refusal(record: RolloutRecord, code: TurnRefusalCode, message: str) -> ApiError:
-    """The error answer of a refused turn of ``record``."""
-    return ApiError(
-        TURN_REFUSED_STATUS,
-        f"rollout {record.rollout_id}: {message}",
-        "turn_refused",
-        code=code,
-        headers=NO_RETRY_HEADERS,
-    )
+class TurnRefused(ApiError):
+    """The error answer of a refused turn, and the limit that refused it (``reason``;
+    ``None``: the rollout is cancelled or completed)."""
 
-
-def _truncate(record: RolloutRecord, reason: TruncationReason) -> None:
-    if record.truncation_reason is None:
-        record.truncation_reason = reason
+    def __init__(
+        self, record: RolloutRecord, code: TurnRefusalCode, message: str,
+        reason: TruncationReason | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            TURN_REFUSED_STATUS,
+            f"rollout {record.rollout_id}: {message}",
+            "turn_refused",
+            code=code,
+            headers=NO_RETRY_HEADERS,
+        )
+        self.reason = reason
 
 
 def check_turn_allowed(
     record: RolloutRecord, *, extends_history: bool, new_message_bytes: int = 0
 ) -> None:
-    """Raise the refusal of the next turn of ``record`` if any budget forbids it.
+    """Raise the refusal (:class:`TurnRefused`) of the next turn of ``record`` if any
+    budget forbids it.
 
     ``extends_history``: the request's messages extend the previous turn's prompt and
     answer, so its prompt is at least as long as that turn's context.
     ``new_message_bytes``: bytes of the messages this turn would add to the record.
     """
     if record.status == "cancelled":
-        raise refusal(record, "rollout_cancelled", "the rollout is cancelled")
+        raise TurnRefused(record, "rollout_cancelled", "the rollout is cancelled")
     if record.max_turns != UNLIMITED_TURNS and record.num_turns >= record.max_turns:
-        _truncate(record, "max_turns")
-        raise refusal(
-            record, "max_turns_reached", f"turn limit reached (max_turns={record.max_turns})"
-        )
+        message = f"turn limit reached (max_turns={record.max_turns})"
+        raise TurnRefused(record, "max_turns_reached", message, "max_turns")
     if record.status == "completed":
-        raise refusal(record, "rollout_completed", "the rollout is completed")
+        raise TurnRefused(record, "rollout_completed", "the rollout is completed")
     if record.token_budget is not None and (limit := record.token_budget.reached()):
         # verifiers v1's token caps (server/state/limits_v1.py): v1's names for reason and code.
-        _truncate(record, cast(TruncationReason, limit))
         code = cast(TurnRefusalCode, f"{limit}_reached")
-        raise refusal(record, code, f"verifiers limit reached ({limit})")
+        message = f"verifiers limit reached ({limit})"
+        raise TurnRefused(record, code, message, cast(TruncationReason, limit))
     budget = record.max_total_completion_tokens
     if budget is not None and record.completion_tokens >= budget:
-        _truncate(record, "max_completion_tokens")
-        raise refusal(
-            record,
-            "max_completion_tokens_reached",
-            f"completion token budget spent ({record.completion_tokens} >= {budget})",
-        )
+        message = f"completion token budget spent ({record.completion_tokens} >= {budget})"
+        raise TurnRefused(record, "max_completion_tokens_reached", message, "max_completion_tokens")
     context = record.max_context_tokens
     last = record.recorder.last_context_tokens
     if context is not None and extends_history and last >= context:
-        _truncate(record, "max_context")
-        raise refusal(
-            record,
-            "max_context_reached",
-            f"context limit reached ({last} >= {context} tokens)",
-        )
+        message = f"context limit reached ({last} >= {context} tokens)"
+        raise TurnRefused(record, "max_context_reached", message, "max_context")
     stored = record.message_bytes + new_message_bytes
     if record.max_message_bytes is not None and stored > record.max_message_bytes:
-        _truncate(record, "max_rollout_bytes")
-        raise refusal(
-            record,
-            "max_rollout_bytes_reached",
-            f"stored message budget spent ({record.max_message_bytes} bytes)",
-        )
+        message = f"stored message budget spent ({record.max_message_bytes} bytes)"
+        raise TurnRefused(record, "max_rollout_bytes_reached", message, "max_rollout_bytes")
 
 
 def check_takes_turn(
@@ -109,13 +100,13 @@ def check_takes_turn(
     its finished rollout then costs the gateway a read and a hash each, not a parse.
 
     Nothing is raised where the parsed path decides: when this process's copy of the
-    rollout may not be current (a shared store brings it up to date under the turn's
-    claim; a restored record is loaded then), when the request repeats an earlier turn (a
+    rollout may not be current (the turn's claim brings it up to date: a copy of a
+    rollout other gateways share, a restored record), when the request repeats an earlier turn (a
     retry gets that turn's answer, from the turn tracker or from the store), when the last
     answer reached nobody (the next turn takes it back: see ``ChatTurns._admit``), or
     when the rollout is gone (its turn answers 404).
     """
-    if rollouts.store.shared or not record.loaded or record.revision < 0 or not record.live:
+    if not rollouts.vouches_for(record) or not record.live:
         return
     if record.status != "cancelled":
         if record.turns.match(fingerprint, idempotency_key, is_retry=is_retry) is not None:
@@ -162,5 +153,5 @@ __all__ = [
     "check_takes_turn",
     "check_turn_allowed",
     "budget_bound",
-    "refusal",
+    "TurnRefused",
 ]

@@ -18,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rollout_gateway.protocol import (
-    API_KEY_RE,
     EXITS_MAX_WAIT,
     UNLIMITED_TURNS,
     FailedTurn,
@@ -26,8 +25,11 @@ from rollout_gateway.protocol import (
     RegisterRequest,
     StatusResponse,
     TrajectoryResponse,
+    parse_policy_version_request,
+    parse_register_request,
     register_response,
 )
+from rollout_gateway.protocol.errors import BodyError
 from rollout_gateway.server.engines.upstream_request import (
     NOT_REGISTRABLE_FIELDS,
     flatten_sampling_params,
@@ -40,7 +42,7 @@ from rollout_gateway.server.http.responses import (
     read_json_object,
 )
 from rollout_gateway.server.state.dedupe import TurnTracker
-from rollout_gateway.server.state.limits_v1 import LimitsError, TokenBudget
+from rollout_gateway.server.state.limits_v1 import TokenBudget
 from rollout_gateway.server.state.policy import StaleVersionError
 from rollout_gateway.server.state.registry import (
     AlreadyRegisteredError,
@@ -60,14 +62,10 @@ def _rollout_id(request: Request) -> str:
     return checked_rollout_id(request.path_params["rollout_id"])
 
 
-def _sampling_params(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Register's ``sampling_params``: an object (``{}`` when absent) that does not set the
-    conversation (registered fields override the agent's request; see
+def _check_sampling(sampling: Mapping[str, Any]) -> None:
+    """Register's ``sampling_params`` may not set the conversation (registered fields
+    override the agent's request; see
     :data:`~rollout_gateway.server.engines.upstream_request.NOT_REGISTRABLE_FIELDS`)."""
-    sampling = body.get("sampling_params")
-    sampling = {} if sampling is None else sampling
-    if not isinstance(sampling, dict):
-        raise ApiError(400, "'sampling_params' must be an object", "invalid_request_error")
     flat = flatten_sampling_params(sampling)
     conversation = [k for k in NOT_REGISTRABLE_FIELDS if k in flat]
     if conversation:
@@ -78,19 +76,15 @@ def _sampling_params(body: Mapping[str, Any]) -> dict[str, Any]:
             "invalid_request_error",
         )
     for key in ("max_tokens", "max_completion_tokens"):  # what every turn sends upstream
-        _optional_positive_int(flat, key, f"sampling_params.{key}")
-    return sampling
-
-
-def _optional_positive_int(
-    body: Mapping[str, Any], key: str, name: str | None = None
-) -> int | None:
-    value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ApiError(
-            400, f"'{name or key}' must be a positive integer or null", "invalid_request_error"
-        )
-    return value
+        value = flat.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ApiError(
+                400,
+                f"'sampling_params.{key}' must be a positive integer or null",
+                "invalid_request_error",
+            )
 
 
 class ControlPlane:
@@ -112,63 +106,16 @@ class ControlPlane:
         self.gateway.check_admin(request)
         if not self.gateway.config.enabled:
             raise ApiError(503, "the rollout gateway is disabled", "gateway_disabled")
-        body = await read_json_object(request, CONTROL_BODY_LIMIT)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ApiError(400, "'model' must be a non-empty string", "invalid_request_error")
-        sampling = _sampling_params(body)
-        max_turns = body.get("max_turns", UNLIMITED_TURNS)
-        if max_turns is None:
-            max_turns = UNLIMITED_TURNS
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < -1:
-            raise ApiError(400, "'max_turns' must be an integer >= -1", "invalid_request_error")
-        max_seq_len = _optional_positive_int(body, "max_seq_len")
-        max_completion = _optional_positive_int(body, "max_total_completion_tokens")
-        proposed_key = body.get("api_key")
-        if proposed_key is not None and (
-            not isinstance(proposed_key, str) or not API_KEY_RE.fullmatch(proposed_key)
-        ):
-            raise ApiError(
-                400, "'api_key' must be 32-256 URL-safe characters", "invalid_request_error"
-            )
         try:
-            token_budget = TokenBudget.from_register(body)
-        except LimitsError as exc:
+            body = parse_register_request(await read_json_object(request, CONTROL_BODY_LIMIT))
+        except BodyError as exc:
             raise ApiError(400, str(exc), "invalid_request_error") from None
+        _check_sampling(body["sampling_params"])
         if await self.gateway.rollouts.find(rollout_id) is not None:
             raise ApiError(409, f"rollout {rollout_id} is already registered", "conflict")
-
-        config = self.gateway.config
         upstream = self.gateway.pool.pin()
-        if max_seq_len is None and config.limits.default_max_context_tokens is None:
-            # Default: the context length the engine serves (its /models max_model_len).
-            max_seq_len = (await self.gateway.engine(upstream.base_url)).max_model_len
-        # The env's proposed key, so it knows the key even if this answer is lost.
-        api_key = None
-        if config.require_rollout_keys:
-            api_key = proposed_key or secrets.token_urlsafe(32)
-        record = RolloutRecord(
-            rollout_id=rollout_id,
-            model=model,
-            sampling_params=sampling,
-            # The gateway's default turn budget stands in for "no limit".
-            max_turns=config.limits.default_max_turns
-            if max_turns == UNLIMITED_TURNS
-            else max_turns,
-            max_seq_len=max_seq_len,
-            upstream=upstream.base_url,
-            last_activity=self.gateway.registry.clock(),
-            key_digest=key_digest(api_key) if api_key is not None else None,
-            max_total_completion_tokens=min(
-                max_completion or config.limits.max_total_completion_tokens,
-                config.limits.max_total_completion_tokens,
-            ),
-            max_context_tokens=max_seq_len or config.limits.default_max_context_tokens,
-            max_message_bytes=config.limits.max_rollout_message_bytes,
-            turns=TurnTracker(config.limits.retry_dedupe_window_s, self.gateway.registry.clock),
-            token_budget=token_budget,
-        )
         try:
+            record, api_key = await self._new_record(rollout_id, body, upstream.base_url)
             await self.gateway.rollouts.register(record)
         except AlreadyRegisteredError:
             self.gateway.pool.release(upstream.base_url)
@@ -181,14 +128,53 @@ class ControlPlane:
             raise
         self.gateway.metrics.registrations.inc()
         logger.info("rollout=%s registered upstream=%s", rollout_id, upstream.label)
-        request_body: RegisterRequest = {
-            "model": model,
-            "sampling_params": sampling,
-            "max_turns": max_turns,
-            "max_seq_len": max_seq_len,
+        answered: RegisterRequest = {
+            "model": body["model"],
+            "sampling_params": body["sampling_params"],
+            "max_turns": body["max_turns"],
+            "max_seq_len": record.max_seq_len,
         }
-        answer = register_response(rollout_id, request_body, api_key=api_key)
-        return JSONBytesResponse(answer)
+        return JSONBytesResponse(register_response(rollout_id, answered, api_key=api_key))
+
+    async def _new_record(
+        self, rollout_id: str, body: RegisterRequest, upstream: str
+    ) -> tuple[RolloutRecord, str | None]:
+        """The record of a rollout registered with ``body``, pinned to ``upstream`` (the
+        gateway's defaults where the body sets none), and its key (``None``: keys off)."""
+        config = self.gateway.config
+        clock = self.gateway.registry.clock
+        max_seq_len = body["max_seq_len"]
+        if max_seq_len is None and config.limits.default_max_context_tokens is None:
+            # Default: the context length the engine serves (its /models max_model_len).
+            max_seq_len = (await self.gateway.engine(upstream)).max_model_len
+        # The env's proposed key, so it knows the key even if this answer is lost.
+        api_key = None
+        if config.require_rollout_keys:
+            api_key = body.get("api_key") or secrets.token_urlsafe(32)
+        max_turns = body["max_turns"]
+        max_completion = body.get("max_total_completion_tokens")
+        record = RolloutRecord(
+            rollout_id=rollout_id,
+            model=body["model"],
+            sampling_params=body["sampling_params"],
+            # The gateway's default turn budget stands in for "no limit".
+            max_turns=config.limits.default_max_turns
+            if max_turns == UNLIMITED_TURNS
+            else max_turns,
+            max_seq_len=max_seq_len,
+            upstream=upstream,
+            last_activity=clock(),
+            key_digest=key_digest(api_key) if api_key is not None else None,
+            max_total_completion_tokens=min(
+                max_completion or config.limits.max_total_completion_tokens,
+                config.limits.max_total_completion_tokens,
+            ),
+            max_context_tokens=max_seq_len or config.limits.default_max_context_tokens,
+            max_message_bytes=config.limits.max_rollout_message_bytes,
+            turns=TurnTracker(config.limits.retry_dedupe_window_s, clock),
+            token_budget=TokenBudget.from_limits(body),
+        )
+        return record, api_key
 
     async def trajectory(self, request: Request) -> Response:
         """``GET /v1/rollouts/{id}/trajectory``."""
@@ -223,7 +209,7 @@ class ControlPlane:
         self.gateway.check_admin(request)
         record = await self.gateway.record(rollout_id)
         # No lock: must not wait for a turn in flight (a turn's later writes keep it).
-        await self.gateway.rollouts.cancel(record)
+        await self.gateway.ledger.cancel(record)
         self.gateway.registry.touch(record)
         logger.info("rollout=%s cancelled", rollout_id)
         answer: StatusResponse = {"rollout_id": rollout_id, "status": "cancelled"}
@@ -279,8 +265,7 @@ class ControlPlane:
     async def get_policy_version(self, request: Request) -> Response:
         """``GET /v1/policy/version``: the version new turns are stamped with."""
         self.gateway.check_admin(request)
-        if self.gateway.store.shared:  # announced at any gateway: ask the store
-            self.gateway.policy_announced(await self.gateway.store.load_policy())
+        await self.gateway.coordinator.refresh_policy()  # (announced at another gateway)
         return self._policy_answer()
 
     async def set_policy_version(self, request: Request) -> Response:
@@ -290,10 +275,11 @@ class ControlPlane:
         version it started with and gets ``policy_version_end`` when it ends.
         """
         self.gateway.check_admin(request)
-        body = await read_json_object(request, CONTROL_BODY_LIMIT)
-        version = body.get("version")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ApiError(400, "'version' must be a non-negative integer", "invalid_request_error")
+        try:
+            body = parse_policy_version_request(await read_json_object(request, CONTROL_BODY_LIMIT))
+        except BodyError as exc:
+            raise ApiError(400, str(exc), "invalid_request_error") from None
+        version = body["version"]
         policy = self.gateway.policy
         try:
             policy.check(version)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollout_gateway.server.engines.upstream_http import UpstreamHTTP
+from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
 from rollout_gateway.server.http import jsonio
 
 logger = logging.getLogger("rollout_gateway.server")
@@ -118,7 +118,7 @@ def _logprobs_mode(server_info: Any) -> str | None:
 
 
 async def probe_engine(
-    client: UpstreamHTTP, info: EngineInfo, label: str, timeout_s: float = 2.0
+    client: Http1Upstream, info: EngineInfo, label: str, timeout_s: float = 2.0
 ) -> None:
     """Fill ``info`` from the upstream's ``/models`` (and vLLM's dev ``/server_info``).
 

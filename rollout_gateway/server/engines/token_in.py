@@ -380,10 +380,7 @@ class TokenInEngine:
         label = upstream.label
         root = upstream.base_url.rstrip("/").removesuffix("/v1")
         response = await pool.post(
-            turn.record.upstream,
-            f"{root}{GENERATE_PATH}",
-            jsonio.dumps(request),
-            key=turn.record.rollout_id,
+            turn.record.upstream, f"{root}{GENERATE_PATH}", jsonio.dumps(request)
         )
         if response.status_code in _UNSERVED:
             raise UpstreamError(
@@ -408,8 +405,6 @@ class TokenInEngine:
     def _completion(
         self, data: dict[str, Any], prompt_ids: list[int], tools: Any, model: Any
     ) -> dict[str, Any]:
-        from renderers.base import ToolCallParseStatus
-
         choice = data["choices"][0] if data["choices"] else {}
         if not isinstance(choice, Mapping):
             raise UpstreamError("protocol", 502, "token-in answer: a choice is not an object")
@@ -425,31 +420,10 @@ class TokenInEngine:
             raise UpstreamError(
                 "protocol", 502, "token-in answer: the renderer cannot read its ids", repr(exc)
             ) from exc
-        calls = [
-            {
-                "id": tc.id or f"call_{secrets.token_hex(12)}",
-                "type": "function",
-                "function": {
-                    "name": tc.name,
-                    "arguments": tc.arguments
-                    if isinstance(tc.arguments, str)
-                    else json.dumps(tc.arguments or {}),
-                },
-            }
-            for tc in parsed.tool_calls
-            if tc.status == ToolCallParseStatus.OK and tc.name
-        ]
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": parsed.content if parsed.content or not calls else None,
-        }
-        if calls:
-            message["tool_calls"] = calls
-        if parsed.reasoning_content:
-            message["reasoning_content"] = parsed.reasoning_content
+        message = assistant_message(parsed)
         finish = choice.get("finish_reason")
         # generate knows no tool_calls finish (renderers' generate promotes it too)
-        if calls and finish == "stop":
+        if "tool_calls" in message and finish == "stop":
             finish = "tool_calls"
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
         if usage is None:
@@ -471,21 +445,55 @@ class TokenInEngine:
                     "finish_reason": finish,
                     "stop_reason": choice.get("stop_reason"),
                     "token_ids": completion_ids,
-                    "logprobs": {
-                        "content": [
-                            {
-                                "token": f"token_id:{t}",
-                                "logprob": lp if math.isfinite(lp) else -9999.0,
-                                "bytes": None,
-                                "top_logprobs": [],
-                            }
-                            for t, lp in zip(completion_ids, logprobs, strict=True)
-                        ]
-                    },
+                    "logprobs": {"content": logprob_entries(completion_ids, logprobs)},
                 }
             ],
             "usage": usage,
         }
+
+
+def assistant_message(parsed: Any) -> dict[str, Any]:
+    """The renderer's parse of a completion as an OpenAI assistant message: its content,
+    the tool calls it parsed whole (each with an id), its reasoning."""
+    from renderers.base import ToolCallParseStatus
+
+    calls = [
+        {
+            "id": tc.id or f"call_{secrets.token_hex(12)}",
+            "type": "function",
+            "function": {
+                "name": tc.name,
+                "arguments": tc.arguments
+                if isinstance(tc.arguments, str)
+                else json.dumps(tc.arguments or {}),
+            },
+        }
+        for tc in parsed.tool_calls
+        if tc.status == ToolCallParseStatus.OK and tc.name
+    ]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content if parsed.content or not calls else None,
+    }
+    if calls:
+        message["tool_calls"] = calls
+    if parsed.reasoning_content:
+        message["reasoning_content"] = parsed.reasoning_content
+    return message
+
+
+def logprob_entries(ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+    """The OpenAI ``logprobs.content`` of sampled ``ids`` (named ``token_id:<id>``, as vLLM
+    names them with ``return_tokens_as_token_ids``; a logprob JSON cannot carry is -9999)."""
+    return [
+        {
+            "token": f"token_id:{t}",
+            "logprob": lp if math.isfinite(lp) else -9999.0,
+            "bytes": None,
+            "top_logprobs": [],
+        }
+        for t, lp in zip(ids, logprobs, strict=True)
+    ]
 
 
 __all__ = [

@@ -67,8 +67,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rollout_gateway.server")
 
-#: Failed engine calls a rollout keeps (the most recent).
-_MAX_FAILED_TURNS = 100
 
 #: Request fields that are not sampling settings (left out of ``extras.sampling``).
 _NOT_SAMPLING = frozenset(
@@ -200,6 +198,9 @@ class EngineTurn:
         #: Whether the engine refused the prompt as longer than its context (recorded
         #: as the rollout's truncation).
         self.overflowed = False
+        #: The failed call, once the engine call failed (not a context overflow): what
+        #: the rollout keeps in its ``failed_turns``.
+        self.failed_turn: FailedTurn | None = None
 
     async def call(self, emit: Callable[[bytes], None] | None) -> EngineResult:
         """Call the engine and record the step.
@@ -244,9 +245,7 @@ class EngineTurn:
             completion, first_chunk_s = await self._stream(emit)  # type: ignore[arg-type]
             result = EngineResult(completion, relayed=True)
         else:
-            raw, _ = await self.pool.chat_raw(
-                self.record.upstream, self.upstream_body, shard_key=self.record.rollout_id
-            )
+            raw, _ = await self.pool.chat_raw(self.record.upstream, self.upstream_body)
             # The prompt's ids stay JSON text: the recorder parses only what is new.
             rest, prompt_ids_json = split_prompt_ids(raw)
             completion, strict = parse_completion(rest)
@@ -302,13 +301,10 @@ class EngineTurn:
         include_usage = wants_usage(self.body)
         assembler = StreamAssembler()
         first_chunk_s: float | None = None
-        upstream.in_flight += 1
+        stream = upstream.http.stream("/chat/completions", jsonio.dumps(body))
         try:
-            async with asyncio.timeout(pool.timeout_s):
-                stream = upstream.http.stream(
-                    "/chat/completions", jsonio.dumps(body), key=self.record.rollout_id
-                )
-                async with stream as response:
+            with upstream.call:  # counted in flight, a failure to get the answer classified
+                async with asyncio.timeout(pool.timeout_s), stream as response:
                     upstream.answered()
                     if response.status_code >= 400:
                         raise_for_upstream_status(await response.read(), label)
@@ -322,15 +318,6 @@ class EngineTurn:
         except StreamError as exc:
             detail = f"{label}: {exc.detail}"
             raise UpstreamError("protocol", exc.status_code, exc.message, detail) from exc
-        except UpstreamError:
-            raise
-        except Exception as exc:
-            failure = upstream.connection_failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
-        finally:
-            upstream.in_flight -= 1
         if not assembler.finished:
             raise UpstreamError("protocol", 502, "upstream stream ended before its answer did")
         return assembler.completion(), first_chunk_s
@@ -350,7 +337,7 @@ class EngineTurn:
         return extras
 
     def _note_failure(self, exc: UpstreamError) -> None:
-        """Keep a failed call in the rollout's ``failed_turns`` (bounded)."""
+        """Describe a failed call (:attr:`failed_turn`: the rollout's owner keeps it)."""
         error: TurnError = {
             "type": exc.kind,
             "message": exc.message,
@@ -363,8 +350,7 @@ class EngineTurn:
             "error": error,
             "timing": self._base_extras(None)["timing"],
         }
-        self.record.failed_turns.append(dict(failed))
-        del self.record.failed_turns[:-_MAX_FAILED_TURNS]
+        self.failed_turn = failed
 
     def _record_overflow(self, exc: UpstreamError) -> None:
         record = self.record
@@ -375,11 +361,8 @@ class EngineTurn:
         }
         extras = self._base_extras(None)
         extras.update({"status": "error", "error": error})
+        # The step (no sample); the rollout's owner ends the rollout (record_overflow).
         record.recorder.record_refused(self.messages, {**self.extras, **extras})
-        record.num_turns += 1  # a recorded step: num_turns stays the trajectory's length
-        record.truncation_reason = "context_length_exceeded"
-        if record.status == "active":
-            record.status = "completed"
         self.overflowed = True
         logger.warning(
             "rollout=%s turn=%d: prompt longer than the engine's context; recorded, "

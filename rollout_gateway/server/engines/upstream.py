@@ -1,7 +1,10 @@
-"""Upstream inference servers: rollout pinning, health, error mapping.
+"""Upstream inference servers: rollout pinning, health, error mapping, the calls in flight.
 
-Each upstream's HTTP client is an :class:`~.upstream_http.UpstreamHTTP` (aiohttp by
-default, httpx when a test injects a transport).
+Each upstream's HTTP client is an :class:`~.upstream_http1.Http1Upstream` (its calls go
+through httpx when a test injects a transport). Every call to an upstream, whole
+(:meth:`UpstreamPool.post`) or streamed (the engine turn's), runs in ``with
+upstream.call:`` (:class:`UpstreamCall`), the one place that counts it in flight and
+classifies a failure to get an answer.
 """
 
 from __future__ import annotations
@@ -17,11 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from rollout_gateway.server.engines.upstream_http import (
-    AiohttpUpstream,
     ConnectionFailureKind,
     HTTPAnswer,
-    HttpxUpstream,
-    UpstreamHTTP,
 )
 from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
 from rollout_gateway.server.http import jsonio
@@ -29,9 +29,6 @@ from rollout_gateway.server.http import jsonio
 logger = logging.getLogger("rollout_gateway.server")
 
 ErrorKind = Literal["connect", "timeout", "transport", "http_4xx", "http_5xx", "protocol"]
-
-#: The HTTP client library of the upstream calls (see :mod:`.upstream_http`).
-UpstreamClientKind = Literal["httptools", "aiohttp", "httpx"]
 
 
 class UpstreamError(Exception):
@@ -86,19 +83,43 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+class UpstreamCall:
+    """``with upstream.call:`` around one call to an upstream, whole or streamed (then
+    around the reading of the answer too): counted in flight while it runs, and a failure
+    to get the answer raised as the one classification of :meth:`Upstream.connection_failure`
+    (other errors pass as they are). One per upstream, holding no state of a call."""
+
+    __slots__ = ("upstream",)
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+
+    def __enter__(self) -> None:
+        self.upstream.in_flight += 1
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.upstream.in_flight -= 1
+        if exc is not None and isinstance(exc, Exception):
+            failure = self.upstream.connection_failure(exc)
+            if failure is not None:
+                raise failure from exc
+
+
 @dataclass(eq=False)
 class Upstream:
     """One inference server (OpenAI base URL) and its HTTP client."""
 
     base_url: str
-    http: UpstreamHTTP
+    http: Http1Upstream
     label: str = field(default="")  # base_url without credentials (metrics, logs, health)
     healthy: bool = True
     pinned: int = 0  # registered rollouts pinned here
-    in_flight: int = 0  # chat requests under way
+    in_flight: int = 0  # chat requests under way (counted by ``call``)
 
     def __post_init__(self) -> None:
         self.label = self.label or redact_url(self.base_url)
+        #: ``with upstream.call:`` around each call to it (see :class:`UpstreamCall`).
+        self.call = UpstreamCall(self)
 
     def connection_failure(self, exc: BaseException) -> UpstreamError | None:
         """The :class:`UpstreamError` of ``exc`` raised by a call to this upstream, when
@@ -270,13 +291,10 @@ class UpstreamPool:
         timeout_s: total deadline of one chat completion (connect, send, wait, read:
             a drip-feeding upstream cannot hold a turn longer than this).
         connect_timeout_s: connect timeout (small: a dead upstream must fail fast).
-        transport: an httpx transport for every upstream, or one per URL (tests; the
-            client is then httpx).
+        transport: an httpx transport for every upstream, or one per URL (tests: every
+            call then goes through it).
         api_key: bearer token sent upstream.
         max_connections: connection pool size per upstream.
-        pool_shards: number of client shards per upstream (httpx only).
-        client: the HTTP client (``httptools``, the default: :mod:`.upstream_http1`;
-            ``aiohttp``; or ``httpx``).
     """
 
     def __init__(
@@ -288,37 +306,18 @@ class UpstreamPool:
         transport: httpx.AsyncBaseTransport | Mapping[str, httpx.AsyncBaseTransport] | None = None,
         api_key: str | None = None,
         max_connections: int = 1024,
-        pool_shards: int = 16,
-        client: UpstreamClientKind = "httptools",
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
         self.upstreams: list[Upstream] = []
         for url in urls:
-            http: UpstreamHTTP
-            if transport is not None or client == "httpx":
-                http = HttpxUpstream(
-                    url,
-                    transport=transport.get(url) if isinstance(transport, Mapping) else transport,
-                    headers=headers,
-                    connect_timeout_s=connect_timeout_s,
-                    max_connections=max_connections,
-                    shards=pool_shards,
-                )
-            elif client == "httptools":
-                http = Http1Upstream(
-                    url,
-                    headers=headers,
-                    connect_timeout_s=connect_timeout_s,
-                    max_connections=max_connections,
-                )
-            else:
-                http = AiohttpUpstream(
-                    url,
-                    headers=headers,
-                    connect_timeout_s=connect_timeout_s,
-                    max_connections=max_connections,
-                )
+            http = Http1Upstream(
+                url,
+                headers=headers,
+                connect_timeout_s=connect_timeout_s,
+                max_connections=max_connections,
+                transport=transport.get(url) if isinstance(transport, Mapping) else transport,
+            )
             self.upstreams.append(Upstream(url, http))
         self._by_url = {u.base_url: u for u in self.upstreams}
 
@@ -351,9 +350,7 @@ class UpstreamPool:
         raw, elapsed = await self.chat_raw(url, body)
         return parse_completion(raw)[0], elapsed
 
-    async def chat_raw(
-        self, url: str, body: dict[str, Any], *, shard_key: str | None = None
-    ) -> tuple[bytes, float]:
+    async def chat_raw(self, url: str, body: dict[str, Any]) -> tuple[bytes, float]:
         """POST ``body`` to ``{url}/chat/completions``; returns (answer bytes, seconds).
 
         The whole call (connect to last byte) is bounded by ``timeout_s``. Raises
@@ -363,31 +360,22 @@ class UpstreamPool:
         go to ``detail``).
         """
         start = time.perf_counter()
-        response = await self.post(url, "/chat/completions", jsonio.dumps(body), key=shard_key)
+        response = await self.post(url, "/chat/completions", jsonio.dumps(body))
         elapsed = time.perf_counter() - start
         raise_for_upstream_status(response, self._by_url[url].label)
         return response.content, elapsed
 
-    async def post(
-        self, url: str, path: str, content: bytes, *, key: str | None = None
-    ) -> HTTPAnswer:
+    async def post(self, url: str, path: str, content: bytes) -> HTTPAnswer:
         """One POST to the upstream of ``url`` (``path`` under it, or absolute); its
         answer, whatever the status. Bounded by ``timeout_s`` from connect to last byte;
         counted in flight; a failure to get an answer raises the one classification of
         :meth:`Upstream.connection_failure`."""
         upstream = self._by_url[url]
-        upstream.in_flight += 1
-        try:
+        with upstream.call:
             async with asyncio.timeout(self.timeout_s):
-                response = await upstream.http.post(path, content, key=key)
-        except Exception as exc:
-            failure = upstream.connection_failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
-        finally:
-            upstream.in_flight -= 1
-        upstream.answered()
+                response = await upstream.http.post(path, content)
+        if not upstream.healthy:
+            upstream.answered()
         return response
 
     async def models(self, url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
@@ -431,7 +419,7 @@ class UpstreamPool:
 __all__ = [
     "ErrorKind",
     "Upstream",
-    "UpstreamClientKind",
+    "UpstreamCall",
     "UpstreamError",
     "agent_status",
     "check_answer_writable",

@@ -1,15 +1,15 @@
-"""A lean HTTP/1.1 client for the upstream call of every turn: ``POST /chat/completions``.
+"""The gateway's upstream client: lean HTTP/1.1 for every turn's ``POST /chat/completions``.
 
 Every turn makes one upstream call, the chat POST (its answer whole, or streamed), and
 needs little of an HTTP client: a keep-alive connection, the request's bytes written, the
-answer's status and body read. aiohttp's client runs a good deal of Python around that on
-every call (its request and response objects, header multidicts, cookie and tracing
-hooks, its own timeout handles): at 64 rollouts in flight it was the largest piece of the
-gateway's own CPU per turn (``benchmarks/gateway_overhead.py``). :class:`Http1Upstream`
-makes those POSTs over asyncio's transports (uvloop's, under ``serve``) with httptools'
-response parser, the C parser uvicorn serves the agents with; everything else (GETs, a
-URL on another host, a base URL with credentials in it) goes to the
-:class:`~.upstream_http.AiohttpUpstream` it holds.
+answer's status and body read. A general client runs a good deal of Python around that on
+every call (request and response objects, header multidicts, cookie and tracing hooks,
+timeout handles): aiohttp's was the largest piece of the gateway's own CPU per turn at 64
+rollouts in flight (``benchmarks/gateway_overhead.py``), httpx's three times that.
+:class:`Http1Upstream` makes those POSTs over asyncio's transports (uvloop's, under
+``serve``) with httptools' response parser, the C parser uvicorn serves the agents with;
+everything else (GETs, a POST to another origin) goes through httpx
+(:class:`~.upstream_http.HttpxCalls`), as does every call when a test injects a transport.
 
 Connections are reused most recent first (a rollout that runs alone keeps one warm). One
 that idled longer than ``keepalive_s`` is closed rather than reused: the engines' HTTP
@@ -22,17 +22,19 @@ closed, never reused: closing is also what tells the engine to stop generating.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
+import httpx
 
 from rollout_gateway.server.engines.upstream_http import (
-    AiohttpUpstream,
     ConnectionFailureKind,
     HTTPAnswer,
+    HttpxCalls,
     UpstreamStream,
     split_lines,
 )
@@ -234,18 +236,22 @@ class _Http1Stream:
 
 
 class Http1Upstream:
-    """:class:`~.upstream_http.UpstreamHTTP` whose POSTs to the upstream's host (whole or
+    """The HTTP client of one upstream: its POSTs to the upstream's origin (whole or
     streamed answers) run on :class:`_Connection` (see the module docstring); every other
-    call goes to an :class:`~.upstream_http.AiohttpUpstream`.
+    call, and every call when ``transport`` is given, goes through httpx
+    (:class:`~.upstream_http.HttpxCalls`).
 
     Args:
-        base_url: the upstream's OpenAI base URL (``http`` or ``https``).
+        base_url: the upstream's OpenAI base URL (``http`` or ``https``; credentials in it
+            are sent as HTTP basic auth).
         headers: sent with every request (the upstream's API key).
         connect_timeout_s: connect timeout (a dead upstream fails fast).
         max_connections: connections open at once (a call waits for one beyond).
         keepalive_s: an idle connection older than this is closed, not reused.
         ssl_context: TLS settings for an ``https`` base URL (default: the system's
             trust store, the host name checked).
+        transport: an httpx transport every call goes through (tests: an in-process
+            fake engine).
     """
 
     def __init__(
@@ -257,6 +263,7 @@ class Http1Upstream:
         max_connections: int = 1024,
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
         ssl_context: ssl.SSLContext | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
@@ -265,16 +272,21 @@ class Http1Upstream:
         for name, value in (headers or {}).items():
             if any(c in f"{name}{value}" for c in "\r\n\0"):
                 raise ValueError(f"headers: {name!r} holds a line break or NUL")
-        #: A base URL with credentials in it: every call through aiohttp (which sends them).
-        self._lean = not (parts.username or parts.password)
+        credentials = _basic_auth(parts.username, parts.password)
+        if credentials and any(k.lower() == "authorization" for k in headers or {}):
+            raise ValueError("base_url: credentials and an Authorization header: give one")
+        #: Whether the chat POSTs take the lean connections (not with a test transport).
+        self._lean = transport is None
         self._host = parts.hostname
         self._tls = parts.scheme == "https"
         self._port = parts.port or (443 if self._tls else 80)
-        self._origin = f"{parts.scheme}://{parts.netloc}"
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+        self._origin = f"{parts.scheme}://{netloc}"
         self._path = parts.path
         fields = {
-            "Host": parts.netloc,
+            "Host": netloc,
             **(headers or {}),
+            **credentials,
             "Content-Type": "application/json",
             "Accept-Encoding": "identity",
         }
@@ -286,39 +298,41 @@ class Http1Upstream:
         self._busy: set[_Connection] = set()
         self._sweep: asyncio.TimerHandle | None = None
         self._ssl = ssl_context
-        self.fallback = AiohttpUpstream(
+        self.fallback = HttpxCalls(
             base_url,
+            transport=transport,
             headers=headers,
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
             ssl_context=ssl_context,
         )
 
-    async def post(self, path: str, content: bytes, *, key: str | None = None) -> HTTPAnswer:
-        """See :meth:`~.upstream_http.UpstreamHTTP.post`."""
+    async def post(self, path: str, content: bytes) -> HTTPAnswer:
+        """POST JSON ``content`` to ``base_url + path`` (or to ``path`` when it is an
+        absolute URL, e.g. vLLM's root-level token-in endpoint); the whole answer."""
         head = self._request_head(path, len(content))
         if head is None:
-            return await self.fallback.post(path, content, key=key)
+            return await self.fallback.post(path, content)
         async with self._slots:
-            conn = await self._take()
+            conn = self._reuse() or await self._connect()  # not a coroutine more per call
+            self._busy.add(conn)
             try:
                 return await conn.request(head, content)
             finally:
                 self._give(conn)
 
     @contextlib.asynccontextmanager
-    async def stream(
-        self, path: str, content: bytes, *, key: str | None = None
-    ) -> AsyncIterator[UpstreamStream]:
-        """See :meth:`~.upstream_http.UpstreamHTTP.stream`. Leaving it before the answer's
-        end closes the connection (the engine stops generating)."""
+    async def stream(self, path: str, content: bytes) -> AsyncIterator[UpstreamStream]:
+        """POST JSON ``content``; the answer streamed. Leaving it before the answer's end
+        closes the connection (the engine stops generating)."""
         head = self._request_head(path, len(content))
         if head is None:
-            async with self.fallback.stream(path, content, key=key) as answer:
+            async with self.fallback.stream(path, content) as answer:
                 yield answer
             return
         async with self._slots:
-            conn = await self._take()
+            conn = self._reuse() or await self._connect()
+            self._busy.add(conn)
             try:
                 await conn.open_stream(head, content)
                 yield _Http1Stream(conn)
@@ -328,11 +342,11 @@ class Http1Upstream:
     async def get(
         self, url: str, *, timeout_s: float, params: Mapping[str, str] | None = None
     ) -> HTTPAnswer:
-        """See :meth:`~.upstream_http.UpstreamHTTP.get` (aiohttp's client)."""
+        """GET ``url`` (absolute, or a path under ``base_url``) within ``timeout_s`` (httpx)."""
         return await self.fallback.get(url, timeout_s=timeout_s, params=params)
 
     def failure_kind(self, exc: BaseException) -> ConnectionFailureKind | None:
-        """See :meth:`~.upstream_http.UpstreamHTTP.failure_kind`."""
+        """How ``exc`` raised by a call failed (``None``: not a connection failure)."""
         if isinstance(exc, Http1ConnectError):
             return "connect"
         if isinstance(exc, Http1TransportError):
@@ -340,7 +354,7 @@ class Http1Upstream:
         return self.fallback.failure_kind(exc)
 
     async def aclose(self) -> None:
-        """See :meth:`~.upstream_http.UpstreamHTTP.aclose`."""
+        """Close every connection."""
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
@@ -361,7 +375,7 @@ class Http1Upstream:
 
     def _request_head(self, path: str, length: int) -> bytes | None:
         """A POST's head for ``path`` (under the base URL, or absolute on its origin);
-        ``None`` when the call goes through aiohttp (another host, credentials)."""
+        ``None`` when the call goes through httpx (another origin, a test transport)."""
         if not self._lean:
             return None
         if "://" in path:
@@ -375,13 +389,6 @@ class Http1Upstream:
             self._header_lines,
             length,
         )
-
-    async def _take(self) -> _Connection:
-        """A connection for one call (a call slot is held): the newest idle one, or a new
-        one."""
-        conn = self._reuse() or await self._connect()
-        self._busy.add(conn)
-        return conn
 
     def _give(self, conn: _Connection) -> None:
         """A call is done with ``conn``: kept for reuse when its answer came whole and
@@ -415,6 +422,7 @@ class Http1Upstream:
             self._sweep_later(loop)
 
     def _reuse(self) -> _Connection | None:
+        """The newest idle connection still fresh enough to reuse (staler ones close)."""
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed and conn.loop.time() - conn.idle_since <= self._keepalive_s:
@@ -440,6 +448,14 @@ class Http1Upstream:
                 f"cannot connect to {self._host}:{self._port}: {exc or 'timed out'}"
             ) from exc
         return conn
+
+
+def _basic_auth(username: str | None, password: str | None) -> dict[str, str]:
+    """The ``Authorization`` header of credentials in a URL (none without them)."""
+    if not (username or password):
+        return {}
+    pair = f"{unquote(username or '')}:{unquote(password or '')}".encode()
+    return {"Authorization": "Basic " + base64.b64encode(pair).decode("ascii")}
 
 
 __all__ = [

@@ -4,8 +4,8 @@ uvicorn bounds idle keep-alive time but not how long a client may take to send a
 request: a connection that sends nothing, or drips its headers or body a byte at a time
 (slowloris), is held forever, and nothing caps the number of connections. With 500
 sandboxes of a training step each able to open hundreds of sockets, that is a way for one
-agent to take the gateway down for all. :func:`limited_protocol` returns a protocol class
-that
+agent to take the gateway down for all. :class:`LimitedHttpToolsProtocol` (built for one
+server by :func:`limited_protocol`)
 
 * closes a connection whose request line and headers are not complete within
   ``header_timeout_s`` of its first byte (or of the connection's opening);
@@ -36,8 +36,10 @@ Time spent waiting for the model is not bounded here (the upstream deadline does
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -85,6 +87,11 @@ class HeadersWithBody:
         """Send what is held, then close."""
         self.flush()
         self._transport.close()
+
+    def write_eof(self) -> None:
+        """Send what is held, then end the sending side."""
+        self.flush()
+        self._transport.write_eof()
 
     def is_closing(self) -> bool:
         """Whether the wrapped transport is closing."""
@@ -180,140 +187,165 @@ class IdleConnections:
         return False
 
 
-def limited_protocol(
-    limits: ConnectionLimits, stats: ConnectionStats | None = None
-) -> type[HttpToolsProtocol]:
-    """A uvicorn HTTP protocol class enforcing ``limits`` (pass it as ``http=``)."""
-    counters = stats if stats is not None else ConnectionStats()
-    idle = IdleConnections(counters)
+class ConnectionPolicy:
+    """One server's connection limits, the counters of what they did, and its idle
+    connections (shared by every connection the server accepts)."""
 
-    class LimitedHttpToolsProtocol(HttpToolsProtocol):
-        _deadline: asyncio.TimerHandle | None = None
-        #: Whether the current request's head (request line, headers) is being read.
-        _in_head = True
-        #: Bytes of the current request's head received so far.
-        _head_bytes = 0
-        #: Requests read whole on this connection.
-        _requests = 0
+    def __init__(self, limits: ConnectionLimits, stats: ConnectionStats | None = None) -> None:
+        self.limits = limits
+        self.stats = stats if stats is not None else ConnectionStats()
+        self.idle = IdleConnections(self.stats)
 
-        _refused = False
-        #: The current request's (set once its headers are read).
-        _read_timer: ReadTimer | None = None
 
-        def data_received(self, data: bytes) -> None:
-            if self._refused or self.transport.is_closing():
-                return  # refused already: the rest is dropped unparsed
-            in_head, requests = self._in_head, self._requests
-            started = perf_counter()
-            super().data_received(data)
-            if self._read_timer is not None:
-                self._read_timer.seconds += perf_counter() - started
-            # Counted after parsing, only when the whole piece is still the same head: a
-            # piece that completes a head may carry a body and the next request. The
-            # bound is thus reached at most one read (<= 256 KiB) late.
-            same_head = in_head and self._in_head and self._requests == requests
-            if same_head and not self.transport.is_closing():
-                self._head_bytes += len(data)
-                if self._head_bytes > limits.max_header_bytes:
-                    self._refuse_head()
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol enforcing a :class:`ConnectionPolicy` (see the module
+    docstring; its transport is a :class:`HeadersWithBody`). What it relies on of uvicorn
+    is pinned by ``tests/server/http/test_uvicorn_contract.py``, uvicorn by its version."""
 
-        def _refuse_head(self) -> None:
-            counters.oversized_headers += 1
-            self._disarm()
-            self._refused = True
-            if self.cycle is not None and not self.cycle.response_complete:
-                self.transport.close()  # an earlier (pipelined) answer is under way
-                return
-            self.transport.write(
-                error_answer(
-                    431,
-                    "Request Header Fields Too Large",
-                    f"request headers exceed {limits.max_header_bytes} bytes",
-                    "request_headers_too_large",
-                    self.server_state.default_headers,
-                )
-            )
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-            # Closing with the client's bytes unread would reset the connection, and the
-            # client could lose the answer: read and drop them for a moment first.
-            self._deadline = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+    _deadline: asyncio.TimerHandle | None = None
+    #: The connection's own transport (this class's checks skip the wrapper's frame).
+    _raw: asyncio.Transport
+    #: Whether the current request's head (request line, headers) is being read.
+    _in_head = True
+    #: Bytes of the current request's head received so far.
+    _head_bytes = 0
+    #: Requests read whole on this connection.
+    _requests = 0
+    _refused = False
+    #: The current request's (set once its headers are read).
+    _read_timer: ReadTimer | None = None
 
-        def send_400_response(self, msg: str) -> None:
-            # uvicorn's answer to a request it cannot parse, in the gateway's JSON shape.
-            answer = error_answer(
-                400,
-                "Bad Request",
-                "invalid HTTP request",
-                "invalid_http_request",
+    def __init__(self, *args: Any, policy: ConnectionPolicy, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy = policy
+        # Read on every request: one attribute away, not two.
+        self._limits, self._idle = policy.limits, policy.idle
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused or self._raw.is_closing():
+            return  # refused already: the rest is dropped unparsed
+        in_head, requests = self._in_head, self._requests
+        started = perf_counter()
+        super().data_received(data)
+        if self._read_timer is not None:
+            self._read_timer.seconds += perf_counter() - started
+        # Counted after parsing, only when the whole piece is still the same head: a piece
+        # that completes a head may carry a body and the next request. The bound is thus
+        # reached at most one read (<= 256 KiB) late.
+        same_head = in_head and self._in_head and self._requests == requests
+        if same_head and not self._raw.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self._limits.max_header_bytes:
+                self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        limit = self._limits.max_header_bytes
+        self.policy.stats.oversized_headers += 1
+        self._disarm()
+        self._refused = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()  # an earlier (pipelined) answer is under way
+            return
+        self.transport.write(
+            error_answer(
+                431,
+                "Request Header Fields Too Large",
+                f"request headers exceed {limit} bytes",
+                "request_headers_too_large",
                 self.server_state.default_headers,
             )
-            self.transport.write(answer)
+        )
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        # Closing with the client's bytes unread would reset the connection, and the
+        # client could lose the answer: read and drop them for a moment first.
+        self._deadline = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to a request it cannot parse, in the gateway's JSON shape.
+        answer = error_answer(
+            400,
+            "Bad Request",
+            "invalid HTTP request",
+            "invalid_http_request",
+            self.server_state.default_headers,
+        )
+        self.transport.write(answer)
+        self.transport.close()
+
+    def _arm(self, seconds: float, kind: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expire, kind)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self, kind: str) -> None:
+        self._deadline = None
+        if kind == "header":
+            self.policy.stats.header_timeouts += 1
+        else:
+            self.policy.stats.body_timeouts += 1
+        logger.debug("closing a connection: %s timeout", kind)
+        if not self._raw.is_closing():
             self.transport.close()
 
-        def _arm(self, seconds: float, kind: str) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, self._expire, kind)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # Every answer on this connection leaves through the wrapper: head and body together.
+        self._raw = transport
+        sends = HeadersWithBody(transport, self.loop)
+        super().connection_made(sends)  # type: ignore[arg-type]
+        policy = self.policy
+        if len(self.connections) > policy.limits.max_connections and not policy.idle.make_room(
+            self
+        ):
+            policy.stats.refused_connections += 1
+            transport.close()
+            return
+        policy.idle.idle(self, sends)  # type: ignore[arg-type]
+        self._arm(policy.limits.header_timeout_s, "header")
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._idle.busy(self)
+        self._disarm()
+        super().connection_lost(exc)
 
-        def _expire(self, kind: str) -> None:
-            self._deadline = None
-            if kind == "header":
-                counters.header_timeouts += 1
-            else:
-                counters.body_timeouts += 1
-            logger.debug("closing a connection: %s timeout", kind)
-            if not self.transport.is_closing():
-                self.transport.close()
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # Kept alive, and no pipelined request started in its place: idle until the client
+        # sends its next request.
+        cycle = self.cycle
+        if not self._raw.is_closing() and (cycle is None or cycle.response_complete):
+            self._idle.idle(self, self.transport)
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > limits.max_connections and not idle.make_room(self):
-                counters.refused_connections += 1
-                transport.close()
-                return
-            idle.idle(self, transport)
-            self._arm(limits.header_timeout_s, "header")
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm(self._limits.header_timeout_s, "header")
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            idle.busy(self)
-            self._disarm()
-            super().connection_lost(exc)
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(self._limits.body_timeout_s, "body")
+        self._read_timer = ReadTimer()
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+        extensions[READ_TIMER_KEY] = self._read_timer
+        super().on_headers_complete()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            # Kept alive, and no pipelined request started in its place: idle until the
-            # client sends its next request.
-            cycle = self.cycle
-            if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
-                idle.idle(self, self.transport)
+    def on_message_complete(self) -> None:
+        self._idle.busy(self)  # the app answers it now: never closed to make room
+        self._disarm()
+        self._in_head, self._head_bytes = True, 0  # the next request's head
+        self._requests += 1
+        super().on_message_complete()
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._arm(limits.header_timeout_s, "header")
 
-        def on_headers_complete(self) -> None:
-            self._in_head = False
-            self._arm(limits.body_timeout_s, "body")
-            self._read_timer = ReadTimer()
-            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-            extensions[READ_TIMER_KEY] = self._read_timer
-            super().on_headers_complete()
-            if self.cycle is not None:  # its ASGI task has not run yet
-                self.cycle.transport = HeadersWithBody(self.transport, self.loop)  # type: ignore[assignment]
-
-        def on_message_complete(self) -> None:
-            idle.busy(self)  # the app answers it now: never closed to make room
-            self._disarm()
-            self._in_head, self._head_bytes = True, 0  # the next request's head
-            self._requests += 1
-            super().on_message_complete()
-
-    return LimitedHttpToolsProtocol
+def limited_protocol(
+    limits: ConnectionLimits, stats: ConnectionStats | None = None
+) -> Callable[..., LimitedHttpToolsProtocol]:
+    """The uvicorn HTTP protocol of one server enforcing ``limits`` (pass it as ``http=``:
+    uvicorn builds each connection's protocol by calling it)."""
+    return functools.partial(LimitedHttpToolsProtocol, policy=ConnectionPolicy(limits, stats))
 
 
 def uvicorn_options(config: Any, max_connections: int) -> dict[str, Any]:
@@ -338,8 +370,10 @@ __all__ = [
     "READ_TIMER_KEY",
     "HeadersWithBody",
     "ConnectionLimits",
+    "ConnectionPolicy",
     "ConnectionStats",
     "IdleConnections",
+    "LimitedHttpToolsProtocol",
     "ReadTimer",
     "error_answer",
     "limited_protocol",

@@ -46,7 +46,7 @@ def fingerprint(data: bytes | memoryview) -> bytes:
 def keyed_fingerprint(data: bytes | memoryview, seed: int) -> bytes:
     """The 16-byte digest of ``data`` under ``seed`` (a secret shared beyond this
     process: request fingerprints that a retry after a restart, or on another gateway,
-    must match; see :attr:`~rollout_gateway.server.state.store.GatewayStore.secret`)."""
+    must match; see :attr:`~rollout_gateway.server.state.store.RolloutStore.secret`)."""
     return xxhash.xxh3_128_digest(data, seed=seed)
 
 

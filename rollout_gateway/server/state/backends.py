@@ -1,16 +1,17 @@
-"""Which state backend a gateway's settings select: :func:`store_for`."""
+"""Which state backend a gateway's settings select, and its coordination: :func:`state_for`."""
 
 from __future__ import annotations
 
 from rollout_gateway.server.config import GatewayConfig
+from rollout_gateway.server.state.coordinator import TurnCoordinator
 from rollout_gateway.server.state.memory import MemoryStore
-from rollout_gateway.server.state.store import GatewayStore, StoreUnavailableError
+from rollout_gateway.server.state.store import RolloutStore, StoreUnavailableError
 
 
-def store_for(config: GatewayConfig) -> GatewayStore:
+def store_for(config: GatewayConfig) -> RolloutStore:
     """The store ``config`` names: Redis at ``config.state.redis_url`` when set (several
-    gateways, shared), SQLite in ``config.state.state_dir`` when set (one gateway, durable),
-    else memory (this process only)."""
+    gateways), SQLite in ``config.state.state_dir`` when set (one gateway, durable), else
+    memory (this process only)."""
     if config.state.redis_url is not None:
         try:
             from rollout_gateway.server.state.redis_backend.store import RedisStore
@@ -32,4 +33,16 @@ def store_for(config: GatewayConfig) -> GatewayStore:
     return MemoryStore()
 
 
-__all__ = ["store_for"]
+def state_for(
+    config: GatewayConfig,
+    store: RolloutStore | None = None,
+    coordinator: TurnCoordinator | None = None,
+) -> tuple[RolloutStore, TurnCoordinator]:
+    """A gateway's store (``store``, else :func:`store_for`) and its coordination
+    (``coordinator``, else the store's own: :meth:`~.store.RolloutStore.coordinator`),
+    chosen once, where the app is assembled."""
+    store = store if store is not None else store_for(config)
+    return store, coordinator if coordinator is not None else store.coordinator()
+
+
+__all__ = ["state_for", "store_for"]

@@ -21,10 +21,6 @@ from typing import Any
 from rollout_gateway.protocol import TOKEN_LIMIT_FIELDS
 
 
-class LimitsError(ValueError):
-    """A register body's limit field is not a non-negative integer or null."""
-
-
 @dataclass
 class TokenBudget:
     """One rollout's v1 token caps and what its turns used so far."""
@@ -38,16 +34,10 @@ class TokenBudget:
     previous_total: int = 0
 
     @classmethod
-    def from_register(cls, body: Mapping[str, Any]) -> TokenBudget | None:
-        """The caps a register body asks for, or ``None`` when it sets none."""
-        caps: dict[str, int] = {}
-        for name in TOKEN_LIMIT_FIELDS:
-            value = body.get(name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise LimitsError(f"'{name}' must be a non-negative integer or null")
-            caps[name] = value
+    def from_limits(cls, body: Mapping[str, Any]) -> TokenBudget | None:
+        """The caps a register body (checked: :func:`~rollout_gateway.protocol.
+        parse_register_request`) asks for, or ``None`` when it sets none."""
+        caps = {name: body[name] for name in TOKEN_LIMIT_FIELDS if body.get(name) is not None}
         return cls(**caps) if caps else None
 
     @property
@@ -86,4 +76,4 @@ def turn_token_counts(
     return prompt_tokens or 0, len(completion_ids or ())
 
 
-__all__ = ["LimitsError", "TokenBudget", "turn_token_counts"]
+__all__ = ["TokenBudget", "turn_token_counts"]

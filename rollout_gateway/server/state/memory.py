@@ -4,34 +4,28 @@ Nothing survives the process: a restarted gateway has lost every rollout. It kee
 references, not copies (a step is the recorder's own object, an answer the bytes the agent
 got), so a turn costs what it cost before the store seam: a few dictionary operations.
 
-``MemoryStore(shared=True)`` is one store several gateways in one process share, as
-gateways share Redis: turn slots are claimed and waited for, each gateway reloads what
-another one changed, exit reports are numbered once for all, and every gateway hears of
-reports, removals and policy announcements (:meth:`~MemoryStore.watch`). The tests of the
-shared path run on it.
+The tests share one between several gateways of one process, as gateways share Redis
+(``tests/support/shared_memory.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import orjson
 
-from rollout_gateway.exits import merged_report
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
 from rollout_gateway.server.state.store import (
-    GatewayStore,
     PolicyState,
     Registration,
     RolloutCounters,
     RolloutExistsError,
     RolloutRow,
+    RolloutStore,
     StoreContents,
     StoredAnswer,
-    StoreEvents,
     TurnAnswer,
     TurnCommit,
     TurnConflictError,
@@ -47,32 +41,22 @@ class _Rollout:
     cancelled: bool = False
     steps: list[RecordedStep] = field(default_factory=list)
     answer: TurnAnswer | None = None
-    #: The gateway holding the turn slot, until when (loop time), and the waiters' event.
-    owner: str | None = None
-    lease_until: float = 0.0
-    released: asyncio.Event | None = None
 
 
-class MemoryStore(GatewayStore):
-    """The gateway's state in this process's memory.
-
-    Args:
-        shared: several gateways of this process use it (their records are then caches
-            of it, as with a shared backend).
-    """
+class MemoryStore(RolloutStore):
+    """The gateway's state in this process's memory."""
 
     name = "memory"
     durable = False
 
-    def __init__(self, *, shared: bool = False) -> None:
-        self.shared = shared
+    def __init__(self) -> None:
         self._secret = secrets.token_bytes(32)
         self._rollouts: dict[str, _Rollout] = {}
         self._by_key: dict[str, str] = {}
         self._exits: dict[str, ExitReport] = {}
         self._policy = PolicyState()
+        #: The last exit report number given (by whoever numbers them).
         self._exit_seq = 0
-        self._watchers: list[StoreEvents] = []
 
     @property
     def secret(self) -> bytes:
@@ -83,7 +67,7 @@ class MemoryStore(GatewayStore):
         """What this store holds now (nothing, unless other gateways share it)."""
         exits = sorted(self._exits.values(), key=lambda r: r["seq"])
         return StoreContents(
-            rollouts=[] if self.shared else [self._row(r) for r in self._rollouts.values()],
+            rollouts=[self._row(r) for r in self._rollouts.values()],
             policy=PolicyState(self._policy.version, self._policy.updated_at),
             exits=[dict(r) for r in exits],  # type: ignore[misc]
             exit_cursor=max(self._exit_seq, exits[-1]["seq"] if exits else 0),
@@ -155,50 +139,9 @@ class MemoryStore(GatewayStore):
         digest = rollout.registration.get("key_digest")
         if digest is not None and self._by_key.get(digest) == rollout_id:
             del self._by_key[digest]
-        if rollout.released is not None:
-            rollout.released.set()  # waiting claims find it gone
-        for watcher in self._watchers:
-            watcher.rollout_removed(rollout_id)
         return True
 
     # -- turns ---------------------------------------------------------------------------
-
-    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
-        """The stored revision; shared, once ``owner`` holds the slot."""
-        rollout = self._get(rollout_id)
-        if not self.shared:
-            return rollout.revision
-        loop = asyncio.get_running_loop()
-        while rollout.owner not in (None, owner) and loop.time() < rollout.lease_until:
-            if rollout.released is None:
-                rollout.released = asyncio.Event()
-            released = rollout.released
-            try:
-                async with asyncio.timeout(rollout.lease_until - loop.time()):
-                    await released.wait()
-            except TimeoutError:
-                pass  # the owner's lease ran out: take the slot over
-            rollout = self._get(rollout_id)
-        rollout.owner = owner
-        rollout.lease_until = loop.time() + lease_s
-        return rollout.revision
-
-    async def release_turn(
-        self, rollout_id: str, owner: str, *, delivered: bool | None = None
-    ) -> None:
-        """Free the slot if ``owner`` holds it (shared: noting a delivered answer)."""
-        rollout = self._rollouts.get(rollout_id)
-        if rollout is None or rollout.owner != owner:
-            return
-        if delivered and rollout.answer is not None and not rollout.answer.key.delivered:
-            answer = rollout.answer
-            rollout.answer = TurnAnswer(
-                replace(answer.key, delivered=True), answer.body, answer.without_prompt_ids
-            )
-        rollout.owner = None
-        if rollout.released is not None:
-            rollout.released.set()
-            rollout.released = None
 
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """Append the step (by reference), replace the counters and the answer."""
@@ -210,13 +153,8 @@ class MemoryStore(GatewayStore):
         rollout.steps.append(commit.step)
         rollout.counters = commit.counters
         if commit.answer is not None:  # the agent's bytes only (not a second copy of them)
-            key = commit.answer.key
-            if self.shared:  # not delivered until the answering gateway says so
-                key = replace(key, delivered=False)
-            rollout.answer = TurnAnswer(key, commit.answer.body)
+            rollout.answer = TurnAnswer(commit.answer.key, commit.answer.body)
         rollout.revision += 1
-        if commit.releases is not None:
-            await self.release_turn(rollout_id, commit.releases, delivered=commit.delivered)
         return rollout.revision
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
@@ -247,37 +185,11 @@ class MemoryStore(GatewayStore):
         current = self._policy
         if current.version is None or version > current.version:
             self._policy = PolicyState(version, at)
-            for watcher in self._watchers:
-                watcher.policy_announced(PolicyState(version, at))
         return PolicyState(self._policy.version, self._policy.updated_at)
 
     async def load_policy(self) -> PolicyState:
         """The version in effect."""
         return PolicyState(self._policy.version, self._policy.updated_at)
-
-    # -- shared ----------------------------------------------------------------------------
-
-    async def report_exit(self, report: ExitReport) -> ExitReport | None:
-        """Merge the report over the stored one, number it once for every gateway sharing
-        this store and tell them."""
-        if not self.shared:
-            return await super().report_exit(report)
-        rollout_id = report["rollout_id"]
-        self._get(rollout_id)
-        kept = merged_report(self._exits.get(rollout_id), report)
-        if kept is None:
-            return None
-        self._exit_seq += 1
-        report = {**kept, "seq": self._exit_seq}
-        self._exits[rollout_id] = report
-        for watcher in self._watchers:
-            watcher.exit_reported(dict(report))  # type: ignore[arg-type]
-        return report
-
-    def watch(self, events: StoreEvents) -> None:
-        """Tell ``events`` of reports, removals and announcements (when shared)."""
-        if self.shared:
-            self._watchers.append(events)
 
 
 __all__ = ["MemoryStore"]

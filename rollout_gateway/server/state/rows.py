@@ -4,7 +4,7 @@ What register fixed goes into the row's :class:`~.store.Registration` (written o
 what turns and the control plane change goes into its :class:`~.store.RolloutCounters`
 (rewritten on each change). The process-local parts of a record (its lock, its turn
 queue, its recorder's digests) are not stored; the recorder's steps are stored one by one
-(:meth:`~.store.GatewayStore.commit_turn`) and replayed on load.
+(:meth:`~.store.RolloutStore.commit_turn`) and replayed on load.
 """
 
 from __future__ import annotations

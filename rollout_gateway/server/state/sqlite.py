@@ -19,7 +19,6 @@ every rollout and step read and checked; damage is reported with what was kept (
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -31,20 +30,19 @@ from typing import Any
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
 from rollout_gateway.server.state import codec
-from rollout_gateway.server.state.sqlite_recovery import check_and_load, load_row, salvage
+from rollout_gateway.server.state.sqlite_recovery import load_row, open_checked
 from rollout_gateway.server.state.sqlite_schema import (
     DATABASE_FILE,
     connect,
     lock_directory,
-    prepare,
 )
-from rollout_gateway.server.state.sqlite_writer import LoopWriter, ThreadWriter, Writer
+from rollout_gateway.server.state.sqlite_writer import Writer, close_writer, open_writer
 from rollout_gateway.server.state.store import (
-    GatewayStore,
     PolicyState,
     RolloutCounters,
     RolloutExistsError,
     RolloutRow,
+    RolloutStore,
     StoreContents,
     StoreCorruptError,
     StoredAnswer,
@@ -66,7 +64,7 @@ class _Held:
     steps: int
 
 
-class SQLiteStore(GatewayStore):
+class SQLiteStore(RolloutStore):
     """A gateway's state in ``directory/state.db``.
 
     Args:
@@ -78,7 +76,6 @@ class SQLiteStore(GatewayStore):
 
     name = "sqlite"
     durable = True
-    shared = False
 
     def __init__(self, directory: str | os.PathLike[str], *, synchronous: str = "normal") -> None:
         if synchronous not in ("normal", "full"):
@@ -102,8 +99,7 @@ class SQLiteStore(GatewayStore):
 
     async def open(self) -> StoreContents:
         """Open the directory's database (see the module doc). Idempotent: a second call
-        returns what the first found (a caller may open the store before the app does, to
-        refuse a bad directory before serving)."""
+        returns what the first found."""
         if self._contents is None:
             self._contents = self._open()
         return self._contents
@@ -111,31 +107,9 @@ class SQLiteStore(GatewayStore):
     def _open(self) -> StoreContents:
         self._lock_fd = lock_directory(self.directory, self.path)
         try:
-            damage: list[str] = []
-            try:
-                conn = connect(self.path, self.synchronous)
-                try:
-                    self._secret = prepare(conn)
-                    loaded = check_and_load(conn)
-                finally:
-                    conn.close()
-            except StoreCorruptError as exc:
-                damage, loaded = salvage(self.path, self.synchronous, str(exc))
-                conn = connect(self.path, self.synchronous)
-                try:
-                    self._secret = prepare(conn)
-                finally:
-                    conn.close()
+            self._secret, loaded, damage = open_checked(self.path, self.synchronous)
             self._reader = connect(self.path, self.synchronous)
-
-            def connection() -> sqlite3.Connection:
-                return connect(self.path, self.synchronous)
-
-            if self.synchronous == "full":
-                self._writer = ThreadWriter(connection)
-            else:
-                self._writer = LoopWriter(connection, Path(f"{self.path}-wal"))
-            self._writer.start()
+            self._writer = open_writer(self.path, self.synchronous)
         except BaseException:
             self._release()
             raise
@@ -143,21 +117,13 @@ class SQLiteStore(GatewayStore):
             row.registration["rollout_id"]: _Held(row_id, row.revision, row.steps)
             for row_id, row in loaded.rollouts
         }
-        return StoreContents(
-            rollouts=[row for _, row in loaded.rollouts],
-            policy=loaded.policy,
-            exits=loaded.exits,
-            exit_cursor=loaded.exit_cursor,
-            damage=[*damage, *loaded.damage],
-        )
+        return loaded.contents(damage)
 
     async def close(self) -> None:
         """Commit what is queued, checkpoint the log into the database, release it."""
         writer, self._writer = self._writer, None
-        if isinstance(writer, ThreadWriter):
-            await asyncio.get_running_loop().run_in_executor(None, writer.close)
-        elif writer is not None:
-            writer.close()  # its last commit runs here, on the loop
+        if writer is not None:
+            await close_writer(writer)
         if self._reader is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._reader.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -280,15 +246,6 @@ class SQLiteStore(GatewayStore):
 
     # -- turns ---------------------------------------------------------------------------
 
-    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
-        """The stored revision (one gateway: no slot to take)."""
-        return self._get(rollout_id).revision
-
-    async def release_turn(
-        self, rollout_id: str, owner: str, *, delivered: bool | None = None
-    ) -> None:
-        """Nothing to release."""
-
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """The step with the counters, and the answer, if the step is next."""
         held = self._get(rollout_id)
@@ -398,21 +355,21 @@ class SQLiteStore(GatewayStore):
 
     async def announce_policy(self, version: int, at: float) -> PolicyState:
         """Forward only, decided in the writer's transaction."""
-
-        def write(conn: sqlite3.Connection) -> PolicyState:
-            current = _policy(conn)
-            if current.version is None or version > current.version:
-                conn.execute("UPDATE meta SET value = ? WHERE key = 'policy_version'", (version,))
-                conn.execute("UPDATE meta SET value = ? WHERE key = 'policy_updated_at'", (at,))
-                return PolicyState(version, at)
-            return current
-
-        state: PolicyState = await self._write(write)
+        state: PolicyState = await self._write(lambda conn: _announce(conn, version, at))
         return state
 
     async def load_policy(self) -> PolicyState:
         """The version in effect."""
         return _policy(self._read())
+
+
+def _announce(conn: sqlite3.Connection, version: int, at: float) -> PolicyState:
+    current = _policy(conn)
+    if current.version is None or version > current.version:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'policy_version'", (version,))
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'policy_updated_at'", (at,))
+        return PolicyState(version, at)
+    return current
 
 
 def _policy(conn: sqlite3.Connection) -> PolicyState:

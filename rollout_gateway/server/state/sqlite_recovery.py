@@ -24,6 +24,7 @@ from rollout_gateway.server.state.store import (
     PolicyState,
     Registration,
     RolloutRow,
+    StoreContents,
     StoreCorruptError,
 )
 
@@ -41,6 +42,16 @@ class Loaded:
     exit_cursor: int = 0
     #: What was found damaged and what was done about it.
     damage: list[str] = field(default_factory=list)
+
+    def contents(self, damage: list[str]) -> StoreContents:
+        """What the store found at open (``damage``: found before this was read)."""
+        return StoreContents(
+            rollouts=[row for _, row in self.rollouts],
+            policy=self.policy,
+            exits=self.exits,
+            exit_cursor=self.exit_cursor,
+            damage=[*damage, *self.damage],
+        )
 
 
 @dataclass
@@ -185,6 +196,27 @@ def _exits(conn: sqlite3.Connection, damage: list[str]) -> list[ExitReport]:
     return exits
 
 
+def open_checked(path: Path, synchronous: str) -> tuple[bytes, Loaded, list[str]]:
+    """Prepare the database at ``path`` (creating it when new), check it and read it
+    back; a damaged one is salvaged first (:func:`salvage`). Returns the store's secret,
+    what it holds and what was found damaged (for the log)."""
+    damage: list[str] = []
+    try:
+        conn = connect(path, synchronous)
+        try:
+            secret = prepare(conn)
+            return secret, check_and_load(conn), damage
+        finally:
+            conn.close()
+    except StoreCorruptError as exc:
+        damage, loaded = salvage(path, synchronous, str(exc))
+    conn = connect(path, synchronous)
+    try:
+        return prepare(conn), loaded, damage
+    finally:
+        conn.close()
+
+
 def salvage(path: Path, synchronous: str, reason: str) -> tuple[list[str], Loaded]:
     """Move the damaged database at ``path`` aside and copy what reads back whole into a
     new one there. Returns what happened (for the log) and what the new one holds."""
@@ -194,50 +226,11 @@ def salvage(path: Path, synchronous: str, reason: str) -> tuple[list[str], Loade
         source = Path(f"{path}{suffix}")
         if source.exists():
             source.rename(f"{damaged}{suffix}")
-    kept: list[_Readable] = []
-    lost: list[str] = []
-    secret: bytes | None = None
-    meta: dict[str, Any] = {}
-    exits: list[tuple[str, int, bytes]] = []
-    try:
-        old = sqlite3.connect(damaged, isolation_level=None)
-        # Read what can be read: SQLite refuses a file shorter than its header says
-        # unless told to go on; nothing is written to the damaged file.
-        old.execute("PRAGMA writable_schema = ON")
-        old.execute("PRAGMA query_only = ON")
-    except sqlite3.Error:
-        old = None
-    if old is not None:
-        try:
-            secret, meta = _old_meta(old)
-            kept, lost = _readable_rollouts(old)
-            exits = _readable_exits(old)
-        finally:
-            old.close()
+    secret, meta, kept, lost, exits = _read_damaged(damaged)
     new = connect(path, synchronous)
     try:
         prepare(new, secret)
-        new.execute("BEGIN IMMEDIATE")
-        for key in ("exit_cursor", "policy_version", "policy_updated_at"):
-            if key in meta:
-                new.execute("UPDATE meta SET value = ? WHERE key = ?", (meta[key], key))
-        for rollout in kept:
-            row_id = new.execute(
-                "INSERT INTO rollouts (rollout_id, key_digest, registration, counters, revision, "
-                "cancelled) VALUES (?, ?, ?, ?, ?, ?)",
-                rollout.row,
-            ).lastrowid
-            new.executemany(
-                "INSERT INTO steps (rollout, idx, revision, counters, body) VALUES (?, ?, ?, ?, ?)",
-                [(row_id, *step) for step in rollout.steps],
-            )
-            new.execute("INSERT INTO answers VALUES (?, ?, ?)", (row_id, *rollout.answer))
-        kept_ids = {rollout.row[0] for rollout in kept}
-        new.executemany(
-            "INSERT INTO exits (rollout_id, seq, report) VALUES (?, ?, ?)",
-            [e for e in exits if e[0] in kept_ids],
-        )
-        new.execute("COMMIT")
+        _copy_into(new, meta, kept, exits)
         loaded = check_and_load(new)
     finally:
         new.close()
@@ -253,6 +246,57 @@ def salvage(path: Path, synchronous: str, reason: str) -> tuple[list[str], Loade
     if secret is None:
         report.append("the store's secret was lost: retries from before the restart run again")
     return [*report, *loaded.damage], loaded
+
+
+def _read_damaged(
+    damaged: Path,
+) -> tuple[bytes | None, dict[str, Any], list[_Readable], list[str], list[tuple[str, int, bytes]]]:
+    """What reads back whole from the damaged database: its secret and meta values, the
+    rollouts kept and lost, the exit reports."""
+    try:
+        old = sqlite3.connect(damaged, isolation_level=None)
+        # Read what can be read: SQLite refuses a file shorter than its header says
+        # unless told to go on; nothing is written to the damaged file.
+        old.execute("PRAGMA writable_schema = ON")
+        old.execute("PRAGMA query_only = ON")
+    except sqlite3.Error:
+        return None, {}, [], [], []
+    try:
+        secret, meta = _old_meta(old)
+        kept, lost = _readable_rollouts(old)
+        return secret, meta, kept, lost, _readable_exits(old)
+    finally:
+        old.close()
+
+
+def _copy_into(
+    new: sqlite3.Connection,
+    meta: dict[str, Any],
+    kept: list[_Readable],
+    exits: list[tuple[str, int, bytes]],
+) -> None:
+    """Write what was kept of a damaged database into the new one, in one transaction."""
+    new.execute("BEGIN IMMEDIATE")
+    for key in ("exit_cursor", "policy_version", "policy_updated_at"):
+        if key in meta:
+            new.execute("UPDATE meta SET value = ? WHERE key = ?", (meta[key], key))
+    for rollout in kept:
+        row_id = new.execute(
+            "INSERT INTO rollouts (rollout_id, key_digest, registration, counters, revision, "
+            "cancelled) VALUES (?, ?, ?, ?, ?, ?)",
+            rollout.row,
+        ).lastrowid
+        new.executemany(
+            "INSERT INTO steps (rollout, idx, revision, counters, body) VALUES (?, ?, ?, ?, ?)",
+            [(row_id, *step) for step in rollout.steps],
+        )
+        new.execute("INSERT INTO answers VALUES (?, ?, ?)", (row_id, *rollout.answer))
+    kept_ids = {rollout.row[0] for rollout in kept}
+    new.executemany(
+        "INSERT INTO exits (rollout_id, seq, report) VALUES (?, ?, ?)",
+        [e for e in exits if e[0] in kept_ids],
+    )
+    new.execute("COMMIT")
 
 
 @dataclass
@@ -324,4 +368,4 @@ def _readable_exits(old: sqlite3.Connection) -> list[tuple[str, int, bytes]]:
         return []
 
 
-__all__ = ["Loaded", "check_and_load", "load_row", "salvage"]
+__all__ = ["Loaded", "check_and_load", "load_row", "open_checked", "salvage"]

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollout_gateway.server.state.pass_batch import PassBatch
+from rollout_gateway.server.state.sqlite_schema import connect
 from rollout_gateway.server.state.store import StoreError, StoreUnavailableError
 
 logger = logging.getLogger("rollout_gateway.server")
@@ -91,8 +93,7 @@ class LoopWriter:
     def __init__(self, connect: Connect, wal: Path) -> None:
         self._connect = connect
         self._conn: sqlite3.Connection | None = None
-        self._pending: list[tuple[Write, asyncio.Future[Any]]] = []
-        self._scheduled = False
+        self._batch: PassBatch[tuple[Write, asyncio.Future[Any]]] = PassBatch(self._commit)
         self._checkpointer = Checkpointer(connect, wal)
         #: Transactions committed, and writes they held (the group commit's effect).
         self.commits = 0
@@ -109,18 +110,12 @@ class LoopWriter:
         """Queue ``write`` for this pass's transaction."""
         if self._conn is None:
             raise StoreUnavailableError("the state store is closed")
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending.append((write, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+        future = asyncio.get_running_loop().create_future()
+        self._batch.add((write, future))
         return future
 
-    def _flush(self) -> None:
-        self._scheduled = False
-        batch, self._pending = self._pending, []
-        if not batch or self._conn is None:
+    def _commit(self, batch: list[tuple[Write, asyncio.Future[Any]]]) -> None:
+        if self._conn is None:
             return
         results = commit(self._conn, [write for write, _ in batch])
         self.commits += 1
@@ -132,7 +127,7 @@ class LoopWriter:
         """Commit what is queued, stop the checkpointer, close. Idempotent."""
         if self._conn is None:
             return
-        self._flush()
+        self._batch.flush_now()
         self._checkpointer.close(timeout_s)
         self._conn.close()
         self._conn = None
@@ -274,6 +269,29 @@ class ThreadWriter:
 Writer = LoopWriter | ThreadWriter
 
 
+def open_writer(path: Path, synchronous: str) -> Writer:
+    """The writer ``synchronous`` asks for on the database at ``path``, started: on the
+    loop (``"normal"``) or on a thread (``"full"``)."""
+
+    def connection() -> sqlite3.Connection:
+        return connect(path, synchronous)
+
+    if synchronous == "full":
+        writer: Writer = ThreadWriter(connection)
+    else:
+        writer = LoopWriter(connection, Path(f"{path}-wal"))
+    writer.start()
+    return writer
+
+
+async def close_writer(writer: Writer) -> None:
+    """Commit what is queued and stop (a thread writer's last commit off the loop)."""
+    if isinstance(writer, ThreadWriter):
+        await asyncio.get_running_loop().run_in_executor(None, writer.close)
+    else:
+        writer.close()  # its last commit runs here, on the loop
+
+
 __all__ = [
     "CHECKPOINT_BYTES",
     "Checkpointer",
@@ -281,5 +299,7 @@ __all__ = [
     "ThreadWriter",
     "Write",
     "Writer",
+    "close_writer",
     "commit",
+    "open_writer",
 ]

@@ -1,38 +1,35 @@
-"""The state seam: everything the gateway must not lose goes through :class:`GatewayStore`.
+"""The persistence seam: everything the gateway must not lose goes through :class:`RolloutStore`.
 
 The gateway works on its in-memory records (:mod:`.registry`: a rollout's counters, its
 recorder, its local turn queue); the store is written through at a few points and read
 back when the records are not current:
 
-* **rollouts**: :meth:`~GatewayStore.create_rollout` at register (fails when the id is
-  taken), :meth:`~GatewayStore.save_rollout` when the counters change without a step
+* **rollouts**: :meth:`~RolloutStore.create_rollout` at register (fails when the id is
+  taken), :meth:`~RolloutStore.save_rollout` when the counters change without a step
   (cancel, a refused turn, a failed engine call, an abandoned answer),
-  :meth:`~GatewayStore.delete_rollout` at unregister or expiry;
-  :meth:`~GatewayStore.load_rollout` / :meth:`~GatewayStore.rollout_for_key` /
-  :meth:`~GatewayStore.load_rollouts` read them back;
-* **turns**: :meth:`~GatewayStore.commit_turn` writes one turn atomically: its step (the
+  :meth:`~RolloutStore.delete_rollout` at unregister or expiry;
+  :meth:`~RolloutStore.load_rollout` / :meth:`~RolloutStore.rollout_for_key` read them back;
+* **turns**: :meth:`~RolloutStore.commit_turn` writes one turn atomically: its step (the
   compact delta, :class:`~rollout_gateway.server.recording.steps.StepDelta`), the
   rollout's counters and the answer a retry replays, conditional on the step's index, so
-  a turn is never recorded twice nor half; :meth:`~GatewayStore.load_steps` and
-  :meth:`~GatewayStore.load_answer` read them back;
-* **who runs a turn**: :meth:`~GatewayStore.claim_turn` / :meth:`~GatewayStore.release_turn`
-  (several gateways on one store: one turn of a rollout at a time, anywhere);
-* **exit reports** (:meth:`~GatewayStore.save_exit`, :meth:`~GatewayStore.forget_exit`,
-  :meth:`~GatewayStore.load_exits`) and the **policy version**
-  (:meth:`~GatewayStore.announce_policy`, :meth:`~GatewayStore.load_policy`);
-* for a **shared** store only: :meth:`~GatewayStore.report_exit` numbers an exit report
-  once for every gateway, and :meth:`~GatewayStore.watch` tells a gateway what the others
-  changed (:class:`StoreEvents`: a report, a removed rollout, a policy announcement);
+  a turn is never recorded twice nor half; :meth:`~RolloutStore.load_steps` and
+  :meth:`~RolloutStore.load_answer` read them back;
+* **exit reports** (:meth:`~RolloutStore.save_exit`, :meth:`~RolloutStore.forget_exit`)
+  and the **policy version** (:meth:`~RolloutStore.announce_policy`,
+  :meth:`~RolloutStore.load_policy`);
 * the **secret** shared by every gateway on the store and by restarts
-  (:attr:`~GatewayStore.secret`): request fingerprints are keyed with it, so that a
+  (:attr:`~RolloutStore.secret`): request fingerprints are keyed with it, so that a
   retry after a restart, or on another gateway, matches its original.
 
+Who runs a rollout's turn, who numbers exit reports and what other gateways changed is
+coordination, not persistence: :mod:`.coordinator` (:class:`~.coordinator.TurnCoordinator`;
+a gateway alone on its store needs no other gateway's word, several gateways on one Redis
+do). Each store names the coordination a gateway on it uses (:meth:`RolloutStore.coordinator`),
+chosen once where the app is assembled.
+
 Backends: :mod:`.memory` (this process only; the default), :mod:`.sqlite` (one
-gateway, durable across restarts), and a shared one for several gateways (Redis). A
-backend that other processes write too says so with :attr:`~GatewayStore.shared`: the
-gateway then treats its records as a cache, checks their :attr:`RolloutRow.revision`
-under a claim and reloads what changed (see ``docs/state.md`` and the contract tests in
-``tests/server/state/test_store_contract.py``, which every backend passes).
+gateway, durable across restarts), and :mod:`.redis_backend` (several gateways). Every
+backend passes the contract tests (``tests/server/state/test_store_contract.py``).
 
 Every method may raise :class:`StoreUnavailableError` (the store cannot be reached or
 written now: the request gets a 503 its client retries; nothing half-written is kept).
@@ -42,10 +39,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
+
+if TYPE_CHECKING:
+    from rollout_gateway.server.state.coordinator import TurnCoordinator
 
 
 class StoreError(Exception):
@@ -128,18 +128,18 @@ class RolloutCounters(TypedDict, total=False):
 class AnswerKey:
     """What identifies the last answered turn of a rollout, for a retry to match."""
 
-    #: Digest of the request body, keyed with :attr:`GatewayStore.secret`.
+    #: Digest of the request body, keyed with :attr:`RolloutStore.secret`.
     fingerprint: bytes
     idempotency_key: str | None
     #: Wall time of the answer.
     finished_at: float
     #: Index of the step the answer is the turn of.
     step: int
-    #: Whether the answer reached its agent, as far as the gateways know. A shared store
-    #: keeps it false from the commit until the gateway that answered releases the turn
-    #: having handed the answer to a client still connected (see
-    #: :meth:`GatewayStore.release_turn`): a gateway that died in between leaves it
-    #: false. Other stores need not keep it (true).
+    #: Whether the answer reached its agent, as far as the gateways know. A store several
+    #: gateways share keeps it false from the commit until the gateway that answered
+    #: releases the turn having handed the answer to a client still connected (see
+    #: :meth:`~.coordinator.TurnCoordinator.release`): a gateway that died in between
+    #: leaves it false. Other stores need not keep it (true).
     delivered: bool = True
 
 
@@ -169,7 +169,7 @@ class StoredAnswer:
 
 @dataclass(slots=True)
 class TurnCommit:
-    """One turn, written at once (see :meth:`GatewayStore.commit_turn`)."""
+    """One turn, written at once (see :meth:`RolloutStore.commit_turn`)."""
 
     #: The step's index: the number of steps stored before it.
     index: int
@@ -179,11 +179,11 @@ class TurnCommit:
     #: prompt the engine refused; the previous answer stays).
     answer: TurnAnswer | None
     #: The claim this commit ends (the ``owner`` that claimed the turn): a store that
-    #: keeps claims releases it in the same write, as :meth:`GatewayStore.release_turn`
-    #: would (one write a turn instead of two); ``None``: the claim goes on.
+    #: keeps claims (Redis) releases it in the same write, as
+    #: :meth:`~.coordinator.TurnCoordinator.release` would (one write a turn instead of
+    #: two); ``None``: the claim goes on. Other stores ignore it.
     releases: str | None = None
-    #: With ``releases``: the answer goes to a client still connected (see
-    #: :meth:`GatewayStore.release_turn`).
+    #: With ``releases``: the answer goes to a client still connected.
     delivered: bool | None = None
 
 
@@ -200,7 +200,7 @@ class RolloutRow:
     steps: int
     #: The last answered turn (``None``: none yet).
     answer_key: AnswerKey | None = None
-    #: Set by :meth:`GatewayStore.cancel_rollout`; never cleared by a later write.
+    #: Set by :meth:`RolloutStore.cancel_rollout`; never cleared by a later write.
     cancelled: bool = False
 
 
@@ -214,10 +214,10 @@ class PolicyState:
 
 @dataclass(slots=True)
 class StoreContents:
-    """What :meth:`GatewayStore.open` found."""
+    """What :meth:`RolloutStore.open` found."""
 
-    #: Every stored rollout (single-gateway backends; a shared backend may leave it
-    #: empty and load rollouts on demand).
+    #: Every stored rollout (a backend several gateways share may leave it empty: they
+    #: load rollouts on demand).
     rollouts: list[RolloutRow] = field(default_factory=list)
     policy: PolicyState = field(default_factory=PolicyState)
     #: Exit reports of stored rollouts, oldest first, and the last number given.
@@ -228,8 +228,9 @@ class StoreContents:
 
 
 class StoreEvents(Protocol):
-    """What a shared store tells a gateway about the other gateways' changes (see
-    :meth:`GatewayStore.watch`). Called on the gateway's event loop; must not block."""
+    """What a gateway is told of the other gateways' changes on a store they share (see
+    :meth:`~.coordinator.TurnCoordinator.watch`). Called on the gateway's event loop;
+    must not block."""
 
     def exit_reported(self, report: ExitReport) -> None:
         """An exit report numbered by the store (by any gateway, this one included);
@@ -245,7 +246,7 @@ class StoreEvents(Protocol):
         ...
 
 
-class GatewayStore(abc.ABC):
+class RolloutStore(abc.ABC):
     """Where a gateway keeps what it must not lose (see the module doc).
 
     Writes are durable (to the backend's promise, see ``docs/state.md``) when their
@@ -254,10 +255,16 @@ class GatewayStore(abc.ABC):
 
     #: Short name for logs and ``/health`` (``"memory"``, ``"sqlite"``...).
     name: str = "store"
-    #: Other processes write this store too: records held in memory are a cache.
-    shared: bool = False
     #: Whether what is stored survives this process.
     durable: bool = False
+
+    def coordinator(self) -> TurnCoordinator:
+        """The coordination of a gateway on this store: a gateway alone on it
+        (:class:`~.coordinator.LocalCoordinator`, this default); a store several gateways
+        share returns its own (one per gateway)."""
+        from rollout_gateway.server.state.coordinator import LocalCoordinator
+
+        return LocalCoordinator(self)
 
     @property
     @abc.abstractmethod
@@ -268,8 +275,9 @@ class GatewayStore(abc.ABC):
     @abc.abstractmethod
     async def open(self) -> StoreContents:
         """Open (creating when new), check and read what is stored. Idempotent: a second
-        call returns what the first found (``serve`` opens the store before the app does,
-        to refuse a store it cannot use before serving).
+        call returns what the first found (``serve`` opens the store in the app's startup
+        before it binds, to refuse a store it cannot use before serving; the app's
+        lifespan opens it again).
 
         Raises :class:`StoreUnavailableError` (cannot be opened or written),
         :class:`StoreVersionError` (another schema), :class:`StoreCorruptError` (damage
@@ -313,31 +321,10 @@ class GatewayStore(abc.ABC):
     # -- turns ---------------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
-        """Take the rollout's turn slot for ``owner`` (a gateway's id) and return the
-        rollout's revision as stored now.
-
-        On a shared store, waits while another owner holds the slot (a slot whose owner
-        died frees itself after ``lease_s``); the caller then compares the revision with
-        its copy and reloads what changed (another gateway's turn, a retry's original
-        answered there, a cancel). A single-gateway store needs no slot: it returns the
-        stored revision at once. Raises :class:`UnknownRolloutError`.
-        """
-
-    @abc.abstractmethod
-    async def release_turn(
-        self, rollout_id: str, owner: str, *, delivered: bool | None = None
-    ) -> None:
-        """Give the slot back (a no-op when ``owner`` does not hold it). ``delivered``:
-        the claim handed the rollout's last answer to a client still connected (a shared
-        store marks it :attr:`AnswerKey.delivered`; ``None``: the claim answered
-        nothing)."""
-
-    @abc.abstractmethod
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """Write one turn atomically: its step at ``commit.index``, the counters, and (when
-        given) the answer a retry replays; with ``commit.releases``, end that claim in the
-        same write. Returns the rollout's new revision.
+        given) the answer a retry replays (a store that keeps claims ends
+        ``commit.releases``' claim in the same write). Returns the rollout's new revision.
 
         Raises :class:`TurnConflictError` (and writes nothing) when ``commit.index`` is not
         the number of steps stored, :class:`UnknownRolloutError` when the rollout is gone.
@@ -371,22 +358,6 @@ class GatewayStore(abc.ABC):
     async def load_policy(self) -> PolicyState:
         """The policy version in effect as stored."""
 
-    # -- shared stores only ----------------------------------------------------------------
-
-    async def report_exit(self, report: ExitReport) -> ExitReport | None:
-        """Keep ``report`` (its ``seq`` ignored) as its rollout's report, merged over the
-        stored one (:func:`rollout_gateway.exits.merged_report`: the store may know of a
-        report the posting gateway has not heard of yet), numbered once for every gateway
-        on the store; the report as kept (``None``: the merge dropped it). Every gateway's
-        :meth:`watch` hears of it. Only a :attr:`shared` store is asked: a gateway alone
-        numbers reports itself and keeps them with :meth:`save_exit`. Raises
-        :class:`UnknownRolloutError`."""
-        raise NotImplementedError(f"the {self.name} store is not shared")
-
-    def watch(self, events: StoreEvents) -> None:  # noqa: B027 - a hook most stores skip
-        """Tell ``events`` what other gateways change, from :meth:`open` on (a shared
-        store; the others have nothing to tell and ignore it)."""
-
 
 def answer_matches(
     key: AnswerKey,
@@ -410,12 +381,12 @@ def answer_matches(
 
 __all__ = [
     "AnswerKey",
-    "GatewayStore",
     "PolicyState",
     "Registration",
     "RolloutCounters",
     "RolloutExistsError",
     "RolloutRow",
+    "RolloutStore",
     "StoreContents",
     "StoreCorruptError",
     "StoreError",

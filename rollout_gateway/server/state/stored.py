@@ -1,25 +1,26 @@
 """The registry's records written through to the gateway's store, and read back.
 
-:class:`StoredRollouts` is where the gateway's handlers change what must not be lost:
-register (:meth:`~StoredRollouts.register`), a turn (:meth:`~StoredRollouts.claim`, then
-:meth:`~StoredRollouts.commit` or :meth:`~StoredRollouts.save`, then
-:meth:`~StoredRollouts.release`), cancel and unregister. A record whose copy is not the
+:class:`StoredRollouts` is where the gateway's handlers find, register and drop rollouts:
+register (:meth:`~StoredRollouts.register`), a turn's claim (:meth:`~StoredRollouts.claim`,
+then :meth:`~StoredRollouts.release`) and unregister; what a turn or the control plane
+changes of a record is :class:`~.ledger.RolloutLedger`'s. A record whose copy is not the
 stored one (read back at start, written by another gateway, or left behind by a write that
-failed) is brought up to date from the store under the turn's claim, never served stale.
+failed) is brought up to date under the turn's claim, with what the claim says the copy
+missed (:class:`~.coordinator.Claim`), never served stale. Whether another gateway may
+hold a rollout, change it or use it is the coordinator's to say
+(:class:`~.coordinator.TurnCoordinator`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import orjson
 
-from rollout_gateway.protocol import ExitReport
+from rollout_gateway.server.state.coordinator import Claim, HeldCopy, TurnCoordinator
 from rollout_gateway.server.state.dedupe import TurnTracker, body_fingerprint
 from rollout_gateway.server.state.registry import (
     AlreadyRegisteredError,
@@ -27,14 +28,12 @@ from rollout_gateway.server.state.registry import (
     RolloutRecord,
     RolloutRegistry,
 )
-from rollout_gateway.server.state.rows import apply_row, counters_of, new_row, record_of
+from rollout_gateway.server.state.rows import apply_row, new_row, record_of
 from rollout_gateway.server.state.store import (
-    GatewayStore,
     RolloutExistsError,
     RolloutRow,
+    RolloutStore,
     StoreError,
-    TurnAnswer,
-    TurnCommit,
     UnknownRolloutError,
     answer_matches,
 )
@@ -48,19 +47,21 @@ class StoredRollouts:
     Args:
         registry: the in-memory records.
         store: where what must outlive the process goes.
+        coordinator: how turns are taken and what other gateways hold.
         owner: this gateway's id (it claims turns under it).
         lease_s: how long a claim lasts if this gateway dies holding it.
         retry_window_s: how long after its answer a turn still matches a retry.
         clock: the registry's monotonic clock.
         wall_clock: Unix time (stored times).
-        on_load: called with each record read back from a shared store (the gateway pins
-            it to an upstream).
+        on_load: called with each record read back for a rollout another gateway
+            registered (the gateway pins it to an upstream).
     """
 
     def __init__(
         self,
         registry: RolloutRegistry,
-        store: GatewayStore,
+        store: RolloutStore,
+        coordinator: TurnCoordinator,
         *,
         owner: str,
         lease_s: float,
@@ -71,6 +72,7 @@ class StoredRollouts:
     ) -> None:
         self.registry = registry
         self.store = store
+        self.coordinator = coordinator
         self.owner = owner
         self.lease_s = lease_s
         self.retry_window_s = retry_window_s
@@ -79,8 +81,6 @@ class StoredRollouts:
         self.on_load = on_load
         #: Deletions of expired rollouts under way (a new registration of the id waits).
         self._deleting: dict[str, asyncio.Task[bool]] = {}
-        #: Exit-report writes under way (fire and forget: a report is a hint).
-        self._exit_writes: set[asyncio.Task[None]] = set()
         self._seed: int | None = None
 
     def fingerprint(self, raw: bytes) -> bytes:
@@ -118,10 +118,11 @@ class StoredRollouts:
             raise
 
     async def find(self, rollout_id: str) -> RolloutRecord | None:
-        """The live record of ``rollout_id``; from a shared store when not held here."""
+        """The live record of ``rollout_id``; read from the store when another gateway
+        holds it."""
         record = self.registry.get(rollout_id)
-        if record is None and self.store.shared:
-            row = await self.store.load_rollout(rollout_id)
+        if record is None:
+            row = await self.coordinator.find(rollout_id)
             if row is not None and self.registry.get(rollout_id) is None:
                 record = self._record_of(row)
                 self.registry.hold(record)
@@ -131,10 +132,11 @@ class StoredRollouts:
         return record
 
     async def find_by_key(self, digest: str) -> RolloutRecord | None:
-        """The live record whose key has ``digest``; from a shared store when not held."""
+        """The live record whose key has ``digest`` (another gateway's, read from the
+        store)."""
         record = self.registry.by_key_digest(digest)
-        if record is None and self.store.shared:
-            rollout_id = await self.store.rollout_for_key(digest)
+        if record is None:
+            rollout_id = await self.coordinator.find_key(digest)
             record = await self.find(rollout_id) if rollout_id is not None else None
         return record
 
@@ -142,39 +144,15 @@ class StoredRollouts:
         """``record`` brought up to date with the store (its steps loaded), to be read
         (a trajectory). Raises :class:`~.store.UnknownRolloutError` (the record is then
         dropped) when the store no longer holds it."""
-        if self.store.shared:
-            row = await self.store.load_rollout(record.rollout_id)
-            if row is None or row.revision != record.revision or not record.loaded:
-                async with record.lock:  # never under a turn of this gateway
-                    await self._refresh(record, await self.store.load_rollout(record.rollout_id))
-        elif not record.loaded or record.revision < 0:
-            async with record.lock:
-                if not record.loaded or record.revision < 0:
-                    await self._refresh(record, await self.store.load_rollout(record.rollout_id))
+        if self.vouches_for(record):
+            return record
+        claim = await self._caught_up(record)
+        if claim.row is not None:
+            async with record.lock:  # never under a turn of this gateway
+                claim = await self._caught_up(record)
+                if claim.row is not None:
+                    await self._refresh(record, claim)
         return record
-
-    async def save(self, record: RolloutRecord) -> None:
-        """Write ``record``'s counters (a change without a step)."""
-        if not record.live:
-            return  # unregistered meanwhile: nothing to keep
-        try:
-            record.revision = await self.store.save_rollout(
-                record.rollout_id, counters_of(record, self.wall_clock())
-            )
-        except StoreError:
-            self._stale(record)
-            raise
-
-    async def cancel(self, record: RolloutRecord) -> None:
-        """Cancel ``record`` (in memory now, in the store for good)."""
-        record.status = "cancelled"
-        try:
-            record.revision = await self.store.cancel_rollout(
-                record.rollout_id, counters_of(record, self.wall_clock())
-            )
-        except StoreError:
-            self._stale(record)
-            raise
 
     async def unregister(self, rollout_id: str) -> RolloutRecord | None:
         """Forget ``rollout_id`` here and in the store; its record (``None``: unknown)."""
@@ -186,7 +164,8 @@ class StoredRollouts:
         return record
 
     def expired(self, record: RolloutRecord) -> None:
-        """``record`` expired in the registry: drop it from the store in the background."""
+        """``record`` expired in the registry: drop it from the store in the background
+        (when the coordinator says nobody else used it meanwhile)."""
         rollout_id = record.rollout_id
         task = asyncio.get_running_loop().create_task(self._delete_expired(rollout_id))
         self._deleting[rollout_id] = task
@@ -194,11 +173,9 @@ class StoredRollouts:
 
     async def _delete_expired(self, rollout_id: str) -> bool:
         try:
-            if self.store.shared:  # idle here; maybe not at the other gateways
-                row = await self.store.load_rollout(rollout_id)
-                changed = row.counters.get("updated_at", 0.0) if row is not None else 0.0
-                if self.wall_clock() - changed <= self.registry.ttl_s:
-                    return False  # only dropped from this gateway's cache
+            ttl_s, now = self.registry.ttl_s, self.wall_clock()
+            if not await self.coordinator.may_delete(rollout_id, idle_s=ttl_s, now=now):
+                return False  # only dropped from this gateway's copies
             return await self.store.delete_rollout(rollout_id)
         except StoreError as exc:  # kept: it expires again after a restart
             logger.warning("rollout=%s expired but not deleted from the store: %s", rollout_id, exc)
@@ -209,60 +186,48 @@ class StoredRollouts:
             del self._deleting[rollout_id]
 
     async def drain(self) -> None:
-        """Wait for the background writes (at shutdown)."""
-        while self._deleting or self._exit_writes:
-            pending = [*self._deleting.values(), *self._exit_writes]
-            await asyncio.gather(*pending, return_exceptions=True)
+        """Wait for the background deletions (at shutdown)."""
+        while self._deleting:
+            await asyncio.gather(*self._deleting.values(), return_exceptions=True)
 
-    # -- exit reports (the board's journal) -------------------------------------------------
-
-    def exit_saved(self, report: ExitReport) -> None:
-        """Keep ``report`` in the store (in the background)."""
-        self._exit_write(self.store.save_exit(dict(report)))  # type: ignore[arg-type]
-
-    def exit_forgotten(self, rollout_id: str) -> None:
-        """Drop the rollout's report from the store (in the background)."""
-        self._exit_write(self.store.forget_exit(rollout_id))
-
-    def _exit_write(self, write: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(self._quietly(write))
-        self._exit_writes.add(task)
-        task.add_done_callback(self._exit_writes.discard)
-
-    @staticmethod
-    async def _quietly(write: Coroutine[Any, Any, None]) -> None:
-        try:
-            await write
-        except StoreError as exc:  # a report is a hint: the env also polls its sandbox
-            logger.warning("an exit report was not stored: %s", exc)
+    def vouches_for(self, record: RolloutRecord) -> bool:
+        """Whether ``record`` is the stored rollout without asking the store (a gateway
+        alone on it, the copy loaded and not left stale)."""
+        return self.coordinator.vouches_for(record.revision if record.loaded else -1)
 
     # -- turns ---------------------------------------------------------------------------
 
     async def claim(self, record: RolloutRecord) -> None:
-        """Take ``record``'s turn slot (other gateways on a shared store wait) and bring
-        the record up to date. Raises :class:`~.store.UnknownRolloutError` (the record is
-        then dropped) when the store no longer holds it."""
-        if not self.store.shared and record.loaded and record.revision >= 0:
-            return  # this process is the store's only writer: its copy is current
+        """Take ``record``'s turn (other gateways on the store wait) and bring the record
+        up to date with what the claim says it missed. Raises
+        :class:`~.store.UnknownRolloutError` (the record is then dropped) when the store
+        no longer holds it."""
+        revision = record.revision if record.loaded else -1
+        if self.coordinator.vouches_for(revision):
+            return  # nothing to claim: this gateway alone writes the store
+        held = HeldCopy(revision, record.recorder.num_steps)
         try:
-            revision = await self.store.claim_turn(record.rollout_id, self.owner, self.lease_s)
+            claim = await self.coordinator.claim(record.rollout_id, self.owner, self.lease_s, held)
         except UnknownRolloutError:
             self.registry.remove(record.rollout_id)
             raise
-        if revision != record.revision or not record.loaded:
+        if claim.row is not None:
             try:
-                await self._refresh(record, await self.store.load_rollout(record.rollout_id))
+                await self._refresh(record, claim)
             except BaseException:
                 await self.release(record)
                 raise
 
     async def release(self, record: RolloutRecord, *, delivered: bool | None = None) -> None:
-        """Give ``record``'s turn slot back (``delivered``: see
-        :meth:`~.store.GatewayStore.release_turn`)."""
-        if not self.store.shared:
-            return  # no slot was taken
-        with contextlib.suppress(StoreError):  # a lost slot frees itself (its lease)
-            await self.store.release_turn(record.rollout_id, self.owner, delivered=delivered)
+        """Give ``record``'s turn back (``delivered``: see
+        :meth:`~.coordinator.TurnCoordinator.release`); nothing for a copy the coordinator
+        vouches for (it took no claim)."""
+        if self.coordinator.vouches_for(record.revision if record.loaded else -1):
+            return
+        try:
+            await self.coordinator.release(record.rollout_id, self.owner, delivered=delivered)
+        except StoreError:  # a lost slot frees itself (its lease)
+            pass
 
     async def repeated_answer(
         self,
@@ -275,7 +240,7 @@ class StoredRollouts:
         """The stored answer a request repeats (a retry whose original was answered
         before a restart or on another gateway), or ``None``. Call under the claim."""
         key = record.answer_key
-        if record.turns.last is not None and not self.store.shared:
+        if record.turns.last is not None:
             return None  # the turn tracker holds the last turn: it matched it already
         if key is None or not answer_matches(
             key, fingerprint, idempotency_key, is_retry=is_retry, now=self.wall_clock(),
@@ -291,28 +256,6 @@ class StoredRollouts:
         answer["prompt_token_ids"] = record.recorder.prompt_ids_of(stored.prompt_ids_of_step)
         return orjson.dumps(answer)
 
-    async def commit(
-        self, record: RolloutRecord, answer: TurnAnswer | None, *, delivered: bool | None = None
-    ) -> None:
-        """Write the turn just recorded (the recorder's last step), the counters and the
-        answer a retry replays, at once, and end the turn's claim with them (``delivered``:
-        see :meth:`~.store.GatewayStore.release_turn`; :meth:`release` is then a no-op).
-        On failure the record is marked stale (reloaded from the store before its next
-        use) and the error raised."""
-        if not record.live:
-            return  # unregistered while the turn ran: nothing to keep
-        recorder = record.recorder
-        index = recorder.num_steps - 1
-        counters = counters_of(record, self.wall_clock())
-        commit = TurnCommit(index, recorder.last_step, counters, answer, self.owner, delivered)
-        try:
-            record.revision = await self.store.commit_turn(record.rollout_id, commit)
-        except StoreError:
-            self._stale(record)
-            raise
-        if answer is not None:
-            record.answer_key = answer.key
-
     # -- loading -------------------------------------------------------------------------
 
     def _record_of(self, row: RolloutRow) -> RolloutRecord:
@@ -320,24 +263,36 @@ class StoredRollouts:
         record.turns = TurnTracker(self.retry_window_s, self.clock)
         return record
 
-    async def _refresh(self, record: RolloutRecord, row: RolloutRow | None) -> None:
-        if row is None:
+    async def _caught_up(self, record: RolloutRecord) -> Claim:
+        try:
+            return await self.coordinator.catch_up(record.rollout_id, _held(record))
+        except UnknownRolloutError:
             self.registry.remove(record.rollout_id)
-            raise UnknownRolloutError(record.rollout_id)
+            raise
+
+    async def _refresh(self, record: RolloutRecord, claim: Claim) -> None:
+        """Make ``record`` the stored rollout ``claim.row``: with only the steps stored
+        since its copy when it can, else all of them."""
+        row = claim.row
+        assert row is not None
         abandoned = set(row.counters.get("abandoned") or ())
-        if not await self._catch_up(record, row, abandoned):
-            steps = await self.store.load_steps(record.rollout_id)
+        if not await self._catch_up(record, claim, abandoned):
+            steps = claim.steps if record.recorder.num_steps == 0 else None  # (all of them)
+            if steps is None:
+                steps = await self.store.load_steps(record.rollout_id)
             record.reset_recorder()
             record.recorder.replay(steps[: row.steps], abandoned)
         apply_row(record, row)
         record.loaded = True
         record.turns.last = None  # this process's last turn may not be the last one now
 
-    async def _catch_up(self, record: RolloutRecord, row: RolloutRow, abandoned: set[int]) -> bool:
-        """Bring a current copy up to ``row`` with only the steps stored since (gateways
-        sharing a store take turns of one rollout in any order: reloading every step
-        each time would cost a turn the whole trajectory). Whether it could: not when the
-        copy is not current, or the row abandoned a step before the copy's last."""
+    async def _catch_up(self, record: RolloutRecord, claim: Claim, abandoned: set[int]) -> bool:
+        """Bring a current copy up to ``claim.row`` with only the steps stored since
+        (gateways sharing a store take turns of one rollout in any order: reloading every
+        step each time would cost a turn the whole trajectory). Whether it could: not
+        when the copy is not current, or the row abandoned a step before the copy's last."""
+        row = claim.row
+        assert row is not None
         recorder = record.recorder
         held = recorder.num_steps
         known = set(recorder.abandoned_indexes())
@@ -353,15 +308,16 @@ class StoredRollouts:
         if held - 1 in fresh and recorder.abandon_last() is None:
             return False
         if row.steps > held:
-            steps = await self.store.load_steps(record.rollout_id, held)
+            steps = claim.steps
+            if steps is None:
+                steps = await self.store.load_steps(record.rollout_id, held)
             recorder.replay(steps[: row.steps - held], abandoned, start=held)
         return True
 
-    @staticmethod
-    def _stale(record: RolloutRecord) -> None:
-        # The store may not hold what this copy holds: reload before the next use.
-        record.revision = -1
-        record.loaded = False
+
+def _held(record: RolloutRecord) -> HeldCopy:
+    """What ``record``'s copy holds, as a claim compares it with the store."""
+    return HeldCopy(record.revision if record.loaded else -1, record.recorder.num_steps)
 
 
 __all__ = ["StoredRollouts"]

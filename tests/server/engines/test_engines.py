@@ -16,7 +16,7 @@ from rollout_gateway.server.engines.probe import (
     read_model_cards,
     token_flags,
 )
-from rollout_gateway.server.engines.upstream_http import HttpxUpstream
+from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
 
 from ..conftest import UPSTREAM, GatewayFactory, RecordingUpstream, script
 from .fake_engines import FakeSGLang
@@ -189,7 +189,7 @@ async def test_logprobs_mode_is_checked_where_vllm_tells(
         return httpx.Response(404)
 
     info = EngineInfo()
-    client = HttpxUpstream("http://engine/v1", transport=httpx.MockTransport(handler))
+    client = Http1Upstream("http://engine/v1", transport=httpx.MockTransport(handler))
     with caplog.at_level(logging.WARNING, logger="rollout_gateway.server"):
         await probe_engine(client, info, "http://engine/v1")
     assert (info.kind, info.max_model_len, info.logprobs_mode) == ("vllm", 1024, "raw_logprobs")
@@ -202,7 +202,7 @@ async def test_a_dead_engine_probe_never_fails_and_waits_before_retrying() -> No
         raise RuntimeError("boom")
 
     info = EngineInfo()
-    client = HttpxUpstream("http://engine/v1", transport=httpx.MockTransport(handler))
+    client = Http1Upstream("http://engine/v1", transport=httpx.MockTransport(handler))
     await probe_engine(client, info, "http://engine/v1")
     assert not info.probed and info.kind == "unknown"
     assert info.probed_at is not None

@@ -2,7 +2,7 @@
 
 ``fixtures/vllm-0.32-*.json`` hold a request (``return_token_ids``, ``logprobs``,
 temperature 0) and vLLM's whole answer to it; ``*-stream.sse`` the raw SSE vLLM sent
-for the same request with ``stream: true`` (captured from ``shared/real-vllm``).
+for the same request with ``stream: true`` (captured from a real vLLM: ``tools/real-vllm``).
 """
 
 from __future__ import annotations

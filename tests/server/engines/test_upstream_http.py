@@ -1,9 +1,11 @@
-"""The upstream HTTP clients (aiohttp, the default, and httpx) over real loopback sockets.
+"""The upstream client over real loopback sockets, on both of its paths.
 
-Every other server test reaches its fake engine through an injected httpx transport; here
-the engine listens on a port, so each client library's own pool, parser and errors are
-exercised: whole and streamed turns, an unreachable upstream, a stalled answer (one
-classification, ``timeout``, for the whole and the streamed call).
+Every other server test reaches its fake engine through an injected in-process httpx
+transport; here the engine listens on a port, so each path's own pool, parser and errors
+are exercised: the lean HTTP/1.1 connections (``lean``: every chat call in production) and
+httpx's (``httpx``: GETs, other origins, and every call when a transport is injected, here
+httpx's own network transport): whole and streamed turns, an unreachable upstream, a
+stalled answer (one classification, ``timeout``, for the whole and the streamed call).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -24,24 +25,29 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rollout_gateway.server import GatewayConfig, create_app, running_server
-from rollout_gateway.server.engines.upstream_http import AiohttpUpstream, HttpxUpstream, split_lines
+from rollout_gateway.server.engines.upstream_http import split_lines
+from rollout_gateway.server.engines.upstream_http1 import (
+    Http1ConnectError,
+    Http1TransportError,
+    Http1Upstream,
+)
 
 from .test_true_streaming import ReplayVLLM
 
 ADMIN = "test-admin-token-0123456789"
-CLIENTS = ["httptools", "aiohttp", "httpx"]
+CLIENTS = ["lean", "httpx"]
 
 
 @contextlib.asynccontextmanager
 async def gateway_before(
     upstream_url: str, client: str, **config: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """A gateway on loopback in front of ``upstream_url`` with the ``client`` library; an
-    admin client to it."""
+    """A gateway on loopback in front of ``upstream_url``, its chat calls on the ``client``
+    path; an admin client to it."""
+    transport = httpx.AsyncHTTPTransport() if client == "httpx" else None
     app = create_app(
-        GatewayConfig.from_fields(
-            upstreams=[upstream_url], admin_token=ADMIN, upstream_client=client, **config
-        )
+        GatewayConfig.from_fields(upstreams=[upstream_url], admin_token=ADMIN, **config),
+        upstream_transport=transport,
     )
     async with (
         running_server(app) as root,
@@ -175,24 +181,16 @@ async def test_a_stalled_answer_is_a_timeout_whole_or_streamed(client: str) -> N
     assert health["upstreams"][0]["healthy"] is True  # it answered: reachable, only slow
 
 
-def test_failure_kinds_are_one_classification_for_both_libraries() -> None:
-    aio = AiohttpUpstream("http://engine/v1")
-    hx = HttpxUpstream("http://engine/v1", shards=1)
-    key = aiohttp.client_reqrep.ConnectionKey("engine", 80, False, True, None, None, None)
-    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "refused"))
-    assert aio.failure_kind(refused) == "connect"
-    assert aio.failure_kind(aiohttp.ConnectionTimeoutError()) == "connect"
-    assert aio.failure_kind(aiohttp.SocketTimeoutError()) == "timeout"  # a read timeout
-    assert aio.failure_kind(TimeoutError()) == "timeout"  # the total deadline
-    assert aio.failure_kind(aiohttp.ServerDisconnectedError()) == "transport"
-    assert aio.failure_kind(aiohttp.ClientPayloadError()) == "transport"
-    assert aio.failure_kind(ValueError()) is None
-    assert hx.failure_kind(httpx.ConnectError("refused")) == "connect"
-    assert hx.failure_kind(httpx.ConnectTimeout("slow")) == "connect"
-    assert hx.failure_kind(httpx.ReadTimeout("slow")) == "timeout"  # a read timeout
-    assert hx.failure_kind(TimeoutError()) == "timeout"
-    assert hx.failure_kind(httpx.RemoteProtocolError("cut")) == "transport"
-    assert hx.failure_kind(ValueError()) is None
+def test_failure_kinds_are_one_classification_for_both_paths() -> None:
+    client = Http1Upstream("http://engine/v1")
+    assert client.failure_kind(Http1ConnectError("refused")) == "connect"
+    assert client.failure_kind(Http1TransportError("cut")) == "transport"
+    assert client.failure_kind(TimeoutError()) == "timeout"  # the total deadline
+    assert client.failure_kind(httpx.ConnectError("refused")) == "connect"
+    assert client.failure_kind(httpx.ConnectTimeout("slow")) == "connect"
+    assert client.failure_kind(httpx.ReadTimeout("slow")) == "timeout"  # a read timeout
+    assert client.failure_kind(httpx.RemoteProtocolError("cut")) == "transport"
+    assert client.failure_kind(ValueError()) is None
 
 
 async def test_split_lines_handles_any_chunking_and_long_lines() -> None:

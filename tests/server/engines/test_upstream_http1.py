@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
@@ -208,20 +209,46 @@ async def test_connections_are_bounded_and_calls_beyond_wait_for_one() -> None:
     listener.close()
 
 
-async def test_other_hosts_and_credentials_in_the_url_go_through_aiohttp() -> None:
+async def test_other_origins_go_through_httpx_and_credentials_are_basic_auth() -> None:
     here, there = RawServer(), RawServer()
     async with serving(here) as url, serving(there) as other:
         client = Http1Upstream(url)
         got = await client.post(other.removesuffix("/v1") + "/inference/v1/generate", b"{}")
         assert got.status_code == 200 and (here.connections, there.connections) == (0, 1)
-        assert client.fallback._session is not None  # aiohttp answered that one
+        assert client.open_connections == 0  # httpx answered that one, not the lean pool
         await client.aclose()
         host = url.removeprefix("http://")
         with_auth = Http1Upstream(f"http://user:pa%40ss@{host}")
         await with_auth.post("/chat/completions", b"{}")
+        assert with_auth.open_connections == 1  # the lean path sends them
         await with_auth.aclose()
     token = base64.b64encode(b"user:pa@ss").decode()
     assert f"Authorization: Basic {token}".encode() in here.heads[-1]
+    assert b"user" not in here.heads[-1].split(b"Authorization")[0]  # not in the Host line
+    with pytest.raises(ValueError, match="credentials and an Authorization header"):
+        Http1Upstream(f"http://u:p@{host}", headers={"Authorization": "Bearer k"})
+
+
+async def test_an_injected_transport_takes_every_call() -> None:
+    seen: list[str] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url}")
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"data": []})
+        return httpx.Response(200, text="data: {}\n\ndata: [DONE]\n\n")
+
+    client = Http1Upstream("http://engine/v1", transport=httpx.MockTransport(engine))
+    assert (await client.post("/chat/completions", b"{}")).status_code == 200
+    async with client.stream("/chat/completions", b"{}") as answer:
+        assert [line async for line in answer.lines()] == ["data: {}", "", "data: [DONE]", ""]
+    assert (await client.get("/models", timeout_s=1)).status_code == 200
+    await client.aclose()
+    assert seen == [
+        "POST http://engine/v1/chat/completions",
+        "POST http://engine/v1/chat/completions",
+        "GET http://engine/v1/models",
+    ]
 
 
 def test_header_values_that_could_split_the_request_are_refused() -> None:

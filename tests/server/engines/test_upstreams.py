@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import httpx
+from support.local_cluster import free_port
 
 from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.server import running_server
@@ -62,12 +62,6 @@ async def test_upstream_non_json_is_502(make_gateway) -> None:
     await gw.register("r1")
     status, _, message = error(await gw.chat("r1", MESSAGES))
     assert status == 502 and "non-JSON" in message
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_upstream_down_is_502_without_hanging(make_gateway) -> None:

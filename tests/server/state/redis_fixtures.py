@@ -14,8 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from rollout_gateway.local_cluster import RedisServer
+from support.local_cluster import RedisServer
 
 
 def require_redis_server() -> None:

@@ -20,43 +20,45 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.shared_memory import SharedMemoryStore
+
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.sqlite import SQLiteStore
-from rollout_gateway.server.state.store import GatewayStore
+from rollout_gateway.server.state.store import RolloutStore
 
 
 @dataclass(frozen=True)
 class Backend:
     name: str
-    make: Callable[[Path], GatewayStore]
+    make: Callable[[Path], RolloutStore]
     #: Builds a store on what ``store`` stored, after closing it (``None``: not durable).
-    reopen: Callable[[GatewayStore, Path], Awaitable[GatewayStore]] | None = None
+    reopen: Callable[[RolloutStore, Path], Awaitable[RolloutStore]] | None = None
     #: Another gateway's handle on what ``store`` holds (``None``: not shared).
-    peer: Callable[[GatewayStore, Path], GatewayStore] | None = None
+    peer: Callable[[RolloutStore, Path], RolloutStore] | None = None
 
 
-def _memory(directory: Path) -> GatewayStore:
+def _memory(directory: Path) -> RolloutStore:
     return MemoryStore()
 
 
-def _shared_memory(directory: Path) -> GatewayStore:
-    return MemoryStore(shared=True)
+def _shared_memory(directory: Path) -> RolloutStore:
+    return SharedMemoryStore()
 
 
-def _sqlite(directory: Path) -> GatewayStore:
+def _sqlite(directory: Path) -> RolloutStore:
     return SQLiteStore(directory / "state")
 
 
-async def _sqlite_reopen(store: GatewayStore, directory: Path) -> GatewayStore:
+async def _sqlite_reopen(store: RolloutStore, directory: Path) -> RolloutStore:
     await store.close()
     return _sqlite(directory)
 
 
-def _sqlite_full(directory: Path) -> GatewayStore:
+def _sqlite_full(directory: Path) -> RolloutStore:
     return SQLiteStore(directory / "state", synchronous="full")  # its writer thread
 
 
-async def _sqlite_full_reopen(store: GatewayStore, directory: Path) -> GatewayStore:
+async def _sqlite_full_reopen(store: RolloutStore, directory: Path) -> RolloutStore:
     await store.close()
     return _sqlite_full(directory)
 
@@ -71,7 +73,7 @@ BACKENDS: list[Backend] = [
 _prefixes = itertools.count()
 
 
-def _redis(directory: Path) -> GatewayStore:
+def _redis(directory: Path) -> RolloutStore:
     from rollout_gateway.server.state.redis_backend.store import RedisStore
 
     from .redis_fixtures import shared_redis_url
@@ -79,14 +81,14 @@ def _redis(directory: Path) -> GatewayStore:
     return RedisStore(shared_redis_url(), prefix=f"contract{next(_prefixes)}:")
 
 
-def _redis_peer(store: GatewayStore, directory: Path) -> GatewayStore:
+def _redis_peer(store: RolloutStore, directory: Path) -> RolloutStore:
     from rollout_gateway.server.state.redis_backend.store import RedisStore
 
     assert isinstance(store, RedisStore)
     return RedisStore(store.url, prefix=store.prefix)
 
 
-async def _redis_reopen(store: GatewayStore, directory: Path) -> GatewayStore:
+async def _redis_reopen(store: RolloutStore, directory: Path) -> RolloutStore:
     await store.close()
     return _redis_peer(store, directory)
 

@@ -38,6 +38,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from support.local_cluster import free_port as _free_port
 
 from rollout_gateway.scripted import build_completion
 from rollout_gateway.server import GatewayConfig, create_app
@@ -89,12 +90,6 @@ class CountingModel:
                 Route("/v1/models", models, methods=["GET"]),
             ]
         )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class GatewayProcess:

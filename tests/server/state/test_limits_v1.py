@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollout_gateway.protocol import TURN_REFUSED_STATUS
-from rollout_gateway.server.state.limits_v1 import LimitsError, TokenBudget
+from rollout_gateway.server.state.limits_v1 import TokenBudget
 
 from ..conftest import GatewayHarness, script
 
@@ -37,11 +37,10 @@ def test_first_reached_cap_in_v1_order(caps, used, reached) -> None:
     assert budget.reached() == reached
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, "3", True])
-def test_register_limits_must_be_non_negative_integers(value) -> None:
-    with pytest.raises(LimitsError):
-        TokenBudget.from_register({"max_output_tokens": value})
-    assert TokenBudget.from_register({"model": "m"}) is None
+def test_a_budget_only_for_the_caps_a_register_body_sets() -> None:
+    assert TokenBudget.from_limits({"model": "m", "max_input_tokens": None}) is None
+    budget = TokenBudget.from_limits({"model": "m", "max_output_tokens": 5})
+    assert budget == TokenBudget(max_output_tokens=5)
 
 
 async def test_turn_past_a_v1_cap_is_refused_with_its_name(gw: GatewayHarness) -> None:

@@ -1,8 +1,9 @@
 """The Redis store against a real Redis, as several gateways share it: one turn of a
 rollout at a time across stores, a dead gateway's lease taken over, a late commit
 refused, exit reports numbered once for all, policy versions forward only, another
-layout refused, an unreachable server reported. (What every backend does alike is in
-the backend contract tests.)"""
+layout refused, an unreachable server reported. Each gateway is a store and its
+coordinator (:class:`Gateway`). (What every backend does alike is in the backend and
+coordinator contract tests.)"""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-
-from rollout_gateway.local_cluster import RedisServer, free_port
+from support.local_cluster import RedisServer, free_port
+from support.waiting import eventually
 
 from .redis_fixtures import redis_server
 
@@ -23,6 +24,7 @@ pytest.importorskip("redis")
 from rollout_gateway.protocol import ExitReport  # noqa: E402
 from rollout_gateway.server.recording.steps import CheckState, RecordedStep  # noqa: E402
 from rollout_gateway.server.recording.token_branches import StepIds  # noqa: E402
+from rollout_gateway.server.state.coordinator import Claim, HeldCopy  # noqa: E402
 from rollout_gateway.server.state.redis_backend.store import LAYOUT, RedisStore  # noqa: E402
 from rollout_gateway.server.state.store import (  # noqa: E402
     AnswerKey,
@@ -66,12 +68,43 @@ class Heard:
         self.policies.append(state.version)
 
 
-async def eventually(check: Any, timeout_s: float = 10.0) -> None:
-    """Wait until ``check()`` is true (what another connection hears takes a moment)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "not heard in time"
-        await asyncio.sleep(0.01)
+class Gateway:
+    """One gateway on Redis: its store and its coordinator (what it hears: ``heard``);
+    the store's calls are the gateway's, and a turn's claim returns the revision."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.coordinator = store.coordinator()
+        self.coordinator.exit_board()
+        self.heard = Heard()
+        self.coordinator.watch(self.heard)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def open(self) -> Any:
+        contents = await self.store.open()
+        await self.coordinator.open(contents)
+        return contents
+
+    async def close(self) -> None:
+        await self.coordinator.close()
+        await self.store.close()
+
+    async def claim(self, rollout_id: str, owner: str, lease_s: float, held: HeldCopy) -> Claim:
+        return await self.coordinator.claim(rollout_id, owner, lease_s, held)
+
+    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
+        return (await self.claim(rollout_id, owner, lease_s, HeldCopy(-1, 0))).revision
+
+    async def release_turn(self, rollout_id: str, owner: str, delivered: bool = False) -> None:
+        await self.coordinator.release(rollout_id, owner, delivered=delivered)
+
+    async def report_exit(self, report: ExitReport) -> ExitReport | None:
+        return await self.coordinator.number_exit(report)
+
+    async def exits_after(self, after: int) -> list[ExitReport]:
+        return await self.store.exits.after(after)
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +116,15 @@ _prefixes = iter(range(1_000_000))
 
 
 @pytest.fixture
-async def gateways(server: RedisServer) -> AsyncIterator[list[RedisStore]]:
-    """Two gateways' stores on one Redis, under a prefix of this test's own."""
+async def gateways(server: RedisServer) -> AsyncIterator[list[Gateway]]:
+    """Two gateways on one Redis, under a prefix of this test's own."""
     prefix = f"t{next(_prefixes)}:"
-    stores = [RedisStore(server.url, prefix=prefix, lease_s=2.0) for _ in range(2)]
-    for store in stores:
-        store.watch(Heard())
-        await store.open()
-    yield stores
-    for store in stores:
-        await store.close()
+    gateways = [Gateway(RedisStore(server.url, prefix=prefix, lease_s=2.0)) for _ in range(2)]
+    for gateway in gateways:
+        await gateway.open()
+    yield gateways
+    for gateway in gateways:
+        await gateway.close()
 
 
 def _exit(rollout_id: str, code: int | None) -> Any:
@@ -123,7 +155,7 @@ def _commit(index: int, answer: bytes | None = b'{"id": "x"}') -> TurnCommit:
     )  # fmt: skip
 
 
-async def test_damaged_records_are_refused_not_served(gateways: list[RedisStore]) -> None:
+async def test_damaged_records_are_refused_not_served(gateways: list[Gateway]) -> None:
     a, _ = gateways
     await a.create_rollout(_row())
     await a.commit_turn("r1", _commit(0))
@@ -141,7 +173,7 @@ async def test_damaged_records_are_refused_not_served(gateways: list[RedisStore]
 
 
 async def test_one_turn_of_a_rollout_at_a_time_across_gateways(
-    gateways: list[RedisStore],
+    gateways: list[Gateway],
 ) -> None:
     a, b = gateways
     await a.create_rollout(_row())
@@ -173,13 +205,13 @@ async def test_a_dead_gateways_turn_is_taken_over_and_its_late_commit_refused(
     server: RedisServer,
 ) -> None:
     prefix = f"t{next(_prefixes)}:"
-    dead, alive = (RedisStore(server.url, prefix=prefix, lease_s=0.3) for _ in range(2))
-    for store in (dead, alive):
-        await store.open()
+    dead, alive = (Gateway(RedisStore(server.url, prefix=prefix, lease_s=0.3)) for _ in range(2))
+    for gateway in (dead, alive):
+        await gateway.open()
     try:
         await dead.create_rollout(_row())
         await dead.claim_turn("r1", "dead", 0.3)
-        dead._leases._timers.pop("r1").cancel()  # stalled (SIGSTOP): nothing renews
+        dead.leases._timers.pop("r1").cancel()  # stalled (SIGSTOP): nothing renews
         started = time.monotonic()
         await alive.claim_turn("r1", "alive", 0.3)
         assert time.monotonic() - started >= 0.15  # it waited for the lease to run out
@@ -188,15 +220,15 @@ async def test_a_dead_gateways_turn_is_taken_over_and_its_late_commit_refused(
         assert await alive.commit_turn("r1", _commit(0)) == 1
         assert len(await alive.load_steps("r1")) == 1  # recorded once
     finally:
-        for store in (dead, alive):
-            await store.close()
+        for gateway in (dead, alive):
+            await gateway.close()
 
 
 async def test_a_lease_is_renewed_while_a_long_turn_runs(server: RedisServer) -> None:
     prefix = f"t{next(_prefixes)}:"
-    a, b = (RedisStore(server.url, prefix=prefix, lease_s=0.3) for _ in range(2))
-    for store in (a, b):
-        await store.open()
+    a, b = (Gateway(RedisStore(server.url, prefix=prefix, lease_s=0.3)) for _ in range(2))
+    for gateway in (a, b):
+        await gateway.open()
     try:
         await a.create_rollout(_row())
         await a.claim_turn("r1", "a", 0.3)
@@ -204,13 +236,13 @@ async def test_a_lease_is_renewed_while_a_long_turn_runs(server: RedisServer) ->
             await asyncio.wait_for(b.claim_turn("r1", "b", 0.3), 1.0)  # 3 leases long
         assert await a.commit_turn("r1", _commit(0)) == 1
     finally:
-        for store in (a, b):
-            await store.close()
+        for gateway in (a, b):
+            await gateway.close()
 
 
-async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[RedisStore]) -> None:
+async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[Gateway]) -> None:
     a, b = gateways
-    heard: Heard = b._listener.events  # type: ignore[assignment]
+    heard = b.heard
     await a.create_rollout(_row())
     assert await a.cancel_rollout("r1", {"status": "cancelled"}) == 1
     assert await b.save_rollout("r1", {"status": "completed"}) == 2
@@ -229,7 +261,7 @@ async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[RedisS
 
 
 async def test_exit_reports_are_numbered_once_for_every_gateway(
-    gateways: list[RedisStore],
+    gateways: list[Gateway],
 ) -> None:
     a, b = gateways
     for rollout_id in ("r1", "r2", "r3"):
@@ -252,17 +284,17 @@ async def test_exit_reports_are_numbered_once_for_every_gateway(
     await a.report_exit(_exit("r3", 1))
     assert [r["seq"] for r in await b.exits_after(4)] == [5]
     # Every gateway's watcher hears every report, its own included, in order.
-    for store in (a, b):
-        heard: Heard = store._listener.events  # type: ignore[assignment]
+    for gateway in (a, b):
+        heard = gateway.heard
         await eventually(lambda heard=heard: len(heard.exits) == 5)
         assert [r["seq"] for r in heard.exits] == [1, 2, 3, 4, 5]
     contents = await reopened(b)  # a gateway started now: each rollout's last report
     assert contents.exit_cursor == 5 and [r["seq"] for r in contents.exits] == [3, 4, 5]
 
 
-async def test_policy_versions_only_move_forward(gateways: list[RedisStore]) -> None:
+async def test_policy_versions_only_move_forward(gateways: list[Gateway]) -> None:
     a, b = gateways
-    heard: Heard = b._listener.events  # type: ignore[assignment]
+    heard = b.heard
     assert (await a.load_policy()).version is None
     assert (await a.announce_policy(3, 100.0)).version == 3
     assert (await b.announce_policy(2, 200.0)).version == 3  # older: refused
@@ -272,7 +304,7 @@ async def test_policy_versions_only_move_forward(gateways: list[RedisStore]) -> 
 
 
 async def test_a_release_is_published_only_when_a_gateway_waits(
-    gateways: list[RedisStore], server: RedisServer
+    gateways: list[Gateway], server: RedisServer
 ) -> None:
     import redis.asyncio as aioredis
 
@@ -298,23 +330,17 @@ async def test_a_release_is_published_only_when_a_gateway_waits(
         await listener.aclose()
 
 
-def test_open_again_on_another_event_loop(server: RedisServer) -> None:
-    """``serve`` opens the store to check it, then its server's loop opens it again."""
+async def test_open_is_idempotent(server: RedisServer) -> None:
+    """``serve`` opens the store before binding, on the loop that serves; the app's
+    startup opens it again, and finds it open."""
     store = RedisStore(server.url, prefix=f"t{next(_prefixes)}:")
-    first = asyncio.run(store.open())
-    second = asyncio.run(_open_and_use(store))
-    assert first.exit_cursor == second.exit_cursor == 0
-
-
-async def _open_and_use(store: RedisStore) -> Any:
     contents = await store.open()
-    assert await store.open() is contents  # idempotent on one loop
+    assert await store.open() is contents
     await store.create_rollout(_row())
     await store.close()
-    return contents
 
 
-async def test_a_full_redis_is_unavailable_not_an_error(gateways: list[RedisStore]) -> None:
+async def test_a_full_redis_is_unavailable_not_an_error(gateways: list[Gateway]) -> None:
     a, _ = gateways
     await a._cmd("CONFIG", "SET", "maxmemory", "1")
     try:
@@ -325,12 +351,12 @@ async def test_a_full_redis_is_unavailable_not_an_error(gateways: list[RedisStor
     await a.create_rollout(_row())
 
 
-async def test_the_secret_is_shared_by_every_gateway(gateways: list[RedisStore]) -> None:
+async def test_the_secret_is_shared_by_every_gateway(gateways: list[Gateway]) -> None:
     a, b = gateways
     assert a.secret == b.secret and len(a.secret) == 32
 
 
-async def test_state_of_another_layout_is_refused(gateways: list[RedisStore]) -> None:
+async def test_state_of_another_layout_is_refused(gateways: list[Gateway]) -> None:
     a, _ = gateways
     await a._cmd("HSET", f"{a.prefix}meta", "layout", 99)
     with pytest.raises(StoreVersionError, match="layout 99"):
@@ -353,9 +379,9 @@ class CountingStore(RedisStore):
 
     round_trips = 0
 
-    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         self.round_trips += 1
-        return await super()._run(name, keys, args)
+        return await super().run(name, keys, args)
 
     async def _cmd(self, *command: Any) -> Any:
         self.round_trips += 1
@@ -363,25 +389,28 @@ class CountingStore(RedisStore):
 
 
 async def test_a_turn_after_another_gateways_is_two_round_trips(server: RedisServer) -> None:
-    """Gateways taking turns: the claim reads along what the other gateway recorded (the
-    reads that follow ask Redis nothing) and the commit ends the claim (the release that
-    follows asks Redis nothing)."""
+    """Gateways taking turns: the claim returns what the other gateway recorded (its row
+    and steps, read along) and the commit ends the claim (the release that follows asks
+    Redis nothing)."""
     prefix = f"t{next(_prefixes)}:"
-    a, b = (CountingStore(server.url, prefix=prefix) for _ in range(2))
-    for store in (a, b):
-        await store.open()
+    # (A long lease: no renewal, a round trip of its own, on a slow machine.)
+    a, b = (Gateway(CountingStore(server.url, prefix=prefix, lease_s=120)) for _ in range(2))
+    for gateway in (a, b):
+        await gateway.open()
     await a.create_rollout(_row())
+    held = {a: HeldCopy(-1, 0), b: HeldCopy(-1, 0)}
 
-    async def turn(store: RedisStore, owner: str, index: int) -> None:
-        revision = await store.claim_turn("r1", owner, 2.0)
-        row = await store.load_rollout("r1")  # as StoredRollouts reloads a copy behind
-        assert row is not None and row.revision == revision
-        held = int(store._copies.held("r1")[1])
-        assert len(await store.load_steps("r1", held)) == index - held
+    async def turn(gateway: Gateway, owner: str, index: int) -> None:
+        claim = await gateway.claim("r1", owner, 120.0, held[gateway])
+        if index > 0:  # another gateway recorded the last turn: this copy is behind
+            assert claim.row is not None and claim.row.revision == claim.revision
+            assert claim.steps is not None
+            assert len(claim.steps) == index - held[gateway].steps
         commit = _commit(index)
         commit.releases, commit.delivered = owner, True
-        await store.commit_turn("r1", commit)
-        await store.release_turn("r1", owner, delivered=True)  # ended by the commit
+        revision = await gateway.commit_turn("r1", commit)
+        held[gateway] = HeldCopy(revision, index + 1)
+        await gateway.release_turn("r1", owner, delivered=True)  # ended by the commit
 
     try:
         await turn(a, "gw-a", 0)
@@ -395,12 +424,12 @@ async def test_a_turn_after_another_gateways_is_two_round_trips(server: RedisSer
         assert row is not None and row.answer_key is not None and row.answer_key.delivered
         assert await b._cmd("EXISTS", f"{prefix}lease:r1") == 0  # the commit released it
     finally:
-        for store in (a, b):
-            await store.close()
+        for gateway in (a, b):
+            await gateway.close()
 
 
 async def test_the_last_steps_check_state_is_read_along_by_the_next_claim(
-    gateways: list[RedisStore],
+    gateways: list[Gateway],
 ) -> None:
     """What the recording gateway checks the next turn against reaches the gateway that
     takes it, with the step; a damaged or out-of-date one is dropped, never trusted."""
@@ -415,13 +444,15 @@ async def test_the_last_steps_check_state_is_read_along_by_the_next_claim(
         commit.releases = "gw-a"
         await a.commit_turn("r1", commit)
 
+    held = HeldCopy(-1, 0)
+
     async def read_by_b() -> list[Any]:
-        await b.claim_turn("r1", "gw-b", 2.0)
-        await b.load_rollout("r1")
-        held = int(b._copies.held("r1")[1])
-        steps = await b.load_steps("r1", held)
+        nonlocal held
+        claim = await b.claim("r1", "gw-b", 2.0, held)
+        assert claim.row is not None and claim.steps is not None
+        held = HeldCopy(claim.revision, claim.row.steps)
         await b.release_turn("r1", "gw-b")
-        return [step.check for step in steps]
+        return [step.check for step in claim.steps]
 
     await committed(0, None)
     await committed(1, check)
@@ -436,7 +467,7 @@ async def test_the_last_steps_check_state_is_read_along_by_the_next_claim(
     assert await read_by_b() == [None, None]
 
 
-async def test_scripts_redis_forgot_are_loaded_again(gateways: list[RedisStore]) -> None:
+async def test_scripts_redis_forgot_are_loaded_again(gateways: list[Gateway]) -> None:
     a, b = gateways
     await a.create_rollout(_row())
     await a._cmd("SCRIPT", "FLUSH")  # as a restarted Redis forgets them

@@ -1,6 +1,6 @@
 """Three gateway processes on one Redis behind HAProxy (round robin, no stickiness), as a
 deployment runs them: real ``redis-server``, real ``haproxy``, real ``kill -9``
-(``rollout_gateway.local_cluster``).
+(``tests/support/local_cluster.py``).
 
 The env side is the project's own (:class:`~rollout_gateway.client.GatewayClient`,
 :class:`~rollout_gateway.exits.ExitWatcher`) and the agents are the OpenAI SDK, all given
@@ -30,10 +30,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from support.local_cluster import GatewayGroup, HAProxy, RedisServer
 
 from rollout_gateway.client import GatewayClient
 from rollout_gateway.exits import ExitWatcher
-from rollout_gateway.local_cluster import GatewayGroup, HAProxy, RedisServer
 from rollout_gateway.protocol import rollout_base_url
 from rollout_gateway.scripted import build_completion
 from rollout_gateway.server import GatewayConfig, create_app, server_thread

@@ -15,13 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+from support.shared_memory import SharedMemoryStore
 
 from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.state.dedupe import Turn
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
 from rollout_gateway.server.state.sqlite import SQLiteStore
-from rollout_gateway.server.state.store import GatewayStore
+from rollout_gateway.server.state.store import RolloutStore
 from rollout_gateway.server.state.stored import StoredRollouts
 
 from ..conftest import ADMIN_TOKEN, UPSTREAM, RecordingUpstream, script
@@ -32,7 +33,7 @@ STEPS = [{"tool": "run", "arguments": {"cmd": f"step {i}"}} for i in range(5)] +
 
 
 @pytest.fixture(params=["sqlite", "memory"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], GatewayStore]:
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], RolloutStore]:
     if request.param == "sqlite":
         return lambda: SQLiteStore(tmp_path / "state")
     memory = MemoryStore()
@@ -41,7 +42,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], G
 
 @contextlib.asynccontextmanager
 async def running(
-    upstream: Any, store: GatewayStore, **fields: Any
+    upstream: Any, store: RolloutStore, **fields: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
     config = GatewayConfig.from_fields(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, **fields)
     app = create_app(config, upstream_transport=httpx.ASGITransport(upstream), store=store)
@@ -208,21 +209,27 @@ async def test_restored_rollouts_follow_the_gateways_retry_window(make_store: An
         assert record.turns.clock is gateway.registry.clock
 
 
-class CountingStore(MemoryStore):
-    """A memory store that counts the calls a turn may skip (claim, stored answer)."""
+class Counting:
+    """Counts the store calls a turn may skip (reading the rollout, its stored answer)."""
 
-    def __init__(self, *, shared: bool = False) -> None:
-        super().__init__(shared=shared)
-        self.claims = 0
-        self.answers_read = 0
+    loads = 0
+    answers_read = 0
 
-    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
-        self.claims += 1
-        return await super().claim_turn(rollout_id, owner, lease_s)
+    async def load_rollout(self, rollout_id: str) -> Any:
+        self.loads += 1
+        return await super().load_rollout(rollout_id)  # type: ignore[misc]
 
     async def load_answer(self, rollout_id: str) -> Any:
         self.answers_read += 1
-        return await super().load_answer(rollout_id)
+        return await super().load_answer(rollout_id)  # type: ignore[misc]
+
+
+class CountingStore(Counting, MemoryStore):
+    """A memory store this process alone writes, counting."""
+
+
+class CountingSharedStore(Counting, SharedMemoryStore):
+    """A memory store gateways share, counting."""
 
 
 async def test_a_private_stores_turns_skip_the_claim_until_the_copy_is_not_current() -> None:
@@ -242,19 +249,19 @@ async def test_a_private_stores_turns_skip_the_claim_until_the_copy_is_not_curre
             r = await agent.turn(gw)
             assert r.status_code == 200
             agent.take(r.json())
-        # The registration's record is loaded and current: no turn needed a claim.
-        assert store.claims == 0 and store.answers_read == 0
+        # The registration's record is loaded and current: no turn read the store.
+        assert store.loads == 0 and store.answers_read == 0
         last_answer = agent.answers[-1]
     async with running(app, store) as gw:  # restored: not current until claimed
         agent.messages = agent.messages[:-2]
         retried = await agent.turn(gw, RETRY)
         assert retried.status_code == 200
         assert retried.json() == last_answer
-        assert store.claims == 1 and store.answers_read == 1
+        assert store.loads == 1 and store.answers_read == 1
         agent.take(retried.json())
         r = await agent.turn(gw)
         assert r.status_code == 200
-        assert store.claims == 1  # current again: the next turn skips it
+        assert store.loads == 1  # current again: the next turn skips it
         trajectory = (await gw.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).json()
         assert trajectory["num_turns"] == 4
 
@@ -265,9 +272,9 @@ async def test_a_private_current_copy_takes_no_store_call_for_its_turn(shared: b
     a store this process alone writes whose copy is loaded and current, with the turn
     tracker holding the rollout's last turn (a retry of it is matched there); always on a
     shared store, where another gateway may have moved the rollout on."""
-    store = CountingStore(shared=shared)
+    store = CountingSharedStore() if shared else CountingStore()
     rollouts = StoredRollouts(
-        RolloutRegistry(max_rollouts=10, ttl_s=60), store,
+        RolloutRegistry(max_rollouts=10, ttl_s=60), store, store.coordinator(),
         owner="gw", lease_s=10, retry_window_s=60,
     )  # fmt: skip
     record = RolloutRecord("r1", "m", {}, 10, None, UPSTREAM, last_activity=0.0)
@@ -276,8 +283,8 @@ async def test_a_private_current_copy_takes_no_store_call_for_its_turn(shared: b
     await rollouts.claim(record)
     assert await rollouts.repeated_answer(record, b"f", None, is_retry=True) is None
     await rollouts.release(record)
-    assert store.claims == (1 if shared else 0) and store.answers_read == 0
+    assert store.loads == (1 if shared else 0) and store.answers_read == 0
     record.revision = -1  # a failed write: reloaded under the claim, shared or not
     await rollouts.claim(record)
     await rollouts.release(record)
-    assert store.claims == (2 if shared else 1)
+    assert store.loads == (2 if shared else 1)

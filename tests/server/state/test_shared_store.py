@@ -1,7 +1,7 @@
 """Several gateways on one shared store: any turn of a rollout may land on any gateway,
 round robin with no stickiness.
 
-The gateways run in this process on ``MemoryStore(shared=True)`` and on a real Redis
+The gateways run in this process on ``SharedMemoryStore`` and on a real Redis
 (``RedisStore``, one per gateway, on one ``redis-server``): trajectories equal one
 gateway's; a retry sent to another gateway while its original runs gets the original's
 answer (no second engine call); cancel, unregister, exit reports and policy versions at
@@ -16,17 +16,20 @@ import contextlib
 import importlib.util
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
+from support.shared_memory import SharedMemoryStore
+from support.waiting import eventually
 
 from rollout_gateway.server import GatewayConfig, create_app
+from rollout_gateway.server.state.ledger import RolloutLedger, TurnUse
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
-from rollout_gateway.server.state.store import GatewayStore
+from rollout_gateway.server.state.store import RolloutStore
 from rollout_gateway.server.state.stored import StoredRollouts
 
 from ..conftest import ADMIN_TOKEN, UPSTREAM, RecordingUpstream, script
@@ -35,7 +38,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 _prefixes = itertools.count()
 
 #: Makes each gateway's handle on one shared store.
-Shared = Callable[[], GatewayStore]
+Shared = Callable[[], RolloutStore]
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -43,7 +46,7 @@ def shared(request: pytest.FixtureRequest) -> Shared:
     """One shared store, as each gateway's handle: the shared memory store (one object
     for all), or a RedisStore per gateway on one Redis under a prefix of this test."""
     if request.param == "memory":
-        store = MemoryStore(shared=True)
+        store = SharedMemoryStore()
         return lambda: store
     if importlib.util.find_spec("redis") is None:
         pytest.skip("redis-py is not installed (the redis extra)")
@@ -53,14 +56,6 @@ def shared(request: pytest.FixtureRequest) -> Shared:
 
     url, prefix = shared_redis_url(), f"gateways{next(_prefixes)}:"
     return lambda: RedisStore(url, prefix=prefix)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Wait until ``check()`` holds (a shared store's news reach a gateway in a moment)."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "did not hold in time"
-        await asyncio.sleep(0.02)
 
 
 STEPS = [{"tool": "run", "arguments": {"cmd": f"step {i}"}} for i in range(4)] + [{"say": "done"}]
@@ -268,11 +263,11 @@ async def test_a_policy_version_announced_at_one_gateway_stamps_turns_at_the_oth
         assert trajectory["trajectory"][0]["extras"]["policy_version"] == 8
 
 
-class CountingStore(MemoryStore):
+class CountingStore(SharedMemoryStore):
     """The shared memory store, counting the steps each gateway reads back."""
 
     def __init__(self) -> None:
-        super().__init__(shared=True)
+        super().__init__()
         self.steps_read = 0
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> Any:
@@ -295,14 +290,15 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
     """A gateway's copy brought up to date turn by turn (the other gateway recording one
     step at a time, abandoning one of its answers once this copy held it) holds the
     recording gateway's trajectory, ids and branches included."""
-    store = MemoryStore(shared=True)
+    store = SharedMemoryStore()
     writer, reader = (
         StoredRollouts(
-            RolloutRegistry(max_rollouts=10, ttl_s=60), store, owner=name, lease_s=10,
-            retry_window_s=60,
+            RolloutRegistry(max_rollouts=10, ttl_s=60), store, store.coordinator(), owner=name,
+            lease_s=10, retry_window_s=60,
         )
         for name in ("writer", "reader")
     )  # fmt: skip
+    ledger = RolloutLedger(store, owner="writer", wall_clock=time.time)
     record = RolloutRecord("r1", "m", {}, 10, None, UPSTREAM, last_activity=0.0)
     await writer.register(record)
     copy = await reader.find("r1")
@@ -312,7 +308,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
     for turn in range(4):
         await writer.claim(record)
         if turn == 3:  # the answer of turn 2 reached nobody; the reader holds that step
-            record.recorder.abandon_last()
+            await ledger.abandon_last(record)
             history = history[:-1]
         answer = {"role": "assistant", "content": f"a{turn}"}
         prompt = list(range(1, 3 + 2 * turn))
@@ -320,8 +316,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
             history, [answer], prompt_ids=prompt, completion_ids=[100 + turn],
             completion_logprobs=[-0.5],
         )  # fmt: skip
-        record.num_turns += 1
-        await writer.commit(record, None)
+        await ledger.count_turn(record, TurnUse(message_bytes=0, completion_tokens=1), None)
         await writer.release(record)
         history = [*history, answer]
         await reader.claim(copy)  # catches up
@@ -331,7 +326,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
     assert copy.recorder.abandoned_indexes() == [2]
 
 
-async def forget_delivery(store: GatewayStore, rollout_id: str) -> None:
+async def forget_delivery(store: RolloutStore, rollout_id: str) -> None:
     """Make the stored last answer undelivered, as a gateway that committed it and died
     before handing it out leaves it."""
     if isinstance(store, MemoryStore):
@@ -371,7 +366,7 @@ async def test_an_answer_a_dead_gateway_never_handed_out_is_a_lost_answer_elsewh
 async def test_a_rollout_idle_at_one_gateway_but_busy_at_another_is_not_deleted() -> None:
     from ..conftest import FakeClock
 
-    store = MemoryStore(shared=True)
+    store = SharedMemoryStore()
     upstream = httpx.ASGITransport(RecordingUpstream().app())
     clock = FakeClock()
     config = GatewayConfig.from_fields(

@@ -1,4 +1,5 @@
-"""The contract every state backend keeps (``rollout_gateway.server.state.store``).
+"""The contract every state backend keeps (``rollout_gateway.server.state.store``); the
+coordination on each is ``test_coordinator_contract.py``'s.
 
 Parametrised over :data:`store_backends.BACKENDS`: a new backend passes this suite
 unchanged. Steps are recorded by a real recorder (branches, a rewritten history, a step
@@ -8,7 +9,6 @@ recorder's, token for token.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from array import array
 from dataclasses import replace
@@ -21,9 +21,9 @@ import pytest
 from rollout_gateway.server.recording.recorder import TrajectoryRecorder
 from rollout_gateway.server.state.store import (
     AnswerKey,
-    GatewayStore,
     RolloutExistsError,
     RolloutRow,
+    RolloutStore,
     TurnAnswer,
     TurnCommit,
     TurnConflictError,
@@ -112,7 +112,7 @@ def record_turns(recorder: TrajectoryRecorder) -> None:
     )  # fmt: skip
 
 
-async def commit_all(store: GatewayStore, recorder: TrajectoryRecorder, start: int = 0) -> int:
+async def commit_all(store: RolloutStore, recorder: TrajectoryRecorder, start: int = 0) -> int:
     revision = 0
     for index in range(start, recorder.num_steps):
         step = recorder._steps[index]
@@ -127,14 +127,14 @@ def replayed(recorder: TrajectoryRecorder, steps: Any, abandoned: Any = ()) -> T
     return again
 
 
-async def test_a_new_store_is_empty_and_has_a_secret(store: GatewayStore) -> None:
+async def test_a_new_store_is_empty_and_has_a_secret(store: RolloutStore) -> None:
     assert len(store.secret) == 32
     assert await store.load_rollout("r1") is None
     assert await store.rollout_for_key("d" * 64) is None
     assert (await store.load_policy()).version is None
 
 
-async def test_rollouts_round_trip_and_ids_are_unique(store: GatewayStore) -> None:
+async def test_rollouts_round_trip_and_ids_are_unique(store: RolloutStore) -> None:
     await store.create_rollout(row())
     loaded = await store.load_rollout("r1")
     assert loaded is not None
@@ -153,7 +153,7 @@ async def test_rollouts_round_trip_and_ids_are_unique(store: GatewayStore) -> No
     assert (await store.load_rollout("r2")) is not None
 
 
-async def test_a_turn_is_written_once_at_its_index(store: GatewayStore) -> None:
+async def test_a_turn_is_written_once_at_its_index(store: RolloutStore) -> None:
     await store.create_rollout(row())
     recorder = TrajectoryRecorder("traj-r1", 4096)
     record_turns(recorder)
@@ -170,7 +170,7 @@ async def test_a_turn_is_written_once_at_its_index(store: GatewayStore) -> None:
         await store.commit_turn("nope", TurnCommit(0, first, counters(1), None))
 
 
-async def test_replayed_steps_are_the_recorded_trajectory(store: GatewayStore) -> None:
+async def test_replayed_steps_are_the_recorded_trajectory(store: RolloutStore) -> None:
     await store.create_rollout(row())
     recorder = TrajectoryRecorder("traj-r1", 4096)
     record_turns(recorder)
@@ -189,7 +189,7 @@ async def test_replayed_steps_are_the_recorded_trajectory(store: GatewayStore) -
     assert steps[1].tokens.completion_logprobs == array("f", [float("-inf")])
 
 
-async def test_an_abandoned_answer_is_replayed_as_abandoned(store: GatewayStore) -> None:
+async def test_an_abandoned_answer_is_replayed_as_abandoned(store: RolloutStore) -> None:
     await store.create_rollout(row())
     recorder = TrajectoryRecorder("traj-r1", None)
     sys_user = [{"role": "user", "content": "task"}]
@@ -210,7 +210,7 @@ async def test_an_abandoned_answer_is_replayed_as_abandoned(store: GatewayStore)
     assert [s["completion"][0]["content"] for s in again.steps()] == ["seen"]
 
 
-async def test_the_answer_of_the_last_turn_is_kept(store: GatewayStore) -> None:
+async def test_the_answer_of_the_last_turn_is_kept(store: RolloutStore) -> None:
     await store.create_rollout(row())
     recorder = TrajectoryRecorder("traj-r1", None)
     record_turns(recorder)
@@ -223,7 +223,7 @@ async def test_the_answer_of_the_last_turn_is_kept(store: GatewayStore) -> None:
     stored = await store.load_answer("r1")
     assert stored is not None and stored.body == plain and stored.prompt_ids_of_step is None
     loaded = await store.load_rollout("r1")
-    assert loaded is not None and as_delivered(loaded.answer_key) == key
+    assert loaded is not None and delivered(loaded.answer_key) == key
     # An answer carrying the prompt's ids may be kept without them.
     full = {"id": "chatcmpl-2", "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7], "choices": []}
     without = orjson.dumps({**full, "prompt_token_ids": None})
@@ -240,41 +240,16 @@ async def test_the_answer_of_the_last_turn_is_kept(store: GatewayStore) -> None:
     # A turn with no answer to replay (a refused prompt) leaves the last one.
     await store.commit_turn("r1", TurnCommit(2, recorder._steps[2], counters(3), None))
     loaded = await store.load_rollout("r1")
-    assert loaded is not None and as_delivered(loaded.answer_key) == key2
+    assert loaded is not None and delivered(loaded.answer_key) == key2
 
 
-def as_delivered(key: AnswerKey | None) -> AnswerKey | None:
-    """``key`` as delivered (a shared store keeps it undelivered until a release says)."""
+def delivered(key: AnswerKey | None) -> AnswerKey | None:
+    """``key`` as delivered (a store gateways share keeps it undelivered until the
+    answering gateway's release says: see test_coordinator_contract.py)."""
     return replace(key, delivered=True) if key is not None else None
 
 
-async def test_a_shared_store_keeps_whether_the_last_answer_was_delivered(
-    store: GatewayStore,
-) -> None:
-    if not store.shared:
-        pytest.skip(f"{store.name} is not shared (its gateway holds the turn)")
-    await store.create_rollout(row())
-    recorder = TrajectoryRecorder("traj-r1", None)
-    record_turns(recorder)
-
-    async def delivered() -> bool | None:
-        loaded = await store.load_rollout("r1")
-        assert loaded is not None and loaded.answer_key is not None
-        return loaded.answer_key.delivered
-
-    for index, handed in enumerate([True, False, None]):
-        await store.claim_turn("r1", "gw-a", 30.0)
-        key = AnswerKey(b"f" * 16, None, 1.0, index)
-        answer = TurnAnswer(key, b"{}")
-        await store.commit_turn(
-            "r1", TurnCommit(index, recorder._steps[index], counters(1), answer)
-        )
-        assert await delivered() is False  # until the answering gateway says
-        await store.release_turn("r1", "gw-a", delivered=handed)
-        assert await delivered() is bool(handed)  # (a gateway that died says nothing)
-
-
-async def test_cancel_is_for_good(store: GatewayStore) -> None:
+async def test_cancel_is_for_good(store: RolloutStore) -> None:
     await store.create_rollout(row())
     recorder = TrajectoryRecorder("traj-r1", None)
     record_turns(recorder)
@@ -292,7 +267,7 @@ async def test_cancel_is_for_good(store: GatewayStore) -> None:
         await store.cancel_rollout("nope", counters(0))
 
 
-async def test_delete_drops_everything_of_the_rollout(store: GatewayStore) -> None:
+async def test_delete_drops_everything_of_the_rollout(store: RolloutStore) -> None:
     await store.create_rollout(row())
     await store.create_rollout(row("r2", key="e" * 64))
     recorder = TrajectoryRecorder("traj-r1", None)
@@ -314,47 +289,8 @@ async def test_delete_drops_everything_of_the_rollout(store: GatewayStore) -> No
     assert await store.load_steps("r1") == []
 
 
-async def test_claims_return_the_stored_revision(store: GatewayStore) -> None:
-    await store.create_rollout(row())
-    assert await store.claim_turn("r1", "gw-a", 30.0) == 0
-    await store.save_rollout("r1", counters(0))
-    await store.release_turn("r1", "gw-a")
-    assert await store.claim_turn("r1", "gw-a", 30.0) == 1
-    await store.release_turn("r1", "gw-a")
-    await store.release_turn("r1", "gw-b")  # not the holder: nothing happens
-    with pytest.raises(UnknownRolloutError):
-        await store.claim_turn("nope", "gw-a", 30.0)
-
-
-async def test_a_shared_store_runs_one_turn_of_a_rollout_at_a_time(
-    backend: Backend, store: GatewayStore, tmp_path: Path
-) -> None:
-    if backend.peer is None:
-        pytest.skip(f"{backend.name} is not shared")
-    other = backend.peer(store, tmp_path)
-    await other.open()
-    try:
-        await store.create_rollout(row())
-        await store.claim_turn("r1", "gw-a", 30.0)
-        waiting = asyncio.ensure_future(other.claim_turn("r1", "gw-b", 30.0))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
-        revision = await store.save_rollout("r1", counters(1))
-        await store.release_turn("r1", "gw-a")
-        assert await asyncio.wait_for(waiting, 10) == revision  # it sees the holder's write
-        await other.release_turn("r1", "gw-b")
-        # A holder that died (closed: nothing renews its claim any more) frees the slot
-        # when its lease ends.
-        await store.claim_turn("r1", "gw-dead", 0.1)
-        await store.close()
-        assert await asyncio.wait_for(other.claim_turn("r1", "gw-b", 30.0), 10) == revision
-    finally:
-        if other is not store:
-            await other.close()
-
-
 async def test_exit_reports_and_the_policy_version(
-    backend: Backend, store: GatewayStore, tmp_path: Path
+    backend: Backend, store: RolloutStore, tmp_path: Path
 ) -> None:
     await store.create_rollout(row())
     await store.create_rollout(row("r2", key=None))
@@ -380,7 +316,7 @@ async def test_exit_reports_and_the_policy_version(
 
 
 async def test_a_durable_store_keeps_everything_across_a_restart(
-    backend: Backend, store: GatewayStore, tmp_path: Path
+    backend: Backend, store: RolloutStore, tmp_path: Path
 ) -> None:
     if backend.reopen is None:
         pytest.skip(f"{backend.name} is not durable")
@@ -396,9 +332,8 @@ async def test_a_durable_store_keeps_everything_across_a_restart(
     try:
         contents = await again.open()
         assert again.secret == secret
-        rows = contents.rollouts
-        if again.shared:  # a shared store may load rollouts on demand only
-            rows = rows or [r for r in [await again.load_rollout("r1")] if r is not None]
+        # (A store gateways share may hold rollouts back: they load them on demand.)
+        rows = contents.rollouts or [r for r in [await again.load_rollout("r1")] if r]
         assert [r.registration["rollout_id"] for r in rows] == ["r1"]
         stored = rows[0]
         assert stored.cancelled and stored.steps == recorder.num_steps

@@ -22,6 +22,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from rollout_gateway.server.state.pass_batch import PassBatch
+
 #: At most this many commands in one pipeline (more wait for the next one).
 MAX_BATCH = 64
 
@@ -38,24 +40,17 @@ class CommandBatches:
 
     def __init__(self, client: Callable[[], aioredis.Redis]) -> None:
         self._client = client
-        self._pending: list[_Pending] = []
-        self._scheduled = False
+        self._batch: PassBatch[_Pending] = PassBatch(self._flush)
         self._sending: set[asyncio.Task[None]] = set()
 
     def call(self, *command: Any) -> Awaitable[Any]:
         """Send ``command`` with the others of this loop iteration; its reply (or its
         error, raised) as redis-py's ``execute_command`` gives it."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append((command, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._batch.add((command, future))
         return future
 
-    def _flush(self) -> None:
-        self._scheduled = False
-        pending, self._pending = self._pending, []
+    def _flush(self, pending: list[_Pending]) -> None:
         # A caller cancelled before its command was sent: it is not sent.
         pending = [p for p in pending if not p[1].done()]
         for start in range(0, len(pending), MAX_BATCH):
@@ -87,12 +82,6 @@ class CommandBatches:
                 future.set_exception(result)
             else:
                 future.set_result(result)
-
-    def forget(self) -> None:
-        """Drop what belongs to an event loop that has ended."""
-        self._pending = []
-        self._scheduled = False
-        self._sending = set()
 
 
 __all__ = ["MAX_BATCH", "CommandBatches"]

@@ -1,11 +1,10 @@
 """One gateway's connections to Redis: :class:`RedisConnection`.
 
-redis-py's asyncio client (hiredis parses the replies), one connection pool per event loop
-(``serve`` checks the store before its server's loop runs: that loop's connections cannot
-serve the next), the scripts of :mod:`.scripts` run by their SHA-1 (``EVALSHA``, loaded
-again when Redis lost them), and Redis's "cannot serve now" errors turned into
-:class:`~rollout_gateway.server.state.store.StoreUnavailableError` (the request gets a 503
-its client retries; the pool reconnects on the next call).
+redis-py's asyncio client (hiredis parses the replies), one connection pool (opened on the
+event loop that serves, in the app's startup), the scripts of :mod:`.scripts` run by their
+SHA-1 (``EVALSHA``, loaded again when Redis lost them), and Redis's "cannot serve now"
+errors turned into :class:`~rollout_gateway.server.state.store.StoreUnavailableError` (the
+request gets a 503 its client retries; the pool reconnects on the next call).
 
 A script runs as one ``EVALSHA`` command: redis-py's ``Script`` object does the same with
 more Python around it per call (a quarter of the client's CPU per call, measured; two
@@ -46,7 +45,7 @@ def unavailable(exc: Exception) -> bool:
 
 
 class RedisConnection:
-    """The connection pool of the running event loop, and the calls made on it.
+    """The connection pool, and the calls made on it.
 
     Args:
         url: the Redis URL (``redis://``, ``rediss://``, ``unix://``).
@@ -110,11 +109,6 @@ class RedisConnection:
             if unavailable(exc):
                 raise StoreUnavailableError(f"redis at {self.where}: {exc}") from exc
             raise
-
-    def forget(self) -> None:
-        """Drop the pool of an event loop that has ended (unusable by another)."""
-        self._client = None
-        self._batches.forget()
 
     async def aclose(self) -> None:
         """Close the pool."""

@@ -73,7 +73,10 @@ class EventListener:
             del self._wakers[rollout_id]
 
     def start(self, exits_read: int) -> None:
-        """Listen (in a task of the running loop), passing on reports after ``exits_read``."""
+        """Listen (in a task of the running loop), passing on reports after ``exits_read``
+        (once: a listener started already goes on)."""
+        if self._task is not None:
+            return
         self.exits_read = exits_read
         if self.events is not None:
             self._stopping = False
@@ -88,11 +91,6 @@ class EventListener:
             self._stopping = True
             task.cancel()
             await asyncio.wait([task], timeout=2 * POLL_S)
-
-    def forget(self) -> None:
-        """Drop the task of an event loop that has ended."""
-        self._task = None
-        self._wakers.clear()
 
     def policy_seen(self, state: PolicyState) -> None:
         """Pass on a policy version newer than the last one passed on."""

@@ -1,4 +1,4 @@
-"""Several gateways on one Redis: :class:`RedisStore`, the shared :class:`GatewayStore`.
+"""Several gateways on one Redis: :class:`RedisStore`, what they keep there.
 
 Every gateway behind a load balancer may get any request of any rollout. Redis holds
 what the gateways must not lose (redis-py's asyncio client; hiredis parses the replies
@@ -15,59 +15,54 @@ every record sealed with a checksum, so a damaged one is refused, never served);
 scripts read none of it, only the counts and flags beside it.
 
 A rollout idle for the TTL expires in Redis itself (its keys' ``PEXPIRE``, renewed by
-every write and claim). A turn's lease (:mod:`.leases`) lasts ``lease_s`` and is renewed
-while its turn runs: a gateway killed mid-turn leaves it to expire, and the rollout's next
-request, on any gateway, then claims it. A turn is two round trips: the claim, which reads
-along what changed since this gateway's copy (:mod:`.copies`), and the commit, which ends
-the claim. What other gateways change reaches this one through the events channel
-(:mod:`.events`). A lost connection is :class:`StoreUnavailableError` (the request gets a
-503 its client retries; :mod:`.connection`).
+every write and claim). Who runs a turn, the numbering of exit reports and what other
+gateways change are :mod:`.coordinator`'s (:class:`~.coordinator.RedisCoordinator`, one per
+gateway: :meth:`RedisStore.coordinator`). A turn is two round trips: the claim, which reads
+along what changed since this gateway's copy, and the commit, which ends the claim (the
+store keeps the turn leases this gateway holds, :mod:`.leases`, for that). A lost
+connection is :class:`StoreUnavailableError` (the request gets a 503 its client retries;
+:mod:`.connection`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
 from rollout_gateway.server.state import codec
+from rollout_gateway.server.state.redis_backend.check_state import attach_check, encode_check
 from rollout_gateway.server.state.redis_backend.connection import RedisConnection
-from rollout_gateway.server.state.redis_backend.copies import (
-    HeldCopies,
-    attach_check,
-    encode_check,
-)
-from rollout_gateway.server.state.redis_backend.events import RECHECK_S, EventListener
 from rollout_gateway.server.state.redis_backend.exits import ExitReports
 from rollout_gateway.server.state.redis_backend.leases import Leases
 from rollout_gateway.server.state.store import (
-    GatewayStore,
     PolicyState,
     RolloutCounters,
     RolloutExistsError,
     RolloutRow,
+    RolloutStore,
     StoreContents,
     StoreCorruptError,
     StoredAnswer,
-    StoreEvents,
     StoreVersionError,
     TurnCommit,
     TurnConflictError,
     UnknownRolloutError,
 )
 
+if TYPE_CHECKING:
+    from rollout_gateway.server.state.redis_backend.coordinator import RedisCoordinator
+
 #: The layout of what this code writes; another is refused, never misread (2: steps and
 #: answers in :data:`~..codec.FORMAT_VERSION` 2).
 LAYOUT = 2
 #: The rollout hash's fields a row is made of (not the stored answer's body), and the
 #: last step's check state (read along with the steps, not part of the row).
-_ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key", "a_dlv", "chk")
+ROW_FIELDS = ("v", "reg", "counters", "rev", "steps", "cancelled", "a_key", "a_dlv", "chk")
 
 
-class RedisStore(GatewayStore):
+class RedisStore(RolloutStore):
     """The state of every gateway on one Redis (``serve --redis URL``).
 
     Args:
@@ -81,7 +76,6 @@ class RedisStore(GatewayStore):
     """
 
     name = "redis"
-    shared = True
     durable = True
 
     def __init__(
@@ -100,26 +94,27 @@ class RedisStore(GatewayStore):
         self.channel = f"{prefix}events"
         self.connection = RedisConnection(url, timeout_s=timeout_s)
         self._secret = b""
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._contents: StoreContents | None = None
         #: The exit reports every gateway shares.
         self.exits = ExitReports(self.connection, prefix, self.channel)
-        self._listener = EventListener(
-            self.connection, self.channel, load_policy=self.load_policy,
-            exits_after=self.exits_after,
-        )  # fmt: skip
-        self._leases = Leases(self._renew)
-        #: What this gateway holds of each rollout (a claim reads what changed along).
-        self._copies = HeldCopies()
+        #: The turn leases this gateway holds (a commit ends its claim).
+        self.leases = Leases(self._renew)
+
+    def coordinator(self) -> RedisCoordinator:
+        """One gateway's coordination on this Redis."""
+        from rollout_gateway.server.state.redis_backend.coordinator import RedisCoordinator
+
+        return RedisCoordinator(self)
 
     # -- plumbing ------------------------------------------------------------------------
 
     @property
     def client(self) -> Any:
-        """redis-py's client of the running event loop."""
+        """redis-py's client."""
         return self.connection.client
 
-    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run the script ``name`` of :mod:`.scripts`."""
         return await self.connection.run(name, keys, args)
 
     async def _cmd(self, *command: Any) -> Any:
@@ -130,7 +125,7 @@ class RedisStore(GatewayStore):
         """Where the Redis is, for messages (no password)."""
         return self.connection.where
 
-    def _keys(self, rollout_id: str) -> list[str]:
+    def keys(self, rollout_id: str) -> list[str]:
         """The rollout's hash, steps list and lease, in the order the scripts take them."""
         p = self.prefix
         return [f"{p}r:{rollout_id}", f"{p}s:{rollout_id}", f"{p}lease:{rollout_id}"]
@@ -143,16 +138,10 @@ class RedisStore(GatewayStore):
         return self._secret
 
     async def open(self) -> StoreContents:
-        """Check the layout, read the secret, the policy version and the exit reports,
-        and start following the other gateways' changes (when watched). Idempotent on one
-        event loop; on another (``serve`` checks the store before its server's loop runs)
-        it starts over with new connections."""
-        loop = asyncio.get_running_loop()
-        if self._loop is loop and self._contents is not None:
+        """Check the layout, read the secret, the policy version and the exit reports.
+        Idempotent: a second call returns what the first found."""
+        if self._contents is not None:
             return self._contents
-        if self._loop is not None:
-            self._forget_loop()
-        self._loop = loop
         meta = f"{self.prefix}meta"
         await self._cmd("HSETNX", meta, "layout", LAYOUT)
         await self._cmd("HSETNX", meta, "secret", secrets.token_hex(32))
@@ -169,30 +158,13 @@ class RedisStore(GatewayStore):
         self._contents = StoreContents(
             policy=await self.load_policy(), exits=exits, exit_cursor=cursor
         )
-        self._listener.start(cursor)
         return self._contents
 
-    def _forget_loop(self) -> None:
-        """Drop what belongs to an event loop that has ended (its tasks are gone with it;
-        its connections cannot be used by another loop)."""
-        self._leases.stop_all()
-        self._listener.forget()
-        self.connection.forget()
-        self._contents = None
-
     async def close(self) -> None:
-        """Stop following changes and close the connections."""
-        self._leases.stop_all()
-        await self._listener.stop()
+        """Stop renewing leases and close the connections."""
+        self.leases.stop_all()
         await self.connection.aclose()
         self._contents = None
-        self._loop = None
-
-    def watch(self, events: StoreEvents) -> None:
-        """Tell ``events`` of exit reports, removed rollouts and policy announcements
-        (from :meth:`open` on: call before it). A store nobody watches (``serve``'s
-        start-up check) does not listen, and runs no task of its own."""
-        self._listener.events = events
 
     # -- rollouts ------------------------------------------------------------------------
 
@@ -200,26 +172,21 @@ class RedisStore(GatewayStore):
         """Store a new rollout and its key's index, unless its id is taken."""
         reg = row.registration
         digest = reg.get("key_digest")
-        keys = self._keys(reg["rollout_id"])
+        keys = self.keys(reg["rollout_id"])
         keys.append(f"{self.prefix}k:{digest}" if digest else keys[0])
         args = [codec.encode_json(reg), codec.encode_json(row.counters), self.ttl_ms, LAYOUT,
                 reg["rollout_id"]]  # fmt: skip
-        if (await self._run("CREATE", keys, args))[0] == b"exists":
+        if (await self.run("CREATE", keys, args))[0] == b"exists":
             raise RolloutExistsError(reg["rollout_id"])
 
     async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
-        """The stored rollout (its answer's body is read by :meth:`load_answer` only);
-        what the claim just read along, when it did."""
-        values = self._copies.take_row(rollout_id)
-        if values is None:
-            values = await self._cmd("HMGET", self._keys(rollout_id)[0], *_ROW_FIELDS)
-        row = self._row_of(rollout_id, values)
-        if row is not None:
-            self._copies.seen(rollout_id, row.revision)
-        return row
+        """The stored rollout (its answer's body is read by :meth:`load_answer` only)."""
+        values = await self._cmd("HMGET", self.keys(rollout_id)[0], *ROW_FIELDS)
+        return self.row_of(rollout_id, values)
 
     @staticmethod
-    def _row_of(rollout_id: str, values: list[Any]) -> RolloutRow | None:
+    def row_of(rollout_id: str, values: list[Any]) -> RolloutRow | None:
+        """A row from the rollout hash's :data:`ROW_FIELDS` (``None``: not stored)."""
         layout, reg, counters, rev, steps, cancelled, a_key, a_dlv = values[:8]
         if reg is None:
             return None
@@ -248,12 +215,10 @@ class RedisStore(GatewayStore):
 
     async def _save(self, rollout_id: str, counters: RolloutCounters, cancel: bool) -> int:
         args = [codec.encode_json(counters), self.ttl_ms, "1" if cancel else "0"]
-        reply = await self._run("SAVE", self._keys(rollout_id), args)
+        reply = await self.run("SAVE", self.keys(rollout_id), args)
         if reply[0] == b"gone":
             raise UnknownRolloutError(rollout_id)
-        revision = int(reply[1])
-        self._copies.wrote(rollout_id, revision)
-        return revision
+        return int(reply[1])
 
     async def save_rollout(self, rollout_id: str, counters: RolloutCounters) -> int:
         """Replace the counters (one script)."""
@@ -265,57 +230,16 @@ class RedisStore(GatewayStore):
 
     async def delete_rollout(self, rollout_id: str) -> bool:
         """Drop the rollout's keys and exit report; every gateway hears of it."""
-        keys = [*self._keys(rollout_id), f"{self.prefix}exits"]
-        existed = await self._run("DELETE", keys, [self.channel, rollout_id])
-        self._leases.dropped(rollout_id)
-        self._copies.forget(rollout_id)
+        keys = [*self.keys(rollout_id), f"{self.prefix}exits"]
+        existed = await self.run("DELETE", keys, [self.channel, rollout_id])
+        self.leases.dropped(rollout_id)
         return bool(existed)
 
     # -- turns ---------------------------------------------------------------------------
 
-    async def claim_turn(self, rollout_id: str, owner: str, lease_s: float) -> int:
-        """Take the lease (at most ``lease_s``, at most the store's own lease, renewed
-        while held), waiting while another gateway holds it."""
-        lease_ms = max(1, int(min(lease_s, self.lease_s) * 1000))
-        keys = [*self._keys(rollout_id), f"{self.prefix}policy"]
-        while True:
-            waker = self._listener.waker(rollout_id)
-            held = self._copies.held(rollout_id)
-            args = [owner, lease_ms, self.ttl_ms, *held]
-            reply = await self._run("CLAIM", keys, args)
-            if reply[0] == b"gone":
-                raise UnknownRolloutError(rollout_id)
-            if reply[0] == b"ok":
-                self._listener.done_waiting(rollout_id, waker)
-                self._leases.took(rollout_id, owner, lease_ms)
-                if reply[2] is not None:
-                    self._listener.policy_seen(PolicyState(int(reply[2]), float(reply[3])))
-                if len(reply) > 4:  # this gateway's copy is behind: what it reads next
-                    fields = reply[4]
-                    self._copies.read_along(rollout_id, fields, reply[5], int(held[1]), fields[8])
-                return int(reply[1])
-            left_s = max(0.0, int(reply[1]) / 1000)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(RECHECK_S, left_s + 0.01)):
-                    await waker.wait()
-
     async def _renew(self, rollout_id: str, owner: str, lease_ms: int) -> bool:
-        keys = [self._keys(rollout_id)[2]]
-        return bool(await self._run("RENEW", keys, [owner, lease_ms]))
-
-    async def release_turn(
-        self, rollout_id: str, owner: str, *, delivered: bool | None = None
-    ) -> None:
-        """Drop the lease if ``owner`` holds it from this gateway (a waiting gateway is
-        told), noting a delivered answer (one script; none when a commit ended the claim
-        already)."""
-        self._copies.settled(rollout_id)
-        if self._leases.owner(rollout_id) != owner:
-            return
-        self._leases.dropped(rollout_id)
-        keys = [self._keys(rollout_id)[2], self._keys(rollout_id)[0]]
-        args = [owner, self.channel, rollout_id, "1" if delivered else "0"]
-        await self._run("RELEASE", keys, args)
+        keys = [self.keys(rollout_id)[2]]
+        return bool(await self.run("RENEW", keys, [owner, lease_ms]))
 
     async def commit_turn(self, rollout_id: str, commit: TurnCommit) -> int:
         """Append the step, write the counters and the answer, while the lease is this
@@ -326,21 +250,19 @@ class RedisStore(GatewayStore):
         if commit.answer is not None:
             answer_key = codec.encode_answer_key(commit.answer.key)
             body = codec.encode_answer(commit.answer)
-        owner = self._leases.owner(rollout_id) or ""
+        owner = self.leases.owner(rollout_id) or ""
         releases = bool(owner) and commit.releases == owner
         counters = codec.encode_json(commit.counters)
         check = encode_check(commit.index, commit.step.check)
         args = [owner, commit.index, step, counters, self.ttl_ms, answer_key, body,
                 "1" if releases else "0", "1" if commit.delivered else "0", self.channel,
                 rollout_id, check]  # fmt: skip
-        reply = await self._run("COMMIT", self._keys(rollout_id), args)
+        reply = await self.run("COMMIT", self.keys(rollout_id), args)
         outcome = reply[0]
         if outcome == b"ok":
-            revision = int(reply[1])
-            self._copies.wrote(rollout_id, revision, commit.index + 1)
             if releases:
-                self._leases.dropped(rollout_id)
-            return revision
+                self.leases.dropped(rollout_id)
+            return int(reply[1])
         if outcome == b"gone":
             raise UnknownRolloutError(rollout_id)
         if outcome == b"lost":
@@ -355,15 +277,18 @@ class RedisStore(GatewayStore):
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
         """The stored steps from ``start`` (one ``LRANGE``; and, when there are none, a
         look whether the rollout is stored at all)."""
-        keys = self._keys(rollout_id)
-        along = self._copies.take_steps(rollout_id, start)
-        check = None
-        if along is not None:
-            raw, check = along
-        else:
-            raw = await self._cmd("LRANGE", keys[1], start, -1)
-            if not raw and not await self._cmd("EXISTS", keys[0]):
-                raise UnknownRolloutError(rollout_id)
+        keys = self.keys(rollout_id)
+        raw = await self._cmd("LRANGE", keys[1], start, -1)
+        if not raw and not await self._cmd("EXISTS", keys[0]):
+            raise UnknownRolloutError(rollout_id)
+        return self.steps_of(rollout_id, raw, start)
+
+    @staticmethod
+    def steps_of(
+        rollout_id: str, raw: list[bytes], start: int, check: bytes | None = None
+    ) -> list[StepDelta]:
+        """Stored steps ``raw`` (from index ``start``), decoded and checked; the last one
+        given its check state ``check`` when it is that step's."""
         try:
             steps = [
                 codec.decode_step(entry, f"rollout {rollout_id}: step {index}")
@@ -372,12 +297,11 @@ class RedisStore(GatewayStore):
         except (ValueError, KeyError, TypeError) as exc:  # (what the checksum let through)
             raise StoreCorruptError(f"rollout {rollout_id}: damaged step ({exc})") from exc
         attach_check(steps, start, check)
-        self._copies.loaded(rollout_id, start, len(steps))
         return steps
 
     async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
         """The last answer's bytes (and the step whose prompt ids it lacks)."""
-        blob, key = await self._cmd("HMGET", self._keys(rollout_id)[0], "a_body", "a_key")
+        blob, key = await self._cmd("HMGET", self.keys(rollout_id)[0], "a_body", "a_key")
         if not blob or not key:
             return None
         what = f"rollout {rollout_id}: answer"
@@ -386,11 +310,6 @@ class RedisStore(GatewayStore):
         return StoredAnswer(body, step if without_prompt_ids else None)
 
     # -- exit reports and the policy version ---------------------------------------------
-
-    async def report_exit(self, report: ExitReport) -> ExitReport | None:
-        """Keep an exit report, numbered once for every gateway (one script); every
-        gateway's listener hands it to its watcher."""
-        return await self.exits.report(report, self._keys(report["rollout_id"])[0])
 
     async def save_exit(self, report: ExitReport) -> None:
         """Keep a report numbered already (the gateways number theirs with
@@ -401,14 +320,9 @@ class RedisStore(GatewayStore):
         """Drop the rollout's report."""
         await self.exits.forget(rollout_id)
 
-    async def exits_after(self, after: int) -> list[ExitReport]:
-        """The exit reports numbered above ``after``, oldest first (see
-        :meth:`.exits.ExitReports.after`)."""
-        return await self.exits.after(after)
-
     async def announce_policy(self, version: int, at: float) -> PolicyState:
         """Forward only (one script); every gateway hears of a new version."""
-        reply = await self._run(
+        reply = await self.run(
             "ANNOUNCE", [f"{self.prefix}policy"], [version, repr(at), self.channel]
         )
         return PolicyState(int(reply[0]), float(reply[1]))
@@ -421,4 +335,4 @@ class RedisStore(GatewayStore):
         return PolicyState(int(version), float(at))
 
 
-__all__ = ["LAYOUT", "RedisStore"]
+__all__ = ["LAYOUT", "ROW_FIELDS", "RedisStore"]
