@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,17 @@ class SQLiteStore(RolloutStore):
     async def load_policy(self) -> PolicyState:
         """The version in effect."""
         return _policy(self._read())
+
+    async def check(self) -> None:
+        """A write of one row (the time of the check), committed as turns are: a disk
+        that is full or failing, or a database that cannot be written, raises."""
+        await self._write(_note_check)
+
+
+def _note_check(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('checked_at', ?)", (time.time(),)
+    )
 
 
 def _announce(conn: sqlite3.Connection, version: int, at: float) -> PolicyState:
