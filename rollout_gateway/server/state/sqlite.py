@@ -55,6 +55,10 @@ from rollout_gateway.server.state.store import (
 
 logger = logging.getLogger("rollout_gateway.server")
 
+#: The health check writes a row only when no write succeeded for this long (a commit is
+#: a few 16 KiB pages of log: one a second would be ~50 KiB/s of writes on an idle gateway).
+CHECK_IDLE_S = 10.0
+
 
 @dataclass(slots=True)
 class _Held:
@@ -90,6 +94,8 @@ class SQLiteStore(RolloutStore):
         self._writer: Writer | None = None
         self._held: dict[str, _Held] = {}
         self._contents: StoreContents | None = None
+        #: Monotonic time of the last write that succeeded (``None``: none, or one failed since).
+        self._written_at: float | None = None
 
     @property
     def secret(self) -> bytes:
@@ -146,7 +152,13 @@ class SQLiteStore(RolloutStore):
     async def _write(self, write: Any) -> Any:
         if self._writer is None:
             raise StoreUnavailableError("the state store is not open")
-        return await self._writer.submit(write)
+        try:
+            result = await self._writer.submit(write)
+        except StoreUnavailableError:
+            self._written_at = None  # the health check writes until a write succeeds
+            raise
+        self._written_at = time.monotonic()
+        return result
 
     def _read(self) -> sqlite3.Connection:
         if self._reader is None:
@@ -364,8 +376,13 @@ class SQLiteStore(RolloutStore):
         return _policy(self._read())
 
     async def check(self) -> None:
-        """A write of one row (the time of the check), committed as turns are: a disk
-        that is full or failing, or a database that cannot be written, raises."""
+        """Whether the database can be written: a write succeeded in the last
+        :data:`CHECK_IDLE_S` seconds (turns write all the time), else a write of one row
+        (the time of the check), committed as turns are. A disk that is full or failing
+        raises (and every check writes until a write succeeds again)."""
+        written = self._written_at
+        if written is not None and time.monotonic() - written < CHECK_IDLE_S:
+            return
         await self._write(_note_check)
 
 

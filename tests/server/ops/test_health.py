@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,18 +197,66 @@ async def test_redis_lost_is_503_and_back_when_redis_is(tmp_path: Path) -> None:
             assert (await health(client))[0] == 200
 
 
-async def test_sqlite_check_writes_a_row(tmp_path: Path) -> None:
-    """The SQLite store's check is a write (a full disk shows), committed like a turn."""
+async def test_sqlite_check_writes_a_row_when_nothing_was_written_lately(tmp_path: Path) -> None:
+    """The SQLite store's check is a write (a full disk shows), committed like a turn;
+    skipped while other writes succeed (an idle gateway writes a row every 10 s)."""
     store = SQLiteStore(tmp_path / "state")
     await store.open()
     try:
         await store.check()
-        await store.check()
+        first = _checked_at(store)
+        await store.check()  # a write succeeded just now: no second row
+        assert _checked_at(store) == first
     finally:
         await store.close()
-    with contextlib.closing(sqlite3.connect(tmp_path / "state" / "state.db")) as conn:
+
+
+def _checked_at(store: SQLiteStore) -> float:
+    with contextlib.closing(sqlite3.connect(store.path)) as conn:
         (value,) = conn.execute("SELECT value FROM meta WHERE key = 'checked_at'").fetchone()
-    assert value > 0
+    return float(value)
+
+
+@pytest.fixture
+def small_volume(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs (root only: skipped elsewhere)."""
+    path = tmp_path / "volume"
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(path)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+async def test_a_full_disk_under_sqlite_is_503_and_200_once_freed(small_volume: Path) -> None:
+    store = SQLiteStore(small_volume / "state")
+    async with gateway_on(store, probe_interval_s=3600) as client:
+        monitor = client.app.state.gateway.health_monitor  # type: ignore[attr-defined]
+        filler = small_volume / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as out:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        # A turn's write fails: the next probe writes (and fails) at once.
+        register = await client.post("/v1/rollouts/r1/register", json={"model": "m"})
+        assert register.status_code == 503
+        await monitor.probe()
+        status, body = await health(client)
+        assert status == 503
+        [reason] = body["reasons"]
+        assert reason.startswith("state store (sqlite): StoreUnavailableError"), reason
+        assert "full" in reason
+        filler.unlink()
+        await monitor.probe()
+        assert (await health(client))[0] == 200
+        assert (
+            await client.post("/v1/rollouts/r1/register", json={"model": "m"})
+        ).status_code == 200
 
 
 async def test_liveness_answers_whatever_the_upstream(make_gateway) -> None:
