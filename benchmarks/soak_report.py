@@ -1,0 +1,326 @@
+"""What the chaos soak (``benchmarks/soak.py``) reports: the ledger check, the curves'
+slopes, the CSV and the PNG. Pure functions of the run's files (no server needed), so a
+run directory can be checked again: ``python benchmarks/soak_report.py RUN_DIR``.
+
+The ledger check (issue 34): the scripted model's ledger (``model-ledger.jsonl``: one line
+per completion served whole, its serial and a digest of its completion ids) against the
+env journals (``env-*.jsonl``: each rollout's outcome and, per recorded step, the
+serial and digest the gateway recorded):
+
+* **lost**: a rollout started and never ended, by an env process that was not killed
+  (a killed env's rollouts are *interrupted* and run again on ``--resume``);
+* **duplicated**: a served completion recorded in two steps (of one rollout or two);
+* **silently truncated**: a step whose completion differs from what the model served,
+  a step with no serial or one the model never served, or an example agent that
+  finished cleanly with fewer turns than its script (4) and no error said why;
+* **untyped**: a rollout failed with an error that is not verifiers' typed ``vf.Error``.
+
+All four must be 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+#: Turns of the example agent's script (look, fix, test, report: ``tasks.script_for``).
+SCRIPT_TURNS = 4
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's objects (a line cut by a kill -9 is skipped)."""
+    out = []
+    if not path.exists():
+        return out
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def ledger_check(run_dir: Path) -> dict[str, Any]:
+    """The ledger's counts (see the module doc)."""
+    served = {
+        line["call"]: line["completion"] for line in read_lines(run_dir / "model-ledger.jsonl")
+    }
+    counts: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    seen: dict[int, str] = {}
+    examples: dict[str, list[str]] = defaultdict(list)
+    open_keys: dict[str, dict[str, Any]] = {}
+    for journal in sorted(run_dir.glob("env-*.jsonl")):
+        for line in read_lines(journal):
+            key = line.get("rollout_key", "")
+            event = line.get("event")
+            if event == "start":
+                counts["started"] += 1
+                open_keys[key] = line
+            elif event == "interrupted":
+                counts["interrupted_by_env_kill"] += 1
+                open_keys.pop(key, None)
+            elif event == "end":
+                open_keys.pop(key, None)
+                _check_end(line, served, seen, counts, errors, examples)
+    counts["lost"] = len(open_keys)
+    examples["lost"] = list(open_keys)[:5]
+    counts["served"] = len(served)
+    counts["served_not_in_a_trajectory"] = len(set(served) - set(seen))
+    return {
+        "counts": dict(counts),
+        "errors": dict(errors.most_common()),
+        "examples": {k: v[:5] for k, v in examples.items() if v},
+        "ok": all(counts[k] == 0 for k in ("lost", "duplicated", "silently_truncated", "untyped")),
+    }
+
+
+def _check_end(
+    line: dict[str, Any],
+    served: dict[int, str],
+    seen: dict[int, str],
+    counts: Counter[str],
+    errors: Counter[str],
+    examples: dict[str, list[str]],
+) -> None:
+    rollout = str(line.get("rollout_id") or line.get("rollout_key"))
+    error, hostile = line.get("error"), line.get("hostile")
+    counts["ended"] += 1
+    counts["hostile" if hostile else "example_agent"] += 1
+    if error is None:
+        counts["completed"] += 1
+    else:
+        counts["failed_typed" if line.get("typed") else "untyped"] += 1
+        errors[f"{error}{' (hostile ' + hostile + ')' if hostile else ''}"] += 1
+        if not line.get("typed"):
+            examples["untyped"].append(f"{rollout}: {error}: {line.get('error_message')}")
+    steps = line.get("steps") or []
+    counts["steps"] += len(steps)
+    for step in steps:
+        call = step.get("call")
+        if call is None or call not in served or served[call] != step.get("digest"):
+            counts["silently_truncated"] += 1
+            examples["silently_truncated"].append(f"{rollout}: step call={call}")
+        elif call in seen:
+            counts["duplicated"] += 1
+            examples["duplicated"].append(f"{rollout} and {seen[call]}: call={call}")
+        if call is not None:
+            seen[call] = rollout
+    clean = error is None and not hostile and line.get("agent_exit") == 0
+    if clean and len(steps) != SCRIPT_TURNS:
+        counts["silently_truncated"] += 1
+        examples["silently_truncated"].append(f"{rollout}: {len(steps)} of {SCRIPT_TURNS} turns")
+
+
+# -- curves ----------------------------------------------------------------------------------
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The samples, one row per 10 s, one column per series (empty where absent)."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    with path.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.DictWriter(out, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_csv(path: Path) -> list[dict[str, float]]:
+    """:func:`write_csv`'s rows back, numbers as floats (absent values dropped)."""
+    with path.open(encoding="utf-8") as src:
+        return [
+            {k: float(v) for k, v in row.items() if v not in ("", None)}
+            for row in csv.DictReader(src)
+        ]
+
+
+def slope(points: Iterable[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares slope of ``(t, y)`` and the mean of ``y`` (``None`` under 6 points)."""
+    pts = list(points)
+    if len(pts) < 6:
+        return None
+    ts, ys = [p[0] for p in pts], [p[1] for p in pts]
+    mean_t, mean_y = statistics.fmean(ts), statistics.fmean(ys)
+    var = sum((t - mean_t) ** 2 for t in ts)
+    if var == 0:
+        return None
+    return sum((t - mean_t) * (y - mean_y) for t, y in pts) / var, mean_y
+
+
+def slopes(rows: list[dict[str, float]], warmup_s: float) -> dict[str, dict[str, float]]:
+    """Per series of a process (``<role>.<pid>.rss_mb|fds|threads``), after ``warmup_s``
+    of the run (or of the process's life, for one restarted): the fitted slope per hour,
+    as a share of the series' mean (the issue's target: under 1 % per hour)."""
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row in rows:
+        for name, value in row.items():
+            if name.count(".") == 2 and name.rsplit(".", 1)[1] in ("rss_mb", "fds", "threads"):
+                series[name].append((row["t"], value))
+    out: dict[str, dict[str, float]] = {}
+    for name, points in sorted(series.items()):
+        born = points[0][0]
+        kept = [(t, y) for t, y in points if t >= max(warmup_s, born + warmup_s / 2)]
+        fit = slope(kept)
+        if fit is None or fit[1] == 0:
+            continue
+        per_hour, mean = fit[0] * 3600, fit[1]
+        out[name] = {
+            "per_hour": round(per_hour, 3),
+            "pct_per_hour": round(100 * per_hour / mean, 3),
+            "mean": round(mean, 3),
+            "minutes": round((kept[-1][0] - kept[0][0]) / 60, 1),
+        }
+    return out
+
+
+def latency_by_minute(canary: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Turn latency p50 / p99 (ms) of the canary's successful turns, per minute of run."""
+    by_minute: dict[int, list[float]] = defaultdict(list)
+    for turn in canary:
+        if turn.get("status") == 200:
+            by_minute[int(turn["t"] // 60)].append(turn["ms"])
+    out = []
+    for minute, values in sorted(by_minute.items()):
+        values.sort()
+        out.append(
+            {
+                "minute": minute,
+                "turns": len(values),
+                "p50_ms": round(values[len(values) // 2], 2),
+                "p99_ms": round(values[min(len(values) - 1, int(len(values) * 0.99))], 2),
+            }
+        )
+    return out
+
+
+def latency_drift(canary: list[dict[str, Any]], window_min: int) -> dict[str, float] | None:
+    """p99 of the last ``window_min`` minutes over the first ``window_min`` (target 1.2x)."""
+    ok = [c for c in canary if c.get("status") == 200]
+    if not ok:
+        return None
+    end = max(c["t"] for c in ok)
+
+    def p99(values: list[float]) -> float:
+        values = sorted(values)
+        return values[min(len(values) - 1, int(len(values) * 0.99))] if values else float("nan")
+
+    first = p99([c["ms"] for c in ok if c["t"] < window_min * 60])
+    last = p99([c["ms"] for c in ok if c["t"] >= end - window_min * 60])
+    return {
+        "first_p99_ms": round(first, 2),
+        "last_p99_ms": round(last, 2),
+        "ratio": round(last / first, 3),
+    }
+
+
+# -- the picture ------------------------------------------------------------------------------
+
+
+def draw(
+    run_dir: Path,
+    rows: list[dict[str, float]],
+    events: list[dict[str, Any]],
+    canary: list[dict[str, Any]],
+) -> Path | None:
+    """``curves.png``: memory, fds, threads per process; sandboxes and kernel objects;
+    state sizes; turn latency per minute; chaos events as vertical lines. ``None`` when
+    matplotlib is not installed (``pip install matplotlib``: the soak's only extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(3, 2, figsize=(16, 13), sharex=True)
+    panels = [
+        (axes[0][0], "RSS (MiB) per process", ".rss_mb"),
+        (axes[0][1], "open fds per process", ".fds"),
+        (axes[1][0], "threads per process", ".threads"),
+    ]
+    minutes = [r["t"] / 60 for r in rows]
+    for ax, title, suffix in panels:
+        for name in sorted(
+            {k for r in rows for k in r if k.endswith(suffix) and k.count(".") == 2}
+        ):
+            ax.plot(
+                [r["t"] / 60 for r in rows if name in r],
+                [r[name] for r in rows if name in r],
+                lw=1,
+                label=name.rsplit(".", 1)[0],
+            )
+        ax.set_title(title)
+        ax.legend(fontsize=6, ncol=2)
+    ax = axes[1][1]
+    for name in ("sandboxes", "sandbox_dirs", "cgroups", "loop_mounts", "rollouts_running"):
+        ax.plot(minutes, [r.get(name, 0) for r in rows], lw=1, label=name)
+    ax.set_title("live sandboxes and their kernel objects")
+    ax.legend(fontsize=7)
+    ax = axes[2][0]
+    for name in ("sqlite_db_mb", "sqlite_wal_mb", "redis_used_mb", "redis_keys_k"):
+        ax.plot(minutes, [r.get(name, 0) for r in rows], lw=1, label=name)
+    ax.set_title("state: SQLite file and WAL (MiB), Redis memory (MiB) and keys (thousands)")
+    ax.legend(fontsize=7)
+    ax = axes[2][1]
+    per_minute = latency_by_minute(canary)
+    ax.plot(
+        [m["minute"] + 0.5 for m in per_minute],
+        [m["p50_ms"] for m in per_minute],
+        marker="o",
+        lw=1,
+        label="p50",
+    )
+    ax.plot(
+        [m["minute"] + 0.5 for m in per_minute],
+        [m["p99_ms"] for m in per_minute],
+        marker="o",
+        lw=1,
+        label="p99",
+    )
+    ax.set_yscale("log")
+    ax.set_title("turn latency per minute (ms, canary through HAProxy)")
+    ax.legend(fontsize=7)
+    for row_axes in axes:
+        for ax in row_axes:
+            for event in events:
+                ax.axvline(
+                    event["t"] / 60,
+                    color="red" if "kill" in event["what"] else "grey",
+                    alpha=0.35,
+                    lw=0.8,
+                )
+    for event in events:
+        axes[0][0].annotate(
+            event["what"],
+            (event["t"] / 60, 0),
+            rotation=90,
+            fontsize=5,
+            xycoords=("data", "axes fraction"),
+            va="bottom",
+        )
+    for ax in axes[2]:
+        ax.set_xlabel("minutes")
+    fig.tight_layout()
+    path = run_dir / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> int:
+    run_dir = Path(sys.argv[1])
+    print(json.dumps(ledger_check(run_dir), indent=2))
+    rows = read_csv(run_dir / "samples.csv")
+    print(json.dumps(slopes(rows, 120.0), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
