@@ -315,10 +315,15 @@ def draw(
 
 
 def main() -> int:
-    run_dir = Path(sys.argv[1])
-    print(json.dumps(ledger_check(run_dir), indent=2))
-    rows = read_csv(run_dir / "samples.csv")
-    print(json.dumps(slopes(rows, 120.0), indent=2))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Check a soak run directory again.")
+    parser.add_argument("run_dir", type=Path, help="a benchmarks/soak.py --out directory")
+    parser.add_argument("--warmup-s", type=float, default=300.0, help="left out of the slopes")
+    args = parser.parse_args()
+    print(json.dumps(ledger_check(args.run_dir), indent=2))
+    rows = read_csv(args.run_dir / "samples.csv")
+    print(json.dumps(slopes(rows, args.warmup_s), indent=2))
     return 0
 
 
