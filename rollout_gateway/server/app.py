@@ -45,7 +45,7 @@ from rollout_gateway.server.engines.token_in import TokenInEngine, load_renderer
 from rollout_gateway.server.engines.upstream import UpstreamPool
 from rollout_gateway.server.http.auth import bearer_token, token_matches
 from rollout_gateway.server.http.dispatch import GatewayApp
-from rollout_gateway.server.http.fds import fd_limit, plan_fds
+from rollout_gateway.server.http.fds import FdPlan, fd_limit, plan_fds
 from rollout_gateway.server.http.guard import GuardMiddleware
 from rollout_gateway.server.http.intake import BodyIntake
 from rollout_gateway.server.http.jsonio import JSONBytesResponse
@@ -101,6 +101,29 @@ class GatewayParts(TypedDict, total=False):
     coordinator: TurnCoordinator | None
 
 
+def _upstream_pool(
+    config: GatewayConfig,
+    transport: httpx.AsyncBaseTransport | Mapping[str, httpx.AsyncBaseTransport] | None,
+) -> tuple[FdPlan, UpstreamPool]:
+    """How the process's file descriptors are shared, and the upstreams' pools within it."""
+    fd_plan = plan_fds(
+        fd_limit(),
+        max_connections=config.connections.max_connections,
+        per_upstream_pool=config.upstream.max_connections_per_upstream,
+        # Each upstream has its lean pool and an httpx one beside it.
+        upstream_pools=len(config.upstreams) * 2,
+    )
+    pool = UpstreamPool(
+        config.upstreams,
+        timeout_s=config.upstream.upstream_timeout_s,
+        connect_timeout_s=config.upstream.upstream_connect_timeout_s,
+        transport=transport,
+        api_key=config.upstream.upstream_api_key,
+        max_connections=fd_plan.upstream_connections,
+    )
+    return fd_plan, pool
+
+
 def _token_in(config: GatewayConfig, given: TokenInEngine | None) -> TokenInEngine | None:
     """Token-in mode's engine (``None`` in chat mode)."""
     if config.upstream.upstream_mode != "token-in":
@@ -125,22 +148,9 @@ class Gateway:
         clock = parts.get("clock") or time.monotonic
         #: Token-in mode's renderer and generate call (``None`` in chat mode).
         self.token_in = _token_in(config, parts.get("token_in"))
-        #: How the process's file descriptors are shared (connection caps).
-        self.fd_plan = plan_fds(
-            fd_limit(),
-            max_connections=config.connections.max_connections,
-            per_upstream_pool=config.upstream.max_connections_per_upstream,
-            # Each upstream has its lean pool and an httpx one beside it.
-            upstream_pools=len(config.upstreams) * 2,
-        )
-        self.pool = UpstreamPool(
-            config.upstreams,
-            timeout_s=config.upstream.upstream_timeout_s,
-            connect_timeout_s=config.upstream.upstream_connect_timeout_s,
-            transport=parts.get("upstream_transport"),
-            api_key=config.upstream.upstream_api_key,
-            max_connections=self.fd_plan.upstream_connections,
-        )
+        #: How the process's file descriptors are shared (connection caps), and the
+        #: upstreams' connection pools within them.
+        self.fd_plan, self.pool = _upstream_pool(config, parts.get("upstream_transport"))
         self.metrics = GatewayMetrics(
             active_rollouts=lambda: len(self.registry),
             healthy=lambda: float(self.health_monitor.report(admin=False).healthy),
@@ -193,12 +203,10 @@ class Gateway:
         #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`),
         #: numbered as the coordinator numbers them.
         self.exit_board = self.coordinator.exit_board()
-        # Each exit stream holds a connection open: at most half of the connection cap.
-        max_streams = max(
-            1, min(config.connections.max_exit_streams, self.fd_plan.agent_connections // 2)
-        )
-        #: The open exit streams (capped; ended on shutdown).
-        self.exit_streams = ExitStreams(self.exit_board, max_streams=max_streams)
+        #: The open exit streams (capped; ended on shutdown). Each holds a connection
+        #: open: at most half of the connection cap.
+        max_streams = min(config.connections.max_exit_streams, self.fd_plan.agent_connections // 2)
+        self.exit_streams = ExitStreams(self.exit_board, max_streams=max(1, max_streams))
         self.coordinator.watch(self)
 
     def _on_remove(self, record: RolloutRecord) -> None:

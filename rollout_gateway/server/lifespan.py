@@ -16,17 +16,43 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from rollout_gateway.server.context import GatewayContext
 from rollout_gateway.server.engines.probe import probe_engine
 
 if TYPE_CHECKING:
-    from rollout_gateway.server.app import Gateway
+    from rollout_gateway.server.control.exit_stream import ExitStreams
+    from rollout_gateway.server.engines.probe import EngineInfo
+    from rollout_gateway.server.ops.health import HealthMonitor
+    from rollout_gateway.server.state.registry import RolloutRecord
 
 logger = logging.getLogger("rollout_gateway.server")
 
 
-async def open_state(gateway: Gateway) -> None:
+class ServingGateway(GatewayContext, Protocol):
+    """What a gateway's start and end use of it (:class:`~.app.Gateway`; typed here as a
+    protocol so that this module never imports the one that imports it)."""
+
+    #: Whether the store and the coordinator are open.
+    state_open: bool
+    #: What runs behind each upstream.
+    engines: dict[str, EngineInfo]
+    #: The open exit streams.
+    exit_streams: ExitStreams
+    #: The probe of the upstreams and the store (``/health``).
+    health_monitor: HealthMonitor
+
+    def pin_loaded(self, record: RolloutRecord) -> None:
+        """Pin a restored rollout to its upstream (another when it is gone)."""
+        ...
+
+    def sweep(self) -> int:
+        """Expire idle rollouts now."""
+        ...
+
+
+async def open_state(gateway: ServingGateway) -> None:
     """Open the gateway's store and coordinator and hold again what the store held: its
     rollouts (pinned to their upstream, or to another when it is no longer configured),
     exit reports and the policy version. Idempotent until :func:`lifespan` closes them.
@@ -50,14 +76,14 @@ async def open_state(gateway: Gateway) -> None:
         logger.info("state: %d rollouts restored from the %s store", len(rows), gateway.store.name)
 
 
-async def _close_state(gateway: Gateway) -> None:
+async def _close_state(gateway: ServingGateway) -> None:
     await gateway.rollouts.drain()
     await gateway.coordinator.close()
     await gateway.store.close()
     gateway.state_open = False
 
 
-async def _probe_engines(gateway: Gateway) -> None:
+async def _probe_engines(gateway: ServingGateway) -> None:
     pool, token_in = gateway.pool, gateway.token_in
     await asyncio.gather(
         *(
@@ -79,7 +105,7 @@ async def _periodic(interval_s: float, action: Callable[[], object]) -> None:
             logger.exception("periodic task failed")
 
 
-def _warn_unreachable(gateway: Gateway) -> None:
+def _warn_unreachable(gateway: ServingGateway) -> None:
     """Say at start, loudly, what the first health probe found down: turns fail with a
     502 (or a 503 for the store) until it answers, and ``/health`` answers 503 while no
     upstream (or the store) answers."""
@@ -92,7 +118,7 @@ def _warn_unreachable(gateway: Gateway) -> None:
 
 
 @contextlib.asynccontextmanager
-async def lifespan(gateway: Gateway, app: Any = None) -> AsyncIterator[None]:
+async def lifespan(gateway: ServingGateway, app: Any = None) -> AsyncIterator[None]:
     """The app's lifespan: open the state (:func:`open_state`), probe the engines and
     the health of the upstreams and the store, run the idle sweep and the health probe;
     at the end, finish the state's writes and close it."""

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field, replace
 
 from rollout_gateway.exits import merged_report
 from rollout_gateway.protocol import ExitReport
-from rollout_gateway.server.state.coordinator import Claim, HeldCopy
+from rollout_gateway.server.state.backends import coordinator_for
+from rollout_gateway.server.state.coordinator import Claim, HeldCopy, TurnCoordinator
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.shared import SharedCoordinator
 from rollout_gateway.server.state.store import (
     PolicyState,
+    RolloutStore,
     StoreContents,
     StoreEvents,
     TurnAnswer,
@@ -168,3 +170,12 @@ class MemoryCoordinator(SharedCoordinator):
 
 
 __all__ = ["MemoryCoordinator", "SharedMemoryStore"]
+
+
+def coordination(store: RolloutStore) -> TurnCoordinator:
+    """A gateway's coordination on ``store``: its own for a :class:`SharedMemoryStore`
+    (which the package does not know), else what the app would choose
+    (:func:`~rollout_gateway.server.state.backends.coordinator_for`)."""
+    if isinstance(store, SharedMemoryStore):
+        return store.coordinator()
+    return coordinator_for(store)

@@ -416,9 +416,10 @@ async def test_a_refused_turn_stops_an_agent_that_retries_forever(tmp_path: Path
     gateway_harness = program_harness(_RETRY_FOREVER_AGENT, gateway_log)
     async with model_and_gateway() as (model_root, gateway_root, _):
         # v1's own interception refuses turn 3 (stop max_turns) but cannot end a program
-        # that keeps retrying: it runs until the agent's time limit.
+        # that keeps retrying: it runs until the agent's time limit (long enough for a
+        # loaded machine to start the program and make its refused calls).
         own = await run_v1_own(
-            model_root, own_harness, max_turns=2, timeout=TimeoutConfig(rollout=3)
+            model_root, own_harness, max_turns=2, timeout=TimeoutConfig(rollout=10)
         )
         via_gateway = await run_gateway(gateway_root, gateway_harness, max_turns=2)
 

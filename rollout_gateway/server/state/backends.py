@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 from rollout_gateway.server.config import GatewayConfig
-from rollout_gateway.server.state.coordinator import TurnCoordinator
+from rollout_gateway.server.state.coordinator import LocalCoordinator, TurnCoordinator
 from rollout_gateway.server.state.memory import MemoryStore
 from rollout_gateway.server.state.store import RolloutStore, StoreUnavailableError
 
@@ -33,16 +35,30 @@ def store_for(config: GatewayConfig) -> RolloutStore:
     return MemoryStore()
 
 
+def coordinator_for(store: RolloutStore) -> TurnCoordinator:
+    """How a gateway on ``store`` takes turns: with the other gateways on the same Redis
+    (:class:`~.redis_backend.coordinator.RedisCoordinator`, one per gateway), else alone
+    (:class:`~.coordinator.LocalCoordinator`). A store several gateways share in another
+    way comes with its own coordinator (``create_app(config, store=..., coordinator=...)``)."""
+    # A RedisStore exists only once its module is loaded (the redis extra may be absent).
+    redis_store = sys.modules.get("rollout_gateway.server.state.redis_backend.store")
+    if redis_store is not None and isinstance(store, redis_store.RedisStore):
+        from rollout_gateway.server.state.redis_backend.coordinator import RedisCoordinator
+
+        return RedisCoordinator(store)
+    return LocalCoordinator(store)
+
+
 def state_for(
     config: GatewayConfig,
     store: RolloutStore | None = None,
     coordinator: TurnCoordinator | None = None,
 ) -> tuple[RolloutStore, TurnCoordinator]:
     """A gateway's store (``store``, else :func:`store_for`) and its coordination
-    (``coordinator``, else the store's own: :meth:`~.store.RolloutStore.coordinator`),
-    chosen once, where the app is assembled."""
+    (``coordinator``, else :func:`coordinator_for`), chosen once, where the app is
+    assembled."""
     store = store if store is not None else store_for(config)
-    return store, coordinator if coordinator is not None else store.coordinator()
+    return store, coordinator if coordinator is not None else coordinator_for(store)
 
 
-__all__ = ["state_for", "store_for"]
+__all__ = ["coordinator_for", "state_for", "store_for"]

@@ -24,8 +24,8 @@ back when the records are not current:
 Who runs a rollout's turn, who numbers exit reports and what other gateways changed is
 coordination, not persistence: :mod:`.coordinator` (:class:`~.coordinator.TurnCoordinator`;
 a gateway alone on its store needs no other gateway's word, several gateways on one Redis
-do). Each store names the coordination a gateway on it uses (:meth:`RolloutStore.coordinator`),
-chosen once where the app is assembled.
+do). The coordination of each store is chosen once, where the app is assembled
+(:func:`~.backends.coordinator_for`).
 
 Backends: :mod:`.memory` (this process only; the default), :mod:`.sqlite` (one
 gateway, durable across restarts), and :mod:`.redis_backend` (several gateways). Every
@@ -39,13 +39,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import RecordedStep, StepDelta
-
-if TYPE_CHECKING:
-    from rollout_gateway.server.state.coordinator import TurnCoordinator
 
 
 class StoreError(Exception):
@@ -257,14 +254,6 @@ class RolloutStore(abc.ABC):
     name: str = "store"
     #: Whether what is stored survives this process.
     durable: bool = False
-
-    def coordinator(self) -> TurnCoordinator:
-        """The coordination of a gateway on this store: a gateway alone on it
-        (:class:`~.coordinator.LocalCoordinator`, this default); a store several gateways
-        share returns its own (one per gateway)."""
-        from rollout_gateway.server.state.coordinator import LocalCoordinator
-
-        return LocalCoordinator(self)
 
     @property
     @abc.abstractmethod

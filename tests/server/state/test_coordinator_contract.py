@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.shared_memory import coordination
 from support.waiting import eventually
 
 from rollout_gateway.protocol import ExitReport
@@ -62,7 +63,7 @@ class Gateway:
 
     def __init__(self, store: RolloutStore) -> None:
         self.store = store
-        self.coordinator = store.coordinator()
+        self.coordinator = coordination(store)
         self.heard = Heard(self.coordinator)
 
     async def open(self) -> Gateway:

@@ -17,6 +17,8 @@ import pytest
 from support.local_cluster import RedisServer, free_port
 from support.waiting import eventually
 
+from rollout_gateway.server.state.backends import coordinator_for
+
 from .redis_fixtures import redis_server
 
 pytest.importorskip("redis")
@@ -74,7 +76,7 @@ class Gateway:
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
-        self.coordinator = store.coordinator()
+        self.coordinator = coordinator_for(store)
         self.coordinator.exit_board()
         self.heard = Heard()
         self.coordinator.watch(self.heard)

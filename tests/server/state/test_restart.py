@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.shared_memory import SharedMemoryStore
+from support.shared_memory import SharedMemoryStore, coordination
 
 from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.state.dedupe import Turn
@@ -45,7 +45,12 @@ async def running(
     upstream: Any, store: RolloutStore, **fields: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
     config = GatewayConfig.from_fields(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, **fields)
-    app = create_app(config, upstream_transport=httpx.ASGITransport(upstream), store=store)
+    app = create_app(
+        config,
+        upstream_transport=httpx.ASGITransport(upstream),
+        store=store,
+        coordinator=coordination(store),
+    )
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app), base_url="http://gw"
@@ -274,7 +279,7 @@ async def test_a_private_current_copy_takes_no_store_call_for_its_turn(shared: b
     shared store, where another gateway may have moved the rollout on."""
     store = CountingSharedStore() if shared else CountingStore()
     rollouts = StoredRollouts(
-        RolloutRegistry(max_rollouts=10, ttl_s=60), store, store.coordinator(),
+        RolloutRegistry(max_rollouts=10, ttl_s=60), store, coordination(store),
         owner="gw", lease_s=10, retry_window_s=60,
     )  # fmt: skip
     record = RolloutRecord("r1", "m", {}, 10, None, UPSTREAM, last_activity=0.0)

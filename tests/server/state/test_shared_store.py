@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.shared_memory import SharedMemoryStore
+from support.shared_memory import SharedMemoryStore, coordination
 from support.waiting import eventually
 
 from rollout_gateway.server import GatewayConfig, create_app
@@ -70,7 +70,9 @@ async def gateways(upstream: Any, store: Any, count: int) -> AsyncIterator[list[
             config = GatewayConfig(upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN)
             handle = store() if callable(store) else store
             transport = httpx.ASGITransport(upstream)
-            app = create_app(config, upstream_transport=transport, store=handle)
+            app = create_app(
+                config, upstream_transport=transport, store=handle, coordinator=coordination(handle)
+            )
             await stack.enter_async_context(app.router.lifespan_context(app))
             clients.append(
                 await stack.enter_async_context(
@@ -293,7 +295,7 @@ async def test_catching_up_step_by_step_records_what_one_copy_recorded() -> None
     store = SharedMemoryStore()
     writer, reader = (
         StoredRollouts(
-            RolloutRegistry(max_rollouts=10, ttl_s=60), store, store.coordinator(), owner=name,
+            RolloutRegistry(max_rollouts=10, ttl_s=60), store, coordination(store), owner=name,
             lease_s=10, retry_window_s=60,
         )
         for name in ("writer", "reader")
@@ -372,7 +374,13 @@ async def test_a_rollout_idle_at_one_gateway_but_busy_at_another_is_not_deleted(
     config = GatewayConfig.from_fields(
         upstreams=[UPSTREAM], admin_token=ADMIN_TOKEN, rollout_ttl_s=60
     )
-    idle = create_app(config, upstream_transport=upstream, store=store, clock=clock)
+    idle = create_app(
+        config,
+        upstream_transport=upstream,
+        store=store,
+        coordinator=coordination(store),
+        clock=clock,
+    )
     async with idle.router.lifespan_context(idle):
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(idle), base_url="http://gw"

@@ -17,7 +17,8 @@ scripts read none of it, only the counts and flags beside it.
 A rollout idle for the TTL expires in Redis itself (its keys' ``PEXPIRE``, renewed by
 every write and claim). Who runs a turn, the numbering of exit reports and what other
 gateways change are :mod:`.coordinator`'s (:class:`~.coordinator.RedisCoordinator`, one per
-gateway: :meth:`RedisStore.coordinator`). A turn is two round trips: the claim, which reads
+gateway, made by :func:`~rollout_gateway.server.state.backends.coordinator_for`). A turn
+is two round trips: the claim, which reads
 along what changed since this gateway's copy, and the commit, which ends the claim (the
 store keeps the turn leases this gateway holds, :mod:`.leases`, for that). A lost
 connection is :class:`StoreUnavailableError` (the request gets a 503 its client retries;
@@ -27,7 +28,7 @@ connection is :class:`StoreUnavailableError` (the request gets a 503 its client 
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
@@ -50,9 +51,6 @@ from rollout_gateway.server.state.store import (
     TurnConflictError,
     UnknownRolloutError,
 )
-
-if TYPE_CHECKING:
-    from rollout_gateway.server.state.redis_backend.coordinator import RedisCoordinator
 
 #: The layout of what this code writes; another is refused, never misread (2: steps and
 #: answers in :data:`~..codec.FORMAT_VERSION` 2).
@@ -99,12 +97,6 @@ class RedisStore(RolloutStore):
         self.exits = ExitReports(self.connection, prefix, self.channel)
         #: The turn leases this gateway holds (a commit ends its claim).
         self.leases = Leases(self._renew)
-
-    def coordinator(self) -> RedisCoordinator:
-        """One gateway's coordination on this Redis."""
-        from rollout_gateway.server.state.redis_backend.coordinator import RedisCoordinator
-
-        return RedisCoordinator(self)
 
     # -- plumbing ------------------------------------------------------------------------
 
