@@ -229,6 +229,7 @@ class Soak:
     events: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     canary: list[dict[str, Any]] = field(default_factory=list)
+    health: list[dict[str, Any]] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -363,6 +364,28 @@ class Soak:
                         {"t": round(self.now(), 2), "ms": round(ms, 2), "status": status}
                     )
             canary.close()
+
+    # -- health ---------------------------------------------------------------------------------
+
+    def run_health_watch(self) -> None:
+        """Each gateway's ``/health`` every second (no token: what HAProxy sees); each
+        change of its status or reasons is kept (what a failure looks like in it)."""
+        last: dict[str, tuple[int, tuple[str, ...]]] = {}
+        with httpx.Client(timeout=2) as client:
+            while not self.stopping.wait(1.0):
+                roots = [*self.gateways.roots(), *self.sqlite.roots()]
+                for name, root in zip(
+                    ["gateway0", "gateway1", "gateway2", "sqlite"], roots, strict=True
+                ):
+                    try:
+                        answer = client.get(f"{root}/health")
+                        state = (answer.status_code, tuple(answer.json().get("reasons", ())))
+                    except (httpx.HTTPError, ValueError):
+                        state = (0, ("no answer",))
+                    if last.get(name) != state:
+                        last[name] = state
+                        change = {"t": round(self.now(), 1), "gateway": name, "status": state[0]}
+                        self.health.append({**change, "reasons": list(state[1])})
 
     # -- samples ----------------------------------------------------------------------------------
 
@@ -651,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         soak.start()
         threads = [
             threading.Thread(target=target, name=target.__name__, daemon=True)
-            for target in (soak.chaos, soak.run_sampler, soak.run_canary)
+            for target in (soak.chaos, soak.run_sampler, soak.run_canary, soak.run_health_watch)
         ]
         for thread in threads:
             thread.start()
@@ -682,7 +705,8 @@ def report(soak: Soak, left: dict[str, Any], args: argparse.Namespace, out: Path
     write_csv(out / "samples.csv", soak.rows)
     write_csv(out / "canary.csv", soak.canary)
     (out / "events.json").write_text(json.dumps(soak.events, indent=1))
-    png = draw(out, soak.rows, soak.events, soak.canary)
+    (out / "health.json").write_text(json.dumps(soak.health, indent=1))
+    png = draw(out, soak.rows, soak.events, soak.canary, soak.health)
     summary = {
         "seed": args.seed,
         "minutes": args.minutes,
@@ -692,6 +716,7 @@ def report(soak: Soak, left: dict[str, Any], args: argparse.Namespace, out: Path
         "slopes": fitted,
         "latency_drift": drift,
         "latency_per_minute": latency_by_minute(soak.canary),
+        "health_changes": soak.health,
         "chaos": [
             e for e in soak.events if e["what"].startswith(("kill", "restart", "model", "fill"))
         ],
@@ -733,6 +758,10 @@ def print_summary(s: dict[str, Any]) -> None:
             f"  {name:40s} {fit['pct_per_hour']:8.2f} %/h  "
             f"({fit['per_hour']:+.2f}/h of {fit['mean']:.1f}, {fit['minutes']} min)"
         )
+    print("/health changes (t, gateway, status, reasons):")
+    for change in s["health_changes"]:
+        reasons = "; ".join(change["reasons"])
+        print(f"  {change['t']:7.1f}s {change['gateway']:9s} {change['status']} {reasons}")
     print("latency p99, last window over first:", json.dumps(s["latency_drift"]), "(<= 1.2)")
     print("png:", s["png"])
 

@@ -228,10 +228,12 @@ def draw(
     rows: list[dict[str, float]],
     events: list[dict[str, Any]],
     canary: list[dict[str, Any]],
+    health: list[dict[str, Any]] | None = None,
 ) -> Path | None:
     """``curves.png``: memory, fds, threads per process; sandboxes and kernel objects;
-    state sizes; turn latency per minute; chaos events as vertical lines. ``None`` when
-    matplotlib is not installed (``pip install matplotlib``: the soak's only extra)."""
+    state sizes; turn latency per minute; each gateway's ``/health``; the chaos events as
+    vertical lines (red: a kill). ``None`` when matplotlib is not installed (the ``soak``
+    extra: ``pip install matplotlib``)."""
     try:
         import matplotlib
 
@@ -239,79 +241,108 @@ def draw(
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axes = plt.subplots(3, 2, figsize=(16, 13), sharex=True)
-    panels = [
+    fig, axes = plt.subplots(4, 2, figsize=(16, 17), sharex=True)
+    for ax, title, suffix in (
         (axes[0][0], "RSS (MiB) per process", ".rss_mb"),
         (axes[0][1], "open fds per process", ".fds"),
         (axes[1][0], "threads per process", ".threads"),
-    ]
-    minutes = [r["t"] / 60 for r in rows]
-    for ax, title, suffix in panels:
-        for name in sorted(
-            {k for r in rows for k in r if k.endswith(suffix) and k.count(".") == 2}
-        ):
-            ax.plot(
-                [r["t"] / 60 for r in rows if name in r],
-                [r[name] for r in rows if name in r],
-                lw=1,
-                label=name.rsplit(".", 1)[0],
-            )
+    ):
+        _per_process(ax, rows, suffix)
         ax.set_title(title)
-        ax.legend(fontsize=6, ncol=2)
-    ax = axes[1][1]
-    for name in ("sandboxes", "sandbox_dirs", "cgroups", "loop_mounts", "rollouts_running"):
-        ax.plot(minutes, [r.get(name, 0) for r in rows], lw=1, label=name)
-    ax.set_title("live sandboxes and their kernel objects")
-    ax.legend(fontsize=7)
-    ax = axes[2][0]
-    for name in ("sqlite_db_mb", "sqlite_wal_mb", "redis_used_mb", "redis_keys_k"):
-        ax.plot(minutes, [r.get(name, 0) for r in rows], lw=1, label=name)
-    ax.set_title("state: SQLite file and WAL (MiB), Redis memory (MiB) and keys (thousands)")
-    ax.legend(fontsize=7)
-    ax = axes[2][1]
-    per_minute = latency_by_minute(canary)
-    ax.plot(
-        [m["minute"] + 0.5 for m in per_minute],
-        [m["p50_ms"] for m in per_minute],
-        marker="o",
-        lw=1,
-        label="p50",
+    _series(
+        axes[1][1],
+        rows,
+        ("sandboxes", "sandbox_dirs", "cgroups", "loop_mounts", "rollouts_running"),
     )
-    ax.plot(
-        [m["minute"] + 0.5 for m in per_minute],
-        [m["p99_ms"] for m in per_minute],
-        marker="o",
-        lw=1,
-        label="p99",
-    )
-    ax.set_yscale("log")
-    ax.set_title("turn latency per minute (ms, canary through HAProxy)")
-    ax.legend(fontsize=7)
-    for row_axes in axes:
-        for ax in row_axes:
-            for event in events:
-                ax.axvline(
-                    event["t"] / 60,
-                    color="red" if "kill" in event["what"] else "grey",
-                    alpha=0.35,
-                    lw=0.8,
-                )
+    axes[1][1].set_title("live sandboxes, their kernel objects, rollouts running")
+    _series(axes[2][0], rows, ("sqlite_db_mb", "sqlite_wal_mb", "redis_used_mb", "redis_keys_k"))
+    axes[2][0].set_title("SQLite file and WAL (MiB), Redis memory (MiB) and keys (thousands)")
+    _latency(axes[2][1], canary)
+    _health(axes[3][0], health or [], rows[-1]["t"] if rows else 0.0)
+    _completions(axes[3][1], run_dir)
+    for ax in axes.flat:
+        for event in events:
+            color = "red" if "kill" in event["what"] else "grey"
+            ax.axvline(event["t"] / 60, color=color, alpha=0.35, lw=0.8)
     for event in events:
         axes[0][0].annotate(
-            event["what"],
-            (event["t"] / 60, 0),
-            rotation=90,
-            fontsize=5,
-            xycoords=("data", "axes fraction"),
-            va="bottom",
-        )
-    for ax in axes[2]:
+            event["what"], (event["t"] / 60, 0), rotation=90, fontsize=5,
+            xycoords=("data", "axes fraction"), va="bottom",
+        )  # fmt: skip
+    for ax in axes[3]:
         ax.set_xlabel("minutes")
     fig.tight_layout()
     path = run_dir / "curves.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _per_process(ax: Any, rows: list[dict[str, float]], suffix: str) -> None:
+    names = sorted({k for r in rows for k in r if k.endswith(suffix) and k.count(".") == 2})
+    for name in names:
+        points = [(r["t"] / 60, r[name]) for r in rows if name in r]
+        ax.plot(*zip(*points, strict=True), lw=1, label=name.rsplit(".", 1)[0])
+    ax.legend(fontsize=6, ncol=2)
+
+
+def _series(ax: Any, rows: list[dict[str, float]], names: tuple[str, ...]) -> None:
+    for name in names:
+        ax.plot([r["t"] / 60 for r in rows], [r.get(name, 0) for r in rows], lw=1, label=name)
+    ax.legend(fontsize=7)
+
+
+def _latency(ax: Any, canary: list[dict[str, Any]]) -> None:
+    per_minute = latency_by_minute(canary)
+    for key in ("p50_ms", "p99_ms"):
+        xs = [m["minute"] + 0.5 for m in per_minute]
+        ax.plot(xs, [m[key] for m in per_minute], marker="o", lw=1, label=key)
+    failed = [c["t"] / 60 for c in canary if c.get("status") != 200]
+    ax.plot(failed, [1.0] * len(failed), "x", color="red", ms=3, label="turn failed")
+    ax.set_yscale("log")
+    ax.set_title("turn latency per minute (ms, the canary through HAProxy)")
+    ax.legend(fontsize=7)
+
+
+def _health(ax: Any, health: list[dict[str, Any]], end: float) -> None:
+    """Each gateway's /health over time: 200 up, 503 not ready, 0 no answer."""
+    for offset, name in enumerate(("gateway0", "gateway1", "gateway2", "sqlite")):
+        changes = [h for h in health if h["gateway"] == name]
+        if not changes:
+            continue
+        xs = [h["t"] / 60 for h in changes] + [end / 60]
+        level = {200: 1.0, 503: 0.5, 0: 0.0}
+        ys = [level.get(h["status"], 0.25) + offset * 1.5 for h in changes]
+        ax.step(xs, [*ys, ys[-1]], where="post", lw=1.2, label=name)
+    ax.set_yticks([])
+    ax.set_title("/health per gateway (high 200, middle 503, low no answer)")
+    ax.legend(fontsize=7)
+
+
+def _completions(ax: Any, run_dir: Path) -> None:
+    """Rollouts ended per minute, by outcome (from the env journals)."""
+    by: dict[str, Counter[int]] = defaultdict(Counter)
+    starts = [
+        line["at"] for j in run_dir.glob("env-*.jsonl") for line in read_lines(j)
+        if line.get("event") == "start"
+    ]  # fmt: skip
+    origin = min(starts, default=0.0)
+    for journal in run_dir.glob("env-*.jsonl"):
+        for line in read_lines(journal):
+            if line.get("event") == "end":
+                outcome = "completed" if line.get("error") is None else "failed (typed)"
+                by[outcome][int((line["at"] - origin) // 60)] += 1
+    for outcome, counts in sorted(by.items()):
+        minutes = sorted(counts)
+        ax.plot(
+            [m + 0.5 for m in minutes],
+            [counts[m] for m in minutes],
+            marker="o",
+            lw=1,
+            label=outcome,
+        )
+    ax.set_title("rollouts ended per minute")
+    ax.legend(fontsize=7)
 
 
 def main() -> int:
