@@ -651,7 +651,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.minutes = min(args.minutes, 3.0)
         args.gateway_kill_every = min(args.gateway_kill_every, 35.0)
         args.outage_s = min(args.outage_s, 20.0)
-        args.drain_s = min(args.drain_s, 45.0)
+        args.drain_s = min(args.drain_s, 90.0)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 16)
     return args
@@ -739,7 +739,8 @@ def print_summary(s: dict[str, Any]) -> None:
     print(
         f"ledger: started {c.get('started', 0)}, completed {c.get('completed', 0)}, failed "
         f"typed {c.get('failed_typed', 0)}, interrupted by env kill "
-        f"{c.get('interrupted_by_env_kill', 0)}; lost {c.get('lost', 0)}, duplicated "
+        f"{c.get('interrupted_by_env_kill', 0)}, cancelled at the stop "
+        f"{c.get('cancelled_at_the_stop', 0)}; lost {c.get('lost', 0)}, duplicated "
         f"{c.get('duplicated', 0)}, silently truncated {c.get('silently_truncated', 0)}, "
         f"untyped {c.get('untyped', 0)}  -> {verdict}"
     )

@@ -262,6 +262,14 @@ async def run(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             state = await env.rollout(data, client, "scripted", {"max_tokens": 256})
+        except asyncio.CancelledError:
+            # Still running past --drain-s at the stop: the env's teardown cancelled it
+            # (it finalized: cancelled and unregistered at the gateway, sandbox deleted).
+            journal.write(
+                event="cancelled", rollout_key=key, env=args.name, hostile=hostile,
+                seconds=time.monotonic() - started,
+            )  # fmt: skip
+            raise
         except Exception as exc:  # only configuration errors escape rollout(): journalled
             journal.write(
                 event="end", rollout_key=key, env=args.name, hostile=hostile, rollout_id=None,

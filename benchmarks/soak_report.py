@@ -8,7 +8,8 @@ env journals (``env-*.jsonl``: each rollout's outcome and, per recorded step, th
 serial and digest the gateway recorded):
 
 * **lost**: a rollout started and never ended, by an env process that was not killed
-  (a killed env's rollouts are *interrupted* and run again on ``--resume``);
+  (a killed env's rollouts are *interrupted* and run again on ``--resume``; those still
+  running when the env stops, past its ``--drain-s``, are *cancelled at the stop*);
 * **duplicated**: a served completion recorded in two steps (of one rollout or two);
 * **silently truncated**: a step whose completion differs from what the model served,
   a step with no serial or one the model never served, or an example agent that
@@ -65,6 +66,9 @@ def ledger_check(run_dir: Path) -> dict[str, Any]:
                 open_keys[key] = line
             elif event == "interrupted":
                 counts["interrupted_by_env_kill"] += 1
+                open_keys.pop(key, None)
+            elif event == "cancelled":
+                counts["cancelled_at_the_stop"] += 1
                 open_keys.pop(key, None)
             elif event == "end":
                 open_keys.pop(key, None)
