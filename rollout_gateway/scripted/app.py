@@ -156,6 +156,28 @@ async def _served(
         ledger.served(completion, _completion_ids(completion))
 
 
+def _answer(
+    body: dict[str, Any], completion: dict[str, Any], *, dropped: bool, ledger: Ledger | None
+) -> Response:
+    """The answer to ``body``: ``completion`` whole or streamed as asked; ``dropped``: the
+    connection closes halfway (a fault); the ledger notes what was served in full."""
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunks = list(iter_completion_sse(completion, include_usage=include_usage))
+        if dropped:
+            content: Any = dropped_after(chunks, max(1, len(chunks) // 2))
+        else:
+            content = _served(chunks, completion, ledger)
+        return StreamingResponse(content, media_type="text/event-stream")
+    raw = bytes(JSONResponse(completion).body)
+    if dropped:
+        half = dropped_after([raw[: len(raw) // 2]], 1)
+        return StreamingResponse(half, media_type="application/json")
+    if ledger is not None:
+        ledger.served(completion, _completion_ids(completion))
+    return Response(raw, media_type="application/json")
+
+
 def _token_str(token_id: int, piece: bytes) -> str:
     if not piece or token_id < 256:  # a special token, or the byte tokenizer's
         return tok.token_str(token_id)
@@ -208,21 +230,7 @@ def create_scripted_model_app(
         delay_s = latency_ms / 1000.0 + (faults.slow_s if fault == "slow" and faults else 0.0)
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            chunks = list(iter_completion_sse(completion, include_usage=include_usage))
-            if fault == "drop":
-                content: Any = dropped_after(chunks, max(1, len(chunks) // 2))
-            else:
-                content = _served(chunks, completion, ledger)
-            return StreamingResponse(content, media_type="text/event-stream")
-        raw = bytes(JSONResponse(completion).body)
-        if fault == "drop":
-            half = dropped_after([raw[: len(raw) // 2]], 1)
-            return StreamingResponse(half, media_type="application/json")
-        if ledger is not None:
-            ledger.served(completion, _completion_ids(completion))
-        return Response(raw, media_type="application/json")
+        return _answer(body, completion, dropped=fault == "drop", ledger=ledger)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
