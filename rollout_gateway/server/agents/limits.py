@@ -103,7 +103,7 @@ def check_takes_turn(
     rollout may not be current (the turn's claim brings it up to date: a copy of a
     rollout other gateways share, a restored record), when the request repeats an earlier turn (a
     retry gets that turn's answer, from the turn tracker or from the store), when the last
-    answer reached nobody (the next turn takes it back: see ``ChatTurns._admit``), or
+    answer reached nobody (the next turn takes it back: see ``TurnRunner._admit``), or
     when the rollout is gone (its turn answers 404).
     """
     if not rollouts.vouches_for(record) or not record.live:
