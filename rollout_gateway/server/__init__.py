@@ -11,9 +11,10 @@ Where things are, in the order a chat turn meets them: :mod:`.runner` (uvicorn) 
 :mod:`.http` (connection limits, :mod:`.http.guard`, bounded bodies, and
 :mod:`.http.dispatch`, the agents' chat routes' lean path); :mod:`.agents`
 (:mod:`.agents.endpoint`, then :mod:`.agents.chat`: the request in its dialect, retries
-joined; :mod:`.agents.turn_runner`: one turn, budgets checked by :mod:`.agents.limits`); :mod:`.engines` (:mod:`.engines.turn`: the engine call
-and its step, the upstream clients, token-in mode); :mod:`.recording`
-(:mod:`.recording.recorder` and :mod:`.recording.token_branches`: the trajectory);
+joined; :mod:`.agents.turn_runner`: one turn, budgets checked by :mod:`.agents.limits`);
+:mod:`.engines` (:mod:`.engines.turn`: the engine call and its step, the upstream
+clients, token-in mode); :mod:`.recording` (:mod:`.recording.recorder` and
+:mod:`.recording.token_branches`: the trajectory);
 :mod:`.state` (the registry of rollouts, retries, policy versions, and the store they are
 kept in: memory or SQLite); :mod:`.control`
 (register, trajectory, cancel, unregister, exits, policy version); :mod:`.ops` (metrics,
