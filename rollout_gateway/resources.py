@@ -4,6 +4,10 @@ One :class:`GatewayResources` per env, shared by all its rollouts. Closing it en
 rollouts still in flight (each finalizes: cancel, unregister, delete), then closes the
 HTTP clients and stops every tunnel, and refuses to open anything afterwards, so a
 rollout finalizing late cannot re-create a client nobody closes.
+
+:class:`ResourcesOwner` holds an env's current one across its teardowns: a rollout
+started after a teardown gets a fresh one, which is closed when the last rollout using
+it ends (nothing else would close it: the env's teardown has already run).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from rollout_gateway.client import GatewayClient
 from rollout_gateway.errors import GatewayUnavailableError
@@ -113,4 +118,66 @@ class GatewayResources:
         await self.tunnels.stop_all()
 
 
-__all__ = ["GatewayResources"]
+class ResourcesOwner:
+    """The env's current :class:`GatewayResources`: made on first use, closed by the
+    env's teardown (:meth:`teardown`). After a teardown, rollouts still run: the first one
+    makes a fresh set, the rollouts then running share it (:meth:`acquire` /
+    :meth:`release`), and the last to end closes it, so nothing made after the teardown
+    outlives its rollouts.
+
+    Args:
+        make: builds a fresh :class:`GatewayResources` (the env's settings and provider).
+    """
+
+    def __init__(self, make: Callable[[], GatewayResources]) -> None:
+        self._make = make
+        self._current: GatewayResources | None = None
+        self._users = 0
+        self._torn_down = False
+
+    @property
+    def current(self) -> GatewayResources | None:
+        """The open set, if any (``None`` before first use and after it was closed)."""
+        return self._current
+
+    def get(self) -> GatewayResources:
+        """The current set, made now when there is none. Outside a rollout (an env's own
+        setup calling for a tunnel) after a teardown with no rollout running, it is
+        refused: nothing would close what it opened."""
+        if self._current is None:
+            if self._torn_down and self._users == 0:
+                raise GatewayUnavailableError(
+                    "the env was torn down: gateway resources open again only for a rollout"
+                )
+            self._current = self._make()
+        return self._current
+
+    def acquire(self) -> GatewayResources:
+        """The set a rollout uses until its :meth:`release`."""
+        self._users += 1
+        try:
+            return self.get()
+        except BaseException:
+            self._users -= 1
+            raise
+
+    async def release(self, resources: GatewayResources) -> None:
+        """A rollout is done with ``resources``; after a teardown, the last user closes them."""
+        if resources is not self._current:
+            return  # a teardown took that set and closed it
+        self._users -= 1
+        if self._torn_down and self._users == 0:
+            self._current = None
+            await resources.aclose()  # in the rollout's task: aclose does not cancel it
+
+    async def teardown(self) -> None:
+        """The env's teardown: close the current set (its rollouts are cancelled and
+        finalize first, see :meth:`GatewayResources.aclose`). Idempotent."""
+        self._torn_down = True
+        resources, self._current = self._current, None
+        self._users = 0
+        if resources is not None:
+            await resources.aclose()
+
+
+__all__ = ["GatewayResources", "ResourcesOwner"]

@@ -32,6 +32,7 @@ CLASSIC_ONLY = [
     "test_demo_classic.py",
     "test_integration_gateway.py",
     "test_client.py",
+    "test_soak.py",  # its env processes run the classic example env
     "local_sandbox/test_local_sandbox.py",
     "real_engine/test_classic_stack.py",
 ]

@@ -73,7 +73,7 @@ def test_ctrl_c_stops_a_server_cleanly_with_exit_130(command: str, tmp_path: Pat
     if command == "serve":
         argv += ["--upstream", f"http://127.0.0.1:{_free_port()}/v1"]
         env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": TOKEN, "ROLLOUT_GATEWAY_ADMIN_TOKEN_FILE": ""}
-    ready = f"http://127.0.0.1:{port}/" + ("health" if command == "serve" else "v1/models")
+    ready = f"http://127.0.0.1:{port}/" + ("health/live" if command == "serve" else "v1/models")
     with _running(*argv, env=env) as proc:
         _wait_for(ready, proc)
         proc.send_signal(signal.SIGINT)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from support.local_cluster import GatewayGroup, HAProxy, RedisServer, haproxy_config
+from support.local_cluster import GatewayGroup, HAProxy, RedisServer, free_port, haproxy_config
 
 from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.server import server_thread
@@ -87,3 +88,74 @@ def test_the_haproxy_config_is_round_robin_without_stickiness() -> None:
     assert "balance roundrobin" in config
     assert "server gateway1 127.0.0.1:8002 check" in config
     assert "stick" not in config and "cookie" not in config
+
+
+def _answered_by(lb_root: str, count: int) -> Counter[str]:
+    """Which gateways answered ``count`` requests through the balancer."""
+    with httpx.Client(base_url=lb_root, timeout=10) as client:
+        return Counter(client.get("/health/live").headers["X-Gateway"] for _ in range(count))
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float) -> float:
+    """Seconds until ``predicate()`` held (fails past ``timeout_s``)."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout_s, "not within the timeout"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_a_gateway_whose_upstream_dies_leaves_the_rotation_and_comes_back(
+    tmp_path: Path, model_url: str
+) -> None:
+    """Issue 34: ``/health`` is 503 while the gateway reaches no upstream, so HAProxy's
+    check takes it out (about 2 s: a probe a second, two failed checks 500 ms apart) and
+    puts it back when the upstream answers again. When no gateway is ready, requests still
+    reach the live ones (the control plane works; turns get the gateway's 502)."""
+    _require("haproxy")
+    port = free_port()
+    dying = server_thread(create_scripted_model_app(), port=port)
+    dying.__enter__()
+    try:
+        with (
+            GatewayGroup(
+                None, f"http://127.0.0.1:{port}/v1", 1, tmp_path / "a", admin_token=ADMIN
+            ) as a,
+            GatewayGroup(None, model_url, 1, tmp_path / "b", admin_token=ADMIN) as b,
+            HAProxy([*a.ports, *b.ports], tmp_path / "lb") as lb,
+        ):
+            assert _answered_by(lb.root, 10) == Counter(gateway0=5, gateway1=5)
+            dying.__exit__(None, None, None)
+            out_after = _until(lambda: _answered_by(lb.root, 6) == Counter(gateway1=6), 10)
+            health = httpx.get(f"{a.roots()[0]}/health", timeout=10)
+            assert health.status_code == 503 and health.json()["reasons"] == [
+                "upstream 1 unreachable"
+            ]
+            assert "does not answer" not in a.log(0)  # it did answer at start
+            assert "is down: unreachable" in a.log(0)
+            dying = server_thread(create_scripted_model_app(), port=port)
+            dying.__enter__()
+            back_after = _until(lambda: len(_answered_by(lb.root, 6)) == 2, 10)
+    finally:
+        dying.__exit__(None, None, None)
+    print(f"out of rotation after {out_after:.2f} s, back after {back_after:.2f} s")
+    assert out_after < 5 and back_after < 5  # ~2 s and ~1.5 s on an idle machine
+
+
+def test_with_no_gateway_ready_requests_reach_the_live_ones(tmp_path: Path) -> None:
+    _require("haproxy")
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with (
+        GatewayGroup(None, dead, 1, tmp_path / "gw", admin_token=ADMIN) as gateways,
+        HAProxy(gateways.ports, tmp_path / "lb") as lb,
+    ):
+        time.sleep(1.5)  # HAProxy's checks find it unready
+        assert "does not answer" in gateways.log(0)  # serve's warning at start
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        with httpx.Client(base_url=lb.root, headers=headers, timeout=10) as client:
+            health = client.get("/health")  # the gateway's own answer, not HAProxy's 503
+            assert health.status_code == 503 and health.headers["X-Gateway"] == "gateway0"
+            assert health.json()["status"] == "unhealthy"
+            register = client.post("/v1/rollouts/r0/register", json={"model": "m"})
+            assert register.status_code == 200, register.text
+            assert client.post("/v1/rollouts/r0/unregister").status_code == 200

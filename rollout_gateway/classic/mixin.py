@@ -38,7 +38,7 @@ from rollout_gateway.errors import (
 from rollout_gateway.lifecycle import (
     GatewayRollout,
 )
-from rollout_gateway.resources import GatewayResources
+from rollout_gateway.resources import GatewayResources, ResourcesOwner
 from rollout_gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         gateway: GatewaySettings | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._gateway_resources: GatewayResources | None = None
+        self._gateway_owner = ResourcesOwner(self._make_gateway_resources)
         self._gateway_rollouts = StateRollouts(self._new_rollout, self._state_gateway_url)
         settings = GatewaySettings.coerce(gateway)
         legacy = {k: kwargs.pop(k) for k in list(kwargs) if k in DEPRECATED_KWARGS}
@@ -149,7 +149,7 @@ class RolloutGatewayMixin(AgentSandboxSteps):
             changes["gateway_port"] = gateway_port
         if timeout_seconds is not _UNSET:
             changes["agent_timeout"] = timeout_seconds
-        if self._gateway_resources is not None and changes:
+        if self._gateway_owner.current is not None and changes:
             raise GatewayConfigError("init_gateway cannot change settings once rollouts started")
         self.gateway_settings = self.gateway_settings.replace(**changes)
 
@@ -157,18 +157,23 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         """The env's clients and tunnels (created with the first gateway rollout).
 
         A method, not a property: verifiers discovers decorated hooks with ``getattr``
-        on every attribute, which would create the resources at construction.
+        on every attribute, which would create the resources at construction. After the
+        env's teardown, rollouts get a fresh set closed when the last of them ends
+        (:class:`~rollout_gateway.resources.ResourcesOwner`).
         """
-        if self._gateway_resources is None:
-            provider = self.gateway_settings.resolved_tunnel_provider(
-                local=self.sandbox_backend == "local"
-            )
-            self._gateway_resources = GatewayResources(self.gateway_settings, provider)
-        return self._gateway_resources
+        return self._gateway_owner.get()
 
-    def _new_rollout(self, rollout_id: str | None) -> GatewayRollout:
+    def _make_gateway_resources(self) -> GatewayResources:
+        provider = self.gateway_settings.resolved_tunnel_provider(
+            local=self.sandbox_backend == "local"
+        )
+        return GatewayResources(self.gateway_settings, provider)
+
+    def _new_rollout(
+        self, rollout_id: str | None, resources: GatewayResources | None = None
+    ) -> GatewayRollout:
         return GatewayRollout(
-            self.gateway_resources(),
+            resources or self.gateway_resources(),
             rollout_id=rollout_id,
             is_typed=_is_vf_typed,
             is_infra=_is_vf_infra,
@@ -305,7 +310,15 @@ class RolloutGatewayMixin(AgentSandboxSteps):
         if not self.use_gateway:
             return await super().rollout(input, client, model, sampling_args)
         state = await self._init_state_or_error(input, client, model, sampling_args)
-        rollout = self._new_rollout(None)
+        resources = self._gateway_owner.acquire()
+        try:
+            await self._gateway_rollout(state, resources)
+        finally:
+            await self._gateway_owner.release(resources)
+        return state
+
+    async def _gateway_rollout(self, state: State, resources: GatewayResources) -> None:
+        rollout = self._new_rollout(None, resources)
         state["rollout_id"] = rollout.rollout_id
         if state.get("error") is not None:
             rollout.fail(state["error"])
@@ -324,7 +337,6 @@ class RolloutGatewayMixin(AgentSandboxSteps):
                     await rollout.execute(hooks, timeout=self.timeout_seconds)
         finally:
             hooks.render_outcome()
-        return state
 
     async def _init_state_or_error(
         self, input: RolloutInput, client: Any, model: str, sampling_args: SamplingArgs | None
@@ -349,11 +361,12 @@ class RolloutGatewayMixin(AgentSandboxSteps):
 
     @vf.teardown(priority=10)
     async def teardown_gateway(self) -> None:
-        """End rollouts in flight, close the control-plane clients, stop every tunnel."""
-        resources, self._gateway_resources = self._gateway_resources, None
+        """End rollouts in flight, close the control-plane clients, stop every tunnel.
+
+        Rollouts started afterwards still run, on resources closed when the last of them
+        ends: none is left open with nothing to close it."""
         self._gateway_rollouts.clear()
-        if resources is not None:
-            await resources.aclose()
+        await self._gateway_owner.teardown()
 
 
 __all__ = ["SANDBOX_BACKEND_ENV", "RolloutGatewayMixin"]

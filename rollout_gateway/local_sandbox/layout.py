@@ -9,7 +9,12 @@
 
 The stale sweep trusts nothing a sandbox can write: a sandbox is stale when its ``lock``
 can be taken (its owner is gone: the kernel dropped the lock), and only host-owned,
-non-symlink entries with a well-formed id are considered.
+non-symlink entries with a well-formed id are considered. A sandbox being created has no
+``.state/`` yet (its own file system is mounted on ``<sandbox_id>/`` first, hiding what
+was there): ``<root>/.<sandbox_id>.creating``, locked by the creating client from before
+the directory exists until ``.state/lock`` is held, says whether its creator is alive, so
+a client killed mid-creation (``kill -9``) leaves nothing the sweep misses (a mounted
+disk, its loop device, its image).
 """
 
 from __future__ import annotations
@@ -98,13 +103,20 @@ def create_dirs(
     namespace), so ``base`` must be searchable by others. ``mount``: called on the empty
     ``base`` first (the sandbox's own file system goes there).
     """
-    dirs.base.mkdir(mode=0o700)
-    if mount is not None:
-        mount(dirs.base)
-    os.chmod(dirs.base, 0o711 if traversable else 0o700)
-    dirs.state.mkdir(mode=0o700)
-    lock_fd = os.open(dirs.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    creating = _creating(dirs.base)
+    guard = os.open(creating, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        dirs.base.mkdir(mode=0o700)
+        if mount is not None:
+            mount(dirs.base)
+        os.chmod(dirs.base, 0o711 if traversable else 0o700)
+        dirs.state.mkdir(mode=0o700)
+        lock_fd = os.open(dirs.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        creating.unlink(missing_ok=True)
+        os.close(guard)
     write_meta(dirs, meta)
     for path in (dirs.work, dirs.tmp):
         path.mkdir(mode=0o700)
@@ -128,6 +140,27 @@ def chown_tree(path: Path, owner: tuple[int, int]) -> None:
     os.lchown(path, *owner)
 
 
+def _creating(base: Path) -> Path:
+    """The lock a client holds while it creates ``base`` (see the module doc)."""
+    return base.parent / f".{base.name}.creating"
+
+
+def _abandoned_creation(base: Path) -> bool:
+    """Whether ``base`` (no ``.state/`` yet) was being created by a client now gone."""
+    try:
+        fd = os.open(_creating(base), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # no creation under way, or it finished and ``.state/`` is there now
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # its creator is alive
+    finally:
+        os.close(fd)
+    # Locked after its creator let go: stale, unless the creation finished meanwhile.
+    return not os.path.lexists(base / ".state")
+
+
 def _stale(base: Path) -> dict[str, Any] | None:
     """The host-written metadata of ``base`` when it is a stale sandbox, else ``None``."""
     if not SANDBOX_ID.fullmatch(base.name):
@@ -136,6 +169,8 @@ def _stale(base: Path) -> dict[str, Any] | None:
         info = os.lstat(base)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             return None
+        if not os.path.lexists(base / ".state"):
+            return {} if _abandoned_creation(base) else None
         state = os.lstat(base / ".state")
         if not stat.S_ISDIR(state.st_mode) or state.st_uid != os.geteuid():
             return None
@@ -190,13 +225,16 @@ def sweep_stale(root: Path) -> list[str]:
         cgroups.sweep(base.name, meta.get("cgroups", ()))
         remove_base(root, base)
         removed.append(base.name)
-    # Images whose sandbox directory is already gone (a crash between the two removals).
+    # Images whose sandbox directory is already gone (a crash between the two removals),
+    # and the creation locks of creations that died before making the directory.
     for entry in entries:
         name = entry.name
-        if name.startswith(".") and name.endswith(".disk"):
-            sandbox_id = name[1 : -len(".disk")]
-            if SANDBOX_ID.fullmatch(sandbox_id) and not (root / sandbox_id).exists():
-                entry.unlink(missing_ok=True)
+        for suffix in (".disk", ".creating"):
+            if name.startswith(".") and name.endswith(suffix):
+                sandbox_id = name[1 : -len(suffix)]
+                if SANDBOX_ID.fullmatch(sandbox_id) and not (root / sandbox_id).exists():
+                    if suffix == ".disk" or _abandoned_creation(root / sandbox_id):
+                        entry.unlink(missing_ok=True)
     if removed:
         logger.info("Removed %d stale local sandbox(es) from %s", len(removed), root)
     return removed

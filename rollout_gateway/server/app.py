@@ -53,6 +53,7 @@ from rollout_gateway.server.http.intake import BodyIntake
 from rollout_gateway.server.http.jsonio import JSONBytesResponse
 from rollout_gateway.server.http.responses import ApiError, checked_rollout_id, error_response
 from rollout_gateway.server.lifespan import lifespan
+from rollout_gateway.server.ops.health import HealthMonitor
 from rollout_gateway.server.ops.memory import MemoryTrimmer
 from rollout_gateway.server.ops.metrics import GatewayMetrics
 from rollout_gateway.server.state.backends import state_for
@@ -152,7 +153,11 @@ class Gateway:
         #: How the process's file descriptors are shared (connection caps), and the
         #: upstreams' connection pools within them.
         self.fd_plan, self.pool = _upstream_pool(config, parts.get("upstream_transport"))
-        self.metrics = GatewayMetrics(active_rollouts=lambda: len(self.registry))
+        self.metrics = GatewayMetrics(
+            active_rollouts=lambda: len(self.registry),
+            healthy=lambda: float(self.health_monitor.report(admin=False).healthy),
+            dependencies_up=lambda: self.health_monitor.up_values(),
+        )
         self.registry = RolloutRegistry(
             max_rollouts=config.registry.max_rollouts,
             ttl_s=config.registry.rollout_ttl_s,
@@ -163,6 +168,13 @@ class Gateway:
         #: Where what must not be lost goes, and how turns are taken (:mod:`.state`).
         self.store, self.coordinator = state_for(
             config, parts.get("store"), parts.get("coordinator")
+        )
+        #: Whether the upstreams and the store answer (probed on a timer; ``/health``).
+        self.health_monitor = HealthMonitor(
+            self.pool.upstreams,
+            self.store.check,
+            self.store.name,
+            interval_s=config.upstream.probe_interval_s,
         )
         #: Whether the store and the coordinator are open (:mod:`.lifespan`).
         self.state_open = False
@@ -308,13 +320,19 @@ class Gateway:
     # -- operations ----------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        """``GET /health``: liveness; upstream states only for the admin."""
+        """``GET /health``: 200 while the gateway can serve turns (its store and an
+        upstream answer: :mod:`.ops.health`), else 503; the reasons; the upstreams' and
+        the store's states only for the admin."""
+        admin = self.is_admin(request)
+        report = self.health_monitor.report(admin=admin)
         answer: dict[str, Any] = {
-            "status": "ok",
+            "status": report.status,
+            "healthy": report.healthy,
             "enabled": self.config.enabled,
             "active_rollouts": len(self.registry),
         }
-        admin = self.is_admin(request)
+        if report.reasons:
+            answer["reasons"] = list(report.reasons)
         problems = [
             (u.label, self.engines[u.base_url].describe()["warning"])
             for u in self.pool.upstreams
@@ -337,7 +355,13 @@ class Gateway:
                 for u, state in zip(self.pool.upstreams, self.pool.describe(), strict=True)
             ]
             answer["policy_version"] = self.policy.version
-        return JSONBytesResponse(answer)
+            answer["checks"] = list(report.dependencies)
+        return JSONBytesResponse(answer, status_code=200 if report.healthy else 503)
+
+    async def live(self, request: Request) -> Response:
+        """``GET /health/live``: 200 while the process serves HTTP, whatever its upstreams
+        and store (a supervisor's liveness check; ``/health`` is the readiness check)."""
+        return JSONBytesResponse({"status": "alive"})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         """``GET /metrics``: Prometheus text (admin token required when configured)."""
@@ -433,6 +457,7 @@ def create_app(config: GatewayConfig, **parts: Unpack[GatewayParts]) -> GatewayA
             Route(protocol.POLICY_VERSION_PATH, control.get_policy_version, methods=["GET"]),
             Route(protocol.POLICY_VERSION_PATH, control.set_policy_version, methods=["POST"]),
             Route("/health", gateway.health, methods=["GET"]),
+            Route("/health/live", gateway.live, methods=["GET"]),
             Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         ],
         middleware=[

@@ -83,8 +83,10 @@ class UpstreamSettings:
         "file-descriptor limit leaves for upstream connections)",
     )  # fmt: skip
     probe_interval_s: float = option(
-        5.0, bound=POSITIVE, help="period of the re-probe of unhealthy upstreams"
-    )
+        1.0, flag="--probe-interval", bound=POSITIVE, metavar="S",
+        help="period of the health probe of the upstreams (GET /models) and the state "
+        "store; /health answers from its last result",
+    )  # fmt: skip
     upstream_mode: str = option(
         "chat", flag="--upstream-mode", choices=("chat", "token-in"), group=_TOKENS,
         help="chat: the engine renders each turn (/v1/chat/completions); token-in: the "

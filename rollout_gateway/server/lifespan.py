@@ -2,8 +2,9 @@
 
 :func:`open_state` opens the store and the coordinator and holds again what the store
 held (rollouts, exit reports, the policy version). The app's lifespan
-(:func:`lifespan`) runs it, probes the engines, runs the idle sweep and the upstream
-re-probe, and at the end finishes the background writes and closes both.
+(:func:`lifespan`) runs it, probes the engines, runs the idle sweep and the health probe
+of the upstreams and the store (:mod:`.ops.health`; what the first probe finds down is
+logged as a warning), and at the end finishes the background writes and closes both.
 :func:`~rollout_gateway.server.runner.serve` runs :func:`open_state` on the serving loop
 before the server binds, so that a store that cannot be used is refused before serving,
 with its reason; the lifespan then finds it open.
@@ -23,6 +24,7 @@ from rollout_gateway.server.engines.probe import probe_engine
 if TYPE_CHECKING:
     from rollout_gateway.server.control.exit_stream import ExitStreams
     from rollout_gateway.server.engines.probe import EngineInfo
+    from rollout_gateway.server.ops.health import HealthMonitor
     from rollout_gateway.server.state.registry import RolloutRecord
 
 logger = logging.getLogger("rollout_gateway.server")
@@ -38,6 +40,8 @@ class ServingGateway(GatewayContext, Protocol):
     engines: dict[str, EngineInfo]
     #: The open exit streams.
     exit_streams: ExitStreams
+    #: The probe of the upstreams and the store (``/health``).
+    health_monitor: HealthMonitor
 
     def pin_loaded(self, record: RolloutRecord) -> None:
         """Pin a restored rollout to its upstream (another when it is gone)."""
@@ -101,19 +105,30 @@ async def _periodic(interval_s: float, action: Callable[[], object]) -> None:
             logger.exception("periodic task failed")
 
 
+def _warn_unreachable(gateway: ServingGateway) -> None:
+    """Say at start, loudly, what the first health probe found down: turns fail with a
+    502 (or a 503 for the store) until it answers, and ``/health`` answers 503 while no
+    upstream (or the store) answers."""
+    for line in gateway.health_monitor.unreachable_at_start():
+        logger.warning(
+            "%s: turns routed there fail until it answers; /health answers 503 while no "
+            "upstream (or the state store) answers",
+            line,
+        )
+
+
 @contextlib.asynccontextmanager
 async def lifespan(gateway: ServingGateway, app: Any = None) -> AsyncIterator[None]:
-    """The app's lifespan: open the state (:func:`open_state`), probe the engines, run
-    the idle sweep and the upstream re-probe; at the end, finish the state's writes and
-    close it."""
+    """The app's lifespan: open the state (:func:`open_state`), probe the engines and
+    the health of the upstreams and the store, run the idle sweep and the health probe;
+    at the end, finish the state's writes and close it."""
     await open_state(gateway)
-    await _probe_engines(gateway)
+    await asyncio.gather(_probe_engines(gateway), gateway.health_monitor.probe())
+    _warn_unreachable(gateway)
     config = gateway.config
     tasks = [
         asyncio.create_task(_periodic(config.registry.sweep_interval_s, gateway.sweep)),
-        asyncio.create_task(
-            _periodic(config.upstream.probe_interval_s, gateway.pool.probe_unhealthy)
-        ),
+        asyncio.create_task(gateway.health_monitor.run()),
     ]
     try:
         yield

@@ -254,6 +254,43 @@ async def test_teardown_stops_every_tunnel_once_and_is_idempotent(
     assert resources.closed
 
 
+class _ClosingCounter(httpx.AsyncBaseTransport):
+    """The fake gateway's transport, counting the clients closed over it (an
+    ``httpx.AsyncClient`` closes its transport when it is closed)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.closed = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+async def test_a_rollout_after_teardown_runs_and_closes_what_it_opened(
+    make_env, gateway, sandboxes, tunnels, model_client
+):
+    """Issue 34's leak: a rollout started after ``teardown_gateway()`` re-created a
+    control-plane client (and a tunnel) that nothing closed."""
+    counter = _ClosingCounter(gateway.transport())
+    env = make_env(gateway={"transport": counter})
+    first = await run(env, model_client)
+    await env._teardown()
+    assert counter.closed == 1 and [h.stops for h in tunnels.handles] == [1]
+    # Two at once after the teardown: they share one fresh client and tunnel, closed
+    # when the second ends.
+    later = await asyncio.gather(run(env, model_client, 1), run(env, model_client, 2))
+    assert [s["error"] for s in (first, *later)] == [None, None, None]
+    assert counter.closed == 2
+    assert [h.stops for h in tunnels.handles] == [1, 1]
+    assert_nothing_left(gateway, sandboxes)
+    # An env's own setup asking for a tunnel with no rollout running: refused, typed.
+    with pytest.raises(GatewayUnavailableError, match="torn down"):
+        await env.get_gateway_tunnel_url()
+
+
 async def test_gateway_port_applies_when_the_url_names_none(make_env, gateway, sandboxes, tunnels):
     env = make_env(gateway={"gateway_port": 8123})
     await run(env, client_for("http://gw.test/v1"))

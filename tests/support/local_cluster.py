@@ -285,7 +285,9 @@ class GatewayGroup:
         return env
 
     def _wait_healthy(self, index: int, child: _Child) -> None:
-        url = f"{self.roots()[index]}/health"
+        # Serving (liveness), not ready: a gateway restarted while its upstream is down
+        # serves, and HAProxy's readiness check keeps it out until the upstream answers.
+        url = f"{self.roots()[index]}/health/live"
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if not child.running():
@@ -343,6 +345,13 @@ class GatewayGroup:
 #: to another gateway; one a gateway received is never replayed (an ``empty-response``
 #: retry would resend a turn whose answer was recorded but not sent as a new, unmarked
 #: request). ``X-Gateway`` names the gateway that answered.
+#:
+#: Health: a gateway is in rotation while its ``/health`` (readiness: it reaches its store
+#: and an upstream) answers 200, checked every 500 ms, out after two failures (about 2 s
+#: after its upstream dies: the gateway probes every second) and back after one success.
+#: When no gateway is ready (the upstream they share is down, or the store), requests go
+#: to those that are alive (``/health/live``) rather than HAProxy's own 503: the control
+#: plane (trajectories, unregister) still works and a turn gets the gateway's typed 502.
 _HAPROXY_CONFIG = """\
 global
     maxconn 4096
@@ -361,12 +370,21 @@ defaults
 
 frontend gateway
     bind 127.0.0.1:{port}
-    default_backend gateways
+    use_backend gateways if {{ nbsrv(gateways) gt 0 }}
+    default_backend gateways_alive
 
 backend gateways
     balance {balance}
     http-response set-header X-Gateway %[srv_name]
     option httpchk GET /health
+    http-check expect status 200
+    default-server inter 500ms fall 2 rise 1
+{servers}
+
+backend gateways_alive
+    balance {balance}
+    http-response set-header X-Gateway %[srv_name]
+    option httpchk GET /health/live
     http-check expect status 200
     default-server inter 500ms fall 2 rise 1
 {servers}

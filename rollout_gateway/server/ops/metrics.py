@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -56,6 +57,63 @@ class Gauge:
         ]
 
 
+class LabelledGauge:
+    """Gauges read at scrape time from one callback: label values -> value."""
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str],
+        read: Callable[[], Mapping[tuple[str, ...], float]],
+    ) -> None:
+        self.name, self.help, self.label_names, self.read = name, help_text, tuple(labels), read
+
+    def render(self) -> list[str]:
+        """Exposition lines."""
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge"]
+        for key, value in sorted(self.read().items()):
+            lines.append(f"{self.name}{_labels(self.label_names, key)} {value:g}")
+        return lines
+
+
+def _process_numbers() -> dict[str, float]:
+    """This process's resident memory (bytes), open file descriptors and threads, from
+    ``/proc`` (Linux; empty elsewhere). Cheap: three small reads per scrape."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            rss_pages = int(f.read().split()[1])
+        fds = len(os.listdir("/proc/self/fd"))
+        with open("/proc/self/status", "rb") as f:
+            threads = next(int(line.split()[1]) for line in f if line.startswith(b"Threads:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return {}
+    return {
+        "process_resident_memory_bytes": float(rss_pages * os.sysconf("SC_PAGE_SIZE")),
+        "process_open_fds": float(fds),
+        "process_threads": float(threads),
+    }
+
+
+_PROCESS_HELP = {
+    "process_resident_memory_bytes": "Resident memory of the gateway process, in bytes.",
+    "process_open_fds": "File descriptors the gateway process holds open.",
+    "process_threads": "Threads of the gateway process.",
+}
+
+
+def render_process_metrics() -> list[str]:
+    """The ``process_*`` exposition lines (the names Prometheus's own clients use)."""
+    lines: list[str] = []
+    for name, value in _process_numbers().items():
+        lines += [
+            f"# HELP {name} {_PROCESS_HELP[name]}",
+            f"# TYPE {name} gauge",
+            f"{name} {value:g}",
+        ]
+    return lines
+
+
 class Histogram:
     """A histogram with fixed buckets, labelled by one or more labels."""
 
@@ -100,9 +158,27 @@ class Histogram:
 class GatewayMetrics:
     """The gateway's metrics. ``active_rollouts`` is read from the registry at scrape."""
 
-    def __init__(self, active_rollouts: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        active_rollouts: Callable[[], float],
+        *,
+        healthy: Callable[[], float] = lambda: 1.0,
+        dependencies_up: Callable[[], Mapping[tuple[str, ...], float]] = dict,
+    ) -> None:
         self.active_rollouts = Gauge(
             "rollout_gateway_active_rollouts", "Rollouts currently registered.", active_rollouts
+        )
+        self.healthy = Gauge(
+            "rollout_gateway_healthy",
+            "1 while /health answers 200 (the store and an upstream answer), else 0.",
+            healthy,
+        )
+        self.dependency_up = LabelledGauge(
+            "rollout_gateway_dependency_up",
+            "1 while the last health probe reached the dependency, else 0, by kind "
+            "(upstream, store) and where (URL without credentials, store backend).",
+            ["kind", "where"],
+            dependencies_up,
         )
         self.registrations = Counter("rollout_gateway_registrations_total", "Rollouts registered.")
         self.turns = Counter(
@@ -149,6 +225,8 @@ class GatewayMetrics:
         """The whole exposition text."""
         lines: list[str] = []
         for metric in (
+            self.healthy,
+            self.dependency_up,
             self.active_rollouts,
             self.registrations,
             self.turns,
@@ -162,7 +240,15 @@ class GatewayMetrics:
             self.abandoned_turns,
         ):
             lines.extend(metric.render())
+        lines.extend(render_process_metrics())
         return "\n".join(lines) + "\n"
 
 
-__all__ = ["Counter", "Gauge", "GatewayMetrics", "Histogram"]
+__all__ = [
+    "Counter",
+    "Gauge",
+    "GatewayMetrics",
+    "Histogram",
+    "LabelledGauge",
+    "render_process_metrics",
+]

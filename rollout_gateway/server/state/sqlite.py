@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,10 @@ from rollout_gateway.server.state.store import (
 )
 
 logger = logging.getLogger("rollout_gateway.server")
+
+#: The health check writes a row only when no write succeeded for this long (a commit is
+#: a few 16 KiB pages of log: one a second would be ~50 KiB/s of writes on an idle gateway).
+CHECK_IDLE_S = 10.0
 
 
 @dataclass(slots=True)
@@ -89,6 +94,8 @@ class SQLiteStore(RolloutStore):
         self._writer: Writer | None = None
         self._held: dict[str, _Held] = {}
         self._contents: StoreContents | None = None
+        #: Monotonic time of the last write that succeeded (``None``: none, or one failed since).
+        self._written_at: float | None = None
 
     @property
     def secret(self) -> bytes:
@@ -145,7 +152,13 @@ class SQLiteStore(RolloutStore):
     async def _write(self, write: Any) -> Any:
         if self._writer is None:
             raise StoreUnavailableError("the state store is not open")
-        return await self._writer.submit(write)
+        try:
+            result = await self._writer.submit(write)
+        except StoreUnavailableError:
+            self._written_at = None  # the health check writes until a write succeeds
+            raise
+        self._written_at = time.monotonic()
+        return result
 
     def _read(self) -> sqlite3.Connection:
         if self._reader is None:
@@ -361,6 +374,22 @@ class SQLiteStore(RolloutStore):
     async def load_policy(self) -> PolicyState:
         """The version in effect."""
         return _policy(self._read())
+
+    async def check(self) -> None:
+        """Whether the database can be written: a write succeeded in the last
+        :data:`CHECK_IDLE_S` seconds (turns write all the time), else a write of one row
+        (the time of the check), committed as turns are. A disk that is full or failing
+        raises (and every check writes until a write succeeds again)."""
+        written = self._written_at
+        if written is not None and time.monotonic() - written < CHECK_IDLE_S:
+            return
+        await self._write(_note_check)
+
+
+def _note_check(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('checked_at', ?)", (time.time(),)
+    )
 
 
 def _announce(conn: sqlite3.Connection, version: int, at: float) -> PolicyState:

@@ -347,6 +347,13 @@ class RolloutStore(abc.ABC):
     async def load_policy(self) -> PolicyState:
         """The policy version in effect as stored."""
 
+    async def check(self) -> None:
+        """Raise (:class:`StoreUnavailableError`, or what the backend's client raised)
+        when the store cannot be used now; the gateway's health probe calls it every
+        second or so (:mod:`~rollout_gateway.server.ops.health`), so it is cheap. This
+        default reads the policy version (one round trip to a store across the network)."""
+        await self.load_policy()
+
 
 def answer_matches(
     key: AnswerKey,

@@ -47,7 +47,7 @@ async def test_silent_connection_is_closed_by_the_header_timeout() -> None:
 async def test_dripped_headers_are_closed_by_the_header_timeout() -> None:
     async with gateway(header_timeout_s=0.3) as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes
+        writer.write(b"GET /health/live HTTP/1.1\r\nHost: x\r\n")  # never finishes
         await writer.drain()
         assert await closed_within(reader, 5)
         writer.close()
@@ -78,7 +78,7 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room() -> None:
         await asyncio.sleep(0.2)  # the request is with the app
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
         async with httpx.AsyncClient() as client:  # the cap is reached: it still gets in
-            assert (await client.get(f"{root}/health")).status_code == 200
+            assert (await client.get(f"{root}/health/live")).status_code == 200
         assert await closed_within(silent[0][0], 5)  # the longest idle made room
         # The long-poll was older than all of them, and is answered all the same.
         answer = await asyncio.wait_for(poll_reader.read(4096), 5)
@@ -125,7 +125,7 @@ async def test_oversized_request_headers_are_431_and_the_connection_is_closed() 
         huge = b"x" * (4 * 1024 * 1024)  # one header past the bound...
         many = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(2000))  # ...or many
         for headers in (b"Idempotency-Key: " + huge + b"\r\n", many):
-            request = b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+            request = b"GET /health/live HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
             status, body = await answer_to(port, request)
             assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
             assert (
@@ -133,12 +133,12 @@ async def test_oversized_request_headers_are_431_and_the_connection_is_closed() 
                 and "65536" in body["error"]["message"]
             )
         async with httpx.AsyncClient() as client:  # ordinary headers still pass
-            r = await client.get(f"{root}/health", headers={"X-Big": "v" * 30_000})
+            r = await client.get(f"{root}/health/live", headers={"X-Big": "v" * 30_000})
             assert r.status_code == 200
         # The bound is per request: pipelined requests' heads do not add up.
-        one = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 40_000 + b"\r\n\r\n"
+        one = b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 40_000 + b"\r\n\r\n"
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(one * 2 + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        writer.write(one * 2 + b"GET /health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         raw = await asyncio.wait_for(reader.read(), 5)
         writer.close()
         assert raw.count(b"HTTP/1.1 200 OK") == 3, raw
@@ -150,7 +150,7 @@ async def test_an_unparsable_request_gets_the_json_error_shape() -> None:
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
             b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
         )
-        two_lengths = b"GET /health HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
+        two_lengths = b"GET /health/live HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
         for request in (bad_chunk, two_lengths):
             status, body = await answer_to(port, request)
             assert status == b"HTTP/1.1 400 Bad Request"
@@ -167,7 +167,7 @@ async def test_keep_alive_connection_serves_requests_normally() -> None:
     async with gateway(header_timeout_s=0.5, body_timeout_s=0.5) as (root, _):
         async with httpx.AsyncClient() as client:
             for _ in range(3):
-                assert (await client.get(f"{root}/health")).status_code == 200
+                assert (await client.get(f"{root}/health/live")).status_code == 200
                 await asyncio.sleep(0.2)
 
 
@@ -217,10 +217,10 @@ async def test_a_response_head_leaves_with_its_body_in_one_send() -> None:
 async def test_head_and_streamed_answers_arrive_whole_over_the_wire() -> None:
     async with gateway() as (root, _):
         async with httpx.AsyncClient(base_url=root) as client:
-            head = await client.head("/health")
-            health = await client.get("/health")
-            async with client.stream("GET", "/health") as streamed:
+            head = await client.head("/health/live")
+            health = await client.get("/health/live")
+            async with client.stream("GET", "/health/live") as streamed:
                 body = await streamed.aread()
     assert head.status_code in (200, 405) and head.content == b""
-    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.status_code == 200 and health.json()["status"] == "alive"
     assert body == health.content
