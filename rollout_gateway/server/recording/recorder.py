@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_gateway.protocol import StepTokens, TrajectoryStepBody
+from rollout_gateway.protocol import TrajectoryStepBody
 from rollout_gateway.server.recording.history import (
     RECORDED_MESSAGE_FIELDS,
     HistoryMatch,
@@ -26,6 +26,7 @@ from rollout_gateway.server.recording.history import (
     same_message,
 )
 from rollout_gateway.server.recording.prompt_ids import IdsText
+from rollout_gateway.server.recording.render import delta_steps, full_steps
 from rollout_gateway.server.recording.steps import CheckState, RecordedStep, StepDelta
 from rollout_gateway.server.recording.token_branches import StepIds, TokenBranches
 
@@ -222,28 +223,13 @@ class TrajectoryRecorder:
         previous_ids = len(self._ids.last_ids)
         before = (self._history.snapshot(), self._ids.snapshot())
 
-        tokens: StepIds | None = None
-        have_prompt = prompt_ids is not None or prompt_ids_json is not None
-        have_ids = have_prompt and completion_ids is not None
-        if have_ids and completion_logprobs is not None:
-            if len(completion_logprobs) != len(completion_ids):  # type: ignore[arg-type]
-                extras["tokens_error"] = "logprobs and token ids differ in length"
-            else:
-                try:
-                    prompt = self._ids.prompt(prompt_ids, prompt_ids_json)
-                    tokens = self._ids.add(prompt, completion_ids, completion_logprobs)  # type: ignore[arg-type]
-                except (TypeError, ValueError, OverflowError):
-                    extras["tokens_error"] = "token ids are not 32-bit integers"
-                else:
-                    truncated = truncated or tokens.is_truncated
-                    if previous_ids:
-                        extras["prefix_break"] = tokens.prefix_len < previous_ids
-                    if not math.isfinite(sum(tokens.completion_logprobs)):
-                        # Served as null (JSON has no NaN/inf); the turn says so.
-                        extras["nonfinite_logprobs"] = sum(
-                            1 for x in tokens.completion_logprobs if not math.isfinite(x)
-                        )
-        if tokens is None:
+        tokens = _step_ids(
+            self._ids, (prompt_ids, prompt_ids_json, completion_ids, completion_logprobs),
+            extras, previous_ids,
+        )  # fmt: skip
+        if tokens is not None:
+            truncated = truncated or tokens.is_truncated
+        else:
             self._ids.reset()
             if self.max_seq_len is not None and total_tokens is not None:
                 truncated = truncated or total_tokens > self.max_seq_len
@@ -267,87 +253,12 @@ class TrajectoryRecorder:
         self.record(messages, [], extras=extras, truncated=True)
 
     def steps(self) -> list[TrajectoryStepBody]:
-        """All steps, rebuilt in the protocol's shape."""
-        out: list[TrajectoryStepBody] = []
-        prev_messages: list[dict[str, Any]] = []
-        for step in self._steps:
-            if step.abandoned:
-                continue  # the next step extends the history before this one
-            prompt = [*prev_messages[: step.shared_messages], *step.new_messages]
-            body_tokens: StepTokens | None = None
-            if step.tokens is not None:
-                t = step.tokens
-                body_tokens = {
-                    "prompt_ids": t.segment[: t.prompt_end].tolist(),
-                    "prompt_mask": [0] * t.prompt_end,
-                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
-                    "completion_mask": [1] * (t.completion_end - t.prompt_end),
-                    "completion_logprobs": t.completion_logprobs.tolist(),
-                    "overlong_prompt": t.overlong_prompt,
-                    "is_truncated": t.is_truncated,
-                }
-                if step.routed_experts is not None:
-                    body_tokens["routed_experts"] = step.routed_experts
-            prev_messages = [*prompt, *step.completion]
-            out.append(
-                {
-                    "prompt": prompt,
-                    "completion": list(step.completion),
-                    "tokens": body_tokens,
-                    "reward": None,
-                    "advantage": None,
-                    "is_truncated": step.is_truncated,
-                    "trajectory_id": self.trajectory_id,
-                    "extras": dict(step.extras),
-                }
-            )
-        return out
+        """All steps, rebuilt in the protocol's shape (:func:`.render.full_steps`)."""
+        return full_steps(self._steps, self.trajectory_id)
 
     def delta_steps(self) -> list[dict[str, Any]]:
-        """All steps in the delta form (see :func:`rollout_gateway.protocol.expand_delta_steps`):
-        each step holds only what its predecessor's prompt + completion does not.
-
-        Abandoned steps are left out; the step after one is stored against the history
-        before it (see :meth:`abandon_last`), i.e. against the previous step kept here.
-        """
-        out: list[dict[str, Any]] = []
-        tools: Any = None
-        for step in self._steps:
-            if step.abandoned:
-                continue
-            extras = step.extras
-            if "tools" in extras:
-                if extras["tools"] is tools:  # as the previous step's: carried forward
-                    extras = {k: v for k, v in extras.items() if k != "tools"}
-                else:
-                    tools = extras["tools"]
-            body_tokens: dict[str, Any] | None = None
-            if step.tokens is not None:
-                t = step.tokens
-                body_tokens = {
-                    "prompt_shared": t.prefix_len,
-                    "prompt_new_ids": t.segment[t.prefix_len : t.prompt_end].tolist(),
-                    "completion_ids": t.segment[t.prompt_end : t.completion_end].tolist(),
-                    "completion_logprobs": t.completion_logprobs.tolist(),
-                    "overlong_prompt": t.overlong_prompt,
-                    "is_truncated": t.is_truncated,
-                }
-                if step.routed_experts is not None:
-                    body_tokens["routed_experts"] = step.routed_experts
-            out.append(
-                {
-                    "prompt_shared": step.shared_messages,
-                    "prompt_new": step.new_messages,
-                    "completion": step.completion,
-                    "tokens": body_tokens,
-                    "reward": None,
-                    "advantage": None,
-                    "is_truncated": step.is_truncated,
-                    "trajectory_id": self.trajectory_id,
-                    "extras": extras,
-                }
-            )
-        return out
+        """All steps in the delta form (:func:`.render.delta_steps`)."""
+        return delta_steps(self._steps, self.trajectory_id)
 
     def overview(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
         """Like :meth:`summary`, without rebuilding the steps (O(messages), not O(steps))."""
@@ -391,6 +302,43 @@ class TrajectoryRecorder:
         return sum(
             s.tokens.completion_end for s in self._steps if s.tokens is not None and not s.abandoned
         )
+
+
+def _step_ids(
+    ids: TokenBranches,
+    given: tuple[
+        Sequence[int] | None, IdsText | None, Sequence[int] | None, Sequence[float] | None
+    ],
+    extras: dict[str, Any],
+    previous_ids: int,
+) -> StepIds | None:
+    """A turn's ids (``given``: prompt ids or their JSON text, completion ids, logprobs)
+    added to the rollout's branches, when all are given and consistent (else ``None``,
+    with ``extras["tokens_error"]`` saying why when something was given wrong); whether
+    the prompt breaks the previous step's ``previous_ids`` ids (``prefix_break``) and
+    non-finite logprobs (``nonfinite_logprobs``) go into ``extras``."""
+    prompt_ids, prompt_ids_json, completion_ids, completion_logprobs = given
+    have_prompt = prompt_ids is not None or prompt_ids_json is not None
+    if not have_prompt or completion_ids is None or completion_logprobs is None:
+        return None
+    if len(completion_logprobs) != len(completion_ids):
+        extras["tokens_error"] = "logprobs and token ids differ in length"
+        return None
+    try:
+        tokens = ids.add(
+            ids.prompt(prompt_ids, prompt_ids_json), completion_ids, completion_logprobs
+        )
+    except (TypeError, ValueError, OverflowError):
+        extras["tokens_error"] = "token ids are not 32-bit integers"
+        return None
+    if previous_ids:
+        extras["prefix_break"] = tokens.prefix_len < previous_ids
+    if not math.isfinite(sum(tokens.completion_logprobs)):
+        # Served as null (JSON has no NaN/inf); the turn says so.
+        extras["nonfinite_logprobs"] = sum(
+            1 for x in tokens.completion_logprobs if not math.isfinite(x)
+        )
+    return tokens
 
 
 __all__ = [
