@@ -35,11 +35,12 @@ from rollout_gateway import protocol
 from rollout_gateway.exits import agent_report
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.agents.chat import ChatTurns, store_refusal
-from rollout_gateway.server.agents.endpoint import ChatEndpoint
+from rollout_gateway.server.agents.endpoint import AgentEndpoint
 from rollout_gateway.server.agents.routes import AgentRoutes
 from rollout_gateway.server.config import GatewayConfig
 from rollout_gateway.server.control.exit_stream import ExitStreams
 from rollout_gateway.server.control.plane import ControlPlane
+from rollout_gateway.server.dialects.routes import DIALECTS
 from rollout_gateway.server.engines.probe import EngineInfo, probe_engine
 from rollout_gateway.server.engines.token_in import TokenInEngine, load_renderer
 from rollout_gateway.server.engines.upstream import UpstreamPool
@@ -365,6 +366,32 @@ class Gateway:
         return error_response(exc.status_code, str(exc.detail), error_type)
 
 
+def _dialect_endpoints(
+    gateway: Gateway,
+) -> tuple[dict[tuple[str, bool, bool], AgentEndpoint], list[Route]]:
+    """The endpoints of the dialects beside chat (Anthropic Messages, OpenAI Responses),
+    for the lean path by (dialect, side route, keyed), and as Starlette routes (other
+    methods get its 405; an encoded path its routing)."""
+    apps: dict[tuple[str, bool, bool], AgentEndpoint] = {}
+    routes: list[Route] = []
+    for dialect in DIALECTS:
+        if dialect.name == "chat":
+            continue
+        for keyed in (False, True):
+            paths = (
+                (dialect.keyed_routes, dialect.keyed_aux_routes)
+                if keyed
+                else (dialect.routes, dialect.aux_routes)
+            )
+            for aux, group in ((False, paths[0]), (True, paths[1])):
+                app = AgentEndpoint(gateway.chat, keyed=keyed, dialect=dialect, aux=aux)
+                apps[(dialect.name, aux, keyed)] = app
+                for path in group:
+                    full = path if keyed else protocol.ROLLOUT_PREFIX + path
+                    routes.append(Route(full, app, methods=["POST"]))
+    return apps, routes
+
+
 def create_app(config: GatewayConfig, **parts: Unpack[GatewayParts]) -> GatewayApp:
     """The gateway ASGI app of ``config`` (with ``parts``: see :class:`GatewayParts`). Its
     state is ``app.state.gateway`` (a :class:`Gateway`).
@@ -373,14 +400,17 @@ def create_app(config: GatewayConfig, **parts: Unpack[GatewayParts]) -> GatewayA
     the app's lean path (:mod:`.http.dispatch`); every other route by Starlette's routing.
     """
     gateway = Gateway(config, **parts)
-    chat = ChatEndpoint(gateway.chat, keyed=False)
-    chat_by_key = ChatEndpoint(gateway.chat, keyed=True)
+    chat = AgentEndpoint(gateway.chat, keyed=False)
+    chat_by_key = AgentEndpoint(gateway.chat, keyed=True)
+    dialects, dialect_routes = _dialect_endpoints(gateway)
     agent = AgentRoutes(gateway)
     control = ControlPlane(gateway, gateway.exit_streams)
     app = GatewayApp(
         chat=chat,
         chat_by_key=chat_by_key,
+        dialects=dialects,
         routes=[
+            *dialect_routes,
             Route(protocol.EXITS_PATH, control.exits, methods=["GET"]),
             Route(protocol.REGISTER_ROUTE, control.register, methods=["POST"]),
             Route(protocol.EXIT_ROUTE, agent.report_exit, methods=["POST"]),

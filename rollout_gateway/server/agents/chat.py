@@ -20,9 +20,12 @@ arrives as an SSE error event. The engine call and the step's facts are
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response, StreamingResponse
@@ -42,6 +45,10 @@ from rollout_gateway.server.agents.sse import (
     guard_sse,
     iter_completion_sse,
 )
+from rollout_gateway.server.dialects.anthropic import AnthropicDialect, estimated_input_tokens
+from rollout_gateway.server.dialects.base import Dialect, ParsedRequest, StreamRenderer
+from rollout_gateway.server.dialects.errors import GatewayError
+from rollout_gateway.server.dialects.routes import dialect_named
 from rollout_gateway.server.engines.streaming import EventLog
 from rollout_gateway.server.engines.turn import (
     EngineResult,
@@ -92,6 +99,34 @@ logger = logging.getLogger("rollout_gateway.server")
 #: a bound one agent repeating a slow turn could hold every connection of the gateway.
 MAX_TURN_WAITERS = 8
 
+#: The chat completions dialect: the gateway's own path, its bytes as they always were.
+CHAT: Dialect = dialect_named("chat")
+
+
+@dataclass(eq=False)
+class DialectTurn(Turn):
+    """A turn asked in another dialect than chat: the renderer of its stream (each
+    engine chunk becomes the dialect's events as it comes) and the events that close
+    it, written once the answer is in (every waiter relays the same ones)."""
+
+    renderer: StreamRenderer | None = None
+    closing: bytes = b""
+
+
+def dialect_fingerprint(dialect: Dialect, fingerprint: bytes) -> bytes:
+    """The fingerprint of a body sent in ``dialect`` (a body can be valid in two
+    dialects: a chat request must not join a Messages turn). Chat's is the body's own."""
+    if dialect is CHAT:
+        return fingerprint
+    digest = hashlib.blake2b(fingerprint, digest_size=len(fingerprint) or 16)
+    digest.update(dialect.name.encode())
+    return digest.digest()
+
+
+def as_gateway_error(exc: ApiError) -> GatewayError:
+    """A refusal of the turn as every dialect renders it."""
+    return GatewayError(exc.status_code, exc.message, exc.code, exc.error_type, None, exc.headers)
+
 
 def _id_count(ids_json: bytes | None) -> int | None:
     """How many ids a JSON id array holds, without parsing it (the prompt is kept as text)."""
@@ -122,8 +157,10 @@ class ChatTurns:
     def __init__(self, gateway: GatewayContext) -> None:
         self.gateway = gateway
 
-    async def handle(self, request: AgentRequest, record: RolloutRecord) -> Response:
-        """Answer one chat request of ``record`` (authenticated already)."""
+    async def handle(
+        self, request: AgentRequest, record: RolloutRecord, dialect: Dialect = CHAT
+    ) -> Response:
+        """Answer one request of ``record`` (authenticated already) sent in ``dialect``."""
         config = self.gateway.config
         intake = self.gateway.intake
         lease = request.lease = intake.lease(record.rollout_id)  # the endpoint releases it
@@ -140,6 +177,8 @@ class ChatTurns:
         fingerprint = (
             await intake.offload(lease, fingerprint_of, raw) if big else fingerprint_of(raw)
         )
+        if dialect is not CHAT:
+            fingerprint = dialect_fingerprint(dialect, fingerprint)
         idempotency_key, is_retry = request.idempotency_key, request.is_retry
         if record.status != "active":  # may be refused before its body is parsed
             try:
@@ -154,10 +193,16 @@ class ChatTurns:
         body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
         del raw  # only the parsed body lives on, without what is never read
         lease.drop_raw()
-        drop_unread_values(body)
-        messages = validate_messages(body, config.limits.max_messages)
-        validate_answer_flags(body)
+        parsed: ParsedRequest | None = None
+        if dialect is CHAT:
+            drop_unread_values(body)
+            messages = validate_messages(body, config.limits.max_messages)
+            validate_answer_flags(body)
+        else:
+            parsed = await self._parse(dialect, body, record, lease)
+            body, messages = parsed.body, parsed.messages
         validate_max_tokens(body)
+        stream = bool(body.get("stream"))
         turn = None
         if record.status != "cancelled":  # a cancelled rollout answers nothing more
             turn = record.turns.match(fingerprint, idempotency_key, is_retry=is_retry)
@@ -180,21 +225,29 @@ class ChatTurns:
                     "rate_limit_error",
                     code="too_many_pending_turns",
                 )
-            turn = Turn(fingerprint, idempotency_key, is_retry)
-            if body.get("stream"):
+            if parsed is None:
+                turn = Turn(fingerprint, idempotency_key, is_retry)
+            else:
+                renderer = dialect.stream(parsed) if stream else None
+                turn = DialectTurn(fingerprint, idempotency_key, is_retry, renderer=renderer)
+            if stream:
                 turn.events = EventLog()
             # Written now, while the parsed body is in the CPU's caches: the history check
             # and the upstream request both use this text (see recording/history.py).
-            if big:
+            if parsed is not None:
+                text = parsed.messages_text  # the dialect's parse wrote it
+            elif big:
                 text = await intake.offload(lease, jsonio.dumps, messages)
             else:
                 text = jsonio.dumps(messages)
-            turn.task = asyncio.create_task(self._run_turn(record, turn, body, messages, text))
+            turn.task = asyncio.create_task(
+                self._run_turn(record, turn, body, messages, text, parsed)
+            )
             turn.task.add_done_callback(_retrieve)
             record.turns.start(turn)
         turn.waiters += 1
-        if body.get("stream") and turn.events is not None and not turn.task.done():
-            return await self._stream(turn, body)
+        if stream and turn.events is not None and not turn.task.done():
+            return await self._stream(turn, body, parsed)
         try:
             completion = await self._await(turn, request)
         except ClientGone:
@@ -202,6 +255,8 @@ class ChatTurns:
             logger.info("rollout=%s agent disconnected before its answer", record.rollout_id)
             return Response(status_code=499)
         turn.delivered = True
+        if parsed is not None:
+            return _dialect_answer(dialect, parsed, completion)
         answer = completion  # already the agent's view (see _locked_turn)
         if isinstance(answer, bytes):
             if not body.get("stream"):
@@ -219,7 +274,9 @@ class ChatTurns:
         except TypeError:  # orjson's JSONEncodeError: an answer nested deeper than it writes
             raise ApiError(502, "upstream answer is malformed", "upstream_error") from None
 
-    async def _stream(self, turn: Turn, body: dict[str, Any]) -> Response:
+    async def _stream(
+        self, turn: Turn, body: dict[str, Any], parsed: ParsedRequest | None = None
+    ) -> Response:
         """Answer a streaming request from the turn's event log (see the module doc)."""
         keepalive_s = self.gateway.config.connections.stream_keepalive_s
         log: EventLog = turn.events
@@ -233,6 +290,9 @@ class ChatTurns:
                     404, "rollout is not registered", "not_found", code="rollout_not_found"
                 )
             turn.task.result()  # a failure keeps its status code
+        if parsed is not None:
+            relay = self._relay_dialect(turn, parsed, keepalive_s)
+            return _TurnStream(relay, on_close=lambda: _left(turn))
         return _TurnStream(self._relay(turn, body, keepalive_s), on_close=lambda: _left(turn))
 
     async def _relay(
@@ -268,6 +328,87 @@ class ChatTurns:
                 yield event
         turn.delivered = True
 
+    async def _relay_dialect(
+        self, turn: Turn, parsed: ParsedRequest, keepalive_s: float
+    ) -> AsyncIterator[bytes]:
+        """The dialect's events of the turn as they come, then its closing events (or
+        the whole answer's stream when the engine answered whole), or its error event."""
+        assert isinstance(turn, DialectTurn) and turn.renderer is not None
+        log: EventLog = turn.events
+        dialect = dialect_named(parsed.dialect)
+        async for event in log.follow(keepalive_s, dialect.keepalive):
+            yield event
+        try:
+            answer = await turn.task
+        except ApiError as exc:
+            yield turn.renderer.error(as_gateway_error(exc))
+            return
+        except asyncio.CancelledError:
+            yield turn.renderer.error(
+                GatewayError(404, "rollout is not registered", "rollout_not_found", "not_found")
+            )
+            return
+        except Exception:
+            # The stream has started: no 500 to send, but it is counted like one.
+            self.gateway.metrics.internal_errors.inc()
+            logger.exception("turn failed")
+            yield turn.renderer.error(
+                GatewayError(500, "internal gateway error", "internal_error", "internal_error")
+            )
+            return
+        if log.relayed:  # the events went out as the engine sent its chunks
+            yield turn.closing
+        else:  # an answer the engine gave whole, as the dialect's stream
+            if isinstance(answer, bytes):
+                answer = jsonio.loads_lenient(answer)
+            yield dialect.stream(parsed).whole(answer)
+        turn.delivered = True
+
+    async def _parse(
+        self, dialect: Dialect, body: dict[str, Any], record: RolloutRecord, lease: Any
+    ) -> ParsedRequest:
+        """``body`` as the turn runs it (raises the dialect's ``RequestError``): only what
+        is new since the rollout's previous request is translated (its memo)."""
+        parse = functools.partial(dialect.parse, body, record.dialect_memo)
+        parsed = await self.gateway.intake.offload(lease, parse)
+        record.dialect_memo = parsed.memo
+        max_messages = self.gateway.config.limits.max_messages
+        if max_messages is not None and len(parsed.messages) > max_messages:
+            validate_messages(parsed.body, max_messages)  # its refusal, as chat's
+        return parsed
+
+    async def count_tokens(
+        self, request: AgentRequest, record: RolloutRecord, dialect: Dialect
+    ) -> Response:
+        """A dialect's token count (``/v1/messages/count_tokens``): answered within the
+        rollout's body budgets, never recorded, no turn counted."""
+        assert isinstance(dialect, AnthropicDialect)
+        intake = self.gateway.intake
+        lease = request.lease = intake.lease(record.rollout_id)  # the endpoint releases it
+        try:
+            raw = await intake.read(
+                lease, request.receive, request.content_length, request.read_timer
+            )
+        except ClientGone:
+            return Response(status_code=499)
+        body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
+        del raw
+        lease.drop_raw()
+        parsed = await intake.offload(lease, dialect.parse_count, body)
+        count = await self._count(record, parsed)
+        return JSONBytesResponse(dialect.render_count(count))
+
+    async def _count(self, record: RolloutRecord, parsed: ParsedRequest) -> int:
+        """The request's prompt tokens: the renderer's count in token-in mode, else an
+        estimate from its size (:func:`estimated_input_tokens`)."""
+        token_in = self.gateway.token_in
+        if token_in is not None:
+            try:
+                return await token_in.count_prompt(parsed.messages, parsed.body.get("tools"))
+            except Exception:  # a renderer that cannot say: the estimate
+                logger.debug("rollout=%s count_tokens: estimated", record.rollout_id)
+        return estimated_input_tokens(parsed)
+
     @staticmethod
     async def _await(turn: Turn, request: AgentRequest) -> dict[str, Any] | bytes:
         if not turn.task.done():
@@ -288,11 +429,12 @@ class ChatTurns:
         body: dict[str, Any],
         messages: list[Any],
         messages_text: bytes,
+        parsed: ParsedRequest | None = None,
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         try:
             async with record.lock:  # turns of one rollout run one at a time, in order
-                return await self._claimed_turn(record, turn, body, messages, messages_text)
+                return await self._claimed_turn(record, turn, body, messages, messages_text, parsed)
         except StoreError as exc:
             raise store_refusal(exc, record.rollout_id) from None
         finally:
@@ -308,6 +450,7 @@ class ChatTurns:
         body: dict[str, Any],
         messages: list[Any],
         messages_text: bytes,
+        parsed: ParsedRequest | None,
     ) -> dict[str, Any] | bytes:
         """The turn under the rollout's claim in the store (one turn of a rollout at a
         time across gateways; the record brought up to date first)."""
@@ -324,7 +467,9 @@ class ChatTurns:
                 self.gateway.metrics.deduplicated_requests.inc()
                 logger.info("rollout=%s retried request gets its stored answer", record.rollout_id)
             else:
-                answer = await self._locked_turn(record, turn, body, messages, messages_text)
+                answer = await self._locked_turn(
+                    record, turn, body, messages, messages_text, parsed
+                )
             answered = True
             return answer
         finally:
@@ -340,6 +485,7 @@ class ChatTurns:
         body: dict[str, Any],
         messages: list[Any],
         messages_text: bytes,
+        parsed: ParsedRequest | None,
     ) -> dict[str, Any] | bytes:
         gateway = self.gateway
         start = time.perf_counter()
@@ -379,8 +525,13 @@ class ChatTurns:
             prepare_upstream_body(upstream_body, record, engine),
             engine,
             history=history,
-            extras={**dropped_field_facts(body), "agent_sampling": agent_sampling(body)},
+            extras=_turn_facts(body, parsed),
         )
+        if parsed is not None:
+            assert isinstance(turn, DialectTurn)
+            call.renderer = turn.renderer
+            dialect = dialect_named(parsed.dialect)
+            call.recorded_answer = functools.partial(dialect.recorded_answer, request=parsed)
         emit = turn.events.append if turn.events is not None else None
         try:
             result = await call.call(emit)
@@ -400,6 +551,8 @@ class ChatTurns:
             raise ApiError(exc.status_code, exc.message, "upstream_error") from None
         if result.relayed:
             turn.events.relayed = True
+            if isinstance(turn, DialectTurn) and turn.renderer is not None:
+                turn.closing = turn.renderer.finish(result.completion)
         use = _turn_use(record, call, result, new_bytes)
         answer = _answer_of(result, body)
         # Durable before the agent gets it: a retry after a crash gets this very answer.
@@ -473,6 +626,37 @@ def _turn_use(
         prompt_tokens = _id_count(result.prompt_ids_json)
         v1_tokens = turn_token_counts(completion, prompt_tokens, call.completion_ids)
     return TurnUse(new_bytes, _completion_tokens(completion, call.completion_ids), v1_tokens)
+
+
+def _turn_facts(body: dict[str, Any], parsed: ParsedRequest | None) -> dict[str, Any]:
+    """What the step records of what the agent sent (``extras``): its dialect, its own
+    sampling fields, what it sent that the engine did not get."""
+    if parsed is not None:
+        return dict(parsed.facts)
+    return {
+        "dialect": "chat",
+        **dropped_field_facts(body),
+        "agent_sampling": agent_sampling(body),
+    }
+
+
+def _dialect_answer(
+    dialect: Dialect, parsed: ParsedRequest, answer: dict[str, Any] | bytes
+) -> Response:
+    """The turn's answer (the engine's completion, the agent's view) in ``dialect``:
+    rendered for the request that asked (a retry's replay too), whole or as its stream."""
+    completion: dict[str, Any] = (
+        jsonio.loads_lenient(answer) if isinstance(answer, bytes) else answer
+    )
+    if parsed.stream:
+        events = dialect.stream(parsed).whole(completion)
+        return Response(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+    try:
+        return JSONBytesResponse(dialect.render(completion, parsed))
+    except TypeError:  # orjson's JSONEncodeError: an answer nested deeper than it writes
+        raise ApiError(502, "upstream answer is malformed", "upstream_error") from None
 
 
 def _answer_of(result: EngineResult, body: dict[str, Any]) -> dict[str, Any] | bytes:
@@ -561,4 +745,12 @@ async def _aiter(events: Iterator[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-__all__ = ["ChatTurns", "ClientGone", "store_refusal"]
+__all__ = [
+    "CHAT",
+    "ChatTurns",
+    "ClientGone",
+    "DialectTurn",
+    "as_gateway_error",
+    "dialect_fingerprint",
+    "store_refusal",
+]

@@ -1,6 +1,6 @@
 """An agent's chat request as the chat turn sees it, read straight from ASGI.
 
-The chat turn (:mod:`.chat`) needs four headers, the body and a way to notice that the
+The turn (:mod:`.chat`) needs five headers, the body and a way to notice that the
 agent hung up. :class:`AgentRequest` reads those from the ASGI scope in one pass over the
 headers, with no Starlette ``Request`` or ``Headers`` object per turn (see
 :mod:`~rollout_gateway.server.http.dispatch` for why the agents' routes avoid per-request
@@ -8,6 +8,8 @@ framework work).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope
 
@@ -17,11 +19,15 @@ from rollout_gateway.server.http.connections import READ_TIMER_KEY, ReadTimer
 from rollout_gateway.server.http.intake import BodyLease
 from rollout_gateway.server.http.responses import until_disconnect
 
+if TYPE_CHECKING:
+    from rollout_gateway.server.dialects.base import Dialect
+
 _AUTHORIZATION = b"authorization"
+_API_KEY = b"x-api-key"
 _CONTENT_LENGTH = b"content-length"
 _IDEMPOTENCY_KEY = IDEMPOTENCY_KEY_HEADER.lower().encode()
 _RETRY_COUNT = SDK_RETRY_COUNT_HEADER.lower().encode()
-_WANTED = frozenset((_AUTHORIZATION, _CONTENT_LENGTH, _IDEMPOTENCY_KEY, _RETRY_COUNT))
+_WANTED = frozenset((_AUTHORIZATION, _API_KEY, _CONTENT_LENGTH, _IDEMPOTENCY_KEY, _RETRY_COUNT))
 
 
 class AgentRequest:
@@ -34,6 +40,7 @@ class AgentRequest:
     __slots__ = (
         "receive",
         "authorization",
+        "api_key",
         "content_length",
         "idempotency_key",
         "retry_count",
@@ -50,6 +57,8 @@ class AgentRequest:
         get = found.get
         #: The ``Authorization`` header's value.
         self.authorization: str | None = get(_AUTHORIZATION)
+        #: The ``x-api-key`` header's value (the Anthropic SDK's and Claude Code's carrier).
+        self.api_key: str | None = get(_API_KEY)
         #: The declared body size, unparsed.
         self.content_length: str | None = get(_CONTENT_LENGTH)
         #: The ``Idempotency-Key`` header's value (``None`` when blank: an empty key would
@@ -66,6 +75,10 @@ class AgentRequest:
     def bearer(self) -> str | None:
         """The bearer token presented, if any."""
         return parse_bearer(self.authorization)
+
+    def credential(self, dialect: Dialect) -> str | None:
+        """The rollout key as ``dialect``'s clients carry it (``x-api-key`` or a bearer)."""
+        return dialect.credential(self.authorization, self.api_key)
 
     @property
     def is_retry(self) -> bool:

@@ -361,8 +361,11 @@ class EventLog:
             return False
         return True
 
-    async def follow(self, keepalive_s: float) -> AsyncIterator[bytes]:
-        """Every event from the first, then each as it comes, until the log closes."""
+    async def follow(
+        self, keepalive_s: float, keepalive: bytes = KEEPALIVE_EVENT
+    ) -> AsyncIterator[bytes]:
+        """Every event from the first, then each as it comes, until the log closes
+        (``keepalive`` while the engine is silent: each dialect's own)."""
         position = 0
         while True:
             while position < len(self.events):
@@ -371,7 +374,7 @@ class EventLog:
             if self.closed:
                 return
             if not await self.wait(keepalive_s):
-                yield KEEPALIVE_EVENT
+                yield keepalive
 
 
 __all__ = [

@@ -293,6 +293,15 @@ class TokenInEngine:
                 f"renderer {self.name} failed on rollout {turn.record.rollout_id}: {exc!r}",
             ) from exc
 
+    async def count_prompt(self, messages: list[Any], tools: list[Any] | None) -> int:
+        """How many tokens ``messages`` (chat form) and ``tools`` render to as a prompt
+        (a dialect's ``count_tokens``: exact, nothing generated)."""
+        recorded = [recorded_message(m) for m in messages]
+        rendered = await self._encode(
+            lambda: self.renderer.render(recorded, tools=tools, add_generation_prompt=True)
+        )
+        return len(rendered.token_ids)
+
     async def _prompt_ids(
         self, turn: EngineTurn, tools: list[Any] | None
     ) -> tuple[list[int], int | None]:

@@ -62,6 +62,7 @@ from rollout_gateway.server.recording.prompt_ids import split_prompt_ids
 from rollout_gateway.server.turn_seed import turn_seed
 
 if TYPE_CHECKING:
+    from rollout_gateway.server.dialects.base import StreamRenderer
     from rollout_gateway.server.state.policy import PolicyClock
     from rollout_gateway.server.state.registry import RolloutRecord
 
@@ -182,6 +183,12 @@ class EngineTurn:
     history: HistoryMatch | None = None
     #: Facts known before the call (e.g. the agent fields the allowlist dropped).
     extras: dict[str, Any] = field(default_factory=dict)
+    #: The agent's dialect's stream renderer (``None``: chat, whose chunks are the
+    #: engine's own, trimmed): each engine chunk goes to the agent as its events.
+    renderer: StreamRenderer | None = None
+    #: The engine's assistant message as the agent's dialect will echo it (what the step
+    #: records as the completion; ``None``: the message itself).
+    recorded_answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     started_at: float = field(default_factory=time.time)
     started: float = field(default_factory=time.perf_counter)
 
@@ -300,6 +307,7 @@ class EngineTurn:
         self.upstream_body = body
         include_usage = wants_usage(self.body)
         assembler = StreamAssembler()
+        renderer = self.renderer
         first_chunk_s: float | None = None
         stream = upstream.http.stream("/chat/completions", jsonio.dumps(body))
         try:
@@ -312,6 +320,11 @@ class EngineTurn:
                         if first_chunk_s is None:
                             first_chunk_s = self.upstream_seconds()
                         assembler.feed(chunk)
+                        if renderer is not None:  # the agent's dialect's events
+                            events = renderer.feed(chunk)
+                            if events:
+                                emit(events)
+                            continue
                         out = agent_chunk(chunk, self.body, include_usage=include_usage)
                         if out is not None:
                             emit(sse_event(out))
@@ -422,9 +435,13 @@ class EngineTurn:
         usage = answer.usage or {}
         total = usage.get("total_tokens")
         self.completion_ids = first.completion_ids if first else None
+        completion: list[dict[str, Any]] = []
+        if first is not None:
+            recorded = self.recorded_answer
+            completion.append(recorded(first.message) if recorded else first.message)
         record.recorder.record(
             self.messages,
-            [first.message] if first else [],
+            completion,
             prompt_ids=answer.prompt_ids,
             completion_ids=first.completion_ids if first else None,
             completion_logprobs=first.completion_logprobs if first else None,

@@ -120,6 +120,9 @@ RECORDED_MESSAGE_FIELDS = (
     "tool_call_id",
     "reasoning_content",
     "reasoning",
+    # Provider state a dialect's message carries beside the chat shape (Anthropic
+    # thinking blocks, Responses reasoning items): part of a message's identity in v1.
+    "reasoning_details",
 )
 
 

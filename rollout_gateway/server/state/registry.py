@@ -91,6 +91,10 @@ class RolloutRecord:
     #: The last answered turn, which a retry from before a restart (or from another
     #: gateway) may repeat (see :func:`~.store.answer_matches`).
     answer_key: AnswerKey | None = None
+    #: What the rollout's previous request in a dialect other than chat translated to
+    #: (:mod:`~rollout_gateway.server.dialects.memo`): a cache checked by equality, not
+    #: persisted (the next parse after a restart translates everything).
+    dialect_memo: Any = None
 
     def __post_init__(self) -> None:
         self.reset_recorder()
