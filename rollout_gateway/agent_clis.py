@@ -39,11 +39,14 @@ _CODEX_PROVIDER = (
     r"env_key=\"OPENAI_API_KEY\",wire_api=\"responses\",stream_max_retries=0,"
     r"request_max_retries=0}"
 )
-#: Codex's switches for what it would send elsewhere (its config.toml keys).
+#: Codex's switches for what it would send elsewhere (its config.toml keys). Without
+#: ``features.plugins=false`` Codex 0.169 syncs its curated plugins at startup (DNS and
+#: HTTPS to api.github.com and chatgpt.com: seen with strace, tests/agent_clis).
 _CODEX_QUIET = (
     "check_for_update_on_startup=false",
     "analytics.enabled=false",
     "feedback.enabled=false",
+    "features.plugins=false",
 )
 
 

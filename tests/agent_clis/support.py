@@ -9,7 +9,10 @@ import contextlib
 import json
 import os
 import shlex
+import re
+import shutil
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +45,33 @@ def program_of(cli: AgentCli) -> Path:
     return program
 
 
+def network_tracer(trace: Path) -> str:
+    """A command prefix recording the CLI's connections (``strace``) into ``trace``, or
+    ``""`` where strace cannot trace here (not installed, ptrace not allowed)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        return ""
+    probe = subprocess.run([strace, "-f", "-o", "/dev/null", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return ""
+    # env: the CLI's command starts with variable assignments.
+    flags = "-f -qq -e trace=connect,sendto,sendmsg"
+    return f"{shlex.quote(strace)} {flags} -o {shlex.quote(str(trace))} env "
+
+
+#: An address a traced call reached: ``sin_addr=inet_addr("...")`` or ``inet_pton(...)``.
+_ADDRESS = re.compile(r'(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")')
+
+
+def remote_addresses(trace: Path) -> set[str]:
+    """The IP addresses the traced process tree connected or sent to."""
+    found = set()
+    for line in trace.read_text().splitlines():
+        for v4, v6 in _ADDRESS.findall(line):
+            found.add(v4 or v6)
+    return found
+
+
 @dataclass
 class CliRun:
     """What one CLI run left: its exit, output, working directory and the trajectory."""
@@ -61,7 +91,9 @@ class Gateway:
     root: str
     ledger: Path
 
-    async def run_cli(self, cli: AgentCli, program: Path, prompt: str, tmp: Path) -> CliRun:
+    async def run_cli(
+        self, cli: AgentCli, program: Path, prompt: str, tmp: Path, *, wrap: str = ""
+    ) -> CliRun:
         """Register a rollout, run ``cli`` on ``prompt`` against it, fetch its trajectory."""
         rollout_id = f"cli-{os.urandom(6).hex()}"
         headers = {"Authorization": f"Bearer {ADMIN}"}
@@ -81,7 +113,7 @@ class Gateway:
                     f"{self.root}/v1/rollouts/{rollout_id}", key, "scripted", CLI_TIMEOUT
                 ),
             }
-            command = cli.command(str(program), '"$(cat task.md)"')
+            command = wrap + cli.command(str(program), '"$(cat task.md)"')
             code, out, err = await run_in_group(command, work, env, CLI_TIMEOUT)
             r = await control.get(f"/v1/rollouts/{rollout_id}/trajectory")
             r.raise_for_status()

@@ -15,7 +15,7 @@ from rollout_gateway.agent_clis import CLAUDE_CODE, CODEX, AgentCli
 from rollout_gateway.scripted import tokenizer as tok
 from rollout_gateway.scripted.faults import completion_digest
 
-from .support import CliRun, gateway, program_of
+from .support import CliRun, gateway, network_tracer, program_of, remote_addresses
 
 #: One shell call (the example tasks' ``run_shell`` step: the model calls the CLI's own
 #: shell tool with it), then a final answer.
@@ -53,10 +53,16 @@ async def test_the_cli_runs_its_own_tool_and_the_trajectory_is_token_exact(
     cli: AgentCli, tmp_path: Path
 ) -> None:
     program = program_of(cli)
+    trace = tmp_path / "connections.trace"
+    tracer = network_tracer(trace)
     async with gateway(tmp_path) as gw:
-        run = await gw.run_cli(cli, program, PROMPT, tmp_path)
+        run = await gw.run_cli(cli, program, PROMPT, tmp_path, wrap=tracer)
     detail = f"exit {run.returncode}\nstdout: {run.stdout[-2000:]}\nstderr: {run.stderr[-3000:]}"
     assert run.returncode == 0, detail
     assert (run.work / "out.txt").read_text() == "hello", detail  # the CLI's tool ran
     assert "Wrote it." in run.stdout, detail
     assert_token_exact(run, cli)
+    if not tracer:
+        pytest.skip("trajectory checked; the loopback-only check needs strace (ptrace)")
+    # Nothing but the gateway on loopback: no telemetry, update check or plugin sync.
+    assert remote_addresses(trace) <= {"127.0.0.1", "::1"}, remote_addresses(trace)
