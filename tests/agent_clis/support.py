@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import json
 import os
-import shlex
 import re
+import shlex
 import shutil
 import signal
 import subprocess
