@@ -186,17 +186,29 @@ def install(cli: AgentCli, root: Path | None = None, *, npm: str = "npm") -> Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rollout_gateway.agent_clis install [NAME ...]`` / ``where``."""
+    """``python -m rollout_gateway.agent_clis install|where|path [NAME ...]``: install
+    (each not yet installed), say where each is, or print one's program alone (exit 1
+    when it is not installed)."""
     parser = argparse.ArgumentParser(
         prog="python -m rollout_gateway.agent_clis",
         description=f"Install the agent CLIs (npm) into {cache_root()} (${CACHE_ENV_VAR}).",
     )
-    parser.add_argument("action", choices=("install", "where"))
+    parser.add_argument("action", choices=("install", "where", "path"))
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(AGENT_CLIS)}")
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in AGENT_CLIS]
     if unknown:
         parser.error(f"no agent CLI {unknown[0]!r}: {', '.join(AGENT_CLIS)}")
+    if args.action == "path":
+        if len(args.names) != 1:
+            parser.error("path: name one CLI")
+        cli = AGENT_CLIS[args.names[0]]
+        program = cli.executable()
+        if program is None:
+            print(cli.install_hint(), file=sys.stderr)
+            return 1
+        print(program)
+        return 0
     for name in args.names or list(AGENT_CLIS):
         cli = AGENT_CLIS[name]
         program = install(cli) if args.action == "install" else cli.executable()
