@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
+from rollout_gateway.server.agents.limits import NO_RETRY_HEADERS
 from rollout_gateway.server.engines.answers import EngineAnswer, MalformedAnswer, read_answer
 from rollout_gateway.server.engines.context_refusal import (
     COMPLETION,
@@ -455,13 +456,15 @@ class EngineTurn:
 
 
 def context_overflow_error(exc: UpstreamError) -> ApiError:
-    """What the agent is told when its prompt does not fit: the rollout is over."""
+    """What the agent is told when its prompt does not fit: the rollout is over (final:
+    ``x-should-retry: false``, which both official SDKs obey, as on every refusal)."""
     return ApiError(
         400,
         f"context length exceeded: {exc.message} This rollout is over: the turn is recorded "
         "as truncated and later turns are refused.",
         "invalid_request_error",
         code="context_length_exceeded",
+        headers=NO_RETRY_HEADERS,
     )
 
 

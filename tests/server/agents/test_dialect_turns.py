@@ -11,8 +11,9 @@ import httpx
 import httpx2
 import openai
 import pytest
+from starlette.responses import JSONResponse
 
-from ..conftest import GatewayHarness, script
+from ..conftest import GatewayHarness, RecordingUpstream, script
 
 BASH = {
     "name": "Bash",
@@ -268,3 +269,44 @@ async def test_a_replayed_answer_is_rendered_in_the_replaying_dialect(
     again = await codex(gw).responses.create(model="m", input="hi", extra_headers=headers)
     assert again.id == first.id and again.output_text == first.output_text
     assert len(await steps(gw)) == 1
+
+
+async def test_a_streamed_messages_retry_gets_the_same_stream(gw: GatewayHarness) -> None:
+    """The Anthropic SDK marks its retries (``x-stainless-retry-count``): a retry of a
+    streamed turn whose answer is in replays it, in the same events."""
+    await gw.register("r1")
+    body = {"model": "m", "max_tokens": 16, "stream": True,
+            "messages": [{"role": "user", "content": TASK}], "tools": [BASH]}  # fmt: skip
+    headers = {"x-api-key": gw.keys["r1"]}
+    url = "/v1/rollouts/r1/v1/messages"
+    first = await gw.client.post(url, json=body, headers=headers)
+    retry = {**headers, "x-stainless-retry-count": "1"}
+    again = await gw.client.post(url, json=body, headers=retry)
+    assert first.headers["content-type"].startswith("text/event-stream")
+    assert again.text == first.text and "event: message_stop" in first.text
+    assert len(await steps(gw)) == 1
+
+
+async def test_the_sdk_retries_an_upstream_failure_into_one_turn(
+    make_gateway: Any,
+) -> None:
+    upstream = RecordingUpstream()
+    fail_once = [True]
+    app = upstream.app()
+
+    async def flaky(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("/chat/completions") and fail_once:
+            fail_once.clear()
+            response = JSONResponse({"error": {"message": "busy"}}, status_code=503)
+            await response(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    gw = await make_gateway(flaky)
+    await gw.register("r1")
+    answer = await claude(gw, max_retries=2).messages.create(
+        model="m", max_tokens=16, messages=[{"role": "user", "content": "x"}]
+    )
+    assert answer.type == "message"
+    traj = (await gw.trajectory("r1")).json()
+    assert traj["num_turns"] == 1 and len(traj["failed_turns"]) == 1
