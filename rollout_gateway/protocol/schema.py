@@ -227,6 +227,25 @@ class StepExtras(TypedDict, total=False):
     #: delta form only on a step whose tools differ from the previous step's (the first
     #: step included); :func:`~.delta.expand_delta_steps` carries them forward.
     tools: list[dict[str, Any]]
+    #: The wire format the turn came in: ``"chat"`` (Chat Completions), ``"anthropic"``
+    #: (Messages) or ``"responses"`` (Responses). Absent in steps recorded before it was.
+    dialect: str
+    #: The agent's own sampling fields as it sent them (not sent upstream: the
+    #: registered sampling wins; ``sampling`` is what was sent).
+    agent_sampling: dict[str, Any]
+    #: Chat turns: the agent's fields the allowlist dropped (at most 32 names).
+    dropped_fields: list[str]
+    #: Messages and Responses turns: fields sent that mean nothing here (``metadata``,
+    #: ``store``, ``include``...), by name.
+    ignored_fields: list[str]
+    #: Messages and Responses turns: tools the engine was not given (server or hosted
+    #: tools: ``web_search``...).
+    dropped_tools: list[str]
+    #: Messages and Responses turns: content kinds the engine was not given.
+    dropped_content: list[str]
+    #: Responses turns: a ``tool_choice`` kind left to the engine (hosted tools,
+    #: ``allowed_tools``).
+    ignored_tool_choice: str
 
 
 class TrajectoryResponse(TypedDict):

@@ -140,3 +140,23 @@ async def test_a_prompt_over_the_context_is_the_sdks_bad_request(
     assert refused.value.response.headers["x-should-retry"] == "false"
     traj = await real.trajectory("long")
     assert traj["truncation_reason"] == "context_length_exceeded"
+
+
+async def test_count_tokens_is_the_engines_own_count(real: RealGateway) -> None:
+    await real.register("count", sampling_params={"temperature": 0})
+    client = anthropic.AsyncAnthropic(
+        base_url=f"{str(real.control.base_url).rstrip('/')}/v1/rollouts/count",
+        api_key=real.keys["count"],
+        http_client=httpx2.AsyncClient(timeout=300),
+        max_retries=0,
+    )
+    ask: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "List the files."}],
+        "tools": [SHELL],
+        "system": "You are a shell agent.",
+    }
+    count = await client.messages.count_tokens(model="m", **ask)
+    answer = await client.messages.create(model="m", max_tokens=4, **ask)
+    assert count.input_tokens == answer.usage.input_tokens
+    steps = (await real.trajectory("count"))["trajectory"]
+    assert len(steps) == 1 and len(steps[0]["tokens"]["prompt_ids"]) == count.input_tokens

@@ -399,15 +399,36 @@ class ChatTurns:
         return JSONBytesResponse(dialect.render_count(count))
 
     async def _count(self, record: RolloutRecord, parsed: ParsedRequest) -> int:
-        """The request's prompt tokens: the renderer's count in token-in mode, else an
-        estimate from its size (:func:`estimated_input_tokens`)."""
-        token_in = self.gateway.token_in
-        if token_in is not None:
-            try:
-                return await token_in.count_prompt(parsed.messages, parsed.body.get("tools"))
-            except Exception:  # a renderer that cannot say: the estimate
-                logger.debug("rollout=%s count_tokens: estimated", record.rollout_id)
+        """The request's prompt tokens: the renderer's count in token-in mode, vLLM's own
+        (``POST /tokenize`` at its root) in front of vLLM, else an estimate from its size
+        (:func:`estimated_input_tokens`)."""
+        gateway = self.gateway
+        tools = parsed.body.get("tools")
+        try:
+            if gateway.token_in is not None:
+                return await gateway.token_in.count_prompt(parsed.messages, tools)
+            if (await gateway.engine(record.upstream)).kind == "vllm":
+                return await self._engine_count(record, parsed.messages, tools)
+        except Exception as exc:  # an engine or renderer that cannot say: the estimate
+            logger.info("rollout=%s count_tokens estimated: %r", record.rollout_id, exc)
         return estimated_input_tokens(parsed)
+
+    async def _engine_count(self, record: RolloutRecord, messages: list[Any], tools: Any) -> int:
+        upstream = self.gateway.pool.get(record.upstream)
+        root = upstream.base_url.rstrip("/").removesuffix("/v1")
+        body: dict[str, Any] = {
+            "model": record.model,
+            "messages": messages,
+            "add_generation_prompt": True,
+        }
+        if tools:
+            body["tools"] = tools
+        async with asyncio.timeout(self.gateway.pool.timeout_s):
+            answer = await upstream.http.post(f"{root}/tokenize", jsonio.dumps(body))
+        count = jsonio.loads(answer.content).get("count") if answer.status_code == 200 else None
+        if not isinstance(count, int):
+            raise ValueError(f"/tokenize answered {answer.status_code}")
+        return count
 
     @staticmethod
     async def _await(turn: Turn, request: AgentRequest) -> dict[str, Any] | bytes:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -175,8 +175,14 @@ class Dialect(ABC):
 def field_names(body: Mapping[str, Any], known: frozenset[str]) -> list[str]:
     """The names of ``body``'s fields not in ``known``: sorted, at most
     :data:`MAX_FIELD_NAMES`, each cut to :data:`MAX_FIELD_NAME_CHARS` characters."""
-    names: Iterable[str] = (k for k in body if k not in known)
-    return [n[:MAX_FIELD_NAME_CHARS] for n in heapq.nsmallest(MAX_FIELD_NAMES, names)]
+    names = [k for k in body if k not in known]
+    if not names:
+        return names
+    if len(names) > MAX_FIELD_NAMES:
+        names = heapq.nsmallest(MAX_FIELD_NAMES, names)
+    else:
+        names.sort()
+    return [n[:MAX_FIELD_NAME_CHARS] for n in names]
 
 
 def named_event(name: bytes, payload: Any) -> bytes:

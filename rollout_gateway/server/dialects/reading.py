@@ -88,6 +88,8 @@ def bounded_names(names: Iterable[str]) -> list[str]:
 def note_facts(facts: dict[str, Any], **named: Iterable[str]) -> None:
     """Add each non-empty list of names to ``facts`` (bounded, see :func:`bounded_names`)."""
     for key, names in named.items():
+        if not names:  # the usual case: nothing to note, no set or sort made
+            continue
         kept = bounded_names(names)
         if kept:
             facts[key] = kept

@@ -3,6 +3,7 @@ SDKs raise their own typed errors, refusals say not to retry and end the agent e
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anthropic
@@ -109,3 +110,19 @@ async def test_a_malformed_body_is_a_bad_request_naming_the_field(gw: Any) -> No
     r = await gw.client.get("/v1/rollouts/r1/v1/messages", headers=headers)
     assert r.status_code == 405
     assert await steps(gw) == []
+
+
+async def test_too_many_pending_turns_is_the_sdks_rate_limit_error(
+    make_gateway: GatewayFactory,
+) -> None:
+    upstream = RecordingUpstream(latency_s=0.3)
+    gw = await make_gateway(upstream.app(), max_pending_turns=1)
+    await gw.register("r1")
+    client = claude(gw)
+    slow = asyncio.create_task(client.messages.create(**ASK))
+    await asyncio.sleep(0.1)
+    other = {**ASK, "messages": [{"role": "user", "content": "y"}]}
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        await client.messages.create(**other)
+    assert limited.value.body["error"]["details"]["error_code"] == "too_many_pending_turns"  # type: ignore[index]
+    assert (await slow).type == "message"

@@ -1,0 +1,290 @@
+"""Instructions per turn of a Messages or Responses turn against a chat turn (issue 31).
+
+One gateway process runs under valgrind's callgrind; the scripted model (its card saying
+vLLM, so the gateway streams from it as from vLLM) and this driver run natively, not
+counted. For each cell (dialect x streamed or not x context size) a fresh rollout takes
+``N`` turns (warm-up), the counters are dumped (``callgrind_control --dump``), it takes
+``N`` more, and they are dumped again: the second dump over ``N`` is what one turn of
+that conversation costs the gateway (turns ``N+1 .. 2N``). The conversation is the same
+in every dialect (a system prompt padded to the cell's context in the scripted model's
+tokens, one byte each; the model answers a short text; the agent echoes it and adds a
+user message), in each dialect's own shape, as its official SDK sends it. The gateway's
+timers (its ``Date`` header once a second) count too: some 90,000 instructions a second
+under valgrind, some 10% of a cell on a loaded machine where a turn takes a second of
+wall-clock time: so each gateway's idle rate is measured (instructions per second while
+nobody calls it) and what a cell's wall-clock time costs at that rate is subtracted.
+What remains differs run to run by the machine's timing in the I/O; ``--repeat`` runs
+every cell again and the least count of each cell is reported (the noise only adds).
+
+``--compare-source DIR`` also runs chat cells through the gateway of another checkout
+(e.g. ``git archive main``), to check the chat turn is no costlier than before. ::
+
+    python benchmarks/dialect_instructions.py                 # 1k and 32k, whole and streamed
+    python benchmarks/dialect_instructions.py --compare-source /tmp/base --contexts 1000
+
+Needs ``valgrind``. A gateway under callgrind runs some 100 times slower: start-up takes
+tens of seconds, a turn tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+DIALECTS = ("chat", "anthropic", "responses")
+START_TIMEOUT_S = 600.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited ({proc.returncode})")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, headers=headers, timeout=5).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url}: not ready")
+
+
+def serve_model(port: int) -> None:
+    """The scripted model with a vLLM card (streamed from as from vLLM). Not counted."""
+    import orjson
+    import uvicorn
+
+    from rollout_gateway.scripted import create_scripted_model_app
+
+    app = create_scripted_model_app()
+    card = {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "vllm"}]}
+
+    async def as_vllm(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/models":
+            head = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": orjson.dumps(card)})
+            return
+        await app(scope, receive, send)
+
+    uvicorn.run(as_vllm, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+@dataclass(frozen=True)
+class Cell:
+    dialect: str
+    stream: bool
+    context: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.context // 1000}k {'stream' if self.stream else 'whole'} {self.dialect}"
+
+
+def _says(turns: int) -> list[str]:
+    return [f"Step {i}: the files are a.txt and b.txt, nothing else." for i in range(turns)]
+
+
+def _system(turns: int, context: int) -> str:
+    script = json.dumps([{"say": text} for text in _says(turns)])
+    head = f"You are a shell agent. <script>{script}</script> "
+    return head + "x" * max(0, context - len(head))
+
+
+def body(cell: Cell, system: str, answers: list[str]) -> tuple[str, dict[str, Any]]:
+    """The request of the turn after ``answers``, in the cell's dialect: its path under
+    the rollout and its body."""
+    users = ["List the files."] + [f"Go on ({i})." for i in range(len(answers))]
+    if cell.dialect == "chat":
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for i, user in enumerate(users):
+            messages.append({"role": "user", "content": user})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        out: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 256}
+        return "/chat/completions", out | ({"stream": True} if cell.stream else {})
+    if cell.dialect == "anthropic":
+        turns: list[dict[str, Any]] = []
+        for i, user in enumerate(users):
+            turns.append({"role": "user", "content": [{"type": "text", "text": user}]})
+            if i < len(answers):
+                turns.append({"role": "assistant",
+                              "content": [{"type": "text", "text": answers[i]}]})  # fmt: skip
+        out = {"model": "m", "max_tokens": 256, "system": [{"type": "text", "text": system}],
+               "messages": turns, "stream": cell.stream}  # fmt: skip
+        return "/v1/messages", out
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "developer",
+         "content": [{"type": "input_text", "text": system}]}
+    ]  # fmt: skip
+    for i, user in enumerate(users):
+        items.append({"type": "message", "role": "user",
+                      "content": [{"type": "input_text", "text": user}]})  # fmt: skip
+        if i < len(answers):
+            items.append({"type": "message", "role": "assistant", "status": "completed",
+                          "content": [{"type": "output_text", "text": answers[i],
+                                       "annotations": []}]})  # fmt: skip
+    out = {"model": "m", "input": items, "max_output_tokens": 256, "store": False,
+           "stream": cell.stream}  # fmt: skip
+    return "/responses", out
+
+
+class Gateway:
+    """One gateway under callgrind, its counters dumped on demand."""
+
+    def __init__(self, model_root: str, directory: Path, source: str | None) -> None:
+        self.port = _free_port()
+        self.root = f"http://127.0.0.1:{self.port}"
+        self.out = directory / "callgrind.out"
+        cmd = ["valgrind", "-q", "--tool=callgrind", f"--callgrind-out-file={self.out}",
+               sys.executable, "-m", "rollout_gateway.cli", "serve", "--upstream",
+               f"{model_root}/v1", "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
+        first = source or str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONHASHSEED": "0", "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+               "PYTHONPATH": first}  # fmt: skip
+        log = open(directory / "gateway.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=source, start_new_session=True)  # fmt: skip
+        self.dumps = 0
+        _wait(f"{self.root}/health", self.proc, ADMIN)
+        self.idle_rate = 0.0
+
+    def measure_idle(self, seconds: float = 10.0) -> float:
+        """Instructions per second while idle (its timers), kept in :attr:`idle_rate`."""
+        self.dump()
+        start = time.monotonic()
+        time.sleep(seconds)
+        count = self.dump()
+        self.idle_rate = count / (time.monotonic() - start)
+        return self.idle_rate
+
+    def dump(self) -> int:
+        """The instructions since the previous dump."""
+        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)], check=True,
+                       capture_output=True)  # fmt: skip
+        self.dumps += 1
+        path = Path(f"{self.out}.{self.dumps}")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    if line.startswith(("totals:", "summary:")):
+                        return int(line.split()[1])
+            time.sleep(0.1)
+        raise RuntimeError(f"no dump at {path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_cell(client: httpx.Client, gateway: Gateway, cell: Cell, turns: int, n: int) -> float:
+    """Instructions per turn of the cell (turns ``turns+1 .. 2 turns``)."""
+    rollout = f"{cell.dialect}-{int(cell.stream)}-{cell.context}-{n}"
+    system = _system(2 * turns, cell.context)
+    reg = client.post(f"{gateway.root}/v1/rollouts/{rollout}/register", headers=ADMIN,
+                      json={"model": "scripted", "max_turns": -1})  # fmt: skip
+    reg.raise_for_status()
+    base = f"{gateway.root}/v1/rollouts/{rollout}"
+    key = reg.json()["api_key"]
+    auth = {"x-api-key": key} if cell.dialect == "anthropic" else {"Authorization": f"Bearer {key}"}
+    answers: list[str] = []
+    counted = 0
+    started = 0.0
+    for turn in range(2 * turns):
+        if turn == turns:
+            gateway.dump()  # everything before: not counted
+            started = time.monotonic()
+        path, request = body(cell, system, answers)
+        r = client.post(base + path, json=request, headers=auth)
+        r.raise_for_status()
+        if turn >= turns:
+            counted += 1
+        answers.append(_says(2 * turns)[turn])
+    timers = gateway.idle_rate * (time.monotonic() - started)
+    per_turn = (gateway.dump() - timers) / counted
+    client.post(f"{base}/unregister", headers=ADMIN).raise_for_status()
+    return per_turn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1000, 32000])
+    parser.add_argument("--turns", type=int, default=4, help="N: warm-up turns, then N counted")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--compare-source", help="another checkout: its chat turns too")
+    parser.add_argument("--modes", nargs="+", default=["whole", "stream"])
+    args = parser.parse_args()
+    model_port = _free_port()
+    model = subprocess.Popen([sys.executable, __file__, "--serve-model", str(model_port)],
+                             start_new_session=True)  # fmt: skip
+    model_root = f"http://127.0.0.1:{model_port}"
+    results: dict[str, list[float]] = {}
+    try:
+        _wait(f"{model_root}/v1/models", model)
+        with tempfile.TemporaryDirectory() as tmp, httpx.Client(timeout=600) as client:
+            sources = [("", None)]
+            if args.compare_source:
+                sources.append(("base ", args.compare_source))
+            for prefix, source in sources:
+                directory = Path(tmp) / (prefix.strip() or "this")
+                directory.mkdir()
+                gateway = Gateway(model_root, directory, source)
+                try:
+                    rate = gateway.measure_idle()
+                    print(f"{prefix}gateway idle: {rate / 1e3:.1f} k instructions/s", flush=True)
+                    for n in range(args.repeat):
+                        for context in args.contexts:
+                            for mode in args.modes:
+                                for dialect in DIALECTS if not source else ("chat",):
+                                    cell = Cell(dialect, mode == "stream", context)
+                                    value = run_cell(client, gateway, cell, args.turns, n)
+                                    results.setdefault(prefix + cell.label, []).append(value)
+                                    print(f"{prefix}{cell.label:28s} {value / 1e6:8.3f} M/turn",
+                                          flush=True)  # fmt: skip
+                finally:
+                    gateway.stop()
+    finally:
+        model.terminate()
+        model.wait()
+    print("\nratios (least count of the repeats) against the chat turn of the same cell:")
+    for context in args.contexts:
+        for mode in args.modes:
+            label = f"{context // 1000}k {mode}"
+            chat = min(results[f"{label} chat"])
+            for dialect in DIALECTS[1:]:
+                value = min(results[f"{label} {dialect}"])
+                print(f"  {label} {dialect:10s} {value / 1e6:7.3f} M  {value / chat:6.3f}x")
+            if args.compare_source:
+                base = min(results[f"base {label} chat"])
+                print(f"  {label} chat vs base {chat / 1e6:7.3f} M  {chat / base:6.3f}x")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-model":
+        serve_model(int(sys.argv[2]))
+    else:
+        main()
