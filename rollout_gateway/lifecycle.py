@@ -158,16 +158,25 @@ AGENT_TIMEOUT_VARS = frozenset({"OPENAI_TIMEOUT", "OPENAI_REQUEST_TIMEOUT", "HTT
 def agent_environment(
     base_url: str, api_key: str | None, model: str, agent_timeout: float | None
 ) -> dict[str, str]:
-    """The OpenAI SDK variables that point an agent at its rollout on the gateway.
+    """The variables that point an agent at its rollout on the gateway, whichever client
+    it uses: the OpenAI SDK's (``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, chat completions
+    and Responses) and the Anthropic SDK's and Claude Code's (``ANTHROPIC_BASE_URL`` /
+    ``ANTHROPIC_API_KEY``, Messages; the SDK appends ``/v1/messages`` to the rollout's
+    URL, sends the key as ``x-api-key``; ``ANTHROPIC_MODEL`` is Claude Code's model), so
+    an env switches agents by changing only its command.
 
     The client timeouts follow the agent timeout, so a slow turn is not cut short by
     the SDK's own default.
     """
     timeout = str(int(agent_timeout)) if agent_timeout is not None else "86400"
+    key = api_key or PLACEHOLDER_API_KEY
     return {
         "OPENAI_BASE_URL": base_url,
-        "OPENAI_API_KEY": api_key or PLACEHOLDER_API_KEY,
+        "OPENAI_API_KEY": key,
         "OPENAI_MODEL": model,
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": key,
+        "ANTHROPIC_MODEL": model,
         "OPENAI_TIMEOUT": timeout,
         "OPENAI_REQUEST_TIMEOUT": timeout,
         "HTTPX_TIMEOUT": timeout,
@@ -284,7 +293,8 @@ class GatewayRollout:
         return record.agent_base_url
 
     def agent_env(self, model: str) -> dict[str, str]:
-        """The OpenAI variables the agent needs to reach the gateway as this rollout."""
+        """The variables the agent needs to reach the gateway as this rollout
+        (:func:`agent_environment`)."""
         record = self.record
         if record.agent_base_url is None:
             raise GatewayTunnelError("agent_env: no tunnel leased yet")

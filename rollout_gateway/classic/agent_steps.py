@@ -53,7 +53,9 @@ class AgentSandboxSteps(_Base):
         return self._gateway_rollouts.of(state)
 
     async def build_env_vars(self, state: State) -> dict[str, str]:
-        """Sandbox environment: the env's ``environment_vars`` plus the OpenAI settings.
+        """Sandbox environment: the env's ``environment_vars`` plus the agent's model settings
+        (:func:`~rollout_gateway.lifecycle.agent_environment`: the OpenAI and Anthropic
+        clients' variables).
 
         Nothing from the host's environment is passed. The agent's base URL, key and
         model always win over ``environment_vars``, so the agent cannot be pointed

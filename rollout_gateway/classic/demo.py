@@ -146,7 +146,20 @@ class ClassicStack(DemoStack):
 
         opts = setup.options
         self._setup = setup
-        sandboxes = LocalSandboxClient(isolation=setup.isolation)
+        agent = setup.agent
+        # A real CLI (--agent): its install seen read-only by every sandbox, run in the
+        # example agent's place on the same task (task.md), with nothing to set up.
+        sandboxes = LocalSandboxClient(
+            isolation=setup.isolation, read_only=agent.read_only if agent else ()
+        )
+        cli_agent: dict[str, Any] = {}
+        if agent is not None:
+            from rollout_gateway.examples.fix_bug_env.env import DEFAULT_TASK_DIR as task_dir
+
+            cli_agent = {
+                "run_command": f"cd {task_dir} && {agent.command()}",
+                "agent_setup_command": None,
+            }
         stack.callback(sandboxes.teardown)  # idempotent: the env's teardown does it first
         env_args = {"num_examples": opts.examples, "use_gateway": True, "sandbox_backend": "local"}
         self._env = fix_bug_env.load_environment(
@@ -154,6 +167,7 @@ class ClassicStack(DemoStack):
             sandbox_client=sandboxes,
             gateway={"tunnel_provider": "direct", "admin_token": setup.admin_token},
             timeout_seconds=min(opts.timeout, 600.0),
+            **cli_agent,
         )
         stack.push_async_callback(self._env._teardown)
         self._client = vf.OpenAIChatCompletionsClient(

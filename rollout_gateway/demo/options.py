@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout_gateway.agent_clis import AGENT_CLIS
 from rollout_gateway.options import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -31,6 +32,9 @@ DEFAULT_OUTPUT_ROOT = Path("outputs")
 #: The verifiers stacks the demo runs on (``auto``: the installed one).
 STACKS = ("classic", "v1")
 ISOLATION_CHOICES = ("auto", "bwrap", "unshare", "uid", "process-group")
+#: ``--agent``: the example env's own agent, or a real CLI (:mod:`.agents`).
+AGENT_CHOICES = ("example", *AGENT_CLIS)
+_CLIS = ", ".join(f"{cli.name} ({cli.spec})" for cli in AGENT_CLIS.values())
 
 
 class DemoError(RuntimeError):
@@ -68,6 +72,12 @@ class DemoOptions:
         None, flag="--resume", convert=Path, metavar="DIR", group=_RUN, exclusive="where",
         help="continue the run in DIR with its settings: rollouts it finished are kept, "
         "failed ones run again",
+    )  # fmt: skip
+    agent: str = option(
+        "example", flag="--agent", choices=AGENT_CHOICES, group=_WORK,
+        help="the agent in each sandbox: example (the example env's OpenAI-SDK agent) or "
+        f"a real CLI on the same tasks: {_CLIS}; install a CLI once with npm: python -m "
+        "rollout_gateway.agent_clis install NAME",
     )  # fmt: skip
     upstream: str | None = option(
         None, flag="--upstream", metavar="URL", group=_WORK,
@@ -118,6 +128,7 @@ class DemoOptions:
 #: Settings that decide what a run's rollouts are: a resumed run keeps them, and refuses a
 #: typed value that differs (the results would mix two experiments).
 RESULT_SETTINGS = (
+    "agent",
     "examples",
     "rollouts_per_example",
     "upstream",
@@ -217,6 +228,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
 
 
 __all__ = [
+    "AGENT_CHOICES",
     "DEFAULT_OUTPUT_ROOT",
     "ISOLATION_CHOICES",
     "RESULT_SETTINGS",

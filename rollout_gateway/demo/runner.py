@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from rollout_gateway.demo.adapters import check_stack, load_stack
+from rollout_gateway.demo.agents import DemoAgent, demo_agent
 from rollout_gateway.demo.options import DemoError, DemoOptions
 from rollout_gateway.demo.preflight import UNCONTAINED_WARNING, check_upstream
 from rollout_gateway.demo.progress import ProgressView, Screen
@@ -147,6 +148,8 @@ class DemoRun:
         self.stop_reason: str | None = None
         self.failure: str | None = None
         self.nothing_to_run = False
+        #: The real CLI the rollouts run (``--agent``), found in preflight.
+        self.agent: DemoAgent | None = None
         self.work: asyncio.Task[None] | None = None
         #: The exit code, once the run has ended (its report printed).
         self.code: int | None = None
@@ -205,6 +208,7 @@ class DemoRun:
                 return
             if opts.upstream:
                 await check_upstream(opts.upstream, str(opts.model))
+        self.agent = demo_agent(opts.agent)  # a missing CLI: one line, how to install it
         isolation = await off_loop(stack.resolve_isolation, opts.isolation)
         if isolation == "process-group":
             print(UNCONTAINED_WARNING, file=self.err, flush=True)
@@ -214,6 +218,8 @@ class DemoRun:
         self.say(f"results         {self.path}/")
         self.say(f"stack           {stack.name} (verifiers {stack.verifiers_version})")
         self.say(f"local sandboxes isolation={isolation}")
+        if self.agent is not None:
+            self.say(f"agent           {self.agent.describe()}")
 
         # -- setup.
         self.phase = "setup"
@@ -263,6 +269,7 @@ class DemoRun:
             isolation=isolation,
             resuming=opts.resume is not None,
             keep_failed=opts.keep_failed,
+            agent=self.agent,
         )
 
     async def _rollouts(self, items: list[WorkItem], view: ProgressView) -> None:

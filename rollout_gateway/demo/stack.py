@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rollout_gateway.demo.agents import DemoAgent
 from rollout_gateway.demo.options import DemoOptions
 
 
@@ -82,6 +83,8 @@ class StackSetup:
     resuming: bool = False
     #: Rollouts to keep from the stored ones (their failures are not run again).
     keep_failed: bool = False
+    #: The real CLI each sandbox runs instead of the example agent (``--agent``).
+    agent: DemoAgent | None = None
 
 
 @dataclass

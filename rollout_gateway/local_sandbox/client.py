@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,11 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         enforce_limits: give each sandbox its cgroups and its own file system where the
             host offers them (:mod:`~rollout_gateway.local_sandbox.limits`); the
             watchdog stops a sandbox past a limit either way.
+        read_only: host directories every sandbox sees, read-only, at the same path
+            (``bwrap`` mode mounts them; the other modes see the host's file system
+            anyway): programs installed once per machine and shared by all sandboxes,
+            such as the agent CLIs' cache (:mod:`rollout_gateway.agent_clis`). Each
+            must be an existing directory.
 
     Each sandbox's memory, disk and CPU come from its request (``memory_gb``,
     ``disk_size_gb``, ``cpu_cores``); how this host enforces them:
@@ -97,14 +102,19 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         register_atexit: bool = True,
         pids_limit: int | None = limits.DEFAULT_PIDS,
         enforce_limits: bool = True,
+        read_only: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
+        shared = tuple(Path(path).resolve() for path in read_only)
+        for path in shared:
+            if not path.is_dir():
+                raise ValueError(f"read_only: {path} is not a directory")
         self.isolation: IsolationMode = choose_mode(isolation)
         traversable = self.isolation in (IsolationMode.UNSHARE, IsolationMode.UID)
         self.root = layout.prepare_root(
             Path(root) if root is not None else default_root(), traversable
         )
         self._traversable = traversable
-        self._read_only = python_dirs()
+        self._read_only = (*python_dirs(), *shared)
         self._clock = clock
         self._reap_interval = reap_interval
         self._apply_rlimits = apply_rlimits

@@ -101,7 +101,7 @@ def build_completion(
     max_tokens = completion_room(
         len(prompt_ids), asked, window=max_model_len, check=context_check, asked_as=asked_as
     )
-    action = decide(messages, temperature=temperature, seed=seed)
+    action = decide(messages, temperature=temperature, seed=seed, tools=body.get("tools"))
     message, completion_ids, pieces, finish_reason = _answer_message(action, tokenizer, max_tokens)
     choice: dict[str, Any] = {
         "index": 0,

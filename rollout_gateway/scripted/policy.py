@@ -11,6 +11,11 @@ number of assistant messages already in the request. A step is one of:
   unseeded RNG when the request has no seed.
 
 Past the end of the script, or without a script, the model says ``"Done."``.
+
+A ``run_shell`` step drives whichever shell tool the agent offers: when the request's
+tools have no ``run_shell`` but one of :data:`SHELL_TOOLS` (Claude Code's ``Bash``, Codex's
+``exec_command``), the call goes to that tool with the step's ``command`` in that tool's
+own argument, so one script runs the example agent, Claude Code and Codex alike.
 """
 
 from __future__ import annotations
@@ -67,6 +72,42 @@ def find_script(messages: Sequence[Mapping[str, Any]]) -> list[Any] | None:
     return None
 
 
+#: The script's shell tool, as the example agent names it.
+SCRIPT_SHELL_TOOL = "run_shell"
+#: Shell tools of real agents: the name, and the argument that holds the command.
+SHELL_TOOLS: dict[str, str] = {
+    "run_shell": "command",  # the example agent
+    "Bash": "command",  # Claude Code
+    "exec_command": "cmd",  # Codex
+    "shell": "command",  # Codex's older shell tool, pi, ...
+}
+
+
+def tool_names(tools: Sequence[Any] | None) -> list[str]:
+    """The names of a chat request's ``tools`` (function and custom tools)."""
+    names = []
+    for tool in tools or ():
+        if not isinstance(tool, Mapping):
+            continue
+        spec = tool.get("function") or tool.get("custom") or tool
+        name = spec.get("name") if isinstance(spec, Mapping) else None
+        if isinstance(name, str):
+            names.append(name)
+    return names
+
+
+def shell_call(arguments: Any, offered: Sequence[str]) -> tuple[str, Any] | None:
+    """A ``run_shell`` step's call on the agent's own shell tool (``None``: the agent
+    offers ``run_shell`` itself, or no shell tool this model knows)."""
+    if SCRIPT_SHELL_TOOL in offered or not isinstance(arguments, Mapping):
+        return None
+    for name in offered:
+        argument = SHELL_TOOLS.get(name)
+        if argument is not None:
+            return name, {argument: arguments.get("command", "")}
+    return None
+
+
 def _resolve(step: Any, temperature: float, rng: random.Random | None) -> Any:
     """Resolve nested ``one_of`` choices down to a concrete step."""
     while isinstance(step, Mapping) and "one_of" in step:
@@ -85,8 +126,10 @@ def decide(
     *,
     temperature: float | None = None,
     seed: int | None = None,
+    tools: Sequence[Any] | None = None,
 ) -> Action:
-    """The action of the scripted model for a request with these messages."""
+    """The action of the scripted model for a request with these messages (and the
+    ``tools`` the request offers: see :data:`SHELL_TOOLS`)."""
     script = find_script(messages)
     index = sum(1 for m in messages if m.get("role") == "assistant")
     if script is None or index >= len(script):
@@ -95,12 +138,24 @@ def decide(
     rng = random.Random(seed) if (temp > 0 and seed is not None) else None
     step = _resolve(script[index], temp, rng)
     if isinstance(step, Mapping) and "tool" in step:
-        arguments = step.get("arguments", {})
+        name, arguments = str(step["tool"]), step.get("arguments", {})
+        if name == SCRIPT_SHELL_TOOL:
+            name, arguments = shell_call(arguments, tool_names(tools)) or (name, arguments)
         encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        return Action(tool_calls=[ToolCall(f"call_{index}_0", str(step["tool"]), encoded)])
+        return Action(tool_calls=[ToolCall(f"call_{index}_0", name, encoded)])
     if isinstance(step, Mapping) and "say" in step:
         return Action(text=str(step["say"]))
     return Action(text=DONE_TEXT)
 
 
-__all__ = ["DONE_TEXT", "Action", "ToolCall", "decide", "find_script"]
+__all__ = [
+    "DONE_TEXT",
+    "SCRIPT_SHELL_TOOL",
+    "SHELL_TOOLS",
+    "Action",
+    "ToolCall",
+    "decide",
+    "find_script",
+    "shell_call",
+    "tool_names",
+]

@@ -23,6 +23,8 @@
   a local-sandbox trace in v1's own vocabulary (v1's trace readers accept no other
   runtime type; the gateway env applies it to every episode), :func:`local_sandbox_record`
   reads the full record back.
+- :func:`agent_environment`: what a harness gives its program to reach the rollout with
+  the OpenAI or the Anthropic client (Claude Code), from v1's ``endpoint`` and ``secret``.
 """
 
 from rollout_gateway.verifiers_stack import V1, require_stack
@@ -32,6 +34,7 @@ from rollout_gateway.verifiers_stack import V1, require_stack
 # verifiers through .internals, whose import checks the version within the v1 stack.)
 require_stack(V1, "rollout_gateway.v1")
 
+from rollout_gateway.v1.agent_env import agent_environment
 from rollout_gateway.v1.config import (
     DEFAULT_ADMIN_TOKEN_VAR,
     GatewayInterceptionConfig,
@@ -84,6 +87,7 @@ __all__ = [
     "RuntimeChoice",
     "TraceSync",
     "UnsupportedVerifiersError",
+    "agent_environment",
     "feature_error",
     "check_local_sandbox",
     "gateway_synced",

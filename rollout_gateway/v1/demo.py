@@ -68,11 +68,27 @@ _MODULES = (
 _LOGGERS = ("verifiers", "rollout_gateway")
 
 
-def runtime_config(isolation: str) -> dict[str, Any]:
+def runtime_config(isolation: str, read_only: list[str] | None = None) -> dict[str, Any]:
     """The ``[env.agent.runtime]`` block the example's agents run on: a contained local
     sandbox (:class:`rollout_gateway.v1.LocalSandboxRuntime`) in the isolation mode
-    preflight resolved, so a resumed run is contained as the run was."""
-    return {"type": "local_sandbox", "isolation": isolation}
+    preflight resolved, so a resumed run is contained as the run was; ``read_only``: host
+    directories each sandbox sees (a real CLI's install, ``--agent``)."""
+    config: dict[str, Any] = {"type": "local_sandbox", "isolation": isolation}
+    if read_only:
+        config["read_only"] = read_only
+    return config
+
+
+def agent_config(setup: StackSetup) -> dict[str, Any]:
+    """The ``[env.agent]`` block: the runtime, and with ``--agent`` a real CLI as the
+    example harness's command (it runs where ``agent.py`` would, on the same task)."""
+    agent = setup.agent
+    if agent is None:
+        return {"runtime": runtime_config(setup.isolation)}
+    return {
+        "runtime": runtime_config(setup.isolation, agent.read_only),
+        "harness": {"id": TASKSET_ID, "command": agent.command()},
+    }
 
 
 # ---------------------------------------------------------------- reading a run directory
@@ -208,7 +224,7 @@ class V1Stack(DemoStack):
                         "url": setup.gateway_url,
                         "tunnel": "direct",
                     },
-                    "agent": {"runtime": runtime_config(setup.isolation)},
+                    "agent": agent_config(setup),
                 },
                 "model": setup.model,
                 "client": {"type": "eval", "base_url": f"{setup.gateway_url}/v1"},
@@ -324,4 +340,4 @@ class V1Stack(DemoStack):
         }
 
 
-__all__ = ["TASKSET_ID", "V1Stack", "read_episodes", "runtime_config"]
+__all__ = ["TASKSET_ID", "V1Stack", "agent_config", "read_episodes", "runtime_config"]

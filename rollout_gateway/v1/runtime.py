@@ -98,6 +98,10 @@ class LocalSandboxRuntimeConfig(BaseConfig):
     timeout_minutes: float = Field(24 * 60, gt=0)
     """Longest lifetime of one sandbox; past it the sandbox is killed and removed (v1's
     own timeouts bound the agent first)."""
+    read_only: list[str] = Field(default_factory=list)
+    """Host directories every sandbox sees read-only at the same path: what harnesses
+    install once per machine, shared by all rollouts (e.g. the agent CLIs' cache of
+    :mod:`rollout_gateway.agent_clis`) instead of installed in each sandbox."""
 
     @field_validator("image")
     @classmethod
@@ -132,20 +136,22 @@ class LocalSandboxStartError(SandboxError):
 
 # ---------------------------------------------------------------- shared clients
 
-_clients: dict[tuple[str | None, str], LocalSandboxClient] = {}
+_clients: dict[tuple[str | None, str, tuple[str, ...]], LocalSandboxClient] = {}
 _clients_lock = threading.Lock()
 
 
 def _client(config: LocalSandboxRuntimeConfig) -> LocalSandboxClient:
     """The process-wide client of ``config``'s root and isolation (blocking: probes the
     host the first time)."""
-    key = (config.root, config.isolation)
+    key = (config.root, config.isolation, tuple(config.read_only))
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
             try:
-                client = LocalSandboxClient(config.root, isolation=config.isolation)
-            except LocalSandboxError as e:
+                client = LocalSandboxClient(
+                    config.root, isolation=config.isolation, read_only=config.read_only
+                )
+            except (LocalSandboxError, ValueError) as e:
                 raise LocalSandboxStartError(str(e)) from e
             except OSError as e:
                 raise LocalSandboxStartError(

@@ -17,6 +17,8 @@ from verifiers.v1.clients import ModelContext
 from verifiers.v1.runtimes import ProgramResult, Runtime
 from verifiers.v1.task import TaskData
 
+from rollout_gateway.v1.agent_env import agent_environment
+
 
 class FixBugHarnessConfig(vf.HarnessConfig):
     """The agent's knobs."""
@@ -26,6 +28,11 @@ class FixBugHarnessConfig(vf.HarnessConfig):
     """The agent's own cap on model calls (``AGENT_MAX_TURNS``); v1's limits still apply."""
     command_timeout: int = 60
     """Seconds per shell command."""
+    command: str | None = None
+    """A shell command to run instead of ``agent.py`` (in the task's directory, with
+    ``task.md`` there): another agent on the same variables, e.g. Claude Code with
+    ``claude -p "$(cat task.md)" --permission-mode bypassPermissions`` (it reads
+    ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY`` / ``ANTHROPIC_MODEL``)."""
 
 
 class FixBugHarness(vf.Harness[FixBugHarnessConfig]):
@@ -55,12 +62,14 @@ class FixBugHarness(vf.Harness[FixBugHarnessConfig]):
         await runtime.write("task.md", (prompt or "").encode())
         env = {
             **self.config.env,
-            "OPENAI_BASE_URL": endpoint,
-            "OPENAI_API_KEY": secret,
-            "OPENAI_MODEL": ctx.model,
+            # The OpenAI and Anthropic clients' variables: a command of another agent
+            # (Claude Code) reaches the rollout as agent.py does.
+            **agent_environment(endpoint, secret, ctx.model),
             "AGENT_MAX_TURNS": str(self.config.max_agent_turns),
             "AGENT_COMMAND_TIMEOUT": str(self.config.command_timeout),
         }
+        if self.config.command is not None:
+            return await run_program(runtime, ["/bin/sh", "-c", self.config.command], env)
         return await run_program(runtime, [sys.executable, "agent.py"], env)
 
 
