@@ -77,28 +77,27 @@ def iter_completion_sse(
         if content:
             yield chunk(index, {"content": content})
         for call_index, call in enumerate(message.get("tool_calls") or ()):
-            function = call.get("function") or {}
-            delta_call = {
-                "index": call_index,
-                "id": call.get("id"),
-                "type": call.get("type", "function"),
-                "function": {
-                    "name": function.get("name", ""),
-                    "arguments": function.get("arguments", ""),
-                },
-            }
-            yield chunk(index, {"tool_calls": [delta_call]})
-        tail: dict[str, Any] = {}
-        if choice.get("logprobs") is not None:
-            tail["logprobs"] = choice["logprobs"]
-        if choice.get("token_ids") is not None:
-            tail["token_ids"] = choice["token_ids"]
-        if choice.get("stop_reason") is not None:
-            tail["stop_reason"] = choice["stop_reason"]
+            yield chunk(index, {"tool_calls": [_tool_call_delta(call_index, call)]})
+        tail = {k: choice[k] for k in _CHOICE_TAIL if choice.get(k) is not None}
         yield chunk(index, {}, choice.get("finish_reason") or "stop", **tail)
     if include_usage and completion.get("usage") is not None:
         yield _event({**base, "choices": [], "usage": completion["usage"]})
     yield DONE_EVENT
+
+
+#: A choice's fields its last chunk carries when the answer has them.
+_CHOICE_TAIL = ("logprobs", "token_ids", "stop_reason")
+
+
+def _tool_call_delta(index: int, call: Mapping[str, Any]) -> dict[str, Any]:
+    """A whole tool call as one chunk's ``tool_calls`` delta."""
+    function = call.get("function") or {}
+    return {
+        "index": index,
+        "id": call.get("id"),
+        "type": call.get("type", "function"),
+        "function": {"name": function.get("name", ""), "arguments": function.get("arguments", "")},
+    }
 
 
 def error_event(message: str, code: str = "stream_error") -> bytes:

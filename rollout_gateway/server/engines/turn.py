@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rollout_gateway.protocol import FailedTurn, StepExtras, TurnError
 from rollout_gateway.server.agents.limits import NO_RETRY_HEADERS
-from rollout_gateway.server.engines.answers import EngineAnswer, MalformedAnswer, read_answer
+from rollout_gateway.server.engines.answers import (
+    ChoiceSample,
+    EngineAnswer,
+    MalformedAnswer,
+    read_answer,
+)
 from rollout_gateway.server.engines.context_refusal import (
     COMPLETION,
     PROMPT,
@@ -408,31 +413,11 @@ class EngineTurn:
         if first is not None and first.sentinels:
             extras["logprob_sentinels"] = first.sentinels
         if len(answer.choices) > 1:  # n > 1 (registered): no sampled token is dropped
-            extras["other_choices"] = [
-                {
-                    "index": c.index,
-                    "completion": [c.message],
-                    "completion_ids": c.completion_ids,
-                    "completion_logprobs": c.completion_logprobs,
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                }
-                for c in answer.choices[1:]
-            ]
+            extras["other_choices"] = [_other_choice(c) for c in answer.choices[1:]]
         has_prompt = answer.prompt_ids is not None or prompt_ids_json is not None
         if not (has_prompt and first is not None and first.completion_ids is not None):
             extras["tokens_missing"] = "the upstream's answer carries no token ids"
-            if engine.token_ids is not False:
-                logger.error(
-                    "upstream=%s answers carry NO token ids (engine=%s): rollout=%s turn=%d is "
-                    "recorded with tokens null and cannot be trained on. Run vLLM >= 0.10.2, "
-                    "or an SGLang with return_prompt_token_ids / return_token_ids.",
-                    self.pool.get(record.upstream).label,
-                    engine.kind,
-                    record.rollout_id,
-                    self.number,
-                )
-            engine.token_ids = False
+            self._no_token_ids()
         else:
             engine.token_ids = True
         usage = answer.usage or {}
@@ -455,6 +440,33 @@ class EngineTurn:
             prompt_ids_json=prompt_ids_json,
             routed_experts=self.routed_experts,
         )
+
+    def _no_token_ids(self) -> None:
+        """Say once per engine, loudly, that its answers carry no token ids."""
+        engine = self.engine
+        if engine.token_ids is not False:
+            logger.error(
+                "upstream=%s answers carry NO token ids (engine=%s): rollout=%s turn=%d is "
+                "recorded with tokens null and cannot be trained on. Run vLLM >= 0.10.2, "
+                "or an SGLang with return_prompt_token_ids / return_token_ids.",
+                self.pool.get(self.record.upstream).label,
+                engine.kind,
+                self.record.rollout_id,
+                self.number,
+            )
+        engine.token_ids = False
+
+
+def _other_choice(choice: ChoiceSample) -> dict[str, Any]:
+    """A choice beyond the first (``n`` > 1), as the step's ``extras.other_choices`` keeps it."""
+    return {
+        "index": choice.index,
+        "completion": [choice.message],
+        "completion_ids": choice.completion_ids,
+        "completion_logprobs": choice.completion_logprobs,
+        "finish_reason": choice.finish_reason,
+        "stop_reason": choice.stop_reason,
+    }
 
 
 def context_overflow_error(exc: UpstreamError) -> ApiError:

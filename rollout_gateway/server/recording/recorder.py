@@ -204,13 +204,7 @@ class TrajectoryRecorder:
         gets ``prefix_break`` when its prompt ids do not extend the previous step's
         prompt + completion ids.
         """
-        step_extras: dict[str, Any] = dict(extras or {})
-        tools = step_extras.get("tools")
-        if tools is not None:
-            if tools == self._tools:
-                step_extras["tools"] = self._tools  # one list for every turn that sent it
-            else:
-                self._tools = tools
+        step_extras = self._step_extras(extras)
         if history is None:  # not matched by the caller
             history = self._history.match(messages)
         shared = history.shared
@@ -246,6 +240,18 @@ class TrajectoryRecorder:
         # What the next turn is checked against (a shared store keeps it with the step).
         step.check = self.check_state
         self._before_last = before
+
+    def _step_extras(self, extras: Mapping[str, Any] | None) -> dict[str, Any]:
+        """A step's own copy of ``extras``; its ``tools``, when the previous step's were
+        equal, is that step's list (one list for every turn that sent it)."""
+        step_extras: dict[str, Any] = dict(extras or {})
+        tools = step_extras.get("tools")
+        if tools is not None:
+            if tools == self._tools:
+                step_extras["tools"] = self._tools
+            else:
+                self._tools = tools
+        return step_extras
 
     def record_refused(self, messages: Sequence[dict[str, Any]], extras: Mapping[str, Any]) -> None:
         """Record a turn the engine refused (no sample): its prompt, no completion, no
