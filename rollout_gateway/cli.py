@@ -272,12 +272,13 @@ def _add_demo_needs_a_stack(
 ) -> None:
     """``demo`` where no verifiers stack is installed: its help and its run say which
     extra it needs; nothing is probed, imported or created."""
-    from rollout_gateway.demo.help import needs_a_stack
+    from rollout_gateway.demo.help import CommandTextFormatter, needs_a_stack
 
     p = subparsers.add_parser(
         "demo",
         help="run the example env end to end on this machine (needs a verifiers extra)",
         description=f"Run the example env end to end on this machine: {needs_a_stack()}.",
+        formatter_class=CommandTextFormatter,
     )
 
     def refuse(args: argparse.Namespace) -> int:

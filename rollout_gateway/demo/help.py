@@ -24,6 +24,26 @@ def needs_a_stack() -> str:
     )
 
 
+def _fill(text: str, width: int, indent: str = "") -> str:
+    """``text`` wrapped to ``width``, never inside a word: a command or a path (say
+    ``pip install -e '/tmp/my-checkout[v1]'``) stays whole, to be copied as it is."""
+    wrapper = textwrap.TextWrapper(
+        width, initial_indent=indent, subsequent_indent=indent,
+        break_on_hyphens=False, break_long_words=False,
+    )  # fmt: skip
+    return wrapper.fill(" ".join(text.split()))
+
+
+class CommandTextFormatter(argparse.HelpFormatter):
+    """Help whose text holds commands and paths: wrapped between words only."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return _fill(text, width, indent)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return _fill(text, width).splitlines()
+
+
 class DemoHelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Help of ``demo``, for the installed verifiers stack (see the module docstring)."""
 
@@ -34,9 +54,9 @@ class DemoHelpFormatter(argparse.RawDescriptionHelpFormatter):
         description, layout = STACK_HELP[installed_stack() or "classic"]
         width = max(self._width - self._current_indent, 40)
         if text == DESCRIPTION:
-            text = textwrap.fill(description, width)
+            text = _fill(description, width)
         elif text == EPILOG:
-            text = f"{isolation_help()}\n\n{textwrap.fill(layout, width)}"
+            text = f"{isolation_help()}\n\n{_fill(layout, width)}"
         return super()._format_text(text)
 
 
