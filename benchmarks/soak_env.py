@@ -33,6 +33,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: The start of an agent program that posts chat bodies to its rollout: ``post(body)``
+#: returns the answer's status (0: no answer).
+_POST = (
+    "import json, os, urllib.request, urllib.error\n"
+    "base = os.environ['OPENAI_BASE_URL'].rstrip('/')\n"
+    "key = os.environ['OPENAI_API_KEY']\n"
+    "def post(body):\n"
+    "    req = urllib.request.Request(base + '/chat/completions', data=body,\n"
+    "        headers={'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'})\n"
+    "    try:\n"
+    "        return urllib.request.urlopen(req, timeout=60).status\n"
+    "    except urllib.error.HTTPError as e:\n"
+    "        return e.code\n"
+    "    except OSError:\n"
+    "        return 0\n"
+)
+
 #: Hostile agents (``agent.py`` replaced): each must end with the sandbox deleted, the
 #: rollout unregistered and one typed error (or a clean stop), nothing left behind.
 HOSTILE: dict[str, str] = {
@@ -52,19 +69,7 @@ HOSTILE: dict[str, str] = {
     ),
     # One turn, then a bad request refused, then the same refused request 300 times.
     "retry_storm": (
-        "import json, os, urllib.request, urllib.error\n"
-        "base = os.environ['OPENAI_BASE_URL'].rstrip('/')\n"
-        "key = os.environ['OPENAI_API_KEY']\n"
-        "def post(body):\n"
-        "    req = urllib.request.Request(base + '/chat/completions', data=body,\n"
-        "        headers={'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'})\n"
-        "    try:\n"
-        "        return urllib.request.urlopen(req, timeout=60).status\n"
-        "    except urllib.error.HTTPError as e:\n"
-        "        return e.code\n"
-        "    except OSError:\n"
-        "        return 0\n"
-        "ok = json.dumps({'model': os.environ.get('OPENAI_MODEL', 'm'), 'messages': [\n"
+        _POST + "ok = json.dumps({'model': os.environ.get('OPENAI_MODEL', 'm'), 'messages': [\n"
         "    {'role': 'user', 'content': '<script>[{\"say\": \"hi\"}]</script>'}]}).encode()\n"
         "post(ok)\n"
         "for _ in range(300):\n"
@@ -72,19 +77,7 @@ HOSTILE: dict[str, str] = {
     ),
     # A 20 MiB body (refused at the intake), then one ordinary turn.
     "oversized": (
-        "import json, os, urllib.request, urllib.error\n"
-        "base = os.environ['OPENAI_BASE_URL'].rstrip('/')\n"
-        "key = os.environ['OPENAI_API_KEY']\n"
-        "def post(body):\n"
-        "    req = urllib.request.Request(base + '/chat/completions', data=body,\n"
-        "        headers={'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'})\n"
-        "    try:\n"
-        "        return urllib.request.urlopen(req, timeout=60).status\n"
-        "    except urllib.error.HTTPError as e:\n"
-        "        return e.code\n"
-        "    except OSError:\n"
-        "        return 0\n"
-        "big = json.dumps({'model': 'm',\n"
+        _POST + "big = json.dumps({'model': 'm',\n"
         "    'messages': [{'role': 'user', 'content': 'x' * (20 << 20)}]})\n"
         "post(big.encode())\n"
         "post(json.dumps({'model': 'm', 'messages': [\n"
