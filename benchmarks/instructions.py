@@ -76,6 +76,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -482,25 +483,33 @@ def start_setup(
     return started
 
 
+#: Held while a setup's PATH leads to its counted redis-server wrapper.
+_PATH_LOCK = threading.Lock()
+
+
 def _start_redis_3(
     started: Started, tools: Tools, directory: Path, model_root: str, port: int
 ) -> None:
     """redis-server, three gateways on it, HAProxy in front (round robin)."""
     # RedisServer runs the redis-server it finds on PATH: a wrapper that runs it counted.
-    real = shutil.which("redis-server")
-    if real is None:
-        raise RuntimeError("redis-3 needs redis-server (Debian: apt-get install redis-server)")
-    out = directory / "redis.out"
-    (directory / "bin").mkdir()
-    wrapper = directory / "bin" / "redis-server"
-    wrapper.write_text(f'#!/bin/sh\nexec {" ".join(tools.counted([real], out))} "$@"\n')
-    wrapper.chmod(0o755)
-    path = os.environ["PATH"]
-    os.environ["PATH"] = f"{directory / 'bin'}{os.pathsep}{path}"
-    try:
-        redis = RedisServer(directory / "redis", fsync="everysec").start()
-    finally:
-        os.environ["PATH"] = path
+    # PATH is the process's, and the pair's two setups start at once, in threads: each
+    # must find the real server and then its own wrapper (unlocked, one setup's wrapper
+    # ran the other's, and both redis-servers were counted into one file).
+    with _PATH_LOCK:
+        real = shutil.which("redis-server")
+        if real is None:
+            raise RuntimeError("redis-3 needs redis-server (Debian: apt-get install redis-server)")
+        out = directory / "redis.out"
+        (directory / "bin").mkdir()
+        wrapper = directory / "bin" / "redis-server"
+        wrapper.write_text(f'#!/bin/sh\nexec {" ".join(tools.counted([real], out))} "$@"\n')
+        wrapper.chmod(0o755)
+        path = os.environ["PATH"]
+        os.environ["PATH"] = f"{directory / 'bin'}{os.pathsep}{path}"
+        try:
+            redis = RedisServer(directory / "redis", fsync="everysec").start()
+        finally:
+            os.environ["PATH"] = path
     started.add("redis", _Started(redis), out)
     group = GatewayGroup(
         redis.url, f"{model_root}/v1", 3, directory, admin_token=ADMIN_TOKEN,
