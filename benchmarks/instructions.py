@@ -109,10 +109,12 @@ COUNTED_ENV = {"PYTHONHASHSEED": "0", "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN
 #: are not streamed upstream until a turn the machine's timing picks (two runs' streamed
 #: counts differed by 30-200%). Only the probe's patience changes, not what it does.
 #: Where the checkout has the periodic health probe (``--probe-interval``, every second a
-#: ``GET /models`` upstream and a store check), it runs once an hour instead: it costs
-#: per second, not per turn, and the 2N-turn process lives seconds longer than the
-#: N-turn one (more under load), so those seconds' probes landed in the per-turn figure
-#: (the guard's 1k cell read 1.39 then 1.57 M back to back on a quiet machine).
+#: ``GET /models`` upstream and a store check), it runs once an hour instead, and given
+#: 60 s instead of 2: it costs per second, not per turn, and the 2N-turn process lives
+#: seconds longer than the N-turn one (more under load), so those seconds' probes landed
+#: in the per-turn figure (the guard's 1k cell read 1.39 then 1.57 M back to back on a
+#: quiet machine); patient, because ``/health`` answers from the start-up probe until
+#: the next one, an hour later (under callgrind at load 20 it took over 2 s).
 PATIENT_PROBE = """
 import importlib, runpy
 for name in ("rollout_gateway.server.engines.probe", "rollout_gateway.server.engines"):
@@ -123,10 +125,11 @@ for name in ("rollout_gateway.server.engines.probe", "rollout_gateway.server.eng
         pass
 import sys
 try:
-    importlib.import_module("rollout_gateway.server.ops.health")
+    health = importlib.import_module("rollout_gateway.server.ops.health")
+    health.HealthMonitor.__init__.__kwdefaults__["timeout_s"] = 60.0
     if sys.argv[1:2] == ["serve"]:
         sys.argv[2:2] = ["--probe-interval", "3600"]
-except ImportError:
+except (ImportError, AttributeError, KeyError, TypeError):
     pass
 runpy.run_module("rollout_gateway.cli", run_name="__main__", alter_sys=True)
 """
