@@ -176,14 +176,18 @@ class EnvProcess:
         if self.child is not None:
             self.child.kill()
 
-    def drain(self, timeout_s: float) -> int | None:
-        """SIGTERM (it finishes the rollouts running), then wait; its exit code."""
+    def terminate(self) -> None:
+        """SIGTERM: it starts no new rollout and finishes those running."""
+        if self.child is not None and self.child.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.proc.terminate()
+
+    def wait(self, deadline: float) -> int | None:
+        """Its exit code once it has drained (``kill -9`` at ``deadline``, monotonic)."""
         if self.child is None or self.child.proc is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            self.child.proc.terminate()
         try:
-            return self.child.proc.wait(timeout=timeout_s)
+            return self.child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.child.kill()
             return None
@@ -726,7 +730,10 @@ def main(argv: list[str] | None = None) -> int:
         soak.event("end of the run: envs drain")
         soak.stopping.set()
         threads[0].join()  # a chaos step under way finishes (a restart completes)
-        codes = {env.name: env.drain(args.drain_s + 30) for env in soak.envs}
+        for env in soak.envs:  # all at once: they drain side by side
+            env.terminate()
+        deadline = time.monotonic() + args.drain_s + 30
+        codes = {env.name: env.wait(deadline) for env in soak.envs}
         soak.event("envs stopped", exit_codes=codes)
         for thread in threads[1:]:
             thread.join(timeout=30)
