@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,9 +83,7 @@ def test_redis_server_of_the_test_bed_dies_when_its_parent_is_killed(tmp_path: P
             os.killpg(redis_pid, signal.SIGKILL)  # its own group, started by our parent
 
 
-def test_a_child_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> None:
-    import threading
-
+def test_a_child_started_from_a_thread_outlives_the_thread() -> None:
     started: list[subprocess.Popen[bytes]] = []
     worker = threading.Thread(target=lambda: started.append(child_processes.spawn(["sleep", "30"])))
     worker.start()
