@@ -318,6 +318,10 @@ class Soak:
             (0.80, "kill -9 the SQLite gateway", self.kill_sqlite_gateway),
         ):
             plan.append((total * share + rng.uniform(-5, 5), name, action))
+        v1 = next((env for env in self.envs if env.v1_python is not None), None)
+        if v1 is not None:  # drawn last: the schedule above is the same with or without it
+            at = total * 0.58 + rng.uniform(-5, 5)
+            plan.append((at, f"kill -9 env {v1.name}, resume", lambda: self.kill_env(v1)))
         return sorted(plan, key=lambda p: p[0])
 
     def chaos(self) -> None:
@@ -348,8 +352,8 @@ class Soak:
         self.redis.restart()
         self.event("redis back")
 
-    def kill_env(self) -> None:
-        env = self.envs[0]
+    def kill_env(self, env: EnvProcess | None = None) -> None:
+        env = env or self.envs[0]
         env.kill()
         time.sleep(2.0)
         env.start()

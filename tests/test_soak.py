@@ -54,6 +54,7 @@ def test_quick_soak_loses_duplicates_and_leaves_nothing(tmp_path: Path) -> None:
     # its rollouts are in the same ledger, held to the same zeros above.
     if "soak: no v1 env process" not in run.stdout:
         assert ledger["per_env"]["v1_0"]["completed"] >= 1, ledger["per_env"]
+        assert any(e["what"] == "kill -9 env v1_0, resume" for e in report["chaos"])
     left = report["end_state"]
     for name in ("sandbox_dirs", "cgroups", "loop_mounts", "agent_processes"):
         assert left[name] == 0, (name, left)
