@@ -133,6 +133,9 @@ class EnvProcess:
     args: argparse.Namespace
     child: _Child | None = None
     starts: int = 0
+    #: ``None``: a classic env (``soak_env.py``, this interpreter); else the interpreter
+    #: of the v1 stack running ``soak_env_v1.py``.
+    v1_python: str | None = None
 
     @property
     def journal(self) -> Path:
@@ -142,15 +145,23 @@ class EnvProcess:
     def sandbox_root(self) -> Path:
         return self.directory / "sandboxes" / self.name
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
         a = self.args
-        cmd = [
-            sys.executable, str(Path(__file__).with_name("soak_env.py")),
+        common = [
             "--gateway", self.gateway, "--name", self.name, "--journal", str(self.journal),
             "--sandbox-root", str(self.sandbox_root), "--concurrency", str(a.concurrency),
-            "--hostile-share", str(a.hostile_share), "--agent-timeout", str(a.agent_timeout),
-            "--seed", str(a.seed), "--drain-s", str(a.drain_s),
+            "--drain-s", str(a.drain_s),
         ]  # fmt: skip
+        if self.v1_python is not None:
+            return [self.v1_python, str(Path(__file__).with_name("soak_env_v1.py")), *common]
+        return [
+            sys.executable, str(Path(__file__).with_name("soak_env.py")), *common,
+            "--hostile-share", str(a.hostile_share), "--agent-timeout", str(a.agent_timeout),
+            "--seed", str(a.seed),
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        cmd = self.command()
         if self.starts:
             cmd.append("--resume")
         self.starts += 1
@@ -165,14 +176,18 @@ class EnvProcess:
         if self.child is not None:
             self.child.kill()
 
-    def drain(self, timeout_s: float) -> int | None:
-        """SIGTERM (it finishes the rollouts running), then wait; its exit code."""
+    def terminate(self) -> None:
+        """SIGTERM: it starts no new rollout and finishes those running."""
+        if self.child is not None and self.child.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.proc.terminate()
+
+    def wait(self, deadline: float) -> int | None:
+        """Its exit code once it has drained (``kill -9`` at ``deadline``, monotonic)."""
         if self.child is None or self.child.proc is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            self.child.proc.terminate()
         try:
-            return self.child.proc.wait(timeout=timeout_s)
+            return self.child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.child.kill()
             return None
@@ -263,6 +278,15 @@ class Soak:
         self.envs = [EnvProcess(f"redis{i}", self.lb.root, out, a) for i in range(a.redis_envs)] + [
             EnvProcess(f"sqlite{i}", self.sqlite.roots()[0], out, a) for i in range(a.sqlite_envs)
         ]
+        v1_python = v1_interpreter(a.v1_python)
+        if v1_python is None or a.v1_envs == 0:
+            why = "--v1-envs 0" if a.v1_envs == 0 else "no v1 interpreter"
+            print(f"soak: no v1 env process ({why}; --v1-python PATH: rollout-gateway[v1])")
+        else:
+            self.envs += [
+                EnvProcess(f"v1_{i}", self.lb.root, out, a, v1_python=v1_python)
+                for i in range(a.v1_envs)
+            ]
         for env in self.envs:
             env.start()
         self.event("started", model=self.model.url, lb=self.lb.root, envs=len(self.envs))
@@ -294,6 +318,10 @@ class Soak:
             (0.80, "kill -9 the SQLite gateway", self.kill_sqlite_gateway),
         ):
             plan.append((total * share + rng.uniform(-5, 5), name, action))
+        v1 = next((env for env in self.envs if env.v1_python is not None), None)
+        if v1 is not None:  # drawn last: the schedule above is the same with or without it
+            at = total * 0.58 + rng.uniform(-5, 5)
+            plan.append((at, f"kill -9 env {v1.name}, resume", lambda: self.kill_env(v1)))
         return sorted(plan, key=lambda p: p[0])
 
     def chaos(self) -> None:
@@ -324,8 +352,8 @@ class Soak:
         self.redis.restart()
         self.event("redis back")
 
-    def kill_env(self) -> None:
-        env = self.envs[0]
+    def kill_env(self, env: EnvProcess | None = None) -> None:
+        env = env or self.envs[0]
         env.kill()
         time.sleep(2.0)
         env.start()
@@ -578,6 +606,24 @@ def sandbox_ids_of(out: Path) -> set[str]:
     }
 
 
+#: Where ``.ci/run`` and the team brief make the v1 stack's virtualenv.
+DEFAULT_V1_PYTHON = Path(__file__).resolve().parents[1] / ".ci-venv-v1" / "bin" / "python"
+
+
+def v1_interpreter(given: str | None) -> str | None:
+    """The interpreter of the v1 stack (``given``, else the repository's ``.ci-venv-v1``)
+    when it imports ``rollout_gateway.v1`` on verifiers 0.4, else ``None``."""
+    path = given or (str(DEFAULT_V1_PYTHON) if DEFAULT_V1_PYTHON.exists() else None)
+    if path is None:
+        return None
+    probe = "import verifiers.v1, rollout_gateway.v1, rollout_gateway_fix_bug_v1"
+    try:
+        done = subprocess.run([path, "-c", probe], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return path if done.returncode == 0 else None
+
+
 def file_mb(path: Path) -> float:
     try:
         return round(path.stat().st_size / 2**20, 3)
@@ -633,6 +679,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=3, help="rollouts at once per env process")
     p.add_argument("--redis-envs", type=int, default=2)
     p.add_argument("--sqlite-envs", type=int, default=1)
+    p.add_argument("--v1-envs", type=int, default=1, help="v1 env processes (through HAProxy)")
+    p.add_argument(
+        "--v1-python",
+        default=None,
+        help="the v1 stack's interpreter (default: the repository's .ci-venv-v1, if any)",
+    )
     p.add_argument("--hostile-share", type=float, default=0.1)
     p.add_argument("--agent-timeout", type=float, default=120.0)
     p.add_argument("--drain-s", type=float, default=120.0)
@@ -682,7 +734,10 @@ def main(argv: list[str] | None = None) -> int:
         soak.event("end of the run: envs drain")
         soak.stopping.set()
         threads[0].join()  # a chaos step under way finishes (a restart completes)
-        codes = {env.name: env.drain(args.drain_s + 30) for env in soak.envs}
+        for env in soak.envs:  # all at once: they drain side by side
+            env.terminate()
+        deadline = time.monotonic() + args.drain_s + 30
+        codes = {env.name: env.wait(deadline) for env in soak.envs}
         soak.event("envs stopped", exit_codes=codes)
         for thread in threads[1:]:
             thread.join(timeout=30)
@@ -749,6 +804,7 @@ def print_summary(s: dict[str, Any]) -> None:
         f"but in no trajectory {c.get('served_not_in_a_trajectory', 0)} (failed turns, "
         "killed envs, the canary)"
     )
+    print("per env process:", json.dumps(s["ledger"].get("per_env", {})))
     print("errors:", json.dumps(s["ledger"]["errors"]))
     if s["ledger"].get("examples"):
         print("examples:", json.dumps(s["ledger"]["examples"]))

@@ -57,10 +57,15 @@ def ledger_check(run_dir: Path) -> dict[str, Any]:
     seen: dict[int, str] = {}
     examples: dict[str, list[str]] = defaultdict(list)
     open_keys: dict[str, dict[str, Any]] = {}
+    per_env: dict[str, Counter[str]] = defaultdict(Counter)
     for journal in sorted(run_dir.glob("env-*.jsonl")):
         for line in read_lines(journal):
             key = line.get("rollout_key", "")
             event = line.get("event")
+            if event in ("start", "end"):
+                env = per_env[str(line.get("env"))]
+                env["started" if event == "start" else "ended"] += 1
+                env["completed"] += event == "end" and line.get("error") is None
             if event == "start":
                 counts["started"] += 1
                 open_keys[key] = line
@@ -79,6 +84,7 @@ def ledger_check(run_dir: Path) -> dict[str, Any]:
     counts["served_not_in_a_trajectory"] = len(set(served) - set(seen))
     return {
         "counts": dict(counts),
+        "per_env": {name: dict(c) for name, c in sorted(per_env.items())},
         "errors": dict(errors.most_common()),
         "examples": {k: v[:5] for k, v in examples.items() if v},
         "ok": all(counts[k] == 0 for k in ("lost", "duplicated", "silently_truncated", "untyped")),

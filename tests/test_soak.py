@@ -1,8 +1,9 @@
 """The chaos soak's quick mode (``benchmarks/soak.py --quick``, issue 34), run whole: a
 real deployment (scripted model with faults, three gateways on Redis behind HAProxy, a
-SQLite gateway, env processes on contained local sandboxes, hostile agents) under every
-fault of the schedule, then the ledger: no rollout lost, no turn duplicated or silently
-truncated, every failure typed, nothing left behind. About 4.5 minutes."""
+SQLite gateway, env processes of both stacks on contained local sandboxes, hostile
+agents) under every fault of the schedule, then the ledger: no rollout lost, no turn
+duplicated or silently truncated, every failure typed, nothing left behind. About 4.5
+minutes."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def test_quick_soak_loses_duplicates_and_leaves_nothing(tmp_path: Path) -> None:
     for name in ("lost", "duplicated", "silently_truncated", "untyped"):
         assert counts.get(name, 0) == 0, (name, counts, ledger["errors"], ledger["examples"])
     assert counts["completed"] >= 3 and counts["steps"] >= 12  # it did work (loaded 2 cores: ~15)
+    # The v1 stack's env process (when this checkout has its venv, as .ci/run makes it):
+    # its rollouts are in the same ledger, held to the same zeros above.
+    if "soak: no v1 env process" not in run.stdout:
+        assert ledger["per_env"]["v1_0"]["completed"] >= 1, ledger["per_env"]
+        assert any(e["what"] == "kill -9 env v1_0, resume" for e in report["chaos"])
     left = report["end_state"]
     for name in ("sandbox_dirs", "cgroups", "loop_mounts", "agent_processes"):
         assert left[name] == 0, (name, left)

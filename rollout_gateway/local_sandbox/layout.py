@@ -237,6 +237,7 @@ def sweep_stale(root: Path) -> list[str]:
                         entry.unlink(missing_ok=True)
     if removed:
         logger.info("Removed %d stale local sandbox(es) from %s", len(removed), root)
+    disks.sweep_abandoned()  # and the disks of dead clients under any other root
     return removed
 
 

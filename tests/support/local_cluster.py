@@ -5,6 +5,8 @@ What the three-gateway tests and ``benchmarks/scaleout.py`` run, and a way to tr
 (``redis-server``, ``haproxy``; ``.ci/run`` installs them) or this package's own
 ``rollout-gateway serve``, started as a child process in its own process group on a free
 loopback port, and stopped by that group only: nothing else on the machine is signalled.
+Each dies with the process that started it, even one killed with ``kill -9``
+(:mod:`rollout_gateway.child_processes`: the parent-death signal).
 
     with RedisServer(tmp_path) as redis, GatewayGroup(redis.url, upstream, 3) as gateways:
         with HAProxy(gateways.ports) as lb:
@@ -34,6 +36,8 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+
+from rollout_gateway import child_processes
 
 #: How long a server may take to accept connections before start-up fails.
 START_TIMEOUT_S = 30.0
@@ -89,14 +93,14 @@ class _Child:
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
+            # Its own process group (stopped by that group only), killed by the kernel
+            # should this process die without stopping it (``kill -9``).
+            self.proc = child_processes.spawn(
                 self.cmd,
-                stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(self.env or {})},
                 cwd=self.cwd,
-                start_new_session=True,  # its own process group: stopped by that group only
             )
 
     def running(self) -> bool:

@@ -1,0 +1,234 @@
+"""One verifiers 0.4 (v1) env process of the chaos soak (``benchmarks/soak.py``).
+
+Runs the v1 example (``rollout_gateway.examples.fix_bug_v1``: the same tasks and agent
+as the classic example) in gateway mode on contained local sandboxes (the
+``local_sandbox`` runtime) against ``--gateway``, ``--concurrency`` episodes at a time,
+each one of the env's own ``RunSlot`` episodes (``env.run_slot``, as ``vf-eval`` runs
+them), until SIGTERM (then it starts no new episode, lets those running finish up to
+``--drain-s`` and exits 0). Run with the v1 stack's interpreter (``rollout-gateway[v1]``):
+``soak.py --v1-python PATH`` starts it.
+
+Its journal (``--journal``) is the classic env's (``soak_env.py``): ``start``,
+``registering`` (the rollout id, as the control plane is asked to register it), ``end``
+(the episode's first typed error, if any, and per recorded step the model's serial and a
+digest of its completion ids), so the soak's ledger counts its rollouts with the others.
+The steps come from the trajectory the gateway answered the env (read at the env's
+control-plane transport, ``GatewayEnvMixin.gateway_transport``): v1's trace keeps the
+tokens but not the model's serial. ``--resume`` (after a ``kill -9``) marks what the
+journal shows started and not ended ``interrupted`` and unregisters it at the gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import itertools
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak_env import Journal, interrupted, step_record, unregister_left  # noqa: E402
+
+#: The journal key of the episode whose requests pass the transport now (set per episode:
+#: its tasks inherit it, so the control-plane calls made for it carry it).
+_EPISODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("episode", default=None)
+_ROLLOUT_PATH = re.compile(r"/v1/rollouts/([^/]+)/(register|trajectory)$")
+
+
+class LedgerTransport(httpx.AsyncBaseTransport):
+    """The env's control-plane transport: journals each registration and keeps, per
+    episode, the last trajectory the gateway answered (expanded from the delta form)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.journal = journal
+        self.trajectories: dict[str, list[dict[str, Any]]] = {}
+        self.rollout_ids: dict[str, str] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        key = _EPISODE.get()
+        found = _ROLLOUT_PATH.search(request.url.path)
+        if found and found.group(2) == "register" and key is not None:
+            self.journal.write(event="registering", rollout_key=key, rollout_id=found.group(1))
+            self.rollout_ids[key] = found.group(1)
+        response = await self.inner.handle_async_request(request)
+        if found and found.group(2) == "trajectory" and response.status_code == 200:
+            from rollout_gateway.protocol import expand_delta_steps
+
+            body = await response.aread()
+            answer = json.loads(body)
+            steps = answer.get("trajectory") or []
+            if answer.get("format") == "delta":
+                steps = expand_delta_steps(steps)
+            if key is not None:
+                self.trajectories[key] = steps
+            return httpx.Response(response.status_code, headers=response.headers, content=body)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def eval_config(args: argparse.Namespace) -> Any:
+    """The run as v1's ``EvalConfig`` (the v1 demo's, on ``--gateway``)."""
+    from rollout_gateway.v1.demo import TASKSET_ID
+    from rollout_gateway.v1.eval_internals import EvalConfig
+
+    out = Path(args.journal).resolve().parent
+    return EvalConfig.model_validate(
+        {
+            "env": {
+                "taskset": {"id": TASKSET_ID},
+                "interception": {"type": "gateway", "url": args.gateway, "tunnel": "direct"},
+                # Contained as the classic envs' sandboxes (1 GiB memory and disk each),
+                # in a root of its own (what the soak counts as left behind).
+                "agent": {
+                    "runtime": {
+                        "type": "local_sandbox",
+                        "isolation": "auto",
+                        "root": args.sandbox_root,
+                        "memory": 1.0,
+                        "disk": 1.0,
+                    }  # fmt: skip
+                },
+            },
+            "model": "scripted",
+            "client": {"type": "eval", "base_url": f"{args.gateway}/v1"},
+            "sampling": {"max_tokens": 256},
+            "select": {"limit": 5},
+            "num_rollouts": 1,
+            "max_concurrent": args.concurrency,
+            "output_dir": str(out),
+            "run": {"name": f"soak-{args.name}", "dir": f"v1-run-{args.name}"},
+            "push": False,
+            "rich": None,
+        }
+    )
+
+
+def end_line(episode: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The journal's ``end`` fields of a finished episode (plain JSON, as v1 dumps it)."""
+    traces = episode.get("traces") or []
+    trace = traces[0] if traces else {}
+    errors = [*(episode.get("errors") or []), *(trace.get("errors") or [])]
+    error = None if episode.get("ok") else (errors[0] if errors else {})
+    return {
+        "error": None if error is None else str(error.get("type") or "NotOk"),
+        "error_message": None if error is None else str(error.get("message", ""))[:300],
+        # v1 records every failure as a typed error record; not ok without one is untyped.
+        "typed": None if error is None else bool(errors),
+        "infra": None,
+        "stop": trace.get("stop_condition"),
+        "agent_exit": 0 if episode.get("ok") else None,
+        "steps": [step_record(s) for s in steps],
+    }
+
+
+async def run(args: argparse.Namespace) -> int:
+    from rollout_gateway.v1.demo import V1Stack
+    from rollout_gateway.v1.eval_internals import ModelContext, load_environment
+
+    journal = Journal(Path(args.journal))
+    if args.resume:
+        left = interrupted(Path(args.journal))
+        for key, rollout_id in left.items():
+            journal.write(
+                event="interrupted", rollout_key=key, env=args.name, rollout_id=rollout_id
+            )
+        held = await unregister_left(args.gateway, [i for i in left.values() if i])
+        journal.write(event="resumed", interrupted=len(left), unregistered=held)
+    config = eval_config(args)
+    env = load_environment(config.env)
+    env.gateway_admin_token = os.environ["ROLLOUT_GATEWAY_ADMIN_TOKEN"]
+    transport = env.gateway_transport = LedgerTransport(journal)
+    tasks = list(env.taskset.select(config.select))
+    ctx = ModelContext(client=config.client, model=config.model, sampling=config.sampling)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    limit = asyncio.Semaphore(args.concurrency)
+    running: set[asyncio.Task[None]] = set()
+    start_key = f"{args.name}:{os.getpid()}"
+
+    async def one(seq: int) -> None:
+        key = f"{start_key}:{seq}"
+        _EPISODE.set(key)  # this task's context: the transport sees it
+        journal.write(event="start", rollout_key=key, env=args.name, hostile=None)
+        started = time.monotonic()
+        try:
+            slot = env.slots(tasks[seq % len(tasks)], 1)[0]
+            episode = await env.run_slot(slot, ctx, None)
+        except asyncio.CancelledError:
+            journal.write(event="cancelled", rollout_key=key, env=args.name, hostile=None)
+            raise
+        except Exception as exc:  # what run_slot lets escape: journalled, untyped
+            journal.write(
+                event="end", rollout_key=key, env=args.name, hostile=None, rollout_id=None,
+                error=type(exc).__name__, error_message=str(exc)[:300], typed=False,
+                escaped=True, steps=[], seconds=round(time.monotonic() - started, 3),
+            )  # fmt: skip
+            return
+        dumped = json.loads(V1Stack.dump(episode))
+        steps = transport.trajectories.pop(key, [])
+        journal.write(
+            event="end", rollout_key=key, env=args.name, hostile=None,
+            rollout_id=transport.rollout_ids.pop(key, None),
+            seconds=round(time.monotonic() - started, 3), **end_line(dumped, steps),
+        )  # fmt: skip
+
+    async def slot(seq: int) -> None:
+        try:
+            await one(seq)
+        finally:
+            limit.release()
+
+    async with env.serving():
+        for seq in itertools.count():
+            acquire = asyncio.ensure_future(limit.acquire())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if stop.is_set():
+                if acquire.done():
+                    limit.release()
+                else:
+                    acquire.cancel()
+                break
+            task = asyncio.create_task(slot(seq), context=contextvars.copy_context())
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            _, late = await asyncio.wait(running, timeout=args.drain_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+    await transport.aclose()
+    journal.close()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gateway", required=True, help="the gateway root URL (HAProxy's)")
+    parser.add_argument("--name", required=True, help="this env's name in the journal")
+    parser.add_argument("--journal", required=True)
+    parser.add_argument("--sandbox-root", required=True)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--drain-s", type=float, default=120.0)
+    parser.add_argument("--resume", action="store_true", help="after a kill: see the doc")
+    args = parser.parse_args()
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
