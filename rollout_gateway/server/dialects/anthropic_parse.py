@@ -74,6 +74,7 @@ _READ_FIELDS = SAMPLING_FIELDS | {
 }
 #: Provider-side execution the gateway cannot honour: a request asking for it is refused.
 REFUSED_FIELDS = ("container", "mcp_servers")
+_REFUSED = frozenset(REFUSED_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,17 @@ class MessagesContext:
     show_thinking: bool = True
 
 
+_SHOW_THINKING = MessagesContext(show_thinking=True)
+_HIDE_THINKING = MessagesContext(show_thinking=False)
+
+
 def parse_messages_request(
     body: dict[str, Any], *, count_only: bool = False, memo: ParseMemo | None = None
 ) -> ParsedRequest:
     """``body`` (``POST /v1/messages``, or its ``count_tokens`` with ``count_only``) as
     the chat request the engine gets, with the turn's facts. ``memo``: the rollout's
     previous request's (:mod:`.memo`; only what is new is translated)."""
-    for key in REFUSED_FIELDS:
+    for key in _REFUSED.intersection(body):  # (none, in the usual case)
         if body.get(key):
             raise RequestError(
                 f"'{key}' asks the provider to run tools itself; this gateway serves a model "
@@ -124,7 +129,7 @@ def parse_messages_request(
         messages_text=orjson.dumps(messages),
         stream=stream,
         facts=_facts(body, conversation, tools),
-        context=MessagesContext(show_thinking=show),
+        context=_SHOW_THINKING if show else _HIDE_THINKING,
         memo=ParseMemo(conversation, tools),
     )
 
@@ -133,7 +138,7 @@ def _facts(
     body: dict[str, Any], conversation: ConversationMemo, tools: ToolsMemo
 ) -> dict[str, Any]:
     facts: dict[str, Any] = {"dialect": "anthropic"}
-    sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    sampling = {k: body[k] for k in SAMPLING_FIELDS.intersection(body)}
     if sampling:
         facts["agent_sampling"] = sampling
     note_facts(
