@@ -165,7 +165,9 @@ def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> Conver
         reused = memo.ends[reuse - 1] or 0
         out = memo.messages[:reused]
         ends = memo.ends[:reuse]
-        dropped = {i: names for i, names in memo.dropped.items() if i < reuse}
+        dropped = (
+            {i: names for i, names in memo.dropped.items() if i < reuse} if memo.dropped else {}
+        )
     else:
         out, ends = [], []
         if system:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 #: What a JSON object may be here: ``isinstance(x, OBJECT)`` answers a ``dict`` (what the
@@ -68,9 +67,9 @@ def id_base(completion_id: Any) -> str:
     return _ID_UNSAFE.sub("", text)[:96] or "gateway"
 
 
-@dataclass(frozen=True, slots=True)
-class UsageCounts:
-    """An answer's token counts, as every dialect reports them."""
+class UsageCounts(NamedTuple):
+    """An answer's token counts, as every dialect reports them (a named tuple: made
+    every turn, in one call)."""
 
     prompt: int
     completion: int
@@ -95,6 +94,8 @@ def usage_counts(usage: Any) -> UsageCounts:
 
 
 def _count(value: Any) -> int | None:
+    if value is None:
+        return None
     if type(value) is int:  # the usual case (a bool is no count: its type is bool)
         return value if value >= 0 else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -67,6 +67,7 @@ _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 _CALLS = ("function_call", "custom_tool_call")
 #: Item fields v1's message hash keeps as opaque state.
 _STATE_KEYS = ("encrypted_content", "signature", "data", "phase")
+_STATE = frozenset(_STATE_KEYS)
 _TEXT_PARTS = ("input_text", "output_text")
 _DICT = {dict}
 
@@ -182,8 +183,10 @@ def _conversation(
         end = memo.ends[reuse - 1] or 0
         out = memo.messages[:end]
         ends = memo.ends[:reuse]
-        dropped = {i: names for i, names in memo.dropped.items() if i < reuse}
-        declared = [(i, tools) for i, tools in memo.declared if i < reuse]
+        dropped = (
+            {i: names for i, names in memo.dropped.items() if i < reuse} if memo.dropped else {}
+        )
+        declared = [(i, tools) for i, tools in memo.declared if i < reuse] if memo.declared else []
     else:
         out = [{"role": "system", "content": instructions}] if instructions else []
         ends, dropped, declared = [], {}, []
@@ -334,7 +337,7 @@ def _call(item: dict[str, Any]) -> dict[str, Any]:
 
 def _has_state(item: dict[str, Any], call_ids: set[str]) -> bool:
     """Whether ``item`` holds what the chat message does not (v1's message hash rule)."""
-    if any(item.get(key) is not None for key in _STATE_KEYS):
+    if not _STATE.isdisjoint(item) and any(item.get(key) is not None for key in _STATE_KEYS):
         return True
     kind = item.get("type") or ("message" if item.get("role") == "assistant" else "")
     content = item.get("content")
