@@ -126,7 +126,7 @@ def parse_messages_request(
         dialect="anthropic",
         body=chat,
         messages=messages,
-        messages_text=conversation.text,
+        messages_text=orjson.dumps(messages),
         stream=stream,
         facts=_facts(body, conversation, tools),
         context=_SHOW_THINKING if show else _HIDE_THINKING,
@@ -159,11 +159,9 @@ def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> Conver
     system = body.get("system")
     reuse = memo.reusable(system, raw) if memo is not None else 0
     dropped: dict[int, list[str]] = {}
-    reused = 0
     if reuse:
         assert memo is not None
-        reused = memo.ends[reuse - 1] or 0
-        out = memo.messages[:reused]
+        out = memo.messages[: memo.ends[reuse - 1]]
         ends = memo.ends[:reuse]
         dropped = (
             {i: names for i, names in memo.dropped.items() if i < reuse} if memo.dropped else {}
@@ -181,9 +179,7 @@ def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> Conver
         ends.append(len(out))
         if names:
             dropped[index] = names
-    conversation = ConversationMemo(system, raw, out, ends, dropped)
-    conversation.write(memo if reused else None, reused)
-    return conversation
+    return ConversationMemo(system, raw, out, ends, dropped)
 
 
 def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[str]) -> None:

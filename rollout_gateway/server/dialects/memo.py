@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 
 @dataclass(slots=True)
 class ConversationMemo:
@@ -39,22 +37,6 @@ class ConversationMemo:
     #: Tools the conversation's items declare, with their item's index (Responses'
     #: ``additional_tools`` / ``tool_search_output`` items).
     declared: list[tuple[int, Any]] = field(default_factory=list)
-    #: ``orjson.dumps(messages)`` (see :meth:`write`).
-    text: bytes = b""
-
-    def write(self, previous: ConversationMemo | None, reused: int) -> None:
-        """Set :attr:`text`: the previous request's text extended by the new messages
-        when :attr:`messages` holds all ``reused`` messages of the ``previous`` memo's
-        translation and more (the usual turn: orjson writes only what is new), else
-        written whole. The same bytes either way (orjson writes a list as its items'
-        JSON joined by commas)."""
-        messages = self.messages
-        if previous is None or not previous.text or not reused or reused != len(previous.messages):
-            self.text = orjson.dumps(messages)
-        elif reused == len(messages):
-            self.text = previous.text
-        else:
-            self.text = previous.text[:-1] + b"," + orjson.dumps(messages[reused:])[1:]
 
     def reusable(self, head: Any, native: list[Any]) -> int:
         """How many leading items of ``native`` (under ``head``) can take this memo's

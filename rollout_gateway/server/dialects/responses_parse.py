@@ -31,6 +31,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from rollout_gateway.server.dialects.base import ParsedRequest, field_names
 from rollout_gateway.server.dialects.errors import RequestError
 from rollout_gateway.server.dialects.memo import ConversationMemo, ParseMemo, ToolsMemo
@@ -127,7 +129,7 @@ def parse_responses_request(body: dict[str, Any], memo: ParseMemo | None = None)
         dialect="responses",
         body=chat,
         messages=messages,
-        messages_text=conversation.text,
+        messages_text=orjson.dumps(messages),
         stream=stream,
         facts=facts,
         context=context,
@@ -177,10 +179,10 @@ def _conversation(
     if instructions and not isinstance(instructions, str):
         raise RequestError("'instructions' must be a string", "instructions")
     reuse = memo.reusable(instructions, items) if memo is not None else 0
-    end = 0
     if reuse:
         assert memo is not None
-        end = memo.ends[reuse - 1] or 0
+        end = memo.ends[reuse - 1]
+        assert end is not None
         out = memo.messages[:end]
         ends = memo.ends[:reuse]
         dropped = (
@@ -206,9 +208,7 @@ def _conversation(
         out.append(_fold(run, names))
         if names:
             dropped[len(items)] = names
-    conversation = ConversationMemo(instructions, items, out, ends, dropped, declared)
-    conversation.write(memo if end else None, end)
-    return conversation
+    return ConversationMemo(instructions, items, out, ends, dropped, declared)
 
 
 def _item(
