@@ -185,7 +185,12 @@ def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> Conver
 def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[str]) -> None:
     """One native message as the chat messages it becomes (appended to ``out``)."""
     role = message.get("role") if type(message) is dict else None
-    if role == "assistant":
+    text = _only_text(message.get("content")) if role is not None else None
+    if text is not None and role in ("user", "system"):  # the usual turn: one text block
+        out.append({"role": "user", "content": text})
+    elif text is not None and role == "assistant":
+        out.append({"role": "assistant", "content": text or None})
+    elif role == "assistant":
         out.append(_assistant(message.get("content"), f"messages[{index}].content", dropped))
     elif role == "user" or role == "system":
         _user_turn(message.get("content"), f"messages[{index}].content", out, dropped)
@@ -194,6 +199,18 @@ def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[
     else:
         where = f"messages[{index}].role"
         raise RequestError(f"'{where}' must be 'user' or 'assistant'", where)
+
+
+def _only_text(content: Any) -> str | None:
+    """The text of ``content`` when it is one text block with a string ``text`` (what
+    :func:`_user_turn` and :func:`_assistant` make of it at more cost), else ``None``."""
+    if type(content) is list and len(content) == 1:
+        block = content[0]
+        if type(block) is dict and block.get("type") == "text":
+            value = block.get("text", "")
+            if type(value) is str:
+                return value
+    return None
 
 
 def _content(content: Any, where: str, dropped: list[str]) -> str | list[dict[str, Any]]:
