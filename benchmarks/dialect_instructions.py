@@ -15,9 +15,15 @@ wall-clock time: so each gateway's idle rate is measured (instructions per secon
 nobody calls it) and what a cell's wall-clock time costs at that rate is subtracted.
 What remains differs run to run by the machine's timing in the I/O; ``--repeat`` runs
 every cell again and the least count of each cell is reported (the noise only adds).
+Before the first cell, each dialect takes a short uncounted rollout in each mode
+(CPython quickens a function's code on its first calls: the first cell measured paid
+some 25,000 instructions a turn for it).
 
-``--compare-source DIR`` also runs chat cells through the gateway of another checkout
-(e.g. ``git archive main``), to check the chat turn is no costlier than before. ::
+``--compare-source DIR`` also runs every cell through the gateway of another checkout
+(e.g. ``git worktree add --detach DIR main``), in the same run: the chat turn no
+costlier than before, and each dialect turn's cost before and after a change.
+``--keep DIR`` keeps each cell's callgrind dump (``callgrind_annotate`` it, or diff two
+cells' with ``benchmarks/callgrind_layers.py``). ::
 
     python benchmarks/dialect_instructions.py                 # 1k and 32k, whole and streamed
     python benchmarks/dialect_instructions.py --compare-source /tmp/base --contexts 1000
@@ -157,7 +163,11 @@ class Gateway:
         cmd = ["valgrind", "-q", "--tool=callgrind", f"--callgrind-out-file={self.out}",
                sys.executable, "-m", "rollout_gateway.cli", "serve", "--upstream",
                f"{model_root}/v1", "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
-        first = source or str(Path(__file__).resolve().parents[1])
+        first = str(Path(source).resolve()) if source else str(Path(__file__).resolve().parents[1])
+        if (Path(first) / "rollout_gateway/server/ops/health.py").exists():
+            # Its periodic health probe (a GET upstream every second) once an hour: it
+            # costs per second, and a loaded machine's turns take seconds.
+            cmd += ["--probe-interval", "3600"]
         env = {**os.environ, "PYTHONHASHSEED": "0", "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
                "PYTHONPATH": first}  # fmt: skip
         log = open(directory / "gateway.log", "ab")  # noqa: SIM115
@@ -176,8 +186,8 @@ class Gateway:
         self.idle_rate = count / (time.monotonic() - start)
         return self.idle_rate
 
-    def dump(self) -> int:
-        """The instructions since the previous dump."""
+    def dump(self, keep: Path | None = None) -> int:
+        """The instructions since the previous dump (its file copied to ``keep``)."""
         subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)], check=True,
                        capture_output=True)  # fmt: skip
         self.dumps += 1
@@ -185,8 +195,11 @@ class Gateway:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if path.exists():
-                for line in path.read_text().splitlines():
+                text = path.read_text()
+                for line in text.splitlines():
                     if line.startswith(("totals:", "summary:")):
+                        if keep is not None:
+                            keep.write_text(text)
                         return int(line.split()[1])
             time.sleep(0.1)
         raise RuntimeError(f"no dump at {path}")
@@ -201,7 +214,9 @@ class Gateway:
                 self.proc.wait()
 
 
-def run_cell(client: httpx.Client, gateway: Gateway, cell: Cell, turns: int, n: int) -> float:
+def run_cell(
+    client: httpx.Client, gateway: Gateway, cell: Cell, turns: int, n: int, keep: Path | None
+) -> float:
     """Instructions per turn of the cell (turns ``turns+1 .. 2 turns``)."""
     rollout = f"{cell.dialect}-{int(cell.stream)}-{cell.context}-{n}"
     system = _system(2 * turns, cell.context)
@@ -225,7 +240,7 @@ def run_cell(client: httpx.Client, gateway: Gateway, cell: Cell, turns: int, n: 
             counted += 1
         answers.append(_says(2 * turns)[turn])
     timers = gateway.idle_rate * (time.monotonic() - started)
-    per_turn = (gateway.dump() - timers) / counted
+    per_turn = (gateway.dump(keep) - timers) / counted
     client.post(f"{base}/unregister", headers=ADMIN).raise_for_status()
     return per_turn
 
@@ -235,7 +250,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[1000, 32000])
     parser.add_argument("--turns", type=int, default=4, help="N: warm-up turns, then N counted")
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--compare-source", help="another checkout: its chat turns too")
+    parser.add_argument("--compare-source", help="another checkout: its turns too, same cells")
+    parser.add_argument("--dialects", nargs="+", default=list(DIALECTS), choices=DIALECTS)
+    parser.add_argument("--keep", type=Path, help="a folder to keep each cell's callgrind dump in")
     parser.add_argument("--modes", nargs="+", default=["whole", "stream"])
     args = parser.parse_args()
     model_port = _free_port()
@@ -256,12 +273,23 @@ def main() -> None:
                 try:
                     rate = gateway.measure_idle()
                     print(f"{prefix}gateway idle: {rate / 1e3:.1f} k instructions/s", flush=True)
+                    # Not counted: each path's code run once (CPython quickens a function on
+                    # its first calls, caches fill), else the first cell measured pays it.
+                    for mode in args.modes:
+                        for dialect in args.dialects:
+                            cell = Cell(dialect, mode == "stream", min(args.contexts))
+                            run_cell(client, gateway, cell, 2, -1, None)
                     for n in range(args.repeat):
                         for context in args.contexts:
                             for mode in args.modes:
-                                for dialect in DIALECTS if not source else ("chat",):
+                                for dialect in args.dialects:
                                     cell = Cell(dialect, mode == "stream", context)
-                                    value = run_cell(client, gateway, cell, args.turns, n)
+                                    keep = None
+                                    if args.keep is not None:
+                                        args.keep.mkdir(parents=True, exist_ok=True)
+                                        name = f"{prefix}{cell.label}.{n}".replace(" ", "-")
+                                        keep = args.keep / f"callgrind.{name}"
+                                    value = run_cell(client, gateway, cell, args.turns, n, keep)
                                     results.setdefault(prefix + cell.label, []).append(value)
                                     print(f"{prefix}{cell.label:28s} {value / 1e6:8.3f} M/turn",
                                           flush=True)  # fmt: skip
@@ -274,13 +302,23 @@ def main() -> None:
     for context in args.contexts:
         for mode in args.modes:
             label = f"{context // 1000}k {mode}"
-            chat = min(results[f"{label} chat"])
-            for dialect in DIALECTS[1:]:
-                value = min(results[f"{label} {dialect}"])
-                print(f"  {label} {dialect:10s} {value / 1e6:7.3f} M  {value / chat:6.3f}x")
+            _ratios(results, label, args.dialects, "this" if args.compare_source else "")
             if args.compare_source:
-                base = min(results[f"base {label} chat"])
-                print(f"  {label} chat vs base {chat / 1e6:7.3f} M  {chat / base:6.3f}x")
+                _ratios(results, label, args.dialects, "base")
+                for dialect in args.dialects:
+                    value = min(results[f"{label} {dialect}"])
+                    base = min(results[f"base {label} {dialect}"])
+                    print(f"  {label} {dialect:10s} this / base {value / base:6.3f}x")
+
+
+def _ratios(results: dict[str, list[float]], label: str, dialects: list[str], side: str) -> None:
+    """Each dialect's least count against chat's, in one cell of one side."""
+    prefix = "base " if side == "base" else ""
+    chat = min(results[f"{prefix}{label} chat"]) if "chat" in dialects else None
+    for dialect in dialects:
+        value = min(results[f"{prefix}{label} {dialect}"])
+        ratio = f"{value / chat:6.3f}x" if chat else ""
+        print(f"  {side:4s} {label} {dialect:10s} {value / 1e6:7.3f} M  {ratio}")
 
 
 if __name__ == "__main__":

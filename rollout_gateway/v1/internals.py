@@ -120,8 +120,12 @@ try:
     # The agent-config helper (``verifiers.v1.agent`` at older commits).
     from verifiers.v1.configs.agent import agent_config_fields
 
+    # The dialects: each one's provider path (``upstream_path``, a call's ``endpoint``).
+    from verifiers.v1.dialects.anthropic import AnthropicDialect
+
     # The chat dialect: requests and messages of recorded turns, as v1's server parses them.
     from verifiers.v1.dialects.chat import ChatDialect, parse_message
+    from verifiers.v1.dialects.responses import ResponsesDialect
     from verifiers.v1.envs.single_agent import SingleAgentEnv, SingleAgentEnvConfig
     from verifiers.v1.errors import SandboxError
 

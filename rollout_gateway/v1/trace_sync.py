@@ -47,6 +47,7 @@ import orjson
 from rollout_gateway import protocol
 from rollout_gateway.v1.errors import provider_error
 from rollout_gateway.v1.internals import (
+    AnthropicDialect,
     AssistantMessage,
     ChatDialect,
     Error,
@@ -54,6 +55,7 @@ from rollout_gateway.v1.internals import (
     PendingTurn,
     ProviderError,
     Response,
+    ResponsesDialect,
     Sampling,
     TimeSpan,
     ToolMessage,
@@ -72,7 +74,13 @@ FINISH_REASONS = frozenset({"stop", "length", "tool_calls"})
 _CHAT = ChatDialect()
 #: The key of ``trace.info`` holding what the gateway did beside v1's own records.
 TRACE_INFO_KEY = "rollout_gateway"
-_ENDPOINT = _CHAT.upstream_path
+#: ``ModelCall.endpoint`` of a turn by the dialect it came in (``extras.dialect``): the
+#: provider path v1's own interception records for that dialect (its ``upstream_path``).
+_ENDPOINTS = {
+    "chat": ChatDialect.upstream_path,
+    "anthropic": AnthropicDialect.upstream_path,
+    "responses": ResponsesDialect.upstream_path,
+}
 
 
 class TraceSyncError(ValueError):
@@ -280,6 +288,9 @@ class TraceSync:
         self._step_tools: Any = None
         self._sampling_cache: dict[bytes, Sampling | None] = {}
         self._tools_cache: dict[bytes, list[Any]] = {}
+        # The provider path of the last step's dialect: a failed call's record says no
+        # dialect, and an agent speaks one (chat before any step).
+        self._endpoint = ChatDialect.upstream_path
 
     def apply(self, answer: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int:
         """Commit the steps and failed calls of a trajectory answer not committed yet
@@ -412,6 +423,7 @@ class TraceSync:
         span = _span(extras.get("timing"))
         sampling = self._sampling_of(extras)
         self._note_upstream(extras)
+        self._endpoint = _ENDPOINTS.get(extras.get("dialect"), ChatDialect.upstream_path)
         failure = _step_failure(step)
         if failure is not None or not completion_raw:
             # A failed exchange commits no node; v1 records the call with its error.
@@ -445,7 +457,9 @@ class TraceSync:
         """One exchange on the trace, as v1's server records it: its ``node``, finish
         reason and usage when it was answered, its ``error`` when not."""
         self.trace.calls.append(
-            ModelCall(model=self.model, sampling=sampling, endpoint=_ENDPOINT, time=span, **outcome)
+            ModelCall(
+                model=self.model, sampling=sampling, endpoint=self._endpoint, time=span, **outcome
+            )
         )
 
     def _pending_turn(

@@ -115,6 +115,28 @@ def test_gateway_facts_become_the_model_call() -> None:
     assert call.model == "m" and call.endpoint == "/chat/completions"
 
 
+@pytest.mark.parametrize(
+    ("dialect", "endpoint"),
+    [("chat", "/chat/completions"), ("anthropic", "/v1/messages"), ("responses", "/responses")],
+)
+def test_each_call_records_the_provider_path_of_its_turns_dialect(
+    dialect: str, endpoint: str
+) -> None:
+    from verifiers.v1.dialects import DIALECTS
+
+    # What v1's own interception records for a turn of that dialect (upstream_path).
+    assert endpoint in {d.upstream_path for d in DIALECTS}
+    trace = new_trace()
+    sync = TraceSync(trace, model="m", sampling=None, rollout_id="r")
+    steps = two_turns([1, 2, 3, 4, 5, 6, 7])
+    for s in steps:
+        s["extras"]["dialect"] = dialect
+    outage = [failed(2, 10.0, type="connect", message="unreachable", status_code=502)]
+    sync.apply(answer(steps, failed_turns=outage))
+    # The failed call (no dialect on its record) took the dialect of the turns before it.
+    assert [c.endpoint for c in trace.calls] == [endpoint] * 3
+
+
 def test_a_failed_turn_is_a_call_with_its_error_and_no_node() -> None:
     trace = new_trace()
     failed = {

@@ -74,6 +74,7 @@ _READ_FIELDS = SAMPLING_FIELDS | {
 }
 #: Provider-side execution the gateway cannot honour: a request asking for it is refused.
 REFUSED_FIELDS = ("container", "mcp_servers")
+_REFUSED = frozenset(REFUSED_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,17 @@ class MessagesContext:
     show_thinking: bool = True
 
 
+_SHOW_THINKING = MessagesContext(show_thinking=True)
+_HIDE_THINKING = MessagesContext(show_thinking=False)
+
+
 def parse_messages_request(
     body: dict[str, Any], *, count_only: bool = False, memo: ParseMemo | None = None
 ) -> ParsedRequest:
     """``body`` (``POST /v1/messages``, or its ``count_tokens`` with ``count_only``) as
     the chat request the engine gets, with the turn's facts. ``memo``: the rollout's
     previous request's (:mod:`.memo`; only what is new is translated)."""
-    for key in REFUSED_FIELDS:
+    for key in _REFUSED.intersection(body):  # (none, in the usual case)
         if body.get(key):
             raise RequestError(
                 f"'{key}' asks the provider to run tools itself; this gateway serves a model "
@@ -124,7 +129,7 @@ def parse_messages_request(
         messages_text=orjson.dumps(messages),
         stream=stream,
         facts=_facts(body, conversation, tools),
-        context=MessagesContext(show_thinking=show),
+        context=_SHOW_THINKING if show else _HIDE_THINKING,
         memo=ParseMemo(conversation, tools),
     )
 
@@ -133,7 +138,7 @@ def _facts(
     body: dict[str, Any], conversation: ConversationMemo, tools: ToolsMemo
 ) -> dict[str, Any]:
     facts: dict[str, Any] = {"dialect": "anthropic"}
-    sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    sampling = {k: body[k] for k in SAMPLING_FIELDS.intersection(body)}
     if sampling:
         facts["agent_sampling"] = sampling
     note_facts(
@@ -158,7 +163,9 @@ def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> Conver
         assert memo is not None
         out = memo.messages[: memo.ends[reuse - 1]]
         ends = memo.ends[:reuse]
-        dropped = {i: names for i, names in memo.dropped.items() if i < reuse}
+        dropped = (
+            {i: names for i, names in memo.dropped.items() if i < reuse} if memo.dropped else {}
+        )
     else:
         out, ends = [], []
         if system:
@@ -178,7 +185,12 @@ def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> Conver
 def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[str]) -> None:
     """One native message as the chat messages it becomes (appended to ``out``)."""
     role = message.get("role") if type(message) is dict else None
-    if role == "assistant":
+    text = _only_text(message.get("content")) if role is not None else None
+    if text is not None and role in ("user", "system"):  # the usual turn: one text block
+        out.append({"role": "user", "content": text})
+    elif text is not None and role == "assistant":
+        out.append({"role": "assistant", "content": text or None})
+    elif role == "assistant":
         out.append(_assistant(message.get("content"), f"messages[{index}].content", dropped))
     elif role == "user" or role == "system":
         _user_turn(message.get("content"), f"messages[{index}].content", out, dropped)
@@ -187,6 +199,18 @@ def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[
     else:
         where = f"messages[{index}].role"
         raise RequestError(f"'{where}' must be 'user' or 'assistant'", where)
+
+
+def _only_text(content: Any) -> str | None:
+    """The text of ``content`` when it is one text block with a string ``text`` (what
+    :func:`_user_turn` and :func:`_assistant` make of it at more cost), else ``None``."""
+    if type(content) is list and len(content) == 1:
+        block = content[0]
+        if type(block) is dict and block.get("type") == "text":
+            value = block.get("text", "")
+            if type(value) is str:
+                return value
+    return None
 
 
 def _content(content: Any, where: str, dropped: list[str]) -> str | list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from rollout_gateway.server.dialects.anthropic_wire import (
     Usage,
 )
 from rollout_gateway.server.dialects.completion import (
+    OBJECT,
     content_text,
     first_choice,
     id_base,
@@ -102,7 +103,7 @@ def content_blocks(message: Mapping[str, Any], show_thinking: bool) -> list[Cont
     if content:
         blocks.append({"type": "text", "text": content})
     for call in message.get("tool_calls") or ():
-        if isinstance(call, Mapping):
+        if isinstance(call, OBJECT):
             _, call_id, name, arguments = tool_call_parts(call)
             blocks.append(
                 {"type": "tool_use", "id": call_id, "name": name, "input": tool_input(arguments)}
@@ -114,7 +115,7 @@ def render_message(completion: Mapping[str, Any], show_thinking: bool) -> Messag
     """The whole answer."""
     choice = first_choice(completion)
     message = choice.get("message")
-    message = message if isinstance(message, Mapping) else {}
+    message = message if isinstance(message, OBJECT) else {}
     stop_reason, stop_sequence = stop_of(choice, bool(message.get("tool_calls")))
     return {
         "id": message_id(completion.get("id")),

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+#: What a JSON object may be here: ``isinstance(x, OBJECT)`` answers a ``dict`` (what the
+#: engine's JSON always is) at once, without the ``Mapping`` ABC's check (a Python call).
+OBJECT = (dict, Mapping)
 
 
 def first_choice(completion: Mapping[str, Any]) -> Mapping[str, Any]:
     """Choice 0 of ``completion`` (``{}`` when it has none)."""
     for choice in completion.get("choices") or ():
-        if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+        if isinstance(choice, OBJECT) and choice.get("index", 0) == 0:
             return choice
     return {}
 
@@ -43,7 +45,7 @@ def content_text(message: Mapping[str, Any]) -> str | None:
         return "".join(
             part["text"]
             for part in content
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+            if isinstance(part, OBJECT) and isinstance(part.get("text"), str)
         )
     return None
 
@@ -65,9 +67,9 @@ def id_base(completion_id: Any) -> str:
     return _ID_UNSAFE.sub("", text)[:96] or "gateway"
 
 
-@dataclass(frozen=True, slots=True)
-class UsageCounts:
-    """An answer's token counts, as every dialect reports them."""
+class UsageCounts(NamedTuple):
+    """An answer's token counts, as every dialect reports them (a named tuple: made
+    every turn, in one call)."""
 
     prompt: int
     completion: int
@@ -77,12 +79,12 @@ class UsageCounts:
 
 def usage_counts(usage: Any) -> UsageCounts:
     """The counts of a chat ``usage`` object (zeros for what it does not say)."""
-    if not isinstance(usage, Mapping):
+    if not isinstance(usage, OBJECT):
         return UsageCounts(0, 0, None, None)
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    cached = details.get("cached_tokens") if isinstance(details, OBJECT) else None
     out_details = usage.get("completion_tokens_details")
-    reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, Mapping) else None
+    reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, OBJECT) else None
     return UsageCounts(
         _count(usage.get("prompt_tokens")) or 0,
         _count(usage.get("completion_tokens")) or 0,
@@ -92,6 +94,10 @@ def usage_counts(usage: Any) -> UsageCounts:
 
 
 def _count(value: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is int:  # the usual case (a bool is no count: its type is bool)
+        return value if value >= 0 else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
@@ -100,7 +106,7 @@ def tool_call_parts(call: Mapping[str, Any]) -> tuple[str, str, str, str]:
     ``custom``; a custom call's arguments are its ``input``)."""
     kind = "custom" if call.get("type") == "custom" else "function"
     native = call.get(kind)
-    native = native if isinstance(native, Mapping) else {}
+    native = native if isinstance(native, OBJECT) else {}
     arguments = native.get("input" if kind == "custom" else "arguments")
     return (
         kind,
@@ -121,7 +127,7 @@ def completion_chunks(completion: Mapping[str, Any]) -> Iterator[dict[str, Any]]
     }
     choice = first_choice(completion)
     message = choice.get("message")
-    message = message if isinstance(message, Mapping) else {}
+    message = message if isinstance(message, OBJECT) else {}
 
     def chunk(delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
         return {**head, "choices": [{"index": 0, "delta": delta, **extra}]}
@@ -134,7 +140,7 @@ def completion_chunks(completion: Mapping[str, Any]) -> Iterator[dict[str, Any]]
     if content:
         yield chunk({"content": content})
     for index, call in enumerate(message.get("tool_calls") or ()):
-        if isinstance(call, Mapping):
+        if isinstance(call, OBJECT):
             yield chunk({"tool_calls": [{**call, "index": index}]})
     yield chunk(
         {}, finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason")
@@ -144,6 +150,7 @@ def completion_chunks(completion: Mapping[str, Any]) -> Iterator[dict[str, Any]]
 
 
 __all__ = [
+    "OBJECT",
     "UsageCounts",
     "completion_chunks",
     "content_text",

@@ -64,11 +64,14 @@ SAMPLING_FIELDS = frozenset(
 _READ_FIELDS = SAMPLING_FIELDS | {"model", "input", "instructions", "tools", "stream"}
 #: Fields that ask for state kept at the provider (refused when set).
 REFUSED_FIELDS = ("previous_response_id", "conversation", "prompt")
+_SERVER_STATE = frozenset((*REFUSED_FIELDS, "background"))
 _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 _CALLS = ("function_call", "custom_tool_call")
 #: Item fields v1's message hash keeps as opaque state.
 _STATE_KEYS = ("encrypted_content", "signature", "data", "phase")
+_STATE = frozenset(_STATE_KEYS)
 _TEXT_PARTS = ("input_text", "output_text")
+_DICT = {dict}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,7 @@ def parse_responses_request(body: dict[str, Any], memo: ParseMemo | None = None)
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    sampling = {k: body[k] for k in SAMPLING_FIELDS if k in body}
+    sampling = {k: body[k] for k in SAMPLING_FIELDS.intersection(body)}
     if sampling:
         facts["agent_sampling"] = sampling
     note_facts(
@@ -135,6 +138,8 @@ def parse_responses_request(body: dict[str, Any], memo: ParseMemo | None = None)
 
 
 def _refuse_server_state(body: dict[str, Any]) -> None:
+    if _SERVER_STATE.isdisjoint(body):  # the usual case, in C
+        return
     for key in REFUSED_FIELDS:
         if body.get(key) is not None:
             raise RequestError(
@@ -157,7 +162,9 @@ def _items(raw: Any) -> list[dict[str, Any]]:
         raise RequestError("'input' is required", "input")
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
-    items = object_list(raw, "input")
+    if type(raw) is list and set(map(type, raw)) == _DICT:  # the usual case, in C
+        return raw
+    items = object_list(raw, "input")  # raises, naming the item
     if not items:
         raise RequestError("'input' must not be empty", "input")
     return items
@@ -178,8 +185,10 @@ def _conversation(
         assert end is not None
         out = memo.messages[:end]
         ends = memo.ends[:reuse]
-        dropped = {i: names for i, names in memo.dropped.items() if i < reuse}
-        declared = [(i, tools) for i, tools in memo.declared if i < reuse]
+        dropped = (
+            {i: names for i, names in memo.dropped.items() if i < reuse} if memo.dropped else {}
+        )
+        declared = [(i, tools) for i, tools in memo.declared if i < reuse] if memo.declared else []
     else:
         out = [{"role": "system", "content": instructions}] if instructions else []
         ends, dropped, declared = [], {}, []
@@ -328,7 +337,7 @@ def _call(item: dict[str, Any]) -> dict[str, Any]:
 
 def _has_state(item: dict[str, Any], call_ids: set[str]) -> bool:
     """Whether ``item`` holds what the chat message does not (v1's message hash rule)."""
-    if any(item.get(key) is not None for key in _STATE_KEYS):
+    if not _STATE.isdisjoint(item) and any(item.get(key) is not None for key in _STATE_KEYS):
         return True
     kind = item.get("type") or ("message" if item.get("role") == "assistant" else "")
     content = item.get("content")

@@ -17,6 +17,7 @@ from typing import Any
 
 from rollout_gateway.protocol import error_code
 from rollout_gateway.server.dialects.completion import (
+    OBJECT,
     content_text,
     first_choice,
     id_base,
@@ -102,7 +103,7 @@ def output_items(
     reasoning = reasoning_of(message)
     if reasoning:
         items.append(reasoning_item(base, reasoning))
-    calls = [c for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
+    calls = [c for c in message.get("tool_calls") or () if isinstance(c, OBJECT)]
     content = content_text(message)
     if content or not calls:
         items.append(message_item(base, content or ""))
@@ -112,7 +113,7 @@ def output_items(
 
 def usage_of(usage: Any) -> Usage | None:
     """A chat ``usage`` in the Responses counts."""
-    if not isinstance(usage, Mapping):
+    if not isinstance(usage, OBJECT):
         return None
     counts = usage_counts(usage)
     return {
@@ -147,7 +148,7 @@ def render_response(completion: Mapping[str, Any], context: ResponsesContext) ->
     base = id_base(completion.get("id"))
     choice = first_choice(completion)
     message = choice.get("message")
-    message = message if isinstance(message, Mapping) else {}
+    message = message if isinstance(message, OBJECT) else {}
     response = response_head(base, completion.get("created"), completion.get("model"), context)
     incomplete = INCOMPLETE_REASONS.get(str(choice.get("finish_reason")))
     response["status"] = "incomplete" if incomplete else "completed"

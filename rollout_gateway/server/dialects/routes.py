@@ -22,6 +22,7 @@ A query string is ignored (Claude Code posts ``/v1/messages?beta=true``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from rollout_gateway.server.dialects.anthropic import AnthropicDialect
@@ -57,11 +58,18 @@ def _table(keyed: bool) -> dict[str, DialectRoute]:
 
 _IN_ROLLOUT = _table(keyed=False)
 _AT_ROOT = _table(keyed=True)
+_BY_NAME = {dialect.name: dialect for dialect in DIALECTS}
 
 
 def match_route(path: str) -> DialectRoute | None:
     """The route of ``path`` (``None``: no dialect's). The rollout id is not checked
     here (the caller checks it as for every rollout path)."""
+    if len(path) <= _CACHED_PATH_CHARS:  # a rollout's agent posts to the same path each turn
+        return _cached_route(path)
+    return _route(path)
+
+
+def _route(path: str) -> DialectRoute | None:
     path = path.partition("?")[0]
     route = _AT_ROOT.get(path)
     if route is not None:
@@ -77,12 +85,16 @@ def match_route(path: str) -> DialectRoute | None:
     return DialectRoute(route.dialect, route.aux, rollout_id)
 
 
+#: Paths up to this long have their route cached (the last :data:`_CACHED_PATHS` paths:
+#: a few MB at most, whatever paths agents send).
+_CACHED_PATH_CHARS = 512
+_CACHED_PATHS = 4096
+_cached_route = functools.lru_cache(maxsize=_CACHED_PATHS)(_route)
+
+
 def dialect_named(name: str) -> Dialect:
     """The dialect recorded as ``name`` (``KeyError`` if none)."""
-    for dialect in DIALECTS:
-        if dialect.name == name:
-            return dialect
-    raise KeyError(name)
+    return _BY_NAME[name]
 
 
 __all__ = ["DIALECTS", "DialectRoute", "dialect_named", "match_route"]

@@ -52,6 +52,8 @@ def codex_turn(body: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 def same(with_memo: ParsedRequest, without: ParsedRequest) -> None:
+    # The previous request's text extended by the new messages' is the messages' JSON.
+    assert with_memo.messages_text == orjson.dumps(with_memo.messages)
     assert with_memo.messages_text == without.messages_text
     assert with_memo.body == without.body
     assert with_memo.facts == without.facts
