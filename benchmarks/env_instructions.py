@@ -42,8 +42,8 @@ a second, the gateway client's keep-alive), in proportion to how long it lives. 
 counted process reports when it is ready (imports done, env built), then waits for the
 signal to start; after its rollouts it waits for SIGUSR2, which comes when it has lived
 as long since ready as the longer of the pair plus a few seconds: that work weighs alike
-in both and cancels. Counted processes run with ``PYTHONHASHSEED=0`` on bytecode
-compiled beforehand. ::
+in both and cancels. Counted processes run with ``PYTHONHASHSEED=0`` and one BLAS thread
+(OpenBLAS's idle workers spin by the wall clock), on bytecode compiled beforehand. ::
 
     .ci-venv/bin/python benchmarks/env_instructions.py --quick --compare-source /tmp/env-base
     .ci-venv-v1/bin/python benchmarks/env_instructions.py --quick
@@ -74,8 +74,17 @@ from typing import Any
 
 #: gateway_overhead's (its ``_process`` sends it to the gateway's ``/health``).
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
-#: Dict and set order, hence the work, the same in every counted process.
-COUNTED_ENV = {"PYTHONHASHSEED": "0", "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+#: Dict and set order, hence the work, the same in every counted process; one BLAS
+#: thread (numpy comes with verifiers' imports: OpenBLAS's idle worker threads spin for
+#: as long as the machine's timing lets them, 5-7 M instructions either way between the
+#: two processes of a pair in a first run).
+COUNTED_ENV = {
+    "PYTHONHASHSEED": "0",
+    "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 #: What a counted env prints when it is ready, and when its rollouts are done.
 READY, DONE = "ENV-READY", "ENV-DONE"
 #: Seconds each env of a pair lives past the longer one's last rollout.
@@ -238,8 +247,8 @@ class CountedEnv:
 
 
 def run_pair(pair: list[CountedEnv], timeout: float) -> list[int]:
-    """Both envs started together, each stopped once it lived as long since ready as the
-    longer one needed, plus :data:`GRACE_S`; their instruction counts."""
+    """The envs (a pair, or pairs) started together, each stopped once it lived as long
+    since ready as the longest one needed, plus :data:`GRACE_S`; their counts."""
     try:
         for env in pair:
             env.wait_for(READY, START_TIMEOUT_S)
@@ -271,25 +280,23 @@ def _path_env(source: str | None) -> dict[str, str]:
 
 def measure_classic(args: argparse.Namespace, directory: Path) -> dict[str, float]:
     """Instructions per rollout of each side (``ours``, and ``base`` with
-    ``--compare-source``): N against 2N rollouts, both at once."""
-    figures = {}
+    ``--compare-source``): N against 2N rollouts. Every process of both sides runs at
+    once (and lives as long), so both sides meet the same machine: part of a rollout's
+    cost follows it (the local sandboxes' scan of ``/proc`` when one is deleted)."""
     sides = [("ours", None)] + ([("base", args.compare_source)] if args.compare_source else [])
+    envs = []
     for side, source in sides:
         where = directory / side
         where.mkdir(parents=True)
-        pair = [
-            CountedEnv(
-                f"{side}-{count}",
-                _counted_cmd(args, "classic", "--count", str(count)),
-                where,
-                _path_env(source),
-                cwd=source,
-            )  # fmt: skip
-            for count in (args.rollouts, 2 * args.rollouts)
-        ]
-        short, long = run_pair(pair, args.timeout)
-        for env in pair:
+        for count in (args.rollouts, 2 * args.rollouts):
+            cmd = _counted_cmd(args, "classic", "--count", str(count))
+            envs.append(CountedEnv(f"{side}-{count}", cmd, where, _path_env(source), cwd=source))
+    counts = run_pair(envs, args.timeout)
+    figures = {}
+    for index, (side, _) in enumerate(sides):
+        for env in envs[2 * index : 2 * index + 2]:
             _check_classic(env)
+        short, long = counts[2 * index : 2 * index + 2]
         figures[side] = (long - short) / args.rollouts
         per = figures[side] / 1e6
         print(f"  {side}: {short:,} instructions ({args.rollouts} rollouts), {long:,} "
@@ -365,6 +372,12 @@ def print_v1(figures: dict[tuple[int, str], float], contexts: list[int]) -> None
 
 
 # -- the uncounted processes, the command line ----------------------------------------------------
+
+
+def _processes() -> int:
+    """Processes on the machine: a local sandbox's deletion scans each one's ``/proc``
+    entry (``local_sandbox.processes.marked_pids``), about 0.1 M instructions each."""
+    return sum(name.isdigit() for name in os.listdir("/proc"))
 
 
 def _installed_stack() -> str:
@@ -455,7 +468,7 @@ def main() -> None:
         args.rollouts, args.v1_rollouts, args.turns_short, args.turns_long = 1, 1, 2, 4
         args.contexts = [1024]
     _precompile(args.compare_source)
-    started, load = time.perf_counter(), os.getloadavg()[0]
+    started, load, procs = time.perf_counter(), os.getloadavg()[0], _processes()
     with _uncounted(args), contextlib.ExitStack() as stack:
         directory = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         print(f"{args.stack}: counting the env process (cachegrind)", flush=True)
@@ -464,7 +477,8 @@ def main() -> None:
         else:
             v1 = measure_v1(args, directory)
     print(f"\nload {load:.1f} at start, {os.getloadavg()[0]:.1f} at end on {os.cpu_count()} "
-          f"CPUs; {time.perf_counter() - started:.0f} s")  # fmt: skip
+          f"CPUs; processes on the machine {procs} at start, {_processes()} at end; "
+          f"{time.perf_counter() - started:.0f} s")  # fmt: skip
     if args.stack == "classic":
         if args.compare_source:
             print(f"base: the env with rollout_gateway from {args.compare_source}")
