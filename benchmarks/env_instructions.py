@@ -72,6 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import callgrind_layers
+from callgrind_layers import SEPARATE_CALLERS
+
 #: gateway_overhead's (its ``_process`` sends it to the gateway's ``/health``).
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
 #: Dict and set order, hence the work, the same in every counted process; one BLAS
@@ -184,6 +187,8 @@ class CountedEnv:
     directory: Path
     env: dict[str, str]
     cwd: str | None = None
+    #: Under callgrind (``--profile``: each cost kept per chain of callers) instead.
+    profile: bool = False
 
     def __post_init__(self) -> None:
         self.out = self.directory / f"{self.name}.cg"
@@ -191,8 +196,13 @@ class CountedEnv:
         self.log = self.directory / f"{self.name}.log"
         self.lines: list[str] = []
         self.ready = self.done = 0.0
-        valgrind = ["valgrind", "-q", "--tool=cachegrind", "--cache-sim=no",
-                    "--branch-sim=no", f"--cachegrind-out-file={self.out}"]  # fmt: skip
+        if self.profile:
+            tool = ["--tool=callgrind", f"--separate-callers={SEPARATE_CALLERS}",
+                    f"--callgrind-out-file={self.out}"]  # fmt: skip
+        else:
+            tool = ["--tool=cachegrind", "--cache-sim=no", "--branch-sim=no",
+                    f"--cachegrind-out-file={self.out}"]  # fmt: skip
+        valgrind = ["valgrind", "-q", *tool]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [*valgrind, *self.cmd, "--result", str(self.result)],
@@ -315,7 +325,7 @@ def measure_v1(args: argparse.Namespace, directory: Path) -> dict[tuple[int, str
     """Instructions per turn of each mode at each context: short against long tasks."""
     figures = {}
     for context in args.contexts:
-        for mode in V1_MODES:
+        for mode in args.modes:
             where = directory / f"{mode}-{context}"
             where.mkdir(parents=True)
             url = args.url if mode == "gateway" else args.model_url
@@ -336,6 +346,7 @@ def measure_v1(args: argparse.Namespace, directory: Path) -> dict[tuple[int, str
                     ),
                     where,
                     _path_env(None),
+                    profile=args.profile,
                 )  # fmt: skip
                 for turns in (args.turns_short, args.turns_long)
             ]
@@ -347,6 +358,11 @@ def measure_v1(args: argparse.Namespace, directory: Path) -> dict[tuple[int, str
                                    f"(expected {expected})")  # fmt: skip
             per_turn = (long - short) / (b["turns"] - a["turns"])
             figures[(context, mode)] = per_turn
+            if args.profile:
+                shares = callgrind_layers.marginal(
+                    pair[1].out, pair[0].out, b["turns"] - a["turns"]
+                )
+                callgrind_layers.print_shares(shares, f"  {mode} {context}, per turn by layer")
             print(f"  {mode:8} {context:>6}: {short:,} ({a['turns']} turns), {long:,} "
                   f"({b['turns']}): {per_turn / 1e6:.3f} M per turn", flush=True)  # fmt: skip
     return figures
@@ -366,7 +382,7 @@ def print_v1(figures: dict[tuple[int, str], float], contexts: list[int]) -> None
     print("\nv1 env process, marginal instructions per turn (M):")
     print(f"  {'context':>8}{'gateway':>10}{'v1':>10}{'gateway / v1':>16}")
     for context in contexts:
-        gateway, own = figures[(context, "gateway")], figures[(context, "v1")]
+        gateway, own = (figures.get((context, mode), float("nan")) for mode in V1_MODES)
         print(f"  {context:>8}{gateway / 1e6:10.3f}{own / 1e6:10.3f}"
               f"{gateway / own:15.3f}x  target <= 0.3x")  # fmt: skip
 
@@ -419,6 +435,13 @@ def _uncounted(args: argparse.Namespace) -> Any:
         yield
 
 
+def _modes(text: str) -> list[str]:
+    modes = [x for x in text.split(",") if x]
+    if not modes or set(modes) - set(V1_MODES):
+        raise argparse.ArgumentTypeError(f"of {', '.join(V1_MODES)}")
+    return modes
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -440,6 +463,10 @@ def _parser() -> argparse.ArgumentParser:
         help="the local sandboxes' isolation (classic; default process-group)")  # fmt: skip
     add("--timeout", type=float, default=1800.0, help="seconds a pair's rollouts may take")
     add("--keep", type=Path, metavar="DIR", help="keep the count files and logs in DIR")
+    add("--profile", action="store_true",
+        help="v1: callgrind instead, each mode's instructions per turn by layer "
+        "(benchmarks/callgrind_layers.py; on Python 3.11 the C layers only)")  # fmt: skip
+    add("--modes", type=_modes, default=list(V1_MODES), help="v1: gateway, v1 (default both)")
     for hidden in ("--run-env", "--url", "--result", "--mode"):
         add(hidden, help=argparse.SUPPRESS)
     for hidden in ("--count", "--turns", "--context"):
