@@ -359,13 +359,26 @@ def measure_v1(args: argparse.Namespace, directory: Path) -> dict[tuple[int, str
             per_turn = (long - short) / (b["turns"] - a["turns"])
             figures[(context, mode)] = per_turn
             if args.profile:
-                shares = callgrind_layers.marginal(
-                    pair[1].out, pair[0].out, b["turns"] - a["turns"]
-                )
-                callgrind_layers.print_shares(shares, f"  {mode} {context}, per turn by layer")
+                print_profile(pair, b["turns"] - a["turns"], f"  {mode} {context}")
             print(f"  {mode:8} {context:>6}: {short:,} ({a['turns']} turns), {long:,} "
                   f"({b['turns']}): {per_turn / 1e6:.3f} M per turn", flush=True)  # fmt: skip
     return figures
+
+
+def print_profile(pair: list[CountedEnv], turns: int, title: str) -> None:
+    """A profiled pair's marginal instructions per turn by layer (``callgrind_layers``:
+    the garbage collector, JSON, the event loop, the interpreter) and by the library
+    whose code executed them (pydantic's core, the interpreter, libc, ...)."""
+    short, long = pair[0].out, pair[1].out
+    layers = callgrind_layers.marginal(long, short, turns)
+    callgrind_layers.print_shares(layers, f"{title}, per turn by layer")
+    by_object: dict[str, float] = {}
+    for path, sign in ((long, 1), (short, -1)):
+        for (_, obj), ir in callgrind_layers.self_costs(path)[0].items():
+            name = Path(obj).name.split(".cpython")[0] or "?"
+            by_object[name] = by_object.get(name, 0.0) + sign * ir / turns
+    top = dict(sorted(by_object.items(), key=lambda kv: -kv[1])[:8])
+    callgrind_layers.print_shares(top, f"{title}, per turn by library (largest 8)")
 
 
 def print_classic(figures: dict[str, float]) -> None:
