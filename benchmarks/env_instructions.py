@@ -92,8 +92,9 @@ COUNTED_ENV = {
 READY, DONE = "ENV-READY", "ENV-DONE"
 #: Seconds each env of a pair lives past the longer one's last rollout.
 GRACE_S = 5.0
-#: A counted env starts (verifiers' imports under valgrind) in minutes on a loaded machine.
-START_TIMEOUT_S = 900.0
+#: A counted env starts (verifiers' imports under valgrind) in minutes on a loaded machine;
+#: under callgrind at load 18 on 2 cores one had not started after 15 minutes.
+START_TIMEOUT_S = 2400.0
 STACKS = ("classic", "v1")
 V1_MODES = ("gateway", "v1")
 
