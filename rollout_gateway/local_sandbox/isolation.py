@@ -99,6 +99,10 @@ class Confinement:
     gid: int | None = None
     #: Host directories mounted read-only at the same path (``bwrap`` only).
     read_only: tuple[Path, ...] = field(default_factory=tuple)
+    #: (host directory, sandbox path) pairs mounted read-only at another path (``bwrap``
+    #: only): a harness's install from the per-machine cache where the harness expects it
+    #: (:mod:`~rollout_gateway.local_sandbox.harness_cache`).
+    read_only_at: tuple[tuple[Path, Path], ...] = field(default_factory=tuple)
     #: Size bound of the RAM-backed ``/tmp`` of a ``bwrap`` command (also charged to the
     #: sandbox's memory cgroup where there is one).
     tmpfs_bytes: int | None = None
@@ -403,6 +407,11 @@ def bwrap_argv(confinement: Confinement) -> list[str]:
         mounts.bind(path, path)
     mounts.bind(confinement.work, confinement.work, writable=True)
     mounts.bind(confinement.tmp, confinement.tmp, writable=True)
+    # /var/tmp is the sandbox's own temp directory too (harnesses install and keep state
+    # at absolute /var/tmp paths); cached installs are mounted over it, read-only.
+    mounts.bind(confinement.tmp, Path("/var/tmp"), writable=True)
+    for host, path in confinement.read_only_at:
+        mounts.bind(host, path)
     program = tools.bwrap()
     argv = [program.path if program else "bwrap", *_bwrap_namespace_args(), *mounts.args]
     argv += ["--hostname", "sandbox", "--chdir", str(confinement.work), "--"]
