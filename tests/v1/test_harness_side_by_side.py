@@ -20,7 +20,7 @@ import pytest
 import verifiers.v1 as vf
 from fix_bug_v1 import FixBugTask
 from fix_bug_v1.tasks import FixBugData
-from verifiers.v1.harnesses import BashHarnessConfig
+from verifiers.v1.harnesses import BashHarnessConfig, MiniSWEAgentHarnessConfig
 from verifiers.v1.interception import InterceptionServer
 
 from rollout_gateway.examples.fix_bug_env.tasks import TASKS, script_for
@@ -43,15 +43,17 @@ from .test_agent_clis_side_by_side import (
 SANDBOX_ROOT = "/tmp/rg-harness-sbs"
 
 
-def task_for(tool: str, argument: str) -> FixBugTask:
+def task_for(tool: str, argument: str, last: dict[str, Any] | None = None) -> FixBugTask:
     """The first fix-the-bug task, its script's shell steps on the harness's own shell
-    tool (``tool``, the command in ``argument``)."""
+    tool (``tool``, the command in ``argument``); ``last`` replaces the closing answer."""
     task = TASKS[0]
     steps = json.loads(json.dumps(script_for(task)))
     for step in steps:
         if step.get("tool") == "run_shell":
             step["tool"] = tool
             step["arguments"] = {argument: step["arguments"]["command"]}
+    if last is not None:
+        steps[-1] = last
     prompt = (
         f"Fix the bug in `{task.buggy_file}`: {task.description} "
         f"Check with `{task.test_command}`.\n<script>{json.dumps(steps)}</script>\n"
@@ -118,3 +120,26 @@ async def test_bash_harness_through_the_gateway_matches_v1s_own_interception(
     # The scripted fix ran through the harness's own bash tool: the test passes.
     assert own.rewards and all(r.score == 1.0 for r in own.rewards.values()), own.rewards
     assert {t[0] for c in calls_of(own) for t in c["tools"]} == {"bash"}
+
+
+#: mini-swe-agent ends when a command prints this (its own rule); a text answer would
+#: only get a format error back.
+MINI_SUBMIT = {
+    "tool": "bash",
+    "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"},
+}
+
+
+async def test_mini_swe_agent_harness_through_the_gateway_matches_v1s_own_interception(
+    stack: Stack, make_interception: Any
+) -> None:
+    # litellm would fetch its model price list from GitHub at import (not reachable from
+    # CI); its documented switch keeps the bundled copy.
+    harness = MiniSWEAgentHarnessConfig(
+        id="mini_swe_agent", env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    )
+    task = task_for("bash", "command", last=MINI_SUBMIT)
+    own, through_gateway, served = await side_by_side(stack, make_interception, harness, task)
+    assert_same(own, through_gateway, served)
+    assert own.rewards and all(r.score == 1.0 for r in own.rewards.values()), own.rewards
+    assert len(own.calls) == 4
