@@ -64,7 +64,8 @@ def _mounts_at(
     mounts = []
     for where, host in read_only_at.items():
         path = Path(where)
-        if not path.is_absolute() or ".." in path.parts or str(path) in _SYSTEM_PATHS:
+        kernel = any(str(path).startswith(f"{top}/") for top in ("/proc", "/dev", "/sys"))
+        if not path.is_absolute() or ".." in path.parts or str(path) in _SYSTEM_PATHS or kernel:
             raise ValueError(f"read_only_at: {where!r} is not a sandbox path it may cover")
         source = Path(host).resolve()
         if not source.is_dir():

@@ -40,7 +40,12 @@ from prime_sandboxes import APIError, CreateSandboxRequest, SandboxFileNotFoundE
 from pydantic import Field, field_validator
 from pydantic_config import BaseConfig
 
-from rollout_gateway.local_sandbox import LocalSandboxClient, LocalSandboxError, processes
+from rollout_gateway.local_sandbox import (
+    IsolationMode,
+    LocalSandboxClient,
+    LocalSandboxError,
+    processes,
+)
 from rollout_gateway.local_sandbox.harness_cache import HarnessCache, HarnessInstallError
 from rollout_gateway.v1.internals import (
     BaseRuntimeInfo,
@@ -391,6 +396,9 @@ class LocalSandboxRuntime(Runtime):
         cache = _harness_cache(self.config)
         if cache is None:
             return await super().prepare_uv_script(script, env, activate=activate)
+        client, _ = self._running()
+        if client.isolation in (IsolationMode.UID, IsolationMode.UNSHARE):
+            _check_traversable(cache.root)
         data = script.encode() if isinstance(script, str) else script
         try:
             program = await asyncio.to_thread(cache.uv_script, data)
@@ -421,6 +429,18 @@ class LocalSandboxRuntime(Runtime):
             await client.upload_bytes(sandbox_id, path, data, os.path.basename(path))
         except APIError as e:
             raise SandboxError(f"write {path!r}: {e}") from e
+
+
+def _check_traversable(root: Path) -> None:
+    """In the per-uid modes a sandbox sees the host's file system as its own uid: the
+    cache must be reachable by any uid (no ``0700`` directory above it)."""
+    for directory in (root, *root.parents):
+        if not directory.stat().st_mode & 0o001:
+            raise SandboxError(
+                f"the harness cache {root} is not reachable by the sandboxes' uids "
+                f"({directory} is not traversable by others): set the runtime's "
+                "harness_cache_root to a directory they can traverse"
+            )
 
 
 def install() -> None:
