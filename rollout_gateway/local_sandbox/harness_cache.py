@@ -22,7 +22,11 @@ sandbox's own uid can run it:
   made by a callable that fills a staging directory; a sandbox sees it read-only at
   the path the harness expects (the runtime's ``read_only_at``, e.g.
   ``{"/var/tmp/vf-claude-code": "<root>/dirs/claude_code"}``) so the harness's own
-  ready check passes and its install is skipped.
+  ready check passes and its install is skipped. A harness whose install lock lives
+  inside its directory (v1's ``ensure_installed``: ``<directory>/install.lock``) finds
+  it there when ``fill`` leaves that file in place (``flock`` opens an existing file
+  on a read-only mount); a lock beside the directory (``/var/tmp/vf-node.install.lock``)
+  goes to the sandbox's own writable ``/var/tmp``.
 
 Each entry is made at most once per machine: under an exclusive file lock (concurrent
 rollouts and processes wait for the first), into a staging directory renamed into

@@ -35,6 +35,7 @@ def fill_tool(calls: list[Path]) -> object:
         tool.parent.mkdir()
         tool.write_text("#!/bin/sh\necho cached tool ran\n")
         tool.chmod(0o700)  # made a+rx by the cache
+        (staging / "install.lock").touch()  # where v1's ensure_installed locks
 
     return fill
 
@@ -103,6 +104,14 @@ async def test_sandboxes_run_the_install_at_its_path_read_only_with_their_own_va
                 sandbox.id, "touch /var/tmp/vf-tool/new; echo rc=$?"
             )
             assert "rc=0" not in tamper.stdout, tamper
+            # v1's ensure_installed: mkdir, then its ready check under the lock inside the
+            # directory; the ready check passes, so the install would be skipped.
+            ensure = await client.execute_command(
+                sandbox.id,
+                "mkdir -p /var/tmp/vf-tool && flock /var/tmp/vf-tool/install.lock "
+                "sh -c 'test -x /var/tmp/vf-tool/bin/tool || exit 9'; echo rc=$?",
+            )
+            assert "rc=0" in ensure.stdout, ensure
             # /var/tmp is writable and private: the other sandbox's file is not there.
             own = await client.execute_command(
                 sandbox.id, f"ls /var/tmp; echo {n} > /var/tmp/mine-{n}; echo rc=$?"
