@@ -8,7 +8,9 @@ Strongest first (the order ``auto`` tries):
     ships, see :mod:`~rollout_gateway.local_sandbox.tools`): new PID, mount, IPC, UTS and cgroup
     namespaces. The sandbox sees a fresh ``/proc`` (its own processes only), the host's
     system directories read-only (``/usr``, the ``/bin``/``/lib`` links, a few files of
-    ``/etc``, the Python installation), a private ``/tmp`` and its own directories; nothing
+    ``/etc``, the Python installation), a private ``/tmp`` and its own directories (its
+    temp directory also at ``/var/tmp``), the directories the client shares read-only
+    (``read_only``, ``read_only_at``: what harnesses install once per machine); nothing
     else of the host's file system. When running as root the command also runs as the
     sandbox's own unprivileged uid (no capabilities, ``no_new_privs``); otherwise bwrap
     adds a user namespace.
