@@ -14,6 +14,7 @@ messages, the reward, and the token ids.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -40,7 +41,8 @@ from .test_agent_clis_side_by_side import (
     upstream_rollout,
 )
 
-SANDBOX_ROOT = "/tmp/rg-harness-sbs"
+#: This run's sandboxes (as in test_agent_clis_side_by_side: a root per test process).
+SANDBOX_ROOT = f"/tmp/rg-harness-sbs-{os.getpid()}"
 
 
 def task_for(tool: str, argument: str, last: dict[str, Any] | None = None) -> FixBugTask:
