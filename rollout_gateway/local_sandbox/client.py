@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,27 @@ def default_root() -> Path:
     return Path(tempfile.gettempdir()) / "rollout-gateway-sandboxes"
 
 
+#: Sandbox paths a read-only mount may not cover (the sandbox's own system and temp).
+_SYSTEM_PATHS = ("/", "/usr", "/bin", "/sbin", "/lib", "/etc", "/proc", "/dev", "/tmp", "/run")
+
+
+def _mounts_at(
+    read_only_at: Mapping[str, str | os.PathLike[str]],
+) -> tuple[tuple[Path, Path], ...]:
+    """``read_only_at`` checked: (host directory, sandbox path) pairs."""
+    mounts = []
+    for where, host in read_only_at.items():
+        path = Path(where)
+        kernel = any(str(path).startswith(f"{top}/") for top in ("/proc", "/dev", "/sys"))
+        if not path.is_absolute() or ".." in path.parts or str(path) in _SYSTEM_PATHS or kernel:
+            raise ValueError(f"read_only_at: {where!r} is not a sandbox path it may cover")
+        source = Path(host).resolve()
+        if not source.is_dir():
+            raise ValueError(f"read_only_at: {source} is not a directory")
+        mounts.append((source, path))
+    return tuple(mounts)
+
+
 class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
     """Async local sandbox backend mirroring prime-sandboxes' ``AsyncSandboxClient``.
 
@@ -81,6 +102,12 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
             anyway): programs installed once per machine and shared by all sandboxes,
             such as the agent CLIs' cache (:mod:`rollout_gateway.agent_clis`). Each
             must be an existing directory.
+        read_only_at: sandbox path -> host directory, each seen read-only by every
+            sandbox at its sandbox path (``bwrap`` mode only; the path must be absolute
+            and no system directory): a harness's install from the per-machine cache
+            where the harness's own ready check looks for it, e.g.
+            ``{"/var/tmp/vf-claude-code": ...}``
+            (:mod:`~rollout_gateway.local_sandbox.harness_cache`).
 
     Each sandbox's memory, disk and CPU come from its request (``memory_gb``,
     ``disk_size_gb``, ``cpu_cores``); how this host enforces them:
@@ -103,11 +130,13 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         pids_limit: int | None = limits.DEFAULT_PIDS,
         enforce_limits: bool = True,
         read_only: Sequence[str | os.PathLike[str]] = (),
+        read_only_at: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         shared = tuple(Path(path).resolve() for path in read_only)
         for path in shared:
             if not path.is_dir():
                 raise ValueError(f"read_only: {path} is not a directory")
+        self._read_only_at = _mounts_at(read_only_at or {})
         self.isolation: IsolationMode = choose_mode(isolation)
         traversable = self.isolation in (IsolationMode.UNSHARE, IsolationMode.UID)
         self.root = layout.prepare_root(

@@ -41,6 +41,7 @@ class SandboxCommandAPI:
     _apply_rlimits: bool
     _max_output_bytes: int
     _read_only: Any
+    _read_only_at: Any
 
     async def _running(self, sandbox_id: str, command: str | None = None) -> LocalSandbox:
         raise NotImplementedError
@@ -256,7 +257,7 @@ class SandboxCommandAPI:
             if self._apply_rlimits
             else []
         )
-        confinement = sb.confinement(self._read_only)
+        confinement = sb.confinement(self._read_only, self._read_only_at)
         prefix = sb.cgroup.enter_argv() if sb.cgroup is not None else None
         script = shell_script(command, working_dir)
 

@@ -8,7 +8,9 @@ Strongest first (the order ``auto`` tries):
     ships, see :mod:`~rollout_gateway.local_sandbox.tools`): new PID, mount, IPC, UTS and cgroup
     namespaces. The sandbox sees a fresh ``/proc`` (its own processes only), the host's
     system directories read-only (``/usr``, the ``/bin``/``/lib`` links, a few files of
-    ``/etc``, the Python installation), a private ``/tmp`` and its own directories; nothing
+    ``/etc``, the Python installation), a private ``/tmp`` and its own directories (its
+    temp directory also at ``/var/tmp``), the directories the client shares read-only
+    (``read_only``, ``read_only_at``: what harnesses install once per machine); nothing
     else of the host's file system. When running as root the command also runs as the
     sandbox's own unprivileged uid (no capabilities, ``no_new_privs``); otherwise bwrap
     adds a user namespace.
@@ -99,6 +101,10 @@ class Confinement:
     gid: int | None = None
     #: Host directories mounted read-only at the same path (``bwrap`` only).
     read_only: tuple[Path, ...] = field(default_factory=tuple)
+    #: (host directory, sandbox path) pairs mounted read-only at another path (``bwrap``
+    #: only): a harness's install from the per-machine cache where the harness expects it
+    #: (:mod:`~rollout_gateway.local_sandbox.harness_cache`).
+    read_only_at: tuple[tuple[Path, Path], ...] = field(default_factory=tuple)
     #: Size bound of the RAM-backed ``/tmp`` of a ``bwrap`` command (also charged to the
     #: sandbox's memory cgroup where there is one).
     tmpfs_bytes: int | None = None
@@ -403,6 +409,11 @@ def bwrap_argv(confinement: Confinement) -> list[str]:
         mounts.bind(path, path)
     mounts.bind(confinement.work, confinement.work, writable=True)
     mounts.bind(confinement.tmp, confinement.tmp, writable=True)
+    # /var/tmp is the sandbox's own temp directory too (harnesses install and keep state
+    # at absolute /var/tmp paths); cached installs are mounted over it, read-only.
+    mounts.bind(confinement.tmp, Path("/var/tmp"), writable=True)
+    for host, path in confinement.read_only_at:
+        mounts.bind(host, path)
     program = tools.bwrap()
     argv = [program.path if program else "bwrap", *_bwrap_namespace_args(), *mounts.args]
     argv += ["--hostname", "sandbox", "--chdir", str(confinement.work), "--"]

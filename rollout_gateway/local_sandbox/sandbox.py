@@ -80,7 +80,11 @@ class LocalSandbox:
             self.counter += 1
             return self.counter
 
-    def confinement(self, read_only: tuple[Path, ...]) -> Confinement:
+    def confinement(
+        self,
+        read_only: tuple[Path, ...],
+        read_only_at: tuple[tuple[Path, Path], ...] = (),
+    ) -> Confinement:
         owner = self.owner
         return Confinement(
             mode=self.mode,
@@ -89,6 +93,7 @@ class LocalSandbox:
             uid=owner[0] if owner else None,
             gid=owner[1] if owner else None,
             read_only=read_only if self.mode is IsolationMode.BWRAP else (),
+            read_only_at=read_only_at if self.mode is IsolationMode.BWRAP else (),
             tmpfs_bytes=self.limits.memory_bytes,
         )
 

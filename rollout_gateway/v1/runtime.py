@@ -40,7 +40,13 @@ from prime_sandboxes import APIError, CreateSandboxRequest, SandboxFileNotFoundE
 from pydantic import Field, field_validator
 from pydantic_config import BaseConfig
 
-from rollout_gateway.local_sandbox import LocalSandboxClient, LocalSandboxError, processes
+from rollout_gateway.local_sandbox import (
+    IsolationMode,
+    LocalSandboxClient,
+    LocalSandboxError,
+    processes,
+)
+from rollout_gateway.local_sandbox.harness_cache import HarnessCache, HarnessInstallError
 from rollout_gateway.v1.internals import (
     BaseRuntimeInfo,
     ProgramResult,
@@ -102,6 +108,19 @@ class LocalSandboxRuntimeConfig(BaseConfig):
     """Host directories every sandbox sees read-only at the same path: what harnesses
     install once per machine, shared by all rollouts (e.g. the agent CLIs' cache of
     :mod:`rollout_gateway.agent_clis`) instead of installed in each sandbox."""
+    read_only_at: dict[str, str] = Field(default_factory=dict)
+    """Sandbox path -> host directory, seen read-only by every sandbox at that path: a
+    harness's install from the per-machine cache where its own ready check looks (e.g.
+    ``{"/var/tmp/vf-claude-code": "<cache>/dirs/claude_code"}``,
+    :meth:`~rollout_gateway.local_sandbox.harness_cache.HarnessCache.directory`)."""
+    harness_cache: bool = True
+    """Install harnesses' PEP 723 scripts (``prepare_uv_script``: bash, mini_swe_agent,
+    terminus_2, ...) once per machine on the host, into a cache every sandbox sees
+    read-only (:mod:`rollout_gateway.local_sandbox.harness_cache`). False: v1's own
+    install, in each sandbox (needs ``uv`` and network access inside it)."""
+    harness_cache_root: str | None = None
+    """The cache's directory (default ``$ROLLOUT_GATEWAY_HARNESS_CACHE`` or
+    ``~/.cache/rollout-gateway/harnesses``)."""
 
     @field_validator("image")
     @classmethod
@@ -136,20 +155,43 @@ class LocalSandboxStartError(SandboxError):
 
 # ---------------------------------------------------------------- shared clients
 
-_clients: dict[tuple[str | None, str, tuple[str, ...]], LocalSandboxClient] = {}
+_ClientKey = tuple[str | None, str, tuple[str, ...], tuple[tuple[str, str], ...]]
+_clients: dict[_ClientKey, LocalSandboxClient] = {}
 _clients_lock = threading.Lock()
+_caches: dict[str | None, HarnessCache] = {}
+
+
+def _harness_cache(config: LocalSandboxRuntimeConfig) -> HarnessCache | None:
+    """The per-machine harness cache ``config`` uses (made on first use), or None."""
+    if not config.harness_cache:
+        return None
+    with _clients_lock:
+        cache = _caches.get(config.harness_cache_root)
+        if cache is None:
+            cache = _caches[config.harness_cache_root] = HarnessCache(config.harness_cache_root)
+        return cache
 
 
 def _client(config: LocalSandboxRuntimeConfig) -> LocalSandboxClient:
     """The process-wide client of ``config``'s root and isolation (blocking: probes the
     host the first time)."""
-    key = (config.root, config.isolation, tuple(config.read_only))
+    cache = _harness_cache(config)
+    read_only = [*config.read_only, *([str(cache.root)] if cache is not None else [])]
+    key = (
+        config.root,
+        config.isolation,
+        tuple(read_only),
+        tuple(sorted(config.read_only_at.items())),
+    )
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
             try:
                 client = LocalSandboxClient(
-                    config.root, isolation=config.isolation, read_only=config.read_only
+                    config.root,
+                    isolation=config.isolation,
+                    read_only=read_only,
+                    read_only_at=config.read_only_at,
                 )
             except (LocalSandboxError, ValueError) as e:
                 raise LocalSandboxStartError(str(e)) from e
@@ -337,6 +379,39 @@ class LocalSandboxRuntime(Runtime):
         except APIError as e:
             raise SandboxError(f"local sandbox {sandbox_id}: {e}") from e
 
+    # ------------------------------------------------------------ installs
+
+    async def prepare_uv_script(
+        self,
+        script: str | bytes,
+        env: dict[str, str] | None = None,
+        *,
+        activate: bool = True,
+    ) -> list[str]:
+        """v1's contract (an argv running the PEP 723 ``script``), from the per-machine
+        harness cache: installed on the host the first time any sandbox needs it, then
+        run read-only by every sandbox (no ``uv``, network or certificates inside it).
+        ``env`` (the harness's) applies when the program runs, not to the install.
+        With ``harness_cache = false``: v1's own per-sandbox install."""
+        cache = _harness_cache(self.config)
+        if cache is None:
+            return await super().prepare_uv_script(script, env, activate=activate)
+        client, _ = self._running()
+        if client.isolation in (IsolationMode.UID, IsolationMode.UNSHARE):
+            _check_traversable(cache.root)
+        data = script.encode() if isinstance(script, str) else script
+        try:
+            program = await asyncio.to_thread(cache.uv_script, data)
+        except HarnessInstallError as e:
+            raise RuntimeError(f"failed to prepare uv script: {e}") from e
+        interpreter, path = str(program.interpreter), str(program.script)
+        if not activate:
+            return [interpreter, path]
+        # As v1's own: the script's environment first on PATH, for the program's children.
+        venv = str(program.interpreter.parent.parent)
+        command = 'export VIRTUAL_ENV="$1" PATH="${1}/bin:$PATH"; shift; exec "$@"'
+        return ["sh", "-c", command, "uv-script", venv, interpreter, path]
+
     # ------------------------------------------------------------ files
 
     async def _read(self, path: str, max_bytes: int | None = None) -> bytes:
@@ -354,6 +429,18 @@ class LocalSandboxRuntime(Runtime):
             await client.upload_bytes(sandbox_id, path, data, os.path.basename(path))
         except APIError as e:
             raise SandboxError(f"write {path!r}: {e}") from e
+
+
+def _check_traversable(root: Path) -> None:
+    """In the per-uid modes a sandbox sees the host's file system as its own uid: the
+    cache must be reachable by any uid (no ``0700`` directory above it)."""
+    for directory in (root, *root.parents):
+        if not directory.stat().st_mode & 0o001:
+            raise SandboxError(
+                f"the harness cache {root} is not reachable by the sandboxes' uids "
+                f"({directory} is not traversable by others): set the runtime's "
+                "harness_cache_root to a directory they can traverse"
+            )
 
 
 def install() -> None:

@@ -1,0 +1,101 @@
+"""A v1 harness's setup on the ``local_sandbox`` runtime: the first rollout on a machine
+(the harness's install into the per-machine cache) against every later one (the cache
+read-only in a fresh sandbox).
+
+One "setup" is what a rollout pays before its agent starts: ``runtime.start()`` (a new
+contained sandbox) plus the harness's own ``setup(runtime)`` (v1's ``bash``,
+``mini_swe_agent``, ``terminus_2``: ``prepare_uv_script``), then the sandbox is stopped.
+The first setup runs against an empty cache (a fresh directory unless ``--cache``), so it
+includes uv downloading and installing the harness's packages from PyPI; the later ones
+are fresh sandboxes on the same machine. Prints, per harness, the first setup and the
+median / max of the later ones (seconds). Target: later setups under 2 s.
+
+    .ci-venv-v1/bin/python benchmarks/harness_setup.py [--later 5] [--harness bash ...]
+        [--cache DIR] [--isolation bwrap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from verifiers.v1.harnesses import (
+    BashHarness,
+    BashHarnessConfig,
+    MiniSWEAgentHarness,
+    MiniSWEAgentHarnessConfig,
+    Terminus2Harness,
+    Terminus2HarnessConfig,
+)
+
+from rollout_gateway.v1 import LocalSandboxRuntimeConfig
+from rollout_gateway.v1.runtime import LocalSandboxRuntime
+
+#: The harnesses measured: name -> (harness class, its config).
+HARNESSES: dict[str, tuple[Any, Any]] = {
+    "bash": (BashHarness, BashHarnessConfig()),
+    "mini_swe_agent": (MiniSWEAgentHarness, MiniSWEAgentHarnessConfig(id="mini_swe_agent")),
+    "terminus_2": (Terminus2Harness, Terminus2HarnessConfig(id="terminus_2")),
+}
+
+
+async def one_setup(harness: Any, config: LocalSandboxRuntimeConfig) -> float:
+    """Seconds from a new sandbox to the harness ready in it (the sandbox then stopped)."""
+    runtime = LocalSandboxRuntime(config)
+    started = time.perf_counter()
+    try:
+        await runtime.start()
+        await harness.setup(runtime)
+        return time.perf_counter() - started
+    finally:
+        await runtime.stop()
+
+
+async def measure(name: str, config: LocalSandboxRuntimeConfig, later: int) -> str:
+    cls, harness_config = HARNESSES[name]
+    harness = cls(harness_config)
+    try:
+        first = await one_setup(harness, config)
+    except Exception as e:  # noqa: BLE001 - reported, the next harness still runs
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        return f"{name:<16} setup failed: {lines[0][:160]} ... {lines[-1].strip()[:160]}"
+    times = [await one_setup(harness, config) for _ in range(later)]
+    return (
+        f"{name:<16} first {first:7.2f} s   later median {statistics.median(times):6.3f} s"
+        f"   max {max(times):6.3f} s   ({later} rollouts; first/later "
+        f"{first / statistics.median(times):.0f}x)"
+    )
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--later", type=int, default=5, help="later rollouts per harness")
+    parser.add_argument("--harness", action="append", choices=list(HARNESSES))
+    parser.add_argument("--cache", help="harness cache to use (default: a fresh, empty one)")
+    parser.add_argument("--isolation", default="bwrap")
+    args = parser.parse_args()
+    top = Path(tempfile.mkdtemp(prefix="rg-harness-setup-", dir="/tmp"))
+    top.chmod(0o755)
+    try:
+        config = LocalSandboxRuntimeConfig(
+            isolation=args.isolation,
+            root=str(top / "sandboxes"),
+            harness_cache_root=args.cache or str(top / "cache"),
+        )
+        print(f"isolation {args.isolation}, cache {config.harness_cache_root}")
+        for name in args.harness or list(HARNESSES):
+            print(await measure(name, config, args.later), flush=True)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
