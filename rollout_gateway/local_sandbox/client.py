@@ -80,7 +80,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
             (``bwrap`` mode mounts them; the other modes see the host's file system
             anyway): programs installed once per machine and shared by all sandboxes,
             such as the agent CLIs' cache (:mod:`rollout_gateway.agent_clis`). Each
-            must be an existing directory.
+            must be an existing directory or file (a file: e.g. a lock file an
+            installer's ready check opens beside its directory).
 
     Each sandbox's memory, disk and CPU come from its request (``memory_gb``,
     ``disk_size_gb``, ``cpu_cores``); how this host enforces them:
@@ -106,8 +107,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
     ) -> None:
         shared = tuple(Path(path).resolve() for path in read_only)
         for path in shared:
-            if not path.is_dir():
-                raise ValueError(f"read_only: {path} is not a directory")
+            if not (path.is_dir() or path.is_file()):
+                raise ValueError(f"read_only: {path} is not a directory or a file")
         self.isolation: IsolationMode = choose_mode(isolation)
         traversable = self.isolation in (IsolationMode.UNSHARE, IsolationMode.UID)
         self.root = layout.prepare_root(
