@@ -75,11 +75,12 @@ async def installed(name: str) -> list[str]:
 
 def agent_config(config: Any, base_url: str, read_only: list[str], **client: Any) -> Any:
     root = Path("/tmp") / f"rg-harness-sbs-{os.getpid()}"
+    runtime: Any = LocalSandboxRuntimeConfig(isolation="bwrap", root=str(root), read_only=read_only)
     return LocalSandboxAgentConfig(
         model="scripted",
         client=vf.EvalClientConfig(base_url=base_url, **client),
         harness=config,
-        runtime=LocalSandboxRuntimeConfig(isolation="bwrap", root=str(root), read_only=read_only),
+        runtime=runtime,
     )
 
 
