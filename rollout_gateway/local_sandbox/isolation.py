@@ -99,9 +99,6 @@ class Confinement:
     gid: int | None = None
     #: Host directories mounted read-only at the same path (``bwrap`` only).
     read_only: tuple[Path, ...] = field(default_factory=tuple)
-    #: Size bound of the RAM-backed ``/tmp`` of a ``bwrap`` command (also charged to the
-    #: sandbox's memory cgroup where there is one).
-    tmpfs_bytes: int | None = None
 
 
 # ---------------------------------------------------------------- availability

@@ -89,7 +89,6 @@ class LocalSandbox:
             uid=owner[0] if owner else None,
             gid=owner[1] if owner else None,
             read_only=read_only if self.mode is IsolationMode.BWRAP else (),
-            tmpfs_bytes=self.limits.memory_bytes,
         )
 
     def anchors(self) -> tuple[Anchor, list[Anchor]]:
