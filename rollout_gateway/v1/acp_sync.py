@@ -45,9 +45,7 @@ _CLASSES: dict[type, type] = {}
 def gateway_synced_session(session: Any, host: SegmentHost) -> Any:
     """``session`` (an ``ACPHarnessSession``) with its prompts synced from the gateway;
     any other session as it is."""
-    if not isinstance(session, ACPHarnessSession) or isinstance(
-        session, GatewaySyncedACPSession
-    ):
+    if not isinstance(session, ACPHarnessSession) or isinstance(session, GatewaySyncedACPSession):
         return session
     cls = type(session)
     synced = _CLASSES.get(cls)

@@ -12,7 +12,8 @@ where the class has its own) runs the segment through :func:`run_segment`: mark 
 end it at once if the gateway refuses one of its turns (:mod:`.refusals`), and sync the
 gateway's turns and stop once the program exited (no race with turns in flight). Nothing
 of v1 is patched, and only the harness contract's own methods are overridden. An ACP
-harness's session never launches: its prompts sync (:mod:`.acp_sync`). docs/v1.md says more; the interception is known here by :class:`SegmentHost` only.
+harness's session never launches: its prompts sync instead (:mod:`.acp_sync`). docs/v1.md
+says more; the interception is known here by :class:`SegmentHost` only.
 """
 
 from __future__ import annotations

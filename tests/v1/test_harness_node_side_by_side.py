@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ import pytest
 import verifiers.v1 as vf
 from verifiers.v1.harnesses.claude_code import ClaudeCodeHarnessConfig
 from verifiers.v1.harnesses.codex import CodexHarnessConfig
+from verifiers.v1.harnesses.pi import PiHarnessConfig
+from verifiers.v1.harnesses.pi import harness as pi_harness
 from verifiers.v1.interception import InterceptionServer
 
 from rollout_gateway.local_sandbox import IsolationMode, unavailable_reasons
@@ -36,8 +39,8 @@ from rollout_gateway.v1 import (
     LocalSandboxAgentConfig,
     LocalSandboxRuntimeConfig,
     gateway_synced_agent,
+    harness_node,
 )
-from rollout_gateway.v1 import harness_node
 
 from .conftest import Stack
 from .test_agent_clis_side_by_side import (
@@ -60,7 +63,49 @@ FORWARD = ["SSL_CERT_FILE"]
 HARNESSES: dict[str, tuple[Any, str]] = {
     "claude_code": (ClaudeCodeHarnessConfig(id="claude_code", forward_env=FORWARD), "Bash"),
     "codex": (CodexHarnessConfig(id="codex", forward_env=FORWARD), "exec_command"),
+    **{
+        f"pi-{transport}": (
+            PiHarnessConfig(id="pi", transport=transport, forward_env=FORWARD),
+            "bash",
+        )
+        for transport in ("chat_completions", "responses", "anthropic_messages")
+    },
 }
+
+
+#: pi's packages as v1 0.4.0 pins them (``verifiers.v1.harnesses.pi``), and the nearest
+#: published versions of the two the npm registry does not have (``npm install
+#: pi-acp@0.0.33`` -> ``ETARGET No matching version found``; pi-mcp-adapter 2.34.0 alike).
+PI_SUBSTITUTES = {"pi-mcp-adapter": "2.36.0", "pi-acp": "0.0.34"}
+
+
+def provide_pi(config: PiHarnessConfig) -> None:
+    """Where v1's pinned pi packages cannot be fetched, install the nearest published
+    ones into pi's directory and record v1's pins in its ``.versions`` (the check that
+    makes v1's install skip npm): the test says so, see :data:`PI_SUBSTITUTES`."""
+    packages = Path(pi_harness.PACKAGES_DIR)
+    pins = f"{config.version}:{pi_harness.MCP_VERSION}:{pi_harness.ACP_VERSION}"
+    versions = packages / ".versions"
+    if versions.is_file() and versions.read_text() == pins:
+        return
+    pinned = subprocess.run(
+        ["npm", "view", f"pi-acp@{pi_harness.ACP_VERSION}", "version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if pinned.stdout.strip() == pi_harness.ACP_VERSION:
+        return  # published: v1's own install fetches it
+    specs = [f"@earendil-works/pi-coding-agent@{config.version}"]
+    specs += [f"{name}@{version}" for name, version in PI_SUBSTITUTES.items()]
+    subprocess.run(
+        ["npm", "install", "--prefix", str(packages), "--ignore-scripts", "--no-audit"]
+        + ["--no-fund", "--omit=dev", *specs],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PATH": f"{harness_node.NODE_DIR}/bin:{os.environ['PATH']}"},
+    )
+    versions.write_text(pins)
 
 
 async def installed(name: str) -> list[str]:
@@ -71,6 +116,9 @@ async def installed(name: str) -> list[str]:
             pytest.fail(message)
         pytest.skip(message)
     config, _ = HARNESSES[name]
+    if isinstance(config, PiHarnessConfig):
+        harness_node.provide_node()
+        provide_pi(config)
     return await harness_node.install_on_host(config)
 
 
