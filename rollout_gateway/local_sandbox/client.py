@@ -101,7 +101,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
             (``bwrap`` mode mounts them; the other modes see the host's file system
             anyway): programs installed once per machine and shared by all sandboxes,
             such as the agent CLIs' cache (:mod:`rollout_gateway.agent_clis`). Each
-            must be an existing directory.
+            must be an existing directory or file (a file: e.g. a lock file an
+            installer's ready check opens beside its directory).
         read_only_at: sandbox path -> host directory, each seen read-only by every
             sandbox at its sandbox path (``bwrap`` mode only; the path must be absolute
             and no system directory): a harness's install from the per-machine cache
@@ -134,8 +135,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
     ) -> None:
         shared = tuple(Path(path).resolve() for path in read_only)
         for path in shared:
-            if not path.is_dir():
-                raise ValueError(f"read_only: {path} is not a directory")
+            if not (path.is_dir() or path.is_file()):
+                raise ValueError(f"read_only: {path} is not a directory or a file")
         self._read_only_at = _mounts_at(read_only_at or {})
         self.isolation: IsolationMode = choose_mode(isolation)
         traversable = self.isolation in (IsolationMode.UNSHARE, IsolationMode.UID)

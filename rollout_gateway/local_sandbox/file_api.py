@@ -22,7 +22,16 @@ from prime_sandboxes import (
 )
 
 from rollout_gateway.local_sandbox import files
+from rollout_gateway.local_sandbox.isolation import IsolationMode
 from rollout_gateway.local_sandbox.sandbox import LocalSandbox
+
+
+def _in_slash_tmp(file_path: str, anchors: list[files.Anchor]) -> bool:
+    """Whether ``file_path`` is under ``/tmp`` and under none of the sandbox's own
+    directories (which may lie under the host's ``/tmp`` themselves)."""
+    if not (file_path + "/").startswith("/tmp/"):
+        return False
+    return not any((file_path + "/").startswith(f"{a.path}/") for a in anchors)
 
 
 class SandboxFileAPI:
@@ -35,6 +44,9 @@ class SandboxFileAPI:
 
     def _locate(self, sb: LocalSandbox, file_path: str) -> tuple[files.Anchor, tuple[str, ...]]:
         default, anchors = sb.anchors()
+        if sb.mode is IsolationMode.BWRAP and _in_slash_tmp(file_path, anchors):
+            # bwrap mounts the sandbox's temp directory at /tmp (isolation.bwrap_argv).
+            file_path = str(sb.dirs.tmp) + file_path[len("/tmp") :]
         try:
             return files.split_path(file_path, default, anchors)
         except files.PathOutsideSandboxError as e:

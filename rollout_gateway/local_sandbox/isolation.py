@@ -105,9 +105,6 @@ class Confinement:
     #: only): a harness's install from the per-machine cache where the harness expects it
     #: (:mod:`~rollout_gateway.local_sandbox.harness_cache`).
     read_only_at: tuple[tuple[Path, Path], ...] = field(default_factory=tuple)
-    #: Size bound of the RAM-backed ``/tmp`` of a ``bwrap`` command (also charged to the
-    #: sandbox's memory cgroup where there is one).
-    tmpfs_bytes: int | None = None
 
 
 # ---------------------------------------------------------------- availability
@@ -399,10 +396,10 @@ def bwrap_argv(confinement: Confinement) -> list[str]:
             mounts.bind(path, path)
     mounts.special("--proc", "/proc")
     mounts.special("--dev", "/dev")
-    # RAM-backed: bounded in size, and charged to the sandbox's memory cgroup.
-    if confinement.tmpfs_bytes is not None:
-        mounts.args += ["--size", str(confinement.tmpfs_bytes)]
-    mounts.special("--tmpfs", "/tmp", "1777")
+    # The sandbox's own temp directory, as a container's /tmp: it lasts as long as the
+    # sandbox, across its commands (v1's harnesses write /tmp paths, e.g. Codex's home,
+    # through the file API and read them from a later process); on its disk.
+    mounts.bind(confinement.tmp, Path("/tmp"), writable=True)
     mounts.args += ["--size", str(16 * 1024 * 1024)]
     mounts.special("--tmpfs", "/run", "0755")
     for path in confinement.read_only:

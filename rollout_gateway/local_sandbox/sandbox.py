@@ -94,7 +94,6 @@ class LocalSandbox:
             gid=owner[1] if owner else None,
             read_only=read_only if self.mode is IsolationMode.BWRAP else (),
             read_only_at=read_only_at if self.mode is IsolationMode.BWRAP else (),
-            tmpfs_bytes=self.limits.memory_bytes,
         )
 
     def anchors(self) -> tuple[Anchor, list[Anchor]]:

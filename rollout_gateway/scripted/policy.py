@@ -79,7 +79,8 @@ SHELL_TOOLS: dict[str, str] = {
     "run_shell": "command",  # the example agent
     "Bash": "command",  # Claude Code
     "exec_command": "cmd",  # Codex
-    "shell": "command",  # Codex's older shell tool, pi, ...
+    "shell": "command",  # Codex's older shell tool, ...
+    "bash": "command",  # pi
 }
 
 

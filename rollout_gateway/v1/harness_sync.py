@@ -11,9 +11,9 @@ harness as ``type(harness)(config)``, which keeps it) whose ``launch`` (and ``re
 where the class has its own) runs the segment through :func:`run_segment`: mark its start,
 end it at once if the gateway refuses one of its turns (:mod:`.refusals`), and sync the
 gateway's turns and stop once the program exited (no race with turns in flight). Nothing
-of v1 is patched, and only the harness contract's own methods are overridden. Harnesses
-that replace the session (ACP) never run it; the final sync at slot release fills their
-trace. docs/v1.md says more; the interception is known here by :class:`SegmentHost` only.
+of v1 is patched, and only the harness contract's own methods are overridden. An ACP
+harness's session never launches: its prompts sync instead (:mod:`.acp_sync`). docs/v1.md
+says more; the interception is known here by :class:`SegmentHost` only.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Awaitable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rollout_gateway.v1.acp_sync import gateway_synced_session, is_acp_harness
 from rollout_gateway.v1.internals import Harness, ProgramResult, Trace
 from rollout_gateway.v1.refusals import RefusalWatch
 
@@ -100,6 +101,11 @@ async def _synced_resume(
     return await run_segment(self.gateway_interception, trace, program)
 
 
+async def _synced_session(self: GatewaySyncedHarness, *args: Any, **kwargs: Any) -> Any:
+    session = await super(GatewaySyncedHarness, self).session(*args, **kwargs)
+    return gateway_synced_session(session, self.gateway_interception)
+
+
 #: The synced class of each harness class, per interception (gone with the interception).
 _CLASSES: weakref.WeakKeyDictionary[SegmentHost, dict[type, type]] = weakref.WeakKeyDictionary()
 
@@ -120,6 +126,9 @@ def gateway_synced(harness: Harness, interception: SegmentHost) -> Harness:
         if cls.resume is not Harness.resume:
             # Only then: v1 reads "overrides resume" as native resume support.
             namespace["resume"] = _synced_resume
+        if is_acp_harness(cls):
+            # An ACP session never launches: its prompts sync instead (:mod:`.acp_sync`).
+            namespace["session"] = _synced_session
         synced = type(f"GatewaySynced{cls.__name__}", (GatewaySyncedHarness, cls), namespace)
         classes[cls] = synced
     return synced(harness.config)

@@ -105,7 +105,7 @@ class LocalSandboxRuntimeConfig(BaseConfig):
     """Longest lifetime of one sandbox; past it the sandbox is killed and removed (v1's
     own timeouts bound the agent first)."""
     read_only: list[str] = Field(default_factory=list)
-    """Host directories every sandbox sees read-only at the same path: what harnesses
+    """Host directories (or files) every sandbox sees read-only at the same path: what harnesses
     install once per machine, shared by all rollouts (e.g. the agent CLIs' cache of
     :mod:`rollout_gateway.agent_clis`) instead of installed in each sandbox."""
     read_only_at: dict[str, str] = Field(default_factory=dict)

@@ -144,8 +144,15 @@ async def test_files_upload_read_download(client: LocalSandboxClient, tmp_path: 
     with pytest.raises(FileNotFoundError):
         await client.upload_file(sid, "x", str(tmp_path / "nope"))
     # The file API never touches host paths outside the sandbox.
-    with pytest.raises(APIError):
-        await client.upload_bytes(sid, str(tmp_path / "escape.txt"), b"x", "escape.txt")
+    escape = str(tmp_path / "escape.txt")
+    if client.isolation is IsolationMode.BWRAP:
+        # In bwrap mode /tmp is the sandbox's own temp directory, for its file API as for
+        # its processes: a /tmp path lands there, never on the host's /tmp.
+        await client.upload_bytes(sid, escape, b"x", "escape.txt")
+        assert (await client.execute_command(sid, f"cat {escape}")).stdout == "x"
+    else:
+        with pytest.raises(APIError):
+            await client.upload_bytes(sid, escape, b"x", "escape.txt")
     with pytest.raises(APIError):
         await client.read_file(sid, "../../escape.txt")
     assert not (tmp_path / "escape.txt").exists()
