@@ -402,13 +402,16 @@ def bwrap_argv(confinement: Confinement) -> list[str]:
     mounts.bind(confinement.tmp, Path("/tmp"), writable=True)
     mounts.args += ["--size", str(16 * 1024 * 1024)]
     mounts.special("--tmpfs", "/run", "0755")
+    # /var/tmp is the sandbox's own temp directory too (harnesses install and keep state
+    # at absolute /var/tmp paths). Mounted before the shared directories: one of those
+    # may lie under /var/tmp (a Node harness's install at /var/tmp/vf-node), and a
+    # later mount of /var/tmp would hide it.
+    mounts.bind(confinement.tmp, Path("/var/tmp"), writable=True)
     for path in confinement.read_only:
         mounts.bind(path, path)
     mounts.bind(confinement.work, confinement.work, writable=True)
     mounts.bind(confinement.tmp, confinement.tmp, writable=True)
-    # /var/tmp is the sandbox's own temp directory too (harnesses install and keep state
-    # at absolute /var/tmp paths); cached installs are mounted over it, read-only.
-    mounts.bind(confinement.tmp, Path("/var/tmp"), writable=True)
+    # Cached installs, read-only, over the sandbox's own directories.
     for host, path in confinement.read_only_at:
         mounts.bind(host, path)
     program = tools.bwrap()
