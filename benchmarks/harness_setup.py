@@ -26,28 +26,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verifiers.v1.harnesses import (
-    BashHarness,
-    BashHarnessConfig,
-    MiniSWEAgentHarness,
-    MiniSWEAgentHarnessConfig,
-    Terminus2Harness,
-    Terminus2HarnessConfig,
-)
-
-from rollout_gateway.v1 import LocalSandboxRuntimeConfig
-from rollout_gateway.v1.runtime import LocalSandboxRuntime
-
-#: The harnesses measured: name -> (harness class, its config).
-HARNESSES: dict[str, tuple[Any, Any]] = {
-    "bash": (BashHarness, BashHarnessConfig()),
-    "mini_swe_agent": (MiniSWEAgentHarness, MiniSWEAgentHarnessConfig(id="mini_swe_agent")),
-    "terminus_2": (Terminus2Harness, Terminus2HarnessConfig(id="terminus_2")),
-}
+#: The harnesses measured (v1's, imported when measured: ``--help`` works on any stack).
+HARNESSES = ("bash", "mini_swe_agent", "terminus_2")
 
 
-async def one_setup(harness: Any, config: LocalSandboxRuntimeConfig) -> float:
+def harness_named(name: str) -> Any:
+    """v1's harness ``name``, made from its default config."""
+    from verifiers.v1.harnesses import (
+        BashHarness,
+        BashHarnessConfig,
+        MiniSWEAgentHarness,
+        MiniSWEAgentHarnessConfig,
+        Terminus2Harness,
+        Terminus2HarnessConfig,
+    )
+
+    if name == "bash":
+        return BashHarness(BashHarnessConfig())
+    if name == "mini_swe_agent":
+        return MiniSWEAgentHarness(MiniSWEAgentHarnessConfig(id="mini_swe_agent"))
+    return Terminus2Harness(Terminus2HarnessConfig(id="terminus_2"))
+
+
+async def one_setup(harness: Any, config: Any) -> float:
     """Seconds from a new sandbox to the harness ready in it (the sandbox then stopped)."""
+    from rollout_gateway.v1.runtime import LocalSandboxRuntime
+
     runtime = LocalSandboxRuntime(config)
     started = time.perf_counter()
     try:
@@ -58,9 +62,9 @@ async def one_setup(harness: Any, config: LocalSandboxRuntimeConfig) -> float:
         await runtime.stop()
 
 
-async def measure(name: str, config: LocalSandboxRuntimeConfig, later: int) -> str:
-    cls, harness_config = HARNESSES[name]
-    harness = cls(harness_config)
+async def measure(name: str, config: Any, later: int) -> str:
+    """One harness's first setup and the median / max of ``later`` ones, as a line."""
+    harness = harness_named(name)
     try:
         first = await one_setup(harness, config)
     except Exception as e:  # noqa: BLE001 - reported, the next harness still runs
@@ -81,6 +85,8 @@ async def main() -> int:
     parser.add_argument("--cache", help="harness cache to use (default: a fresh, empty one)")
     parser.add_argument("--isolation", default="bwrap")
     args = parser.parse_args()
+    from rollout_gateway.v1 import LocalSandboxRuntimeConfig
+
     top = Path(tempfile.mkdtemp(prefix="rg-harness-setup-", dir="/tmp"))
     top.chmod(0o755)
     try:
@@ -90,7 +96,7 @@ async def main() -> int:
             harness_cache_root=args.cache or str(top / "cache"),
         )
         print(f"isolation {args.isolation}, cache {config.harness_cache_root}")
-        for name in args.harness or list(HARNESSES):
+        for name in args.harness or HARNESSES:
             print(await measure(name, config, args.later), flush=True)
     finally:
         shutil.rmtree(top, ignore_errors=True)
