@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from verifiers.v1.acp import ACPHarness, ACPHarnessSession
+from rollout_gateway.v1.internals import ACPHarness, ACPHarnessSession
 
 if TYPE_CHECKING:
     from rollout_gateway.v1.harness_sync import SegmentHost

@@ -25,7 +25,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from verifiers.v1.harnesses import node as v1_node
+from rollout_gateway.v1.internals import (
+    SubprocessConfig,
+    SubprocessRuntime,
+    load_harness,
+    node_harness_modules,
+    v1_node,
+)
 
 #: Where v1's ``ensure_node`` looks for Node.js, and the version it accepts there.
 NODE_DIR = Path(v1_node.NODE_DIR)
@@ -96,9 +102,7 @@ def provide_node(directory: Path = NODE_DIR, *, npm: str = "npm") -> Path:
 
 def install_dir(config: Any) -> Path:
     """Where the harness of ``config`` (claude_code, codex or pi) installs its CLI."""
-    from verifiers.v1.harnesses.claude_code import harness as claude_code
-    from verifiers.v1.harnesses.codex import harness as codex
-    from verifiers.v1.harnesses.pi import harness as pi
+    claude_code, codex, pi = node_harness_modules()
 
     if isinstance(config, claude_code.ClaudeCodeHarnessConfig):
         dirs = claude_code.CLAUDE_ACP_DIR.format(
@@ -126,12 +130,8 @@ async def install_on_host(config: Any) -> list[str]:
     """Run the harness's own ``setup()`` once on this machine (v1's subprocess runtime),
     after :func:`provide_node`; :func:`install_paths`. Its ready checks make a second
     call cheap (a few seconds: v1's runner script is re-checked with uv)."""
-    import verifiers.v1 as vf
-    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
-    from verifiers.v1.utils.loaders import load_harness
-
     provide_node()
-    runtime = SubprocessRuntime(vf.SubprocessConfig())
+    runtime = SubprocessRuntime(SubprocessConfig())
     await runtime.start()
     try:
         await load_harness(config).setup(runtime)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Literal
+from typing import Any, Literal
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -116,6 +116,9 @@ try:
     # the runtime module (whose runtime table install_runtime_type extends).
     from verifiers.v1 import runtimes as v1_runtimes
 
+    # ACP harnesses (claude_code, codex, pi): their live session, which acp_sync extends.
+    from verifiers.v1.acp import ACPHarness, ACPHarnessSession
+
     # The internals, below: each moved between versions or may.
     # The agent-config helper (``verifiers.v1.agent`` at older commits).
     from verifiers.v1.configs.agent import agent_config_fields
@@ -131,6 +134,9 @@ try:
 
     # The trace graph: replaying recorded turns as v1's server commits them.
     from verifiers.v1.graph import PendingTurn, prepare_turn
+
+    # The Node harnesses' Node.js install (where ensure_node looks, the version it wants).
+    from verifiers.v1.harnesses import node as v1_node
 
     # The interception contract, and v1's own interception types.
     from verifiers.v1.interception import (
@@ -154,7 +160,9 @@ try:
         SubprocessConfig,
         SubprocessRuntimeInfo,
     )
+    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
     from verifiers.v1.session import RolloutSession
+    from verifiers.v1.utils.loaders import load_harness
 except ImportError as e:  # an internal moved: say which verifiers, not just which name
     raise UnsupportedVerifiersError(VERIFIERS_VERSION, f"{type(e).__name__}: {e}") from e
 
@@ -190,6 +198,7 @@ PRIVATE: tuple[PrivateDependency, ...] = (
     _P("verifiers.v1.graph.PendingTurn", "attribute", "trace_sync"),
     _P("verifiers.v1.types.TurnTokens.message_spans", "attribute", "trace_sync"),
     _P("verifiers.v1.session.RolloutSession", "attribute", "interception"),
+    _P("verifiers.v1.acp.ACPHarnessSession._request", "override", "acp_sync"),
     _P("verifiers.v1.cli", "attribute", "eval_internals", scope="eval"),
 )
 
@@ -218,3 +227,13 @@ def install_runtime_type(config_cls: type, runtime_cls: type[Runtime]) -> None:
 
     resolve.rollout_gateway_runtime_type = config_cls  # type: ignore[attr-defined]
     v1_runtimes._runtime_cls = resolve
+
+
+def node_harness_modules() -> tuple[Any, Any, Any]:
+    """v1's ``claude_code``, ``codex`` and ``pi`` harness modules (their install
+    directories and config classes), imported when asked for."""
+    from verifiers.v1.harnesses.claude_code import harness as claude_code
+    from verifiers.v1.harnesses.codex import harness as codex
+    from verifiers.v1.harnesses.pi import harness as pi
+
+    return claude_code, codex, pi

@@ -223,6 +223,21 @@ def check_eval_cli() -> None:
             fail("verifiers.v1.cli", f"{name} is no longer callable")
 
 
+def check_acp_prompt_request() -> None:
+    from verifiers.v1.acp import ACPHarnessSession
+
+    name = "verifiers.v1.acp.ACPHarnessSession._request"
+    method = getattr(ACPHarnessSession, "_request", None)
+    if method is None:
+        fail(name, "gone")
+    if params(method) != ["self", "operation", "payload"]:
+        fail(name, f"signature now {params(method)}")
+    if '"prompt"' not in source(ACPHarnessSession._run) or "_request" not in names_used(
+        ACPHarnessSession._run
+    ):
+        fail(name, "a prompt is no longer sent through it")
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "verifiers.v1.runtimes._runtime_cls": check_runtime_table,
     "verifiers.v1.env.Env._episode_agents": check_episode_agents,
@@ -237,6 +252,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "verifiers.v1.types.TurnTokens.message_spans": check_message_spans,
     "verifiers.v1.session.RolloutSession": check_rollout_session,
     "verifiers.v1.cli": check_eval_cli,
+    "verifiers.v1.acp.ACPHarnessSession._request": check_acp_prompt_request,
 }
 
 
