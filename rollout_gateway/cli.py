@@ -323,7 +323,11 @@ def run_demo_command(args: argparse.Namespace) -> int:
         return 2
     before = off_loop_threads()
     code = run_demo(options)
-    exit_if_work_abandoned(code, before)  # a stop during setup: don't wait for the import
+    if getattr(args, "own_process", False):
+        # A stop during setup: don't wait for the import. Only when the demo is this
+        # process's command: called in-process (main(argv), the tests), ending the
+        # process would end the caller's too (pytest once exited 2 with no summary).
+        exit_if_work_abandoned(code, before)
     return code
 
 
@@ -369,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Reported by the subcommand's parser, in one line.
         command_parser = getattr(args, "command_parser", None) or parser
         command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.own_process = argv is None  # the command line, not a call from other code
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
