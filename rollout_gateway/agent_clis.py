@@ -141,8 +141,9 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "rollout-gateway" / "agent-clis"
 
 
-def _readable_by_all(path: Path) -> None:
-    """Let a sandbox's own uid read and run what npm installed (``a+rX``)."""
+def readable_by_all(path: Path) -> None:
+    """Let any uid (a sandbox's own) read and run what was installed under ``path``
+    (``a+rX``), symlinks left alone: the agent CLIs' cache, and the harness cache's."""
     for dirpath, dirnames, filenames in os.walk(path):
         for name in [*dirnames, *filenames]:
             entry = Path(dirpath) / name
@@ -150,7 +151,8 @@ def _readable_by_all(path: Path) -> None:
                 continue
             mode = entry.stat().st_mode
             extra = 0o555 if entry.is_dir() or mode & 0o111 else 0o444
-            entry.chmod(mode | extra)
+            if mode & extra != extra:
+                entry.chmod(mode | extra)
     path.chmod(path.stat().st_mode | 0o555)
 
 
@@ -175,7 +177,7 @@ def install(cli: AgentCli, root: Path | None = None, *, npm: str = "npm") -> Pat
             check=True,
             stdout=sys.stderr,
         )
-        _readable_by_all(staging)
+        readable_by_all(staging)
         staging.rename(final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -49,6 +49,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollout_gateway.agent_clis import readable_by_all
+
 #: Overrides the cache directory of :func:`cache_root`.
 CACHE_ENV_VAR = "ROLLOUT_GATEWAY_HARNESS_CACHE"
 
@@ -79,20 +81,6 @@ class UvProgram:
 
     script: Path
     interpreter: Path
-
-
-def readable_by_all(path: Path) -> None:
-    """Let any uid read and run what was installed (``a+rX``), symlinks left alone."""
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in [*dirnames, *filenames]:
-            entry = Path(dirpath) / name
-            if entry.is_symlink():
-                continue
-            mode = entry.stat().st_mode
-            extra = 0o555 if entry.is_dir() or mode & 0o111 else 0o444
-            if mode & extra != extra:
-                entry.chmod(mode | extra)
-    path.chmod(path.stat().st_mode | 0o555)
 
 
 class HarnessCache:
