@@ -7,8 +7,15 @@ contained sandbox) plus the harness's own ``setup(runtime)`` (v1's ``bash``,
 ``mini_swe_agent``, ``terminus_2``: ``prepare_uv_script``), then the sandbox is stopped.
 The first setup runs against an empty cache (a fresh directory unless ``--cache``), so it
 includes uv downloading and installing the harness's packages from PyPI; the later ones
-are fresh sandboxes on the same machine. Prints, per harness, the first setup and the
-median / max of the later ones (seconds). Target: later setups under 2 s.
+are fresh sandboxes on the same machine.
+
+The Node harnesses (``claude_code``, ``codex``) install once per machine on the host
+(:func:`rollout_gateway.v1.harness_node.install_on_host`: Node.js from npm, the CLI and
+its ACP adapter with npm, v1's ACP runner with uv), which is their "first" figure; every
+later sandbox sees that install read-only (``read_only``) and the harness's own
+``setup()`` finds it ready. They need ``npm`` and the package registries. Prints, per
+harness, the first setup and the median / max of the later ones (seconds). Target:
+later setups under 2 s.
 
     .ci-venv-v1/bin/python benchmarks/harness_setup.py [--later 5] [--harness bash ...]
         [--cache DIR] [--isolation bwrap]
@@ -27,7 +34,11 @@ from pathlib import Path
 from typing import Any
 
 #: The harnesses measured (v1's, imported when measured: ``--help`` works on any stack).
-HARNESSES = ("bash", "mini_swe_agent", "terminus_2")
+HARNESSES = ("bash", "mini_swe_agent", "terminus_2", "claude_code", "codex")
+#: Those installed on the host once and seen read-only by every sandbox.
+NODE_HARNESSES = ("claude_code", "codex")
+#: What v1's ACP runner's uv needs to reach PyPI from a sandbox, forwarded explicitly.
+FORWARD = ["SSL_CERT_FILE"]
 
 
 def harness_named(name: str) -> Any:
@@ -45,7 +56,21 @@ def harness_named(name: str) -> Any:
         return BashHarness(BashHarnessConfig())
     if name == "mini_swe_agent":
         return MiniSWEAgentHarness(MiniSWEAgentHarnessConfig(id="mini_swe_agent"))
+    if name in NODE_HARNESSES:
+        from rollout_gateway.v1.internals import load_harness
+
+        return load_harness(node_harness_config(name))
     return Terminus2Harness(Terminus2HarnessConfig(id="terminus_2"))
+
+
+def node_harness_config(name: str) -> Any:
+    """The config of v1's Node harness ``name`` (its default CLI version)."""
+    from verifiers.v1.harnesses.claude_code import ClaudeCodeHarnessConfig
+    from verifiers.v1.harnesses.codex import CodexHarnessConfig
+
+    if name == "claude_code":
+        return ClaudeCodeHarnessConfig(id="claude_code", forward_env=FORWARD)
+    return CodexHarnessConfig(id="codex", forward_env=FORWARD)
 
 
 async def one_setup(harness: Any, config: Any) -> float:
@@ -62,11 +87,25 @@ async def one_setup(harness: Any, config: Any) -> float:
         await runtime.stop()
 
 
+async def first_node_setup(name: str, config: Any) -> tuple[float, Any]:
+    """The Node harness's install on the host (seconds) and ``config`` with the install
+    read-only in every sandbox."""
+    from rollout_gateway.v1.harness_node import install_on_host
+
+    started = time.perf_counter()
+    paths = await install_on_host(node_harness_config(name))
+    took = time.perf_counter() - started
+    return took, config.model_copy(update={"read_only": [*config.read_only, *paths]})
+
+
 async def measure(name: str, config: Any, later: int) -> str:
     """One harness's first setup and the median / max of ``later`` ones, as a line."""
     harness = harness_named(name)
     try:
-        first = await one_setup(harness, config)
+        if name in NODE_HARNESSES:
+            first, config = await first_node_setup(name, config)
+        else:
+            first = await one_setup(harness, config)
     except Exception as e:  # noqa: BLE001 - reported, the next harness still runs
         lines = str(e).strip().splitlines() or [type(e).__name__]
         return f"{name:<16} setup failed: {lines[0][:160]} ... {lines[-1].strip()[:160]}"

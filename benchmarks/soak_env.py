@@ -30,6 +30,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,56 @@ async def unregister_left(gateway: str, rollout_ids: list[str]) -> int:
     return held
 
 
+async def resume(args: argparse.Namespace, journal: Journal) -> None:
+    """After a ``kill -9`` (``--resume``): journal the rollouts the dead process left
+    started and not ended as ``interrupted`` and unregister them at the gateway (they run
+    again as new rollouts)."""
+    left = interrupted(Path(args.journal))
+    for key, rollout_id in left.items():
+        journal.write(event="interrupted", rollout_key=key, env=args.name, rollout_id=rollout_id)
+    held = await unregister_left(args.gateway, [i for i in left.values() if i])
+    journal.write(event="resumed", interrupted=len(left), unregistered=held)
+
+
+async def run_until_stopped(
+    run_one: Callable[[int], Awaitable[None]], concurrency: int, drain_s: float
+) -> set[asyncio.Task[None]]:
+    """``run_one(0)``, ``run_one(1)``, ... at most ``concurrency`` at once until SIGTERM
+    or SIGINT; then no new one starts and those running get ``drain_s`` seconds to end.
+    Returns those still running then (the caller stops them)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    limit = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+
+    async def slot(seq: int) -> None:
+        try:
+            await run_one(seq)
+        finally:
+            limit.release()
+
+    for seq in itertools.count():
+        acquire = asyncio.ensure_future(limit.acquire())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if stop.is_set():
+            if acquire.done():
+                limit.release()
+            else:
+                acquire.cancel()
+            break
+        task = asyncio.create_task(slot(seq))  # in a copy of this context (contextvars)
+        running.add(task)
+        task.add_done_callback(running.discard)
+    if not running:
+        return set()
+    _, late = await asyncio.wait(running, timeout=drain_s)
+    return late
+
+
 async def run(args: argparse.Namespace) -> int:
     import verifiers as vf
     from openai import AsyncOpenAI
@@ -201,14 +252,7 @@ async def run(args: argparse.Namespace) -> int:
 
     journal = Journal(Path(args.journal))
     if args.resume:
-        left = interrupted(Path(args.journal))
-        for key, rollout_id in left.items():
-            journal.write(
-                event="interrupted", rollout_key=key, env=args.name, rollout_id=rollout_id
-            )
-        ids = [i for i in left.values() if i]
-        held = await unregister_left(args.gateway, ids)
-        journal.write(event="resumed", interrupted=len(left), unregistered=held)
+        await resume(args, journal)
     rng = random.Random(f"{args.seed}:{args.name}:{os.getpid()}")
     sandboxes = LocalSandboxClient(root=args.sandbox_root)  # sweeps a dead process's left-overs
     env = _soak_env_class()(
@@ -234,12 +278,6 @@ async def run(args: argparse.Namespace) -> int:
         AsyncOpenAI(base_url=f"{args.gateway}/v1", api_key="soak", max_retries=0)
     )
     rows = list(env.get_dataset(n=5))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    running: set[asyncio.Task[None]] = set()
-    limit = asyncio.Semaphore(args.concurrency)
     start_key = f"{args.name}:{os.getpid()}"
 
     async def one(seq: int) -> None:
@@ -289,29 +327,10 @@ async def run(args: argparse.Namespace) -> int:
             seconds=round(time.monotonic() - started, 3),
         )
 
-    async def slot(seq: int) -> None:
-        try:
-            await one(seq)
-        finally:
-            limit.release()
-
     try:
-        for seq in itertools.count():
-            acquire = asyncio.ensure_future(limit.acquire())
-            stopping = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if stop.is_set():
-                if acquire.done():
-                    limit.release()
-                else:
-                    acquire.cancel()
-                break
-            task = asyncio.create_task(slot(seq))
-            running.add(task)
-            task.add_done_callback(running.discard)
-        if running:
-            await asyncio.wait(running, timeout=args.drain_s)
+        # Those still running past --drain-s are left to the env's teardown, which
+        # cancels them (each then finalizes: cancelled at the gateway, sandbox deleted).
+        await run_until_stopped(one, args.concurrency, args.drain_s)
     finally:
         await env._teardown()
         sandboxes.teardown()

@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
-import itertools
 import json
 import os
 import re
-import signal
 import sys
 import time
 from pathlib import Path
@@ -36,7 +34,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_env import Journal, interrupted, step_record, unregister_left  # noqa: E402
+from soak_env import Journal, resume, run_until_stopped, step_record  # noqa: E402
 
 #: The journal key of the episode whose requests pass the transport now (set per episode:
 #: its tasks inherit it, so the control-plane calls made for it carry it).
@@ -139,25 +137,13 @@ async def run(args: argparse.Namespace) -> int:
 
     journal = Journal(Path(args.journal))
     if args.resume:
-        left = interrupted(Path(args.journal))
-        for key, rollout_id in left.items():
-            journal.write(
-                event="interrupted", rollout_key=key, env=args.name, rollout_id=rollout_id
-            )
-        held = await unregister_left(args.gateway, [i for i in left.values() if i])
-        journal.write(event="resumed", interrupted=len(left), unregistered=held)
+        await resume(args, journal)
     config = eval_config(args)
     env = load_environment(config.env)
     env.gateway_admin_token = os.environ["ROLLOUT_GATEWAY_ADMIN_TOKEN"]
     transport = env.gateway_transport = LedgerTransport(journal)
     tasks = list(env.taskset.select(config.select))
     ctx = ModelContext(client=config.client, model=config.model, sampling=config.sampling)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    limit = asyncio.Semaphore(args.concurrency)
-    running: set[asyncio.Task[None]] = set()
     start_key = f"{args.name}:{os.getpid()}"
 
     async def one(seq: int) -> None:
@@ -186,32 +172,11 @@ async def run(args: argparse.Namespace) -> int:
             seconds=round(time.monotonic() - started, 3), **end_line(dumped, steps),
         )  # fmt: skip
 
-    async def slot(seq: int) -> None:
-        try:
-            await one(seq)
-        finally:
-            limit.release()
-
     async with env.serving():
-        for seq in itertools.count():
-            acquire = asyncio.ensure_future(limit.acquire())
-            stopping = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if stop.is_set():
-                if acquire.done():
-                    limit.release()
-                else:
-                    acquire.cancel()
-                break
-            task = asyncio.create_task(slot(seq), context=contextvars.copy_context())
-            running.add(task)
-            task.add_done_callback(running.discard)
-        if running:
-            _, late = await asyncio.wait(running, timeout=args.drain_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        late = await run_until_stopped(one, args.concurrency, args.drain_s)
+        for task in late:  # past --drain-s: cancelled (journalled), v1 cleans up
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
     await transport.aclose()
     journal.close()
     return 0

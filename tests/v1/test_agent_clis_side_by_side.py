@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,44 @@ def completion_ids(trace: vf.Trace) -> list[list[int]]:
     return out
 
 
+async def run_both_ways(
+    stack: Stack, make_interception: Any, config_for: Callable[..., Any]
+) -> tuple[Any, Any, list[list[int]]]:
+    """The first task run twice: by v1's own interception in front of a rollout registered
+    upstream (the gateway as v1's engine), and in gateway mode. ``config_for(base_url,
+    **client)`` makes the agent's config for a model URL. Returns v1's own run, the
+    gateway-mode run and the completion ids the engine served to v1's own run."""
+    async with upstream_rollout(stack) as (rollout_id, control):
+        own_config = config_for(
+            f"{stack.gateway_url}/v1/rollouts/{rollout_id}", api_key_var=UPSTREAM_KEY_VAR
+        )
+        async with InterceptionServer(requires_tunnel=False) as server:
+            async with vf.Agent(own_config, interception=server) as agent:
+                own = await agent.run(first_task())
+        upstream = (await control.get(f"/v1/rollouts/{rollout_id}/trajectory")).json()
+
+    interception, _ = await make_interception()
+    agent = vf.Agent(config_for(f"{stack.gateway_url}/v1"), interception=interception)
+    gateway_synced_agent(agent, interception)
+    async with agent:
+        through_gateway = await agent.run(first_task())
+    served = [s["tokens"]["completion_ids"] for s in upstream["trajectory"]]
+    return own, through_gateway, served
+
+
+def assert_same_run(own: Any, through_gateway: Any, served: list[list[int]], shell: str) -> None:
+    """Both runs of :func:`run_both_ways` ended alike: ok, the same stop and rewards, the
+    same model calls (the agent's shell tool ``shell`` only), and token-exact: the
+    gateway's trace holds what the engine served, the same ids the upstream rollout
+    recorded for v1's own run (whose eval client carries none)."""
+    assert own.ok and through_gateway.ok, (own.errors, through_gateway.errors)
+    assert through_gateway.stop_condition == own.stop_condition
+    assert through_gateway.rewards == own.rewards and own.rewards
+    assert calls_of(through_gateway) == calls_of(own)
+    assert {t[0] for c in calls_of(own) for t in c["tools"]} == {shell}
+    assert completion_ids(through_gateway) == served
+
+
 @pytest.mark.parametrize("name", list(AGENT_CLIS))
 async def test_the_cli_through_the_gateway_matches_v1s_own_interception(
     stack: Stack, make_interception: Any, name: str
@@ -138,33 +176,13 @@ async def test_the_cli_through_the_gateway_matches_v1s_own_interception(
     if reason is not None:
         pytest.skip(f"bwrap unavailable here: {reason}")
     cli = AGENT_CLIS[name]
-    async with upstream_rollout(stack) as (rollout_id, control):
-        own_config = agent_config(
-            stack,
-            cli,
-            f"{stack.gateway_url}/v1/rollouts/{rollout_id}",
-            api_key_var=UPSTREAM_KEY_VAR,
-        )
-        async with InterceptionServer(requires_tunnel=False) as server:
-            async with vf.Agent(own_config, interception=server) as agent:
-                own = await agent.run(first_task())
-        upstream = (await control.get(f"/v1/rollouts/{rollout_id}/trajectory")).json()
+    own, through_gateway, served = await run_both_ways(
+        stack,
+        make_interception,
+        lambda base_url, **client: agent_config(stack, cli, base_url, **client),
+    )
 
-    interception, _ = await make_interception()
-    gw_config = agent_config(stack, cli, f"{stack.gateway_url}/v1")
-    agent = vf.Agent(gw_config, interception=interception)
-    gateway_synced_agent(agent, interception)
-    async with agent:
-        through_gateway = await agent.run(first_task())
-
-    assert own.ok and through_gateway.ok, (own.errors, through_gateway.errors)
-    assert through_gateway.stop_condition == own.stop_condition
-    assert through_gateway.rewards == own.rewards and own.rewards
-    assert calls_of(through_gateway) == calls_of(own)
+    assert_same_run(
+        own, through_gateway, served, {"claude-code": "Bash", "codex": "exec_command"}[name]
+    )
     assert branch_messages(through_gateway) == branch_messages(own)
-    shell = {"claude-code": "Bash", "codex": "exec_command"}[name]
-    assert {t[0] for c in calls_of(own) for t in c["tools"]} == {shell}
-    # Token-exact: the gateway's trace holds what the engine served, the same ids the
-    # upstream rollout recorded for v1's own run (whose eval client carries none).
-    served = [s["tokens"]["completion_ids"] for s in upstream["trajectory"]]
-    assert completion_ids(through_gateway) == served

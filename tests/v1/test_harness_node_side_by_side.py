@@ -32,25 +32,16 @@ from verifiers.v1.harnesses.claude_code import ClaudeCodeHarnessConfig
 from verifiers.v1.harnesses.codex import CodexHarnessConfig
 from verifiers.v1.harnesses.pi import PiHarnessConfig
 from verifiers.v1.harnesses.pi import harness as pi_harness
-from verifiers.v1.interception import InterceptionServer
 
 from rollout_gateway.local_sandbox import IsolationMode, unavailable_reasons
 from rollout_gateway.v1 import (
     LocalSandboxAgentConfig,
     LocalSandboxRuntimeConfig,
-    gateway_synced_agent,
     harness_node,
 )
 
 from .conftest import Stack
-from .test_agent_clis_side_by_side import (
-    UPSTREAM_KEY_VAR,
-    branch_messages,
-    calls_of,
-    completion_ids,
-    first_task,
-    upstream_rollout,
-)
+from .test_agent_clis_side_by_side import assert_same_run, branch_messages, run_both_ways
 
 #: Set by CI (``.ci/run``): a harness that cannot be installed fails instead of skipping.
 REQUIRE_VAR = "ROLLOUT_GATEWAY_REQUIRE_AGENT_CLIS"
@@ -175,31 +166,12 @@ async def test_the_harness_through_the_gateway_matches_v1s_own_interception(
         pytest.skip(f"bwrap unavailable here: {reason}")
     read_only = await installed(name)
     config, shell = HARNESSES[name]
-    async with upstream_rollout(stack) as (rollout_id, control):
-        own_config = agent_config(
-            config,
-            f"{stack.gateway_url}/v1/rollouts/{rollout_id}",
-            read_only,
-            api_key_var=UPSTREAM_KEY_VAR,
-        )
-        async with InterceptionServer(requires_tunnel=False) as server:
-            async with vf.Agent(own_config, interception=server) as agent:
-                own = await agent.run(first_task())
-        upstream = (await control.get(f"/v1/rollouts/{rollout_id}/trajectory")).json()
+    own, through_gateway, served = await run_both_ways(
+        stack,
+        make_interception,
+        lambda base_url, **client: agent_config(config, base_url, read_only, **client),
+    )
 
-    interception, _ = await make_interception()
-    gw_config = agent_config(config, f"{stack.gateway_url}/v1", read_only)
-    agent = vf.Agent(gw_config, interception=interception)
-    gateway_synced_agent(agent, interception)
-    async with agent:
-        through_gateway = await agent.run(first_task())
-
-    assert own.ok and through_gateway.ok, (own.errors, through_gateway.errors)
-    assert through_gateway.stop_condition == own.stop_condition
-    assert through_gateway.rewards == own.rewards and own.rewards
-    assert calls_of(through_gateway) == calls_of(own)
+    assert_same_run(own, through_gateway, served, shell)
     assert messages_of(through_gateway) == messages_of(own)
     assert timed_notes(through_gateway) == timed_notes(own)
-    assert {t[0] for c in calls_of(own) for t in c["tools"]} == {shell}
-    served = [s["tokens"]["completion_ids"] for s in upstream["trajectory"]]
-    assert completion_ids(through_gateway) == served
