@@ -103,12 +103,18 @@ class TurnRunner:
         rollouts = self.gateway.rollouts
         if not record.live:
             raise _not_registered(record)
-        await rollouts.claim(record)
+        # A copy the coordinator vouches for (a gateway alone on its store) takes no
+        # claim and gives none back: no store call, not even an empty one, per turn.
+        claimed = not rollouts.vouches_for(record)
+        if claimed:
+            await rollouts.claim(record)
         answered = False
         try:
-            answer: dict[str, Any] | bytes | None = await rollouts.repeated_answer(
-                record, turn.fingerprint, turn.idempotency_key, is_retry=turn.is_retry
-            )
+            answer: dict[str, Any] | bytes | None = None
+            if record.turns.last is None:  # else the tracker matched this request already
+                answer = await rollouts.repeated_answer(
+                    record, turn.fingerprint, turn.idempotency_key, is_retry=turn.is_retry
+                )
             if answer is not None:  # answered before a restart, or by another gateway
                 self.gateway.metrics.deduplicated_requests.inc()
                 logger.info("rollout=%s retried request gets its stored answer", record.rollout_id)
@@ -119,8 +125,9 @@ class TurnRunner:
         finally:
             # Whether the answer goes to a client still connected (what a gateway that
             # takes this rollout's next turn needs to know: see _admit).
-            delivered = turn.waiters > 0 if answered else None
-            await rollouts.release(record, delivered=delivered)
+            if claimed:
+                delivered = turn.waiters > 0 if answered else None
+                await rollouts.release(record, delivered=delivered)
 
     async def _locked_turn(
         self, record: RolloutRecord, turn: Turn, request: TurnRequest
@@ -176,14 +183,14 @@ class TurnRunner:
         engine = await gateway.engine(record.upstream)
         window = engine.max_model_len
         max_tokens = max_tokens_to_send(
-            requested_max_tokens(body, record.sampling_params),
+            requested_max_tokens(body, record.flat_sampling),
             budget_bound(record, extends_history=bool(history.shared), window=window),
             window,
         )
         upstream_body = build_upstream_request(
             body,
             model=record.model,
-            sampling_params=record.sampling_params,
+            sampling_params=record.flat_sampling,
             max_tokens=max_tokens,
             messages_text=request.messages_text,
         )

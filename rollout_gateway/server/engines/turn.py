@@ -60,7 +60,7 @@ from rollout_gateway.server.engines.upstream import (
     parse_completion,
     raise_for_upstream_status,
 )
-from rollout_gateway.server.engines.upstream_request import agent_view, flatten_sampling_params
+from rollout_gateway.server.engines.upstream_request import agent_view
 from rollout_gateway.server.http import jsonio
 from rollout_gateway.server.http.responses import ApiError
 from rollout_gateway.server.recording.history import HistoryMatch
@@ -114,7 +114,7 @@ def prepare_upstream_body(
     request.update(token_flags(engine.kind))
     if engine.kind != "sglang":
         request["include_reasoning"] = True
-    seed = flatten_sampling_params(record.sampling_params).get("seed")
+    seed = record.flat_sampling.get("seed")
     if isinstance(seed, int) and not isinstance(seed, bool):
         request["seed"] = turn_seed(seed, record.num_turns)
     return request

@@ -115,14 +115,23 @@ def dropped_field_facts(body: Mapping[str, Any]) -> dict[str, Any]:
 NOT_REGISTRABLE_FIELDS = ("messages", "prompt")
 
 
-def flatten_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
+class FlatSampling(dict[str, Any]):
+    """Sampling params flattened already (:func:`flatten_sampling_params`): flattening
+    them again returns them as they are. A rollout's registered params are flattened
+    once (:attr:`~rollout_gateway.server.state.registry.RolloutRecord.flat_sampling`),
+    not three times a turn. Shared: read, never changed."""
+
+
+def flatten_sampling_params(params: Mapping[str, Any]) -> FlatSampling:
     """Registered sampling params as top-level request fields.
 
     verifiers passes engine-specific parameters (``top_k``, ``min_p``...) under
     ``extra_body``; the OpenAI SDK would merge that into the body, so do the same, with
     the precedence every side uses (:func:`protocol.flatten_sampling_args`).
     """
-    return protocol.flatten_sampling_args(params)
+    if isinstance(params, FlatSampling):
+        return params
+    return FlatSampling(protocol.flatten_sampling_args(params))
 
 
 def validate_max_tokens(body: Mapping[str, Any]) -> None:
@@ -282,6 +291,7 @@ __all__ = [
     "agent_view",
     "assistant_message",
     "build_upstream_request",
+    "FlatSampling",
     "drop_unread_values",
     "MAX_DROPPED_FIELDS",
     "MAX_DROPPED_FIELD_CHARS",

@@ -152,8 +152,11 @@ class MemoryStore(RolloutStore):
             )
         rollout.steps.append(commit.step)
         rollout.counters = commit.counters
-        if commit.answer is not None:  # the agent's bytes only (not a second copy of them)
-            rollout.answer = TurnAnswer(commit.answer.key, commit.answer.body)
+        answer = commit.answer
+        if answer is not None:  # the agent's bytes only (not a second copy of them)
+            if answer.without_prompt_ids is not None:
+                answer = TurnAnswer(answer.key, answer.body)
+            rollout.answer = answer
         rollout.revision += 1
         return rollout.revision
 

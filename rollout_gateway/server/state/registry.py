@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_gateway.protocol import UNLIMITED_TURNS, RolloutStatus, TruncationReason
+from rollout_gateway.server.engines.upstream_request import FlatSampling, flatten_sampling_params
 from rollout_gateway.server.recording.recorder import TrajectoryRecorder
 from rollout_gateway.server.state.dedupe import TurnTracker
 from rollout_gateway.server.state.limits_v1 import TokenBudget
@@ -95,9 +96,21 @@ class RolloutRecord:
     #: (:mod:`~rollout_gateway.server.dialects.memo`): a cache checked by equality, not
     #: persisted (the next parse after a restart translates everything).
     dialect_memo: Any = None
+    #: ``sampling_params`` flattened (:attr:`flat_sampling`), made on first use.
+    _flat_sampling: FlatSampling | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.reset_recorder()
+
+    @property
+    def flat_sampling(self) -> FlatSampling:
+        """The registered sampling params as top-level request fields
+        (:func:`~rollout_gateway.server.engines.upstream_request.flatten_sampling_params`),
+        flattened once: registered params never change, and every turn reads them."""
+        flat = self._flat_sampling
+        if flat is None:
+            flat = self._flat_sampling = flatten_sampling_params(self.sampling_params)
+        return flat
 
     def reset_recorder(self) -> None:
         """Give the record an empty recorder (its steps are then replayed into it)."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from rollout_gateway.server.engines.upstream_request import (
     build_upstream_request,
+    flatten_sampling_params,
     max_tokens_to_send,
     requested_max_tokens,
 )
+from rollout_gateway.server.state.registry import RolloutRecord
 
 from ..conftest import RecordingUpstream, script
 
@@ -82,6 +84,21 @@ def test_build_upstream_request_unit() -> None:
     }
     no_limit = build_upstream_request({"messages": []}, model="m", sampling_params={})
     assert "max_tokens" not in no_limit and "max_completion_tokens" not in no_limit
+
+
+def test_a_rollouts_sampling_is_flattened_once_and_sent_the_same() -> None:
+    """A record flattens its registered params once (every turn reads them); what a turn
+    sends from them is what flattening them each turn sent."""
+    sampling = {"temperature": 0.5, "seed": None, "extra_body": {"top_k": 5, "seed": 3}}
+    record = RolloutRecord("r1", "m", sampling, 10, None, "http://u", last_activity=0.0)
+    flat = record.flat_sampling
+    assert flat == {"temperature": 0.5, "top_k": 5, "seed": 3}
+    assert record.flat_sampling is flat and flatten_sampling_params(flat) is flat
+    body = {"messages": [], "max_tokens": 7}
+    assert requested_max_tokens(body, flat) == requested_max_tokens(body, sampling) == 7
+    assert build_upstream_request(body, model="m", sampling_params=flat) == (
+        build_upstream_request(body, model="m", sampling_params=sampling)
+    )
 
 
 async def test_agent_sampling_fields_are_dropped_not_forwarded(make_gateway) -> None:
