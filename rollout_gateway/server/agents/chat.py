@@ -332,7 +332,12 @@ class ChatTurns:
     ) -> ParsedRequest:
         """``body`` as the turn runs it (raises the dialect's ``RequestError``): only what
         is new since the rollout's previous request is translated (its memo)."""
-        parse = functools.partial(dialect.parse, body, record.dialect_memo)
+        text = None
+        if lease is not None:
+            text = lease.conversation
+            if text is None and lease.messages_text is not None:  # made for dialects only
+                text = jsonio.ConversationText("messages", lease.messages_text, 0, 0)
+        parse = functools.partial(dialect.parse, body, record.dialect_memo, text)
         parsed = await self.gateway.intake.offload(lease, parse)
         record.dialect_memo = parsed.memo
         max_messages = self.gateway.config.limits.max_messages

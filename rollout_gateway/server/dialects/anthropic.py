@@ -35,6 +35,7 @@ from rollout_gateway.server.dialects.errors import GatewayError
 from rollout_gateway.server.dialects.memo import ParseMemo
 from rollout_gateway.server.dialects.reading import STATE_FIELD
 from rollout_gateway.server.http.auth import parse_bearer
+from rollout_gateway.server.http.jsonio import ConversationText
 
 #: Bytes of request JSON per token in :func:`estimated_input_tokens` (English text and
 #: JSON run at about 4 with common tokenizers).
@@ -62,8 +63,11 @@ class AnthropicDialect(Dialect):
         """``x-api-key``, else an ``Authorization: Bearer`` token."""
         return api_key or parse_bearer(authorization)
 
-    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
-        return parse_messages_request(body, memo=memo if isinstance(memo, ParseMemo) else None)
+    def parse(
+        self, body: dict[str, Any], memo: Any = None, conversation: ConversationText | None = None
+    ) -> ParsedRequest:
+        memo = memo if isinstance(memo, ParseMemo) else None
+        return parse_messages_request(body, memo=memo, text=conversation)
 
     def parse_count(self, body: dict[str, Any]) -> ParsedRequest:
         """A ``count_tokens`` body (no ``max_tokens``), parsed as a turn's would be."""

@@ -33,7 +33,13 @@ import orjson
 
 from rollout_gateway.server.dialects.base import ParsedRequest, field_names
 from rollout_gateway.server.dialects.errors import RequestError
-from rollout_gateway.server.dialects.memo import ConversationMemo, ParseMemo, ToolsMemo
+from rollout_gateway.server.dialects.memo import (
+    ConversationMemo,
+    HeadMemo,
+    ParseMemo,
+    ToolsMemo,
+    rest_of,
+)
 from rollout_gateway.server.dialects.reading import (
     STATE_FIELD,
     note_facts,
@@ -44,6 +50,7 @@ from rollout_gateway.server.dialects.reading import (
     text,
     typed,
 )
+from rollout_gateway.server.http.jsonio import ConversationText
 
 #: v1's order for an assistant turn's state blocks (Claude may reorder mixed thinking
 #: blocks between an answer and its replay).
@@ -75,6 +82,8 @@ _READ_FIELDS = SAMPLING_FIELDS | {
 #: Provider-side execution the gateway cannot honour: a request asking for it is refused.
 REFUSED_FIELDS = ("container", "mcp_servers")
 _REFUSED = frozenset(REFUSED_FIELDS)
+#: The fields the conversation is read from (the conversation memo compares them).
+_CONVERSATION = ("messages", "system")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +100,16 @@ _HIDE_THINKING = MessagesContext(show_thinking=False)
 
 
 def parse_messages_request(
-    body: dict[str, Any], *, count_only: bool = False, memo: ParseMemo | None = None
+    body: dict[str, Any],
+    *,
+    count_only: bool = False,
+    memo: ParseMemo | None = None,
+    text: ConversationText | None = None,
 ) -> ParsedRequest:
     """``body`` (``POST /v1/messages``, or its ``count_tokens`` with ``count_only``) as
     the chat request the engine gets, with the turn's facts. ``memo``: the rollout's
-    previous request's (:mod:`.memo`; only what is new is translated)."""
+    previous request's (:mod:`.memo`; only what is new is translated);
+    ``text``: ``messages`` as the intake wrote it."""
     for key in _REFUSED.intersection(body):  # (none, in the usual case)
         if body.get(key):
             raise RequestError(
@@ -103,14 +117,47 @@ def parse_messages_request(
                 "only (the agent's own tools run in its sandbox)",
                 key,
             )
-    conversation = _conversation(body, memo.conversation if memo is not None else None)
+    if text is not None and text.field != "messages":
+        text = None  # not the list the parse reads
+    conversation = _conversation(body, memo.conversation if memo is not None else None, text)
     messages = conversation.messages
-    chat: dict[str, Any] = {"messages": messages}
-    stream = bool(optional_bool(body, "stream")) and not count_only
-    chat["stream"] = stream
-    tools = _tools(body.get("tools"), memo.tools if memo is not None else None)
+    head, tools = _head(body, count_only, memo)
+    chat: dict[str, Any] = {"messages": messages, "stream": head.stream}
     if tools.tools:
         chat["tools"] = tools.tools
+    chat.update(head.chat)
+    facts = dict(head.facts)
+    note_facts(
+        facts,
+        dropped_tools=tools.dropped,
+        dropped_content=[name for names in conversation.dropped.values() for name in names],
+    )
+    return ParsedRequest(
+        dialect="anthropic",
+        body=chat,
+        messages=messages,
+        messages_text=orjson.dumps(messages),
+        stream=head.stream,
+        facts=facts,
+        context=head.context,
+        memo=ParseMemo(conversation, tools, head),
+    )
+
+
+def _head(
+    body: dict[str, Any], count_only: bool, memo: ParseMemo | None
+) -> tuple[HeadMemo, ToolsMemo]:
+    """What the fields beside ``messages`` and ``system`` make, and the tools: the
+    ``memo``'s when those fields are ``==`` (a ``count_tokens`` body's never: it reads
+    ``stream`` and ``max_tokens`` otherwise)."""
+    rest = rest_of(body, _CONVERSATION)
+    previous = memo.head if memo is not None and not count_only else None
+    if previous is not None and memo is not None and memo.tools is not None:
+        if rest == previous.rest:
+            return previous, memo.tools  # the same tools too: they are in ``rest``
+    stream = bool(optional_bool(body, "stream")) and not count_only
+    tools = _tools(body.get("tools"), memo.tools if memo is not None else None)
+    chat: dict[str, Any] = {}
     _tool_choice(body.get("tool_choice"), chat)
     max_tokens = positive_int(body, "max_tokens", required=not count_only)
     if max_tokens is not None:
@@ -122,42 +169,25 @@ def parse_messages_request(
         chat["response_format"] = response_format
     thinking = body.get("thinking")
     show = not (isinstance(thinking, dict) and thinking.get("type") == "disabled")
-    return ParsedRequest(
-        dialect="anthropic",
-        body=chat,
-        messages=messages,
-        messages_text=orjson.dumps(messages),
-        stream=stream,
-        facts=_facts(body, conversation, tools),
-        context=_SHOW_THINKING if show else _HIDE_THINKING,
-        memo=ParseMemo(conversation, tools),
-    )
-
-
-def _facts(
-    body: dict[str, Any], conversation: ConversationMemo, tools: ToolsMemo
-) -> dict[str, Any]:
     facts: dict[str, Any] = {"dialect": "anthropic"}
     sampling = {k: body[k] for k in SAMPLING_FIELDS.intersection(body)}
     if sampling:
         facts["agent_sampling"] = sampling
-    note_facts(
-        facts,
-        ignored_fields=field_names(body, _READ_FIELDS),
-        dropped_tools=tools.dropped,
-        dropped_content=[name for names in conversation.dropped.values() for name in names],
-    )
-    return facts
+    note_facts(facts, ignored_fields=field_names(body, _READ_FIELDS))
+    context = _SHOW_THINKING if show else _HIDE_THINKING
+    return HeadMemo(rest, stream, chat, facts, context), tools
 
 
-def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> ConversationMemo:
+def _conversation(
+    body: dict[str, Any], memo: ConversationMemo | None, text: ConversationText | None
+) -> ConversationMemo:
     """The request's chat messages, those of the leading messages the ``memo``'s request
     had already taken from it."""
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise RequestError("'messages' must be a non-empty array", "messages")
     system = body.get("system")
-    reuse = memo.reusable(system, raw) if memo is not None else 0
+    reuse = memo.reusable(system, raw, text) if memo is not None else 0
     dropped: dict[int, list[str]] = {}
     if reuse:
         assert memo is not None
@@ -179,7 +209,7 @@ def _conversation(body: dict[str, Any], memo: ConversationMemo | None) -> Conver
         ends.append(len(out))
         if names:
             dropped[index] = names
-    return ConversationMemo(system, raw, out, ends, dropped)
+    return ConversationMemo(system, raw, out, ends, dropped, text=text)
 
 
 def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[str]) -> None:

@@ -34,6 +34,7 @@ import orjson
 from rollout_gateway.server.dialects.completion import completion_chunks
 from rollout_gateway.server.dialects.errors import GatewayError
 from rollout_gateway.server.http.auth import parse_bearer
+from rollout_gateway.server.http.jsonio import ConversationText
 
 #: A turn records at most this many names of the agent's fields it ignored, each cut to
 #: this many characters (the agent chooses them; see ``upstream_request``'s same bounds).
@@ -145,11 +146,17 @@ class Dialect(ABC):
         return parse_bearer(authorization)
 
     @abstractmethod
-    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
+    def parse(
+        self, body: dict[str, Any], memo: Any = None, conversation: ConversationText | None = None
+    ) -> ParsedRequest:
         """The agent's request as the turn runs it (raises :class:`~.errors.RequestError`).
 
         ``memo``: the :attr:`ParsedRequest.memo` of the rollout's previous request
         (:mod:`.memo`): the messages it had already translated are taken as they are.
+        ``conversation``: the body's conversation list as the intake's depth check wrote
+        it (:func:`~..http.jsonio.loads_chat_body`), when it did; the memo's check
+        compares texts instead of objects (only when its ``field`` is the one this
+        dialect reads).
         """
 
     @abstractmethod

@@ -30,6 +30,7 @@ from rollout_gateway.server.engines.upstream_request import (
     drop_unread_values,
     dropped_field_facts,
 )
+from rollout_gateway.server.http.jsonio import ConversationText
 from rollout_gateway.server.http.responses import (
     ApiError,
     validate_answer_flags,
@@ -80,8 +81,11 @@ class ChatDialect(Dialect):
     )  # fmt: skip
     keepalive = KEEPALIVE_EVENT
 
-    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
-        """The agent's body as it is (``memo`` unused: nothing is translated)."""
+    def parse(
+        self, body: dict[str, Any], memo: Any = None, conversation: ConversationText | None = None
+    ) -> ParsedRequest:
+        """The agent's body as it is (``memo`` and ``conversation`` unused: nothing is
+        translated)."""
         drop_unread_values(body)
         try:
             messages = validate_messages(body)

@@ -79,6 +79,17 @@ class UsageCounts(NamedTuple):
 
 def usage_counts(usage: Any) -> UsageCounts:
     """The counts of a chat ``usage`` object (zeros for what it does not say)."""
+    if type(usage) is dict:  # the engine's JSON: its usual counts read at once
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if (
+            type(prompt) is int
+            and type(completion) is int
+            and prompt >= 0
+            and completion >= 0
+            and usage.get("prompt_tokens_details") is None
+            and usage.get("completion_tokens_details") is None
+        ):
+            return UsageCounts(prompt, completion, None, None)
     if not isinstance(usage, OBJECT):
         return UsageCounts(0, 0, None, None)
     details = usage.get("prompt_tokens_details")

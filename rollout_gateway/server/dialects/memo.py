@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_gateway.server.http.jsonio import ConversationText
+
 
 @dataclass(slots=True)
 class ConversationMemo:
@@ -37,13 +39,18 @@ class ConversationMemo:
     #: Tools the conversation's items declare, with their item's index (Responses'
     #: ``additional_tools`` / ``tool_search_output`` items).
     declared: list[tuple[int, Any]] = field(default_factory=list)
+    #: ``native`` as the request's depth check wrote it (``None``: not written).
+    text: ConversationText | None = None
 
-    def reusable(self, head: Any, native: list[Any]) -> int:
-        """How many leading items of ``native`` (under ``head``) can take this memo's
-        translation (0: none)."""
+    def reusable(self, head: Any, native: list[Any], text: ConversationText | None = None) -> int:
+        """How many leading items of ``native`` (under ``head``; ``text``: its JSON) can
+        take this memo's translation (0: none)."""
         if head != self.head:
             return 0
-        shared = shared_prefix(native, self.native)
+        if text is not None and self.text is not None and extends(text, self.text):
+            shared = len(self.native)  # one memcmp, not a comparison of every object
+        else:
+            shared = shared_prefix(native, self.native)
         while shared and self.ends[shared - 1] is None:
             shared -= 1
         return shared
@@ -60,12 +67,57 @@ class ToolsMemo:
 
 
 @dataclass(slots=True)
+class HeadMemo:
+    """What a request's fields beside its conversation (:func:`rest_of`) made: the chat
+    fields but ``messages`` and ``tools``, the turn's facts but what the conversation and
+    the tools dropped, and the renderers' context. Taken as it is for a request whose
+    fields beside its conversation are ``==`` (an agent sends the same ones every turn:
+    one C comparison instead of a check of each field)."""
+
+    rest: dict[str, Any]
+    stream: bool
+    chat: dict[str, Any]
+    facts: dict[str, Any]
+    context: Any = None
+
+
+def rest_of(body: dict[str, Any], conversation: tuple[str, str]) -> dict[str, Any]:
+    """``body`` without its ``conversation`` fields (the conversation memo compares those
+    itself: a second comparison of a 32k system prompt is a pass over 32 kB)."""
+    rest = body.copy()
+    rest.pop(conversation[0], None)
+    rest.pop(conversation[1], None)
+    return rest
+
+
+@dataclass(slots=True)
 class ParseMemo:
     """What one request of a rollout translated to (:attr:`~.base.ParsedRequest.memo`;
     passed to the dialect's ``parse`` of the rollout's next request)."""
 
     conversation: ConversationMemo | None = None
     tools: ToolsMemo | None = None
+    head: HeadMemo | None = None
+
+
+def extends(text: ConversationText, previous: ConversationText) -> bool:
+    """Whether the list ``text`` was written from starts with every item of the list
+    ``previous`` was written from (its text, but the closing bracket, then ``,`` or
+    ``]``). Exact: equal JSON text is equal values (orjson writes one text per value; a
+    difference in key order only fails the check, and the caller compares the objects)."""
+    if text.field != previous.field or text.head != previous.head:
+        return False
+    end = len(previous.text) - previous.tail - 1  # the previous list's closing bracket
+    current = text.text
+    return (
+        len(current) - text.tail > end
+        and current[end] in _AFTER_ITEM
+        and current.startswith(memoryview(previous.text)[:end])  # no copy of the text
+    )
+
+
+#: What follows the last item of a list that the next one extends: ``,`` or ``]``.
+_AFTER_ITEM = frozenset(b",]")
 
 
 def shared_prefix(items: Sequence[Any], previous: Sequence[Any]) -> int:
@@ -83,4 +135,12 @@ def shared_prefix(items: Sequence[Any], previous: Sequence[Any]) -> int:
     return size
 
 
-__all__ = ["ConversationMemo", "ParseMemo", "ToolsMemo", "shared_prefix"]
+__all__ = [
+    "ConversationMemo",
+    "HeadMemo",
+    "ParseMemo",
+    "ToolsMemo",
+    "extends",
+    "rest_of",
+    "shared_prefix",
+]

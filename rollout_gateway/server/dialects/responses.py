@@ -24,6 +24,7 @@ from rollout_gateway.server.dialects.responses_parse import (
 from rollout_gateway.server.dialects.responses_render import error_body, render_response
 from rollout_gateway.server.dialects.responses_stream import ResponsesStream
 from rollout_gateway.server.dialects.responses_wire import ErrorBody, Response
+from rollout_gateway.server.http.jsonio import ConversationText
 
 
 def _context(request: ParsedRequest) -> ResponsesContext:
@@ -40,8 +41,11 @@ class ResponsesDialect(Dialect):
     upstream_path = "/responses"
     sampling_fields: ClassVar[frozenset[str]] = SAMPLING_FIELDS
 
-    def parse(self, body: dict[str, Any], memo: Any = None) -> ParsedRequest:
-        return parse_responses_request(body, memo if isinstance(memo, ParseMemo) else None)
+    def parse(
+        self, body: dict[str, Any], memo: Any = None, conversation: ConversationText | None = None
+    ) -> ParsedRequest:
+        memo = memo if isinstance(memo, ParseMemo) else None
+        return parse_responses_request(body, memo, conversation)
 
     def render(self, completion: dict[str, Any], request: ParsedRequest) -> Response:
         return render_response(completion, _context(request))

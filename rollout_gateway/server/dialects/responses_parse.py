@@ -35,7 +35,13 @@ import orjson
 
 from rollout_gateway.server.dialects.base import ParsedRequest, field_names
 from rollout_gateway.server.dialects.errors import RequestError
-from rollout_gateway.server.dialects.memo import ConversationMemo, ParseMemo, ToolsMemo
+from rollout_gateway.server.dialects.memo import (
+    ConversationMemo,
+    HeadMemo,
+    ParseMemo,
+    ToolsMemo,
+    rest_of,
+)
 from rollout_gateway.server.dialects.reading import (
     STATE_FIELD,
     note_facts,
@@ -44,6 +50,7 @@ from rollout_gateway.server.dialects.reading import (
     positive_int,
     text,
 )
+from rollout_gateway.server.http.jsonio import ConversationText
 
 #: The agent's sampling fields, recorded as sent (v1's ``ResponsesDialect.sampling_fields``).
 SAMPLING_FIELDS = frozenset(
@@ -71,6 +78,8 @@ _CALLS = ("function_call", "custom_tool_call")
 _STATE_KEYS = ("encrypted_content", "signature", "data", "phase")
 _STATE = frozenset(_STATE_KEYS)
 _TEXT_PARTS = ("input_text", "output_text")
+#: The fields the conversation is read from (the conversation memo compares them).
+_CONVERSATION = ("input", "instructions")
 _DICT = {dict}
 
 
@@ -85,20 +94,66 @@ class ResponsesContext:
     parallel_tool_calls: bool = True
 
 
-def parse_responses_request(body: dict[str, Any], memo: ParseMemo | None = None) -> ParsedRequest:
+def parse_responses_request(
+    body: dict[str, Any],
+    memo: ParseMemo | None = None,
+    text: ConversationText | None = None,
+) -> ParsedRequest:
     """``body`` (``POST /responses``) as the chat request the engine gets, with the
     turn's facts. ``memo``: the rollout's previous request's (:mod:`.memo`; only what is
-    new is translated)."""
+    new is translated); ``text``: ``input`` as the intake wrote it."""
     _refuse_server_state(body)
-    items = _items(body.get("input"))
-    conversation = _conversation(body, items, memo.conversation if memo is not None else None)
+    raw = body.get("input")
+    items = _items(raw)
+    if items is not raw or text is None or text.field != "input":
+        text = None  # not the list it was written from
+    previous = memo.conversation if memo is not None else None
+    conversation = _conversation(body, items, previous, text)
     messages = conversation.messages
-    chat: dict[str, Any] = {"messages": messages}
-    stream = bool(optional_bool(body, "stream"))
-    chat["stream"] = stream
-    tools = _tools(body, conversation.declared, memo.tools if memo is not None else None)
+    head, tools = _head(body, conversation.declared, memo)
+    chat: dict[str, Any] = {"messages": messages, "stream": head.stream}
     if tools.tools:
         chat["tools"] = tools.tools
+    chat.update(head.chat)
+    facts = dict(head.facts)
+    note_facts(
+        facts,
+        dropped_tools=tools.dropped,
+        dropped_content=[name for names in conversation.dropped.values() for name in names],
+    )
+    context = head.context
+    if context.namespaces is not tools.namespaces:  # tools declared anew
+        context = head.context = ResponsesContext(
+            tools.namespaces, context.tool_choice, context.parallel_tool_calls
+        )
+    return ParsedRequest(
+        dialect="responses",
+        body=chat,
+        messages=messages,
+        messages_text=orjson.dumps(messages),
+        stream=head.stream,
+        facts=facts,
+        context=context,
+        memo=ParseMemo(conversation, tools, head),
+    )
+
+
+def _head(
+    body: dict[str, Any], declared: list[tuple[int, Any]], memo: ParseMemo | None
+) -> tuple[HeadMemo, ToolsMemo]:
+    """What the fields beside ``input`` and ``instructions`` make, and the tools: the
+    ``memo``'s when those fields are ``==`` (checked in the order a fresh parse checks
+    them: ``stream``, the tools, then the rest)."""
+    rest = rest_of(body, _CONVERSATION)
+    previous = memo.head if memo is not None else None
+    tools_memo = memo.tools if memo is not None else None
+    if previous is not None and rest == previous.rest:
+        if not declared and tools_memo is not None and not tools_memo.native[0]:
+            return previous, tools_memo  # the same body tools, none from the items
+        return previous, _tools(body, declared, tools_memo)
+    stream = bool(optional_bool(body, "stream"))
+    tools = _tools(body, declared, tools_memo)
+    chat: dict[str, Any] = {}
     facts: dict[str, Any] = {"dialect": "responses"}
     _tool_choice(body.get("tool_choice"), chat, facts)
     parallel = optional_bool(body, "parallel_tool_calls")
@@ -113,28 +168,14 @@ def parse_responses_request(body: dict[str, Any], memo: ParseMemo | None = None)
     sampling = {k: body[k] for k in SAMPLING_FIELDS.intersection(body)}
     if sampling:
         facts["agent_sampling"] = sampling
-    note_facts(
-        facts,
-        ignored_fields=field_names(body, _READ_FIELDS),
-        dropped_tools=tools.dropped,
-        dropped_content=[name for names in conversation.dropped.values() for name in names],
-    )
+    note_facts(facts, ignored_fields=field_names(body, _READ_FIELDS))
     choice = body.get("tool_choice")
     context = ResponsesContext(
         namespaces=tools.namespaces,
         tool_choice=choice if isinstance(choice, str | dict) else "auto",
         parallel_tool_calls=parallel is not False,
     )
-    return ParsedRequest(
-        dialect="responses",
-        body=chat,
-        messages=messages,
-        messages_text=orjson.dumps(messages),
-        stream=stream,
-        facts=facts,
-        context=context,
-        memo=ParseMemo(conversation, tools),
-    )
+    return HeadMemo(rest, stream, chat, facts, context), tools
 
 
 def _refuse_server_state(body: dict[str, Any]) -> None:
@@ -171,14 +212,17 @@ def _items(raw: Any) -> list[dict[str, Any]]:
 
 
 def _conversation(
-    body: dict[str, Any], items: list[dict[str, Any]], memo: ConversationMemo | None
+    body: dict[str, Any],
+    items: list[dict[str, Any]],
+    memo: ConversationMemo | None,
+    text: ConversationText | None,
 ) -> ConversationMemo:
     """The request's chat messages, those of the leading items the ``memo``'s request had
     already taken from it (whole runs of assistant items only)."""
     instructions = body.get("instructions")
     if instructions and not isinstance(instructions, str):
         raise RequestError("'instructions' must be a string", "instructions")
-    reuse = memo.reusable(instructions, items) if memo is not None else 0
+    reuse = memo.reusable(instructions, items, text) if memo is not None else 0
     if reuse:
         assert memo is not None
         end = memo.ends[reuse - 1]
@@ -208,7 +252,7 @@ def _conversation(
         out.append(_fold(run, names))
         if names:
             dropped[len(items)] = names
-    return ConversationMemo(instructions, items, out, ends, dropped, declared)
+    return ConversationMemo(instructions, items, out, ends, dropped, declared, text)
 
 
 def _item(
@@ -252,7 +296,11 @@ def _item(
     else:
         content = item.get("content")
         if type(content) is not str:
-            content = _content(content, f"input[{index}].content", dropped)
+            only = _one_text(content)  # the usual message: one text part
+            if only is not None:
+                content = [{"type": "text", "text": only}]
+            else:
+                content = _content(content, f"input[{index}].content", dropped)
         system = role == "system" or role == "developer"
         out.append({"role": "system" if system else "user", "content": content})
     return closed
@@ -284,8 +332,25 @@ def _content(content: Any, where: str, dropped: list[str]) -> str | list[dict[st
     return parts
 
 
+def _one_text(content: Any) -> str | None:
+    """The text of ``content`` when it is one text part with a string ``text`` (what the
+    part loops make of it at more cost), else ``None``."""
+    if type(content) is list and len(content) == 1:
+        part = content[0]
+        if type(part) is dict and part.get("type") in _TEXT_PARTS:
+            value = part.get("text")
+            if type(value) is str:
+                return value
+    return None
+
+
 def _fold(run: list[dict[str, Any]], dropped: list[str]) -> dict[str, Any]:
     """A run of assistant-side items as one assistant message."""
+    if len(run) == 1 and run[0].get("type") == "message" and _STATE.isdisjoint(run[0]):
+        # The usual answer echoed: one message item of one text part, no state to keep.
+        only = _one_text(run[0].get("content"))
+        if only is not None:
+            return {"role": "assistant", "content": only or None}
     content = ""
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []

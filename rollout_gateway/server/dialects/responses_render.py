@@ -100,14 +100,19 @@ def output_items(
 ) -> list[OutputItem]:
     """The answer's output items (see the module doc)."""
     items: list[OutputItem] = []
-    reasoning = reasoning_of(message)
-    if reasoning:
-        items.append(reasoning_item(base, reasoning))
-    calls = [c for c in message.get("tool_calls") or () if isinstance(c, OBJECT)]
-    content = content_text(message)
+    if "reasoning" in message or "reasoning_content" in message:  # (else no call)
+        reasoning = reasoning_of(message)
+        if reasoning:
+            items.append(reasoning_item(base, reasoning))
+    raw_calls = message.get("tool_calls")
+    calls = [c for c in raw_calls if isinstance(c, OBJECT)] if raw_calls else []
+    content = message.get("content")
+    if type(content) is not str:  # parts (or none): their text
+        content = content_text(message)
     if content or not calls:
         items.append(message_item(base, content or ""))
-    items.extend(call_item(base, i, call, context) for i, call in enumerate(calls))
+    if calls:
+        items.extend(call_item(base, i, call, context) for i, call in enumerate(calls))
     return items
 
 
@@ -144,19 +149,27 @@ def response_head(base: str, created: Any, model: Any, context: ResponsesContext
 
 
 def render_response(completion: Mapping[str, Any], context: ResponsesContext) -> Response:
-    """The whole answer."""
+    """The whole answer (:func:`response_head`'s fields, in its order, written at once)."""
     base = id_base(completion.get("id"))
     choice = first_choice(completion)
     message = choice.get("message")
     message = message if isinstance(message, OBJECT) else {}
-    response = response_head(base, completion.get("created"), completion.get("model"), context)
     incomplete = INCOMPLETE_REASONS.get(str(choice.get("finish_reason")))
-    response["status"] = "incomplete" if incomplete else "completed"
-    if incomplete:
-        response["incomplete_details"] = {"reason": incomplete}
-    response["output"] = output_items(base, message, context)
-    response["usage"] = usage_of(completion.get("usage"))
-    return response
+    created = completion.get("created")
+    return {
+        "id": response_id(base),
+        "object": "response",
+        "created_at": created if isinstance(created, int) else 0,
+        "model": str(completion.get("model") or ""),
+        "status": "incomplete" if incomplete else "completed",
+        "error": None,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "output": output_items(base, message, context),
+        "parallel_tool_calls": context.parallel_tool_calls,
+        "tool_choice": context.tool_choice,
+        "tools": [],
+        "usage": usage_of(completion.get("usage")),
+    }
 
 
 def error_body(error: GatewayError) -> ErrorBody:

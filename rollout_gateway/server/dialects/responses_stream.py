@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from rollout_gateway.server.dialects.base import StreamRenderer, named_event
+from rollout_gateway.server.dialects.base import StreamRenderer
 from rollout_gateway.server.dialects.completion import delta_reasoning, id_base
 from rollout_gateway.server.dialects.errors import GatewayError
 from rollout_gateway.server.dialects.responses_parse import ResponsesContext
@@ -43,6 +43,19 @@ _DELTA_EVENTS = {
 }
 
 
+#: An event: its kind twice, its sequence number, its other fields' JSON text.
+_FRAME = b'event: %b\ndata: {"type":"%b","sequence_number":%d%b}\n\n'
+
+
+#: A delta event up to its sequence number: its kind twice, the item's id (JSON), the
+#: item's position, its content index field (or nothing).
+_DELTA_PREFIX = b'event: %b\ndata: {"type":"%b","item_id":%b,"output_index":%d%b,"sequence_number":'
+
+
+#: A delta event: its prefix, sequence number, text (JSON) and suffix.
+_DELTA = b'%b%d,"delta":%b%b'
+
+
 class _OpenItem:
     """The output item being streamed: its kind, position, id and text so far."""
 
@@ -58,11 +71,7 @@ class _OpenItem:
         name = _DELTA_EVENTS[kind]
         content = b',"content_index":0' if kind in ("reasoning", "message") else b""
         # The delta event of this item, around its sequence number and its text.
-        self.prefix = (
-            b"event: " + name + b'\ndata: {"type":"' + name + b'","item_id":'
-            + orjson.dumps(self.id) + b',"output_index":' + str(index).encode() + content
-            + b',"sequence_number":'
-        )  # fmt: skip
+        self.prefix = _DELTA_PREFIX % (name, name, orjson.dumps(self.id), index, content)
         self.suffix = b',"logprobs":[]}\n\n' if kind == "message" else b"}\n\n"
 
 
@@ -85,9 +94,10 @@ class ResponsesStream(StreamRenderer):
             delta = choice.get("delta")
             if not isinstance(delta, dict) or not delta:
                 continue
-            reasoning = delta_reasoning(delta)
-            if reasoning:
-                out += self._delta("reasoning", "reasoning", reasoning)
+            if "reasoning" in delta or "reasoning_content" in delta:  # (else no call)
+                reasoning = delta_reasoning(delta)
+                if reasoning:
+                    out += self._delta("reasoning", "reasoning", reasoning)
             content = delta.get("content")
             if isinstance(content, str) and content:
                 out += self._delta("message", "message", content)
@@ -116,15 +126,25 @@ class ResponsesStream(StreamRenderer):
         return self._event("response.failed", response=failed, error=body["error"])
 
     def _event(self, kind: str, **payload: Any) -> bytes:
-        event = {"type": kind, "sequence_number": self.sequence, **payload}
-        self.sequence += 1
-        return named_event(kind.encode(), event)
+        # The payload's fields written by orjson after the event's own two (the bytes of
+        # ``{"type", "sequence_number", **payload}`` written whole, without that dict).
+        return self._framed(kind.encode(), b"," + orjson.dumps(payload)[1:-1])
 
     def _start(self, chunk: dict[str, Any]) -> bytes:
         self.base = id_base(chunk.get("id"))
         self.head = response_head(self.base, chunk.get("created"), chunk.get("model"), self.context)
-        out = self._event("response.created", response=self.head)
-        return out + self._event("response.in_progress", response=self.head)
+        # Both events carry the same head: written once (orjson writes the same bytes
+        # inside either event's object).
+        head = orjson.dumps(self.head)
+        out = self._framed(b"response.created", b',"response":' + head)
+        return out + self._framed(b"response.in_progress", b',"response":' + head)
+
+    def _framed(self, kind: bytes, fields: bytes) -> bytes:
+        """The event ``kind`` whose fields after its ``type`` and ``sequence_number``
+        are the JSON text ``fields`` (``,"name":value...``), numbered."""
+        sequence = self.sequence
+        self.sequence += 1
+        return _FRAME % (kind, kind, sequence, fields)  # one C call
 
     def _delta(self, kind: str, key: Any, text: str) -> bytes:
         out = b""
@@ -134,9 +154,10 @@ class ResponsesStream(StreamRenderer):
             current = self.open
             assert current is not None
         current.parts.append(text)
-        sequence = str(self.sequence).encode()
+        sequence = self.sequence
         self.sequence += 1
-        return out + current.prefix + sequence + b',"delta":' + orjson.dumps(text) + current.suffix
+        delta = _DELTA % (current.prefix, sequence, orjson.dumps(text), current.suffix)
+        return out + delta if out else delta
 
     def _new_item(self, kind: str) -> dict[str, Any]:
         base = self.base or "gateway"

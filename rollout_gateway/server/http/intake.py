@@ -53,7 +53,12 @@ from starlette.types import Receive
 from rollout_gateway.options import POSITIVE_INT, SHARE, option
 from rollout_gateway.server.http.budget import ByteBudget
 from rollout_gateway.server.http.connections import ReadTimer
-from rollout_gateway.server.http.jsonio import OFF_LOOP_PARSE_BYTES, ParsedBody, loads_chat_body
+from rollout_gateway.server.http.jsonio import (
+    OFF_LOOP_PARSE_BYTES,
+    ConversationText,
+    ParsedBody,
+    loads_chat_body,
+)
 from rollout_gateway.server.http.responses import ApiError, receive_body
 
 T = TypeVar("T")
@@ -197,7 +202,7 @@ class BodyLease:
     """What one request holds of a :class:`BodyIntake`'s budgets (release it once the
     request is answered: :meth:`release` is idempotent)."""
 
-    __slots__ = ("_intake", "key", "raw", "cost", "big", "messages_text")
+    __slots__ = ("_intake", "key", "raw", "cost", "big", "messages_text", "conversation")
 
     def __init__(self, intake: BodyIntake, key: str) -> None:
         self._intake = intake
@@ -212,6 +217,9 @@ class BodyLease:
         #: Its body's ``messages`` as JSON, when the parse wrote them (see
         #: :class:`~.jsonio.ParsedBody`).
         self.messages_text: bytes | None = None
+        #: Its body's conversation list as JSON, when the parse wrote it (a dialect's
+        #: parse compares it with the rollout's previous request's).
+        self.conversation: ConversationText | None = None
 
     async def hold_raw(self, nbytes: int) -> None:
         """Hold ``nbytes`` more of the body bytes budget (waits for room)."""
@@ -347,6 +355,7 @@ class BodyIntake:
         parsed = await self._parse(lease, raw)
         if isinstance(parsed, ParsedBody):
             lease.messages_text = parsed.messages_text
+            lease.conversation = parsed.conversation
             return parsed.value
         return parsed
 

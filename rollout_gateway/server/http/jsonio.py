@@ -58,6 +58,21 @@ def loads_body(raw: bytes | str) -> Any:
     return value
 
 
+class ConversationText(NamedTuple):
+    """The JSON text of a request body's conversation list, as the depth check wrote it.
+
+    ``text`` holds the list's JSON followed by ``tail`` more bytes (the closing brackets
+    of the depth check's wrapper, which ``head`` opening brackets precede): kept as
+    written, not cut out (a copy of the whole history). A dialect's parse compares it with
+    the previous request's (:mod:`rollout_gateway.server.dialects.memo`)."""
+
+    #: The body's field the list is (``messages``, or a Responses body's ``input``).
+    field: str
+    text: bytes
+    head: int
+    tail: int
+
+
 class ParsedBody(NamedTuple):
     """A chat request body as :func:`loads_chat_body` parsed it."""
 
@@ -65,26 +80,43 @@ class ParsedBody(NamedTuple):
     #: ``dumps(value["messages"])`` (``None``: ``value`` is no object with a ``messages``
     #: list). The messages are not changed after the parse: only other fields are.
     messages_text: bytes | None = None
+    #: The text of its ``input`` list (a Responses body; see :meth:`conversation_text`).
+    conversation: ConversationText | None = None
+
+    def conversation_text(self) -> ConversationText | None:
+        """The text of the body's ``input`` list, or of its ``messages`` list."""
+        if self.conversation is None and self.messages_text is not None:
+            return ConversationText("messages", self.messages_text, 0, 0)
+        return self.conversation
 
 
 def loads_chat_body(raw: bytes | str) -> ParsedBody:
     """:func:`loads_body`, and the text of the body's ``messages`` list, written by the
     depth check itself (one pass, not two): the history check and the upstream request use
-    it instead of writing the messages again (at a 32k context, a pass over 32 kB)."""
+    it instead of writing the messages again (at a 32k context, a pass over 32 kB). A
+    body with an ``input`` list instead (OpenAI Responses) has that list written so too,
+    kept uncut (:class:`ConversationText`)."""
     value = orjson.loads(raw)
+    field = "messages"
     messages = value.get("messages") if type(value) is dict else None
+    if messages is None and type(value) is dict:
+        field = "input"
+        messages = value.get("input")
     if type(messages) is not list:
         check_depth(value)
         return ParsedBody(value)
-    # The messages sit one level below the body: written alone within MAX_BODY_DEPTH - 1
-    # levels (a TooDeepError says the body's bound); the rest checked without them.
+    # The list sits one level below the body: written alone within MAX_BODY_DEPTH - 1
+    # levels (a TooDeepError says the body's bound); the rest checked without it.
     written = _written_within(messages, MAX_BODY_DEPTH - 1, MAX_BODY_DEPTH)
-    value["messages"] = None
+    value[field] = None
     try:
         check_depth(value)
     finally:
-        value["messages"] = messages
+        value[field] = messages
     levels = _ORJSON_MAX_DEPTH - MAX_BODY_DEPTH + 1
+    if field == "input":
+        return ParsedBody(value, None, ConversationText(field, written, levels, levels))
+    # (its ConversationText is made by a dialect's turn that needs it, not every chat turn)
     return ParsedBody(value, written[levels : len(written) - levels])
 
 
@@ -197,6 +229,7 @@ __all__ = [
     "MAX_BODY_DEPTH",
     "MAX_KEPT_ANSWER_DEPTH",
     "OFF_LOOP_PARSE_BYTES",
+    "ConversationText",
     "JSONBytesResponse",
     "ParsedBody",
     "JSONDecodeError",

@@ -14,7 +14,8 @@ import pytest
 
 from rollout_gateway.server.dialects import AnthropicDialect, ResponsesDialect
 from rollout_gateway.server.dialects.base import Dialect, ParsedRequest
-from rollout_gateway.server.dialects.memo import shared_prefix
+from rollout_gateway.server.dialects.memo import extends, shared_prefix
+from rollout_gateway.server.http.jsonio import ConversationText, loads_chat_body
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -51,6 +52,13 @@ def codex_turn(body: dict[str, Any], i: int) -> dict[str, Any]:
     return {**body, "input": items}
 
 
+def wire_parse(dialect: Dialect, body: dict[str, Any], memo: Any, texts: bool) -> ParsedRequest:
+    """``body`` sent and parsed as the gateway does: afresh from its bytes, with the text
+    of its conversation the intake wrote (``texts``) or without."""
+    parsed = loads_chat_body(orjson.dumps(body))
+    return dialect.parse(parsed.value, memo, parsed.conversation_text() if texts else None)
+
+
 def same(with_memo: ParsedRequest, without: ParsedRequest) -> None:
     # The previous request's text extended by the new messages' is the messages' JSON.
     assert with_memo.messages_text == orjson.dumps(with_memo.messages)
@@ -66,38 +74,40 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("texts", [False, True])
 @pytest.mark.parametrize(("dialect", "first", "grow", "key"), CASES)
 def test_a_growing_conversation_translates_as_a_whole_one(
-    dialect: Dialect, first: dict[str, Any], grow: Any, key: str
+    dialect: Dialect, first: dict[str, Any], grow: Any, key: str, texts: bool
 ) -> None:
     body, memo = first, None
     for turn in range(6):
-        raw = orjson.dumps(body)  # each request is parsed afresh, as from the wire
-        parsed = dialect.parse(orjson.loads(raw), memo)
-        same(parsed, dialect.parse(orjson.loads(raw)))
+        parsed = wire_parse(dialect, body, memo, texts)
+        same(parsed, dialect.parse(copy.deepcopy(body)))
         if turn >= 2:  # the history's messages are taken from the memo, not translated
             assert memo is not None
             reused = memo.conversation.messages
             assert all(parsed.messages[i] is reused[i] for i in range(len(reused) - 2))
+        assert (parsed.memo.conversation.text is not None) is texts
         memo = parsed.memo
         body = grow(body, turn)
     assert memo is not None and memo.conversation.native  # the last request is kept
 
 
+@pytest.mark.parametrize("texts", [False, True])
 @pytest.mark.parametrize(("dialect", "first", "grow", "key"), CASES)
 def test_any_rewrite_of_the_history_is_translated_afresh(
-    dialect: Dialect, first: dict[str, Any], grow: Any, key: str
+    dialect: Dialect, first: dict[str, Any], grow: Any, key: str, texts: bool
 ) -> None:
     rng = random.Random(7)
     body = first
     for turn in range(4):
         body = grow(body, turn)
-    memo = dialect.parse(copy.deepcopy(body)).memo
+    memo = wire_parse(dialect, body, None, texts).memo
     kept = orjson.dumps(memo.conversation.messages)
-    for _ in range(30):
+    for _ in range(40):
         edited = copy.deepcopy(body)
         native = edited[key]
-        what = rng.choice(["edit", "drop", "cut", "system"])
+        what = rng.choice(["edit", "drop", "cut", "system", "reorder", "extend"])
         index = rng.randrange(len(native))
         if what == "edit":
             native[index] = {"role": "user", "content": f"rewritten {index}"}
@@ -105,12 +115,35 @@ def test_any_rewrite_of_the_history_is_translated_afresh(
             del native[index]
         elif what == "cut":
             del native[index + 1 :]
+        elif what == "reorder":  # the same values, another key order: other JSON text
+            native[index] = dict(reversed(list(native[index].items())))
+        elif what == "extend":
+            native.append({"role": "user", "content": "more"})
         else:
             edited["system" if key == "messages" else "instructions"] = "another system"
         if not native:
             continue
-        same(dialect.parse(copy.deepcopy(edited), memo), dialect.parse(copy.deepcopy(edited)))
+        fresh = dialect.parse(copy.deepcopy(edited))
+        same(wire_parse(dialect, edited, memo, texts), fresh)
     assert orjson.dumps(memo.conversation.messages) == kept  # a memo is never changed
+
+
+def test_a_text_extends_only_a_list_whose_items_it_repeats() -> None:
+    def text(items: Any, field: str = "input") -> ConversationText:
+        parsed = loads_chat_body(orjson.dumps({field: items}))
+        conversation = parsed.conversation_text()
+        assert conversation is not None
+        return conversation
+
+    assert extends(text([{"a": 1}, 2]), text([{"a": 1}]))
+    assert extends(text([{"a": 1}]), text([{"a": 1}]))  # the same list
+    assert not extends(text([]), text([1]))
+    assert not extends(text([1]), text([]))  # (from none: the objects are compared)
+    assert not extends(text(["abc"]), text(["ab"]))  # a longer string is another item
+    assert not extends(text([123]), text([12]))  # so is a longer number
+    assert not extends(text([{"a": 1, "b": 2}]), text([{"b": 2, "a": 1}]))  # key order
+    assert not extends(text([1, 2], "messages"), text([1]))  # another field's list
+    assert extends(text([1, 2], "messages"), text([1], "messages"))  # written cut out
 
 
 def test_an_open_run_of_assistant_items_is_not_reused() -> None:
