@@ -111,7 +111,10 @@ class TurnRunner:
         answered = False
         try:
             answer: dict[str, Any] | bytes | None = None
-            if record.turns.last is None:  # else the tracker matched this request already
+            # A vouched copy's tracker holds every turn this rollout answered: when it has
+            # the last, it matched this request already. Any other copy asks the store
+            # (another gateway may have answered a turn this one never saw).
+            if claimed or record.turns.last is None:
                 answer = await rollouts.repeated_answer(
                     record, turn.fingerprint, turn.idempotency_key, is_retry=turn.is_retry
                 )
