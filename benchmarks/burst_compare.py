@@ -500,6 +500,8 @@ def setup_earlier(venv: str) -> int:
 
 def run_child(name: str, python: str, n: int, seed: int, workers: int = 1) -> dict:
     """Run one side in ``workers`` processes (N split between them); the merged JSON."""
+    from rollout_gateway import child_processes
+
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["PYTHONNOUSERSITE"] = "1"
@@ -515,8 +517,9 @@ def run_child(name: str, python: str, n: int, seed: int, workers: int = 1) -> di
             # Output to a file, not a pipe: a worker blocked on a full pipe would never
             # reach the barrier the others wait at.
             with open(f"{tmp}/{index}.log", "w") as log:
+                # Dead with this process, even by kill -9 (a worker waits at a barrier).
                 children.append(
-                    subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+                    child_processes.spawn(command, env=env, stdout=log, stderr=subprocess.STDOUT)
                 )
         for index, child in enumerate(children):
             if child.wait() != 0:

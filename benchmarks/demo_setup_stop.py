@@ -23,11 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from rollout_gateway import child_processes
+
 
 def one(workdir: Path, delay: float) -> tuple[float, str]:
     out = workdir / "run"
     env = {**os.environ, "ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT": str(workdir / "sandboxes")}
-    proc = subprocess.Popen(
+    # Dead with this benchmark, even by kill -9 (its own group: the SIGINT below is the
+    # only one it gets).
+    proc = child_processes.spawn(
         [sys.executable, "-m", "rollout_gateway.cli", "demo", "--output", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

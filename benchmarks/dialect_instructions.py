@@ -49,6 +49,8 @@ from typing import Any
 
 import httpx
 
+from rollout_gateway import child_processes
+
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 DIALECTS = ("chat", "anthropic", "responses")
@@ -171,8 +173,9 @@ class Gateway:
         env = {**os.environ, "PYTHONHASHSEED": "0", "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
                "PYTHONPATH": first}  # fmt: skip
         log = open(directory / "gateway.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=source, start_new_session=True)  # fmt: skip
+        # Its own group, dead with this process (set before valgrind's exec).
+        self.proc = child_processes.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          cwd=source)  # fmt: skip
         self.dumps = 0
         _wait(f"{self.root}/health", self.proc, ADMIN)
         self.idle_rate = 0.0
@@ -256,8 +259,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["whole", "stream"])
     args = parser.parse_args()
     model_port = _free_port()
-    model = subprocess.Popen([sys.executable, __file__, "--serve-model", str(model_port)],
-                             start_new_session=True)  # fmt: skip
+    model = child_processes.spawn([sys.executable, __file__, "--serve-model", str(model_port)])
     model_root = f"http://127.0.0.1:{model_port}"
     results: dict[str, list[float]] = {}
     try:

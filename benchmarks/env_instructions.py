@@ -75,6 +75,8 @@ from typing import Any
 import callgrind_layers
 from callgrind_layers import SEPARATE_CALLERS
 
+from rollout_gateway import child_processes
+
 #: gateway_overhead's (its ``_process`` sends it to the gateway's ``/health``).
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
 #: Dict and set order, hence the work, the same in every counted process; one BLAS
@@ -205,9 +207,10 @@ class CountedEnv:
                     f"--cachegrind-out-file={self.out}"]  # fmt: skip
         valgrind = ["valgrind", "-q", *tool]
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
+            # Its own group, dead with this process (set before valgrind's exec).
+            self.proc = child_processes.spawn(
                 [*valgrind, *self.cmd, "--result", str(self.result)],
-                stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+                stdout=subprocess.PIPE, stderr=log, text=True,
                 env={**os.environ, **self.env}, cwd=self.cwd,
             )  # fmt: skip
         threading.Thread(target=self._read, daemon=True).start()

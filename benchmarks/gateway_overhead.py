@@ -71,17 +71,21 @@ import os
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from rollout_gateway import child_processes
 from rollout_gateway.server.recording.recorder import TrajectoryRecorder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
+from support.servers import serving  # noqa: E402
 
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -212,29 +216,12 @@ def _free_port() -> int:
 def _process(
     cmd: list[str], health_url: str, env: dict[str, str] | None = None, cwd: str | None = None
 ) -> Iterator[int]:
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=cwd
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[3:5]} exited with {proc.returncode}")
-            try:
-                if httpx.get(health_url, timeout=1, headers=ADMIN).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{cmd} did not start")
-            time.sleep(0.05)
+    """``cmd`` serving (dead with this process, even by ``kill -9``), once ``health_url``
+    answers 200; its pid. Its process group is stopped on the way out."""
+    with serving(
+        cmd, health_url, env=env, cwd=cwd, headers=ADMIN, ready=lambda status: status == 200
+    ) as proc:
         yield proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 # -- load ----------------------------------------------------------------------------------------
@@ -452,7 +439,7 @@ async def _drive_here(load: Load, pids: dict[str, int]) -> RunResult:
 
 async def _start_client(load: Load, agents: list[Agent]) -> asyncio.subprocess.Process:
     """A load-generator process (``--load-client``), given its share."""
-    proc = await asyncio.create_subprocess_exec(
+    proc = await child_processes.spawn_async(
         sys.executable, __file__, "--load-client",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 26,
     )  # fmt: skip

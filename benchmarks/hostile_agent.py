@@ -45,9 +45,15 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+from rollout_gateway import child_processes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
+from support.servers import serving  # noqa: E402
 
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -112,33 +118,19 @@ def _server(
     cwd: str | None = None,
     preexec: Any = None,
 ) -> Iterator[Server]:
-    proc = subprocess.Popen(
+    # Dead with this benchmark, even by kill -9; its process group stopped on the way out.
+    with serving(
         cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
+        health_url,
+        env=env,
         cwd=cwd,
-        preexec_fn=preexec,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode} at start")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(health_url, timeout=1, headers=ADMIN).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} did not start")
-            time.sleep(0.05)
+        headers=ADMIN,
+        ready=lambda status: status == 200,
+        preexec=preexec,
+        stderr=subprocess.DEVNULL,
+        timeout_s=60,
+    ) as proc:
         yield Server(name, health_url.rsplit("/", 1)[0].removesuffix("/v1"), proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextlib.contextmanager
@@ -356,7 +348,7 @@ async def fairness_scenario(gw: Server, args: argparse.Namespace, kind: str) -> 
     alone = await _victims(gw.root, args.victims, args.seconds, "alone")
     async with httpx.AsyncClient(timeout=30) as client:
         key = await _register(client, gw.root, f"attacker-{kind}")
-    attacker = subprocess.Popen(
+    attacker = child_processes.spawn(
         [
             sys.executable, __file__, "--attacker", gw.root, key, f"attacker-{kind}", kind,
             str(args.max_body_bytes), str(args.attackers),

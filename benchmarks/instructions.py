@@ -96,6 +96,8 @@ from gateway_overhead import (
     _tool_output,
 )
 
+from rollout_gateway import child_processes
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
 from support.local_cluster import GatewayGroup, RedisServer, haproxy_config  # noqa: E402
 
@@ -365,10 +367,10 @@ class Server:
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd, env, cwd = self._start
         with open(self.log, "ab") as out:
-            return subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                start_new_session=True,
-            )  # fmt: skip
+            # Its own group, dead with this process (set before valgrind's exec).
+            return child_processes.spawn(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd
+            )
 
     def wait_ready(self) -> None:
         """Wait until it answers; a gateway whose start-up probe of the model failed is

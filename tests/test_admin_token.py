@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 from core_world import GATEWAY_URL, World
+from support.servers import stop_group
 
+from rollout_gateway import child_processes
 from rollout_gateway.admin_token import (
     AdminTokenFileError,
     create_admin_token_file,
@@ -187,7 +189,6 @@ async def test_the_reference_gateway_refuses_an_env_without_its_token() -> None:
 
 
 def test_serve_creates_the_token_file_says_where_and_serves_with_it(tmp_path: Path) -> None:
-    import signal
     import socket
     import subprocess
     import sys
@@ -198,7 +199,7 @@ def test_serve_creates_the_token_file_says_where_and_serves_with_it(tmp_path: Pa
         port = s.getsockname()[1]
     path = tmp_path / "admin-token"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_GATEWAY_ADMIN")}
-    serve = subprocess.Popen(
+    serve = child_processes.spawn(  # its own group, dead with this process
         [sys.executable, "-m", "rollout_gateway.cli", "serve", "--port", str(port),
          "--upstream", "http://127.0.0.1:9/v1", "--admin-token-file", str(path),
          "--create-admin-token"],
@@ -226,8 +227,7 @@ def test_serve_creates_the_token_file_says_where_and_serves_with_it(tmp_path: Pa
                 time.sleep(0.2)
         assert answer.status_code == 200
     finally:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=30)
+        stop_group(serve, grace_s=30)
 
 
 def test_create_admin_token_needs_a_file_and_names_the_option(

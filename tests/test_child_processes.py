@@ -7,7 +7,9 @@ before the parent is killed (the parent-death signal follows the forking thread:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -96,3 +98,102 @@ def test_a_child_started_from_a_thread_outlives_the_thread() -> None:
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+
+
+SHELL_PARENT = """
+import subprocess, sys, threading, time
+from rollout_gateway import child_processes
+
+def start():
+    shell = child_processes.spawn(
+        ["bash", "-c", "sleep 600 & echo $!; wait"], stdout=subprocess.PIPE,
+        whole_group={whole_group},
+    )
+    print(shell.stdout.readline().decode().strip(), flush=True)
+
+starter = threading.Thread(target=start)  # a short-lived thread starts it
+starter.start()
+starter.join()
+time.sleep(600)
+"""
+
+ASYNC_PARENT = """
+import asyncio, time
+from rollout_gateway import child_processes
+
+async def main():
+    child = await child_processes.spawn_async("sleep", "600")
+    print(child.pid, flush=True)
+    time.sleep(600)  # the loop's thread lives on, blocked: only the kill ends it
+
+asyncio.run(main())
+"""
+
+
+def _grandchild_after_parent_killed(code: str) -> tuple[int, bool]:
+    """Run ``code`` as a parent in its own group, read the pid it prints, ``kill -9`` the
+    parent; that pid and whether it ended within 10 s. Anything left is killed."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    pid = 0
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        time.sleep(0.3)
+        assert not _gone(pid), "the child died before its parent"
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        return pid, _wait_gone(pid, 10)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+        if pid and not _gone(pid):
+            os.kill(pid, signal.SIGKILL)  # started (indirectly) by our parent, for this test
+
+
+needs_prctl = pytest.mark.skipif(not child_processes.available(), reason="no PR_SET_PDEATHSIG")
+
+
+@needs_prctl
+def test_whole_group_takes_a_shells_background_server_along_when_the_parent_is_killed() -> None:
+    pid, ended = _grandchild_after_parent_killed(SHELL_PARENT.format(whole_group=True))
+    assert ended, f"the shell's background job {pid} outlived the parent"
+
+
+@needs_prctl
+def test_without_whole_group_a_shells_background_job_outlives_the_parent() -> None:
+    """Why ``whole_group`` exists: a fork clears the parent-death signal."""
+    pid, ended = _grandchild_after_parent_killed(SHELL_PARENT.format(whole_group=False))
+    assert not ended, f"{pid} ended: the parent-death signal reached a grandchild"
+
+
+@needs_prctl
+def test_a_child_of_spawn_async_dies_when_its_parent_is_killed() -> None:
+    pid, ended = _grandchild_after_parent_killed(ASYNC_PARENT)
+    assert ended, f"sleep {pid} (spawn_async) outlived its parent"
+
+
+def test_whole_group_ends_as_the_command_ends() -> None:
+    exited = child_processes.spawn(["sh", "-c", "exit 3"], whole_group=True)
+    assert exited.wait(timeout=30) == 3
+    sleeper = child_processes.spawn(["sleep", "600"], whole_group=True)
+    try:
+        time.sleep(0.5)  # the keeper has started the command
+        sleeper.terminate()  # to the keeper only: passed on to the command
+        assert sleeper.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sleeper.pid, signal.SIGKILL)
+
+
+def test_the_callers_preexec_runs_in_the_child() -> None:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    child = child_processes.spawn(
+        ["sh", "-c", "ulimit -n"], stdout=subprocess.PIPE, text=True, preexec=limit
+    )
+    out, _ = child.communicate(timeout=30)
+    assert out.strip() == "64"

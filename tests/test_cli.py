@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.servers import stop_group
 
+from rollout_gateway import child_processes
 from rollout_gateway.cli import EXIT_SIGINT, main
 from rollout_gateway.verifiers_stack import install_command
 
@@ -34,14 +36,15 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _running(*argv: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
     """``rollout-gateway ARGV`` in a child process, with SIGINT as a terminal delivers it
-    (the default disposition: the child is not a background job ignoring it)."""
-    proc = subprocess.Popen(
+    (the default disposition: the child is not a background job ignoring it). Its own
+    process group, dead with this process (even by ``kill -9``)."""
+    proc = child_processes.spawn(
         [sys.executable, "-m", "rollout_gateway.cli", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         yield proc
@@ -49,6 +52,7 @@ def _running(*argv: str, env: dict[str, str] | None = None) -> Iterator[subproce
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        stop_group(proc)  # anything it left in its group
 
 
 def _wait_for(url: str, proc: subprocess.Popen[str]) -> None:

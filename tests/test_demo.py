@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from stacks import STACK
 
+from rollout_gateway import child_processes
 from rollout_gateway.cli import main
 from rollout_gateway.scripted import create_scripted_model_app
 from rollout_gateway.server.runner import server_thread
@@ -132,7 +133,7 @@ def test_an_upstream_that_is_not_an_openai_api_is_refused(
 def start_demo(out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "rollout_gateway.cli", "demo", "--output", str(out)]
     command += ["--examples", "2", "--rollouts-per-example", "2", "--concurrency", "1"]
-    return subprocess.Popen(
+    return child_processes.spawn(  # its own group, dead with this process (even kill -9)
         [*command, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -21,6 +21,7 @@ from verifiers.v1.task import WireTaskData
 from verifiers.v1.trace import Trace
 from verifiers.v1.utils.trace_store import read_episodes
 
+from rollout_gateway import child_processes
 from rollout_gateway.demo import DemoOptions, run_demo
 from rollout_gateway.examples.fix_bug_v1 import TASKSET_ID, FixBugTaskset
 from rollout_gateway.protocol import expand_delta_steps
@@ -173,7 +174,7 @@ def upstream_gone_run(tmp_path: Path) -> Path:
         command = [sys.executable, "-m", "rollout_gateway.cli", "demo", "--output", str(run)]
         command += ["--examples", "2", "--rollouts-per-example", "1"]
         command += ["--upstream", f"{root}/v1", "--model", "scripted"]
-        proc = subprocess.Popen(
+        proc = child_processes.spawn(  # dead with this process, even by kill -9
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
         assert proc.stdout is not None

@@ -18,6 +18,8 @@ import pytest
 from stacks import STACK
 from support.local_cluster import free_port
 
+from rollout_gateway import child_processes
+
 REPO = Path(__file__).resolve().parents[1]
 README = {
     "classic": REPO / "examples" / "fix_bug_env" / "README.md",
@@ -45,14 +47,16 @@ def run_block(script: str, cwd: Path, timeout: float = 300) -> subprocess.Comple
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env["ROLLOUT_GATEWAY_LOCAL_SANDBOX_ROOT"] = str(cwd / "sandboxes")
     env.pop("ROLLOUT_GATEWAY_ADMIN_TOKEN", None)
-    proc = subprocess.Popen(
+    # Its own process group: its background servers are ours to stop, and die with this
+    # process even if it is killed with kill -9 (the whole group, not only the shell).
+    proc = child_processes.spawn(
         ["bash", "-e", "-c", script],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its background servers are ours to stop
+        whole_group=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rollout_gateway import child_processes
 from rollout_gateway.agent_clis import AgentCli
 from rollout_gateway.lifecycle import agent_environment
 from rollout_gateway.scripted import create_scripted_model_app
@@ -126,8 +127,9 @@ class Gateway:
 async def run_in_group(
     command: str, cwd: Path, env: dict[str, str], timeout: float
 ) -> tuple[int, str, str]:
-    """``command`` under ``sh`` in its own process group, killed whole on timeout."""
-    proc = await asyncio.create_subprocess_exec(
+    """``command`` under ``sh`` in its own process group, killed whole on timeout or
+    should this process die (even by ``kill -9``)."""
+    proc = await child_processes.spawn_async(
         "/bin/sh",
         "-c",
         command,
@@ -136,7 +138,7 @@ async def run_in_group(
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
+        whole_group=True,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)

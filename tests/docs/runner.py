@@ -35,6 +35,8 @@ from pathlib import Path
 from snippets import ROOT, Block, Session
 from support.local_cluster import free_port
 
+from rollout_gateway import child_processes
+
 #: Top-level entries of the checkout not linked into the scratch directory.
 _NOT_LINKED = {".git", "outputs", "site"}
 _NOT_LINKED_PREFIXES = (".venv", ".ci-venv")
@@ -183,15 +185,16 @@ def run_session(session: Session, blocks: list[Block], tmp: Path) -> SessionResu
     log = tmp / "output.log"
     with log.open("wb") as out:
         # Its own process group: everything the blocks start (servers with &) is
-        # stopped with it, and nothing else.
-        proc = subprocess.Popen(
+        # stopped with it, and nothing else; the whole group dies with this process,
+        # even by kill -9.
+        proc = child_processes.spawn(
             ["bash", script.name],
             cwd=workdir,
             env=_clean_environment(shim_dir),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            whole_group=True,
         )
         try:
             returncode: int | None = proc.wait(timeout=session.timeout_s)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_gateway import child_processes
 from rollout_gateway.local_sandbox import LocalSandboxClient, disks, layout
 
 SID = "local-" + "b" * 20
@@ -49,13 +50,13 @@ def _killed_mid_setup(root: Path) -> None:
         layout.create_dirs(layout.SandboxDirs(root / {SID!r}), None, {{}}, False, mount)
         """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+    # Its own group (killed with SIGKILL below, as a crash), and killed so by the kernel
+    # should this test process die first: nothing is left sleeping on a mount.
+    proc = child_processes.spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "mounted\n"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own group (start_new_session)
+        os.killpg(proc.pid, signal.SIGKILL)  # our own group (spawn's new session)
         proc.wait()
 
 

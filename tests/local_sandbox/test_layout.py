@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from rollout_gateway import child_processes
 from rollout_gateway.local_sandbox import layout
 
 SID = "local-" + "a" * 20
@@ -34,9 +35,9 @@ def _creation_stuck_in_mount(root: Path) -> subprocess.Popen[str]:
         layout.create_dirs(dirs, None, {{}}, False, mount)
         """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+    # Its own group (killed with SIGKILL below, as a crash), and killed so by the kernel
+    # should this test process die first: nothing is left sleeping on a mount.
+    proc = child_processes.spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "mounting\n"
     return proc
 
@@ -52,7 +53,7 @@ def test_a_creation_under_way_is_left_alone_and_one_killed_midway_is_swept(
         assert layout.sweep_stale(root) == []  # its creator is alive
         assert (root / SID).is_dir()
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own group (start_new_session)
+        os.killpg(proc.pid, signal.SIGKILL)  # our own group (spawn's new session)
         proc.wait()
     assert layout.sweep_stale(root) == [SID]
     assert sorted(os.listdir(root)) == []  # the directory and the creation lock

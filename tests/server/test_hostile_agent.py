@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from support.local_cluster import free_port as _free_port
+from support.servers import serving
 
 from .conftest import script
 
@@ -59,28 +60,14 @@ def _process(args: list[str], ready_path: str, nofile: int | None = None) -> Ite
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    proc = subprocess.Popen(
+    with serving(  # its own group, dead with this process (even by kill -9)
         [sys.executable, "-m", "rollout_gateway.cli", *args, "--port", str(port)],
-        env={**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN},
-        preexec_fn=limit,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"{args[0]} exited with {proc.returncode}"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(root + ready_path, timeout=1).status_code < 500:
-                    break
-            assert time.monotonic() < deadline, f"{args[0]} did not start"
-            time.sleep(0.05)
+        root + ready_path,
+        env={"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN},
+        preexec=limit,
+        stdout=None,
+    ) as proc:
         yield Process(root, proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextlib.contextmanager

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 from support.local_cluster import free_port as _free_port
+from support.servers import serving
 
 from rollout_gateway.cli import build_parser, main
 from rollout_gateway.scripted import create_scripted_model_app
@@ -90,22 +89,8 @@ def test_cli_parses_serve_and_scripted_model() -> None:
 @contextlib.contextmanager
 def _cli(*args: str, ready_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
     cmd = [sys.executable, "-m", "rollout_gateway.cli", *args, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, f"{args[0]} exited with {proc.returncode}"
-            try:
-                if httpx.get(ready_url, timeout=1).status_code < 500:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"{args[0]} did not start"
-            time.sleep(0.05)
+    with serving(cmd, ready_url, env=env, stdout=None):  # dead with this process
         yield
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_cli_processes_end_to_end() -> None:

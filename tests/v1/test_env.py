@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from verifiers.v1.interception import ElasticInterceptionPoolConfig
 from verifiers.v1.utils.loaders import environment_class, resolve_env_config
 
+from rollout_gateway import child_processes
 from rollout_gateway.v1 import GatewayEnvConfig, GatewayInterceptionConfig
 
 from .conftest import ADMIN_TOKEN, Stack
@@ -58,7 +59,7 @@ def test_bad_gateway_options_are_refused_at_config_time(bad) -> None:
 async def test_vf_eval_runs_the_example_in_gateway_mode(stack: Stack, tmp_path: Path) -> None:
     vf_eval = Path(sys.executable).with_name("vf-eval")
     env = {**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "NO_COLOR": "1"}
-    process = await asyncio.create_subprocess_exec(
+    process = await child_processes.spawn_async(  # dies with this process
         str(vf_eval),
         "fix-bug-v1",
         "-m",

@@ -21,6 +21,7 @@ from verifiers.v1.errors import SandboxError
 from verifiers.v1.runtimes import SubprocessConfig, SubprocessRuntime, make_runtime
 from verifiers.v1.utils.loaders import resolve_env_config
 
+from rollout_gateway import child_processes
 from rollout_gateway.local_sandbox import IsolationMode, unavailable_reasons
 from rollout_gateway.v1 import (
     GatewayEnvConfig,
@@ -228,7 +229,7 @@ async def test_vf_eval_with_sandboxes_this_host_cannot_run_stops_before_any_roll
     blocker.write_text("not a directory")
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "NO_COLOR": "1"}
-    process = await asyncio.create_subprocess_exec(
+    process = await child_processes.spawn_async(  # dies with this process
         str(bin_dir / "vf-eval"),
         "fix-bug-v1",
         "-m",
@@ -293,7 +294,7 @@ async def test_example_agent_runs_contained_through_the_gateway(
 
 
 async def _run(*argv: str, env: dict[str, str], cwd: Path | None = None) -> str:
-    process = await asyncio.create_subprocess_exec(
+    process = await child_processes.spawn_async(  # dies with this process
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env, cwd=cwd
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=240)

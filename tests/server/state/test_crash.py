@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from support.local_cluster import free_port as _free_port
 
+from rollout_gateway import child_processes
 from rollout_gateway.scripted import build_completion
 from rollout_gateway.server import GatewayConfig, create_app
 from rollout_gateway.server.runner import running_server, server_thread
@@ -111,7 +112,9 @@ class GatewayProcess:
         started = time.monotonic()
         env = {**os.environ, "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(self.command, env=env, stdout=log, stderr=log)
+            # Its own group, dead with this test process even by kill -9 (the test's
+            # own kill -9 of it is what it tests: see ``kill``).
+            self.proc = child_processes.spawn(self.command, env=env, stdout=log, stderr=log)
         deadline = started + 60
         while True:
             if self.proc.poll() is not None:
