@@ -28,6 +28,8 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,79 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+@dataclass
+class BurstFigures:
+    """What one burst measured."""
+
+    wall: float
+    cpu: float
+    slowest: float
+    overhead_ms: list[float]
+    detect_ms: list[float]
+    polls: list[int]
+    lags_ms: list[float]
+    errors: list[Any]
+
+    @property
+    def ratio(self) -> float:
+        """The burst's wall time over its slowest rollout's own work."""
+        return self.wall / self.slowest
+
+    def show(self, label: str, rollouts: int) -> None:
+        """Print the burst's figures under ``label``."""
+        overhead, detect, lags = self.overhead_ms, self.detect_ms, self.lags_ms
+        print(f"--- {label}")
+        print(f"wall time:                   {self.wall:.3f} s")
+        print(f"slowest rollout's own work:  {self.slowest:.3f} s (create + ready + agent)")
+        print(f"wall / slowest:              {self.ratio:.3f}")
+        print(
+            f"orchestration overhead:      p50 {pct(overhead, 0.5):.1f} ms, "
+            f"p99 {pct(overhead, 0.99):.1f} ms, max {max(overhead):.1f} ms per rollout"
+        )
+        print(
+            f"completion-detection delay:  p50 {pct(detect, 0.5):.1f} ms, "
+            f"p99 {pct(detect, 0.99):.1f} ms, max {max(detect, default=0):.1f} ms"
+        )
+        polls = self.polls
+        print(f"poll calls per rollout:      mean {statistics.mean(polls):.2f}, max {max(polls)}")
+        print(
+            f"event-loop lag (10 ms tick): p50 {pct(lags, 0.5):.1f} ms, "
+            f"p99 {pct(lags, 0.99):.1f} ms, max {max(lags):.1f} ms; process CPU during "
+            f"burst {self.cpu:.2f} s ({self.cpu / rollouts * 1000:.1f} ms/rollout)"
+        )
+
+
+async def run_burst(
+    env: Any,
+    world: bw.World,
+    one: Callable[[int], Awaitable[tuple[Any, float]]],
+    rollouts: int,
+    offset: int,
+) -> BurstFigures:
+    """``rollouts`` concurrent rollouts (``one``) on tasks ``offset..``, measured."""
+    env.probe.clear()
+    lags_ms: list[float] = []
+    monitor = asyncio.ensure_future(monitor_loop_lag(lags_ms))
+    start, cpu_start = time.time(), time.process_time()
+    results = await asyncio.gather(*(one(offset + i) for i in range(rollouts)))
+    wall, cpu = time.time() - start, time.process_time() - cpu_start
+    monitor.cancel()
+    overhead_ms: list[float] = []
+    detect_ms: list[float] = []
+    polls: list[int] = []
+    for i, (o, duration) in enumerate(results):
+        rid = o["rollout_id"]
+        polls.append(o.get("agent_polls") or 0)
+        if rid in world.agent_exit and rid in env.probe.detected:
+            detect_ms.append((env.probe.detected[rid] - world.agent_exit[rid]) * 1000)
+        overhead_ms.append((duration - world.plan(offset + i).total) * 1000)
+    slowest = max(world.plan(offset + i).total for i in range(rollouts))
+    errors = [o for o, _ in results if o.get("error") is not None]
+    return BurstFigures(wall, cpu, slowest, overhead_ms, detect_ms, polls, lags_ms, errors)
+
+
 async def bench(rollouts: int, hosts: int, seed: int) -> bool:
+    """A cold and a warm burst; print the figures and the checks; whether all passed."""
     world = bw.World(seed)
     side = await build_ours(world)  # default poll and retry policies
     env, gateway, sandboxes = side.env, side.gateway, side.sandboxes
@@ -85,65 +159,36 @@ async def bench(rollouts: int, hosts: int, seed: int) -> bool:
         )
         return output, time.time() - t0
 
-    async def burst(label: str, offset: int) -> dict[str, Any]:
-        env.probe.clear()
-        lags_ms: list[float] = []
-        monitor = asyncio.ensure_future(monitor_loop_lag(lags_ms))
-        start, cpu_start = time.time(), time.process_time()
-        results = await asyncio.gather(*(one(offset + i) for i in range(rollouts)))
-        wall, cpu = time.time() - start, time.process_time() - cpu_start
-        monitor.cancel()
-        outputs = [o for o, _ in results]
-        overhead_ms: list[float] = []
-        detect_ms: list[float] = []
-        polls: list[int] = []
-        for i, (o, duration) in enumerate(results):
-            rid = o["rollout_id"]
-            polls.append(o.get("agent_polls") or 0)
-            if rid in world.agent_exit and rid in env.probe.detected:
-                detect_ms.append((env.probe.detected[rid] - world.agent_exit[rid]) * 1000)
-            overhead_ms.append((duration - world.plan(offset + i).total) * 1000)
-        slowest = max(world.plan(offset + i).total for i in range(rollouts))
-        print(f"--- {label}")
-        print(f"wall time:                   {wall:.3f} s")
-        print(f"slowest rollout's own work:  {slowest:.3f} s (create + ready + agent)")
-        print(f"wall / slowest:              {wall / slowest:.3f}")
-        print(
-            f"orchestration overhead:      p50 {pct(overhead_ms, 0.5):.1f} ms, "
-            f"p99 {pct(overhead_ms, 0.99):.1f} ms, max {max(overhead_ms):.1f} ms per rollout"
-        )
-        print(
-            f"completion-detection delay:  p50 {pct(detect_ms, 0.5):.1f} ms, "
-            f"p99 {pct(detect_ms, 0.99):.1f} ms, max {max(detect_ms, default=0):.1f} ms"
-        )
-        print(f"poll calls per rollout:      mean {statistics.mean(polls):.2f}, max {max(polls)}")
-        print(
-            f"event-loop lag (10 ms tick): p50 {pct(lags_ms, 0.5):.1f} ms, "
-            f"p99 {pct(lags_ms, 0.99):.1f} ms, max {max(lags_ms):.1f} ms; "
-            f"process CPU during burst {cpu:.2f} s ({cpu / rollouts * 1000:.1f} ms/rollout)"
-        )
-        return {
-            "ratio": wall / slowest,
-            "detect_p50": pct(detect_ms, 0.5),
-            "detect_p99": pct(detect_ms, 0.99),
-            "errors": [o for o in outputs if o.get("error") is not None],
-        }
-
     print(f"rollouts:                    {rollouts} per burst over {hosts} host(s), seed {seed}")
     try:
         # First step of a training run: every rollout also waits for the tunnel start.
-        cold = await burst("cold burst (first step: tunnels start)", 0)
+        cold = await run_burst(env, world, one, rollouts, 0)
+        cold.show("cold burst (first step: tunnels start)", rollouts)
         # Every later step: the shared tunnels are up.
-        warm = await burst("warm burst (later steps: tunnels shared)", rollouts)
-        leftover_rollouts = gateway.active
-        leftover_sandboxes = sandboxes.alive
+        warm = await run_burst(env, world, one, rollouts, rollouts)
+        warm.show("warm burst (later steps: tunnels shared)", rollouts)
+        leftovers = (gateway.active, sandboxes.alive)
     finally:
         await env._teardown()
+    return _report(side, (cold, warm), rollouts, hosts, rss_before, leftovers)
+
+
+def _report(
+    side: Any,
+    bursts: tuple[BurstFigures, BurstFigures],
+    rollouts: int,
+    hosts: int,
+    rss_before: float,
+    leftovers: tuple[Any, Any],
+) -> bool:
+    """Print the whole run's figures and checks (``leftovers``: the gateway's rollouts
+    and the live sandboxes after the bursts); whether every check passed."""
+    cold, warm = bursts
+    leftover_rollouts, leftover_sandboxes = leftovers
     tunnels_stopped = side.tunnels_alive() == 0
     tunnel_starts = side.tunnel_starts()
-    errors = cold["errors"] + warm["errors"]
+    errors = cold.errors + warm.errors
     rss = peak_rss_mb()
-    rss_target = RSS_TARGET_MB_PER_500 * max(1.0, rollouts / 500)
     print("---")
     print(f"errors:                      {len(errors)}")
     print(f"tunnel starts:               {tunnel_starts} (hosts: {hosts})")
@@ -155,13 +200,14 @@ async def bench(rollouts: int, hosts: int, seed: int) -> bool:
         f"gateway rollouts left:       {len(leftover_rollouts)}, "
         f"sandboxes left: {len(leftover_sandboxes)}, tunnels stopped: {tunnels_stopped}"
     )
+    rss_target = RSS_TARGET_MB_PER_500 * max(1.0, rollouts / 500)
     checks = {
-        f"warm wall within {WALL_RATIO_TARGET - 1:.0%} of slowest rollout": warm["ratio"]
+        f"warm wall within {WALL_RATIO_TARGET - 1:.0%} of slowest rollout": warm.ratio
         <= WALL_RATIO_TARGET,
         f"tunnel starts == hosts ({hosts})": tunnel_starts == hosts,
-        f"warm detection p50 < {DETECT_P50_TARGET_MS:.0f} ms": warm["detect_p50"]
+        f"warm detection p50 < {DETECT_P50_TARGET_MS:.0f} ms": pct(warm.detect_ms, 0.5)
         < DETECT_P50_TARGET_MS,
-        f"warm detection p99 < {DETECT_P99_TARGET_MS:.0f} ms": warm["detect_p99"]
+        f"warm detection p99 < {DETECT_P99_TARGET_MS:.0f} ms": pct(warm.detect_ms, 0.99)
         < DETECT_P99_TARGET_MS,
         f"peak RSS < {rss_target:.0f} MB": rss < rss_target,
         "no errors": not errors,

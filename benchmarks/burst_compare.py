@@ -279,6 +279,72 @@ async def barrier(sync: tuple[Path, int, int] | None, name: str) -> None:
         await asyncio.sleep(0.005)
 
 
+def _exit_samples(
+    results: list[tuple[str, Any, float]], world: bw.World, probe: Any, reads: dict[str, float]
+) -> dict[str, list[float]]:
+    """Per rollout, in ms: agent exit -> detected, -> exit report read (exit stream only),
+    report read -> detected, and trajectory fetched -> ``run_rollout`` returned."""
+    samples: dict[str, list[float]] = {
+        "detect_ms": [], "read_ms": [], "confirm_ms": [], "fetched_ms": []
+    }  # fmt: skip
+    for rid, _, returned in results:
+        if rid in probe.detected and rid in world.agent_exit:
+            samples["detect_ms"].append((probe.detected[rid] - world.agent_exit[rid]) * 1000)
+            if rid in reads:  # the exit stream's delivery, then the rollout's own part
+                samples["read_ms"].append((reads[rid] - world.agent_exit[rid]) * 1000)
+                samples["confirm_ms"].append((probe.detected[rid] - reads[rid]) * 1000)
+        if rid in probe.fetched:
+            samples["fetched_ms"].append((returned - probe.fetched[rid]) * 1000)
+    return samples
+
+
+def _latency_figures(samples: dict[str, list[float]]) -> dict[str, Any]:
+    """Percentiles of the latency samples (:func:`_exit_samples`, ``register_ms``,
+    ``lags_ms``); the report-read ones only with an exit stream (``None`` otherwise)."""
+    detect, read, confirm = samples["detect_ms"], samples["read_ms"], samples["confirm_ms"]
+    return {
+        "detect_n": len(detect),
+        "detect_p50_ms": bw.pct(detect, 0.5),
+        "detect_p99_ms": bw.pct(detect, 0.99),
+        "detect_max_ms": max(detect, default=float("nan")),
+        # Only with an exit stream (ours): None on the earlier side.
+        "report_read_p50_ms": bw.pct(read, 0.5) if read else None,
+        "report_read_p99_ms": bw.pct(read, 0.99) if read else None,
+        "read_to_detected_p50_ms": bw.pct(confirm, 0.5) if confirm else None,
+        "read_to_detected_p99_ms": bw.pct(confirm, 0.99) if confirm else None,
+        "register_p50_ms": bw.pct(samples["register_ms"], 0.5),
+        "register_p99_ms": bw.pct(samples["register_ms"], 0.99),
+        "fetched_to_returned_p50_ms": bw.pct(samples["fetched_ms"], 0.5),
+        "fetched_to_returned_p99_ms": bw.pct(samples["fetched_ms"], 0.99),
+        "loop_lag_p50_ms": bw.pct(samples["lags_ms"], 0.5),
+        "loop_lag_p99_ms": bw.pct(samples["lags_ms"], 0.99),
+    }
+
+
+def _gc_figures(gc_timer: bw.GcTimer) -> dict[str, Any]:
+    """The garbage collector's pauses during the burst."""
+    return {
+        "gc_max_pause_ms": max(gc_timer.pauses_ms, default=0.0),
+        "gc_max_pause_cpu_ms": max(gc_timer.cpu_ms, default=0.0),
+        "gc_total_ms": sum(gc_timer.pauses_ms),
+        "gc_total_cpu_ms": sum(gc_timer.cpu_ms),
+        "gc_collections": dict(sorted(gc_timer.by_generation.items())),
+    }
+
+
+def _forget(side: Side, world: bw.World, probe: Any, reads: dict[str, float]) -> None:
+    """Drop what the benchmark and the fake world keep (before the retention census)."""
+    probe.clear()
+    world.agent_exit.clear()
+    world.task_of.clear()
+    side.gateway.calls.clear()
+    reads.clear()
+    side.gateway.unregistered.clear()
+    side.gateway.cancelled.clear()
+    side.sandboxes.sandboxes.clear()
+    side.sandboxes.commands.clear()
+
+
 async def run_burst(
     side: Side,
     world: bw.World,
@@ -289,20 +355,7 @@ async def run_burst(
     phase: str = "burst",
 ) -> dict:
     """``n`` concurrent ``env.run_rollout`` calls on tasks ``offset..offset+n-1``."""
-    from rollout_gateway.testing import task_row
-
-    env, probe = side.env, side.env.probe
-
-    async def one(task_id: int) -> tuple[str, Any, float]:
-        output = await env.run_rollout(
-            task_row(task_id),
-            client,
-            "policy-model",
-            {"temperature": 1.0, "max_tokens": 512},
-            state_columns=["rollout_id"],
-        )
-        return output["rollout_id"], output.get("error"), time.time()
-
+    probe = side.env.probe
     gc_timer = bw.GcTimer()  # made before the census, like the list below
     rss_samples: list[float] = []
     lags_ms: list[float] = []
@@ -314,89 +367,68 @@ async def run_burst(
     sampler = asyncio.ensure_future(bw.sample_rss(rss_samples, lags_ms))
     with gc_timer:
         cpu0, t0 = time.process_time(), time.time()
-        results = await asyncio.gather(*(one(offset + i) for i in range(n)))
+        results = await asyncio.gather(
+            *(_one_rollout(side.env, client, offset + i) for i in range(n))
+        )
         cpu, wall = time.process_time() - cpu0, time.time() - t0
     sampler.cancel()
     await asyncio.gather(sampler, return_exceptions=True)
     rss_samples.append(bw.current_rss_kib())
 
-    detect_ms, fetched_ms, read_ms, confirm_ms = [], [], [], []
     reads = getattr(side.gateway, "exit_reads", {})
-    for rid, _, returned in results:
-        if rid in probe.detected and rid in world.agent_exit:
-            detect_ms.append((probe.detected[rid] - world.agent_exit[rid]) * 1000)
-            if rid in reads:  # the exit stream's delivery, then the rollout's own part
-                read_ms.append((reads[rid] - world.agent_exit[rid]) * 1000)
-                confirm_ms.append((probe.detected[rid] - reads[rid]) * 1000)
-        if rid in probe.fetched:
-            fetched_ms.append((returned - probe.fetched[rid]) * 1000)
+    samples = _exit_samples(results, world, probe, reads)
+    samples.update(register_ms=list(probe.register_ms), lags_ms=lags_ms)
     errors = [str(e) for _, e, _ in results if e is not None]
     slowest = max(world.plan(offset + i).total for i in range(n))
+    status_calls = side.sandboxes.calls["get_background_job"] - status_calls_before
     figures = {
         "rollouts": n,
         "errors": len(errors),
         "error_samples": errors[:3],
         "wall_s": wall,
         "wall_over_slowest": wall / slowest,
-        "detect_n": len(detect_ms),
-        "detect_p50_ms": bw.pct(detect_ms, 0.5),
-        "detect_p99_ms": bw.pct(detect_ms, 0.99),
-        "detect_max_ms": max(detect_ms, default=float("nan")),
-        # Only with an exit stream (ours): None on the earlier side.
-        "report_read_p50_ms": bw.pct(read_ms, 0.5) if read_ms else None,
-        "report_read_p99_ms": bw.pct(read_ms, 0.99) if read_ms else None,
-        "read_to_detected_p50_ms": bw.pct(confirm_ms, 0.5) if confirm_ms else None,
-        "read_to_detected_p99_ms": bw.pct(confirm_ms, 0.99) if confirm_ms else None,
-        "status_calls_per_rollout": (
-            side.sandboxes.calls["get_background_job"] - status_calls_before
-        )
-        / n,
+        **_latency_figures(samples),
+        "status_calls_per_rollout": status_calls / n,
         "gateway_calls_per_rollout": len(side.gateway.calls) / n,
         "cpu_ms_per_rollout": cpu / n * 1000,
-        "gc_max_pause_ms": max(gc_timer.pauses_ms, default=0.0),
-        "gc_max_pause_cpu_ms": max(gc_timer.cpu_ms, default=0.0),
-        "gc_total_ms": sum(gc_timer.pauses_ms),
-        "gc_total_cpu_ms": sum(gc_timer.cpu_ms),
-        "gc_collections": dict(sorted(gc_timer.by_generation.items())),
-        "register_p50_ms": bw.pct(probe.register_ms, 0.5),
-        "register_p99_ms": bw.pct(probe.register_ms, 0.99),
-        "fetched_to_returned_p50_ms": bw.pct(fetched_ms, 0.5),
-        "fetched_to_returned_p99_ms": bw.pct(fetched_ms, 0.99),
-        "loop_lag_p50_ms": bw.pct(lags_ms, 0.5),
-        "loop_lag_p99_ms": bw.pct(lags_ms, 0.99),
+        **_gc_figures(gc_timer),
         "rss_growth_kib_per_rollout": (max(rss_samples) - rss_before) / n,
         "gateway_rollouts_left": len(side.gateway.active),
         "sandboxes_left": len(side.sandboxes.alive),
         # Raw samples, so that the parent can merge workers' percentiles.
-        "samples": {
-            "detect_ms": detect_ms,
-            "read_ms": read_ms,
-            "confirm_ms": confirm_ms,
-            "register_ms": list(probe.register_ms),
-            "fetched_ms": fetched_ms,
-            "lags_ms": lags_ms,
-        },
+        "samples": samples,
         "cpu_s": cpu,
         "slowest_s": slowest,
     }
     # Retention: drop what the benchmark and the fake world keep, then count what is left.
     del results
-    probe.clear()
-    world.agent_exit.clear()
-    world.task_of.clear()
-    side.gateway.calls.clear()
-    reads.clear()
-    side.gateway.unregistered.clear()
-    side.gateway.cancelled.clear()
-    side.sandboxes.sandboxes.clear()
-    side.sandboxes.commands.clear()
-    census_after = bw.object_census()
-    growth = census_after - census_before
-    # Types that grew (a type that shrank does not hide one that grew).
-    figures["retained_objects_per_rollout"] = sum(growth.values()) / n
-    figures["retained_top_types"] = growth.most_common(6)
-    figures["tasks_left"] = len(asyncio.all_tasks() - tasks_before)
-    return figures
+    _forget(side, world, probe, reads)
+    return {**figures, **_retained(census_before, tasks_before, n)}
+
+
+async def _one_rollout(env: Any, client: Any, task_id: int) -> tuple[str, Any, float]:
+    """One ``env.run_rollout`` of the burst: its id, error and when it returned."""
+    from rollout_gateway.testing import task_row
+
+    output = await env.run_rollout(
+        task_row(task_id),
+        client,
+        "policy-model",
+        {"temperature": 1.0, "max_tokens": 512},
+        state_columns=["rollout_id"],
+    )
+    return output["rollout_id"], output.get("error"), time.time()
+
+
+def _retained(census_before: Any, tasks_before: set[Any], n: int) -> dict[str, Any]:
+    """What the burst left behind once its own records are dropped: objects per rollout
+    (the types that grew: one that shrank does not hide one that grew) and tasks."""
+    growth = bw.object_census() - census_before
+    return {
+        "retained_objects_per_rollout": sum(growth.values()) / n,
+        "retained_top_types": growth.most_common(6),
+        "tasks_left": len(asyncio.all_tasks() - tasks_before),
+    }
 
 
 async def run_side(name: str, n: int, seed: int, sync: tuple[Path, int, int] | None = None) -> dict:
@@ -655,40 +687,8 @@ def figure(runs: list[dict], phase: str, key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
-    """The side-by-side table for ``n`` rollouts, then PASS/FAIL lines; the checks."""
-    ours, earlier = runs["ours"], runs["earlier"]
-    rounds = len(ours)
-    workers = ours[0].get("workers", 1) if ours else 1
-    spread = f" over {workers} env worker processes per side" if workers > 1 else ""
-    if os.environ.get(GC_FREEZE_VAR) == "1":
-        spread += ", heap frozen after warm-up (gc.freeze)"
-    print(f"\n=== {n} concurrent rollouts{spread}, median of {rounds} round(s) per side ===")
-    width = max(len(r[0]) for r in ROWS)
-    print(f"{'metric':<{width}} | {'ours':>10} | {'earlier':>10} | {'ours/earlier':>12}")
-    print(f"{'-' * width}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 12}")
-    for label, phase, key, fmt in ROWS:
-        a, b = figure(ours, phase, key), figure(earlier, phase, key)
-        a_text = format(a, fmt) if a is not None else "-"
-        b_text = format(b, fmt) if b is not None else "-"
-        if a is None or b is None:
-            ratio = "-"
-        elif b == 0:
-            ratio = "=" if a == 0 else "inf"
-        else:
-            ratio = f"{a / b:.2f}"
-        print(f"{label:<{width}} | {a_text:>10} | {b_text:>10} | {ratio:>12}")
-    for name in SIDES:
-        for r in runs[name]:
-            print(
-                f"  {name:<7} verifiers {r['verifiers']}: child {r['child_wall_s']:.0f} s, "
-                f"load average at its end {r['load_average'][0]:.1f}, "
-                f"tunnel starts {r['tunnel_starts']}, steady GC collections "
-                f"{r['steady']['gc_collections']}, retained top types "
-                f"{r['steady']['retained_top_types'][:3]}"
-            )
-            for sample in [s for p in PHASES for s in r[p]["error_samples"]]:
-                print(f"    error: {sample[:200]}")
+def burst_checks(ours: list[dict], earlier: list[dict]) -> dict[str, bool]:
+    """The targets, each met or not: ours alone, and against the earlier mixin if run."""
 
     def get(side: list[dict], phase: str, key: str) -> float:
         value = figure(side, phase, key)
@@ -726,6 +726,45 @@ def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
             ("longest GC pause (CPU time) <= earlier's", "gc_max_pause_cpu_ms"),
         ):
             checks[label] = get(ours, "steady", key) <= get(earlier, "steady", key)
+    return checks
+
+
+def print_table(n: int, runs: dict[str, list[dict]]) -> dict[str, bool]:
+    """The side-by-side table for ``n`` rollouts, then PASS/FAIL lines; the checks."""
+    ours, earlier = runs["ours"], runs["earlier"]
+    rounds = len(ours)
+    workers = ours[0].get("workers", 1) if ours else 1
+    spread = f" over {workers} env worker processes per side" if workers > 1 else ""
+    if os.environ.get(GC_FREEZE_VAR) == "1":
+        spread += ", heap frozen after warm-up (gc.freeze)"
+    print(f"\n=== {n} concurrent rollouts{spread}, median of {rounds} round(s) per side ===")
+    width = max(len(r[0]) for r in ROWS)
+    print(f"{'metric':<{width}} | {'ours':>10} | {'earlier':>10} | {'ours/earlier':>12}")
+    print(f"{'-' * width}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 12}")
+    for label, phase, key, fmt in ROWS:
+        a, b = figure(ours, phase, key), figure(earlier, phase, key)
+        a_text = format(a, fmt) if a is not None else "-"
+        b_text = format(b, fmt) if b is not None else "-"
+        if a is None or b is None:
+            ratio = "-"
+        elif b == 0:
+            ratio = "=" if a == 0 else "inf"
+        else:
+            ratio = f"{a / b:.2f}"
+        print(f"{label:<{width}} | {a_text:>10} | {b_text:>10} | {ratio:>12}")
+    for name in SIDES:
+        for r in runs[name]:
+            print(
+                f"  {name:<7} verifiers {r['verifiers']}: child {r['child_wall_s']:.0f} s, "
+                f"load average at its end {r['load_average'][0]:.1f}, "
+                f"tunnel starts {r['tunnel_starts']}, steady GC collections "
+                f"{r['steady']['gc_collections']}, retained top types "
+                f"{r['steady']['retained_top_types'][:3]}"
+            )
+            for sample in [s for p in PHASES for s in r[p]["error_samples"]]:
+                print(f"    error: {sample[:200]}")
+
+    checks = burst_checks(ours, earlier)
     for label, ok in checks.items():
         print(f"  [{'PASS' if ok else 'FAIL'}] {n}: {label}")
     return checks

@@ -705,87 +705,107 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
-    """Run the benchmark (or one of its child processes) and print its figures."""
-    parser = _parser()
-    args = parser.parse_args()
+def _run_child(args: argparse.Namespace) -> bool:
+    """Run the child process ``args`` asks for (a proxy, a floor server, a load client);
+    whether it was one."""
     if args.serve_proxy:
         run_proxy(int(args.serve_proxy[0]), *args.serve_proxy[1:])
-        return
-    if args.serve_stack_floor:
+    elif args.serve_stack_floor:
         port, upstream, json_work = args.serve_stack_floor
         run_stack_floor(int(port), upstream, json_work == "1")
-        return
-    if args.load_client:
+    elif args.load_client:
         asyncio.run(_serve_as_client())
-        return
-    if args.clients < 1 or args.model_latency_ms < 0:
-        parser.error("--clients must be at least 1 and --model-latency-ms at least 0")
+    else:
+        return False
+    return True
 
-    load_start = os.getloadavg()[0]
-    model_port, gateway_port, proxy_port = _free_port(), _free_port(), _free_port()
+
+def _start_servers(
+    stack: contextlib.ExitStack, args: argparse.Namespace
+) -> tuple[list[Target], dict[str, int]]:
+    """Start the scripted model, the gateway, the proxy (and the base gateway and the
+    floor servers when asked) in ``stack``: the targets measured and every pid by name."""
+    model_port, proxy_port = _free_port(), _free_port()
     model_root = f"http://127.0.0.1:{model_port}"
-    gateway_root = f"http://127.0.0.1:{gateway_port}"
-    proxy_root = f"http://127.0.0.1:{proxy_port}"
     cli = [sys.executable, "-m", "rollout_gateway.cli"]
     max_rollouts = str(max(10_000, args.burst * 2))
     serve_args = ["--max-rollouts", max_rollouts, "--log-level", "warning", *args.gateway_option]
     admin_env = {"ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
-    with (
-        contextlib.ExitStack() as stack,
-        _process(
+    pids = {
+        "model": stack.enter_context(_process(
             [*cli, "scripted-model", "--port", str(model_port), "--log-level", "warning",
              "--latency-ms", str(args.model_latency_ms)],
             f"{model_root}/v1/models",
-        ) as model_pid,
-        _process(
-            [
-                *cli, "serve", "--upstream", f"{model_root}/v1", "--port", str(gateway_port),
-                *serve_args,
-            ],
-            f"{gateway_root}/health",
-            env=admin_env,
-        ) as gateway_pid,
-        _process(
-            [sys.executable, __file__, "--serve-proxy", str(proxy_port), model_root],
-            f"{proxy_root}/v1/models",
-        ) as proxy_pid,
-    ):  # fmt: skip
-        pids = {"model": model_pid, "gateway": gateway_pid, "proxy": proxy_pid}
-        targets = [
-            Target("direct", model_root, None),
-            Target("proxy", proxy_root, proxy_pid),
-            Target("gateway", gateway_root, gateway_pid, gateway=True),
-        ]
-        if args.compare_source:
-            base_port, source = _free_port(), os.path.abspath(args.compare_source)
-            base_root = f"http://127.0.0.1:{base_port}"
-            pids["base"] = stack.enter_context(
-                _process(
-                    [*cli, "serve", "--upstream", f"{model_root}/v1", "--port", str(base_port),
-                     *serve_args],
-                    f"{base_root}/health",
-                    env={**admin_env, "PYTHONPATH": source},
-                    cwd=source,  # `python -m` puts the working directory first on sys.path
-                )
-            )  # fmt: skip
-            targets.append(Target("base", base_root, pids["base"], gateway=True))
-        if args.stack_floor:
-            targets += _start_stack_floor(stack, model_root, pids)
+        )),
+    }  # fmt: skip
+
+    def gateway(name: str, source: str | None) -> Target:
+        port = _free_port()
+        root = f"http://127.0.0.1:{port}"
+        pids[name] = stack.enter_context(_process(
+            [*cli, "serve", "--upstream", f"{model_root}/v1", "--port", str(port), *serve_args],
+            f"{root}/health",
+            env=admin_env if source is None else {**admin_env, "PYTHONPATH": source},
+            cwd=source,  # `python -m` puts the working directory first on sys.path
+        ))  # fmt: skip
+        return Target(name, root, pids[name], gateway=True)
+
+    measured = gateway("gateway", None)
+    proxy_root = f"http://127.0.0.1:{proxy_port}"
+    pids["proxy"] = stack.enter_context(_process(
+        [sys.executable, __file__, "--serve-proxy", str(proxy_port), model_root],
+        f"{proxy_root}/v1/models",
+    ))  # fmt: skip
+    targets = [Target("direct", model_root, None), Target("proxy", proxy_root, pids["proxy"])]
+    targets.append(measured)
+    if args.compare_source:
+        targets.append(gateway("base", os.path.abspath(args.compare_source)))
+    if args.stack_floor:
+        targets += _start_stack_floor(stack, model_root, pids)
+    return targets, pids
+
+
+@dataclass
+class Measured:
+    """What one run of the benchmark measured."""
+
+    results: dict[tuple[int, int, str], RunResult]
+    idle_ms: dict[str, float]
+    #: The gateway's RSS after warm-up, after the cells, after the burst (bytes).
+    rss: tuple[int, int, int]
+
+
+def _measure(args: argparse.Namespace) -> Measured:
+    """Start every server, warm each path up, measure the cells, the idle CPU and the
+    burst; stop the servers."""
+    with contextlib.ExitStack() as stack:
+        targets, pids = _start_servers(stack, args)
+        gateway_pid = pids["gateway"]
         for t in targets:  # warm up every path
             asyncio.run(
                 _one_round(t, pids, rollouts=4, turns=3, context_tokens=1000, tool_chars=50)
             )
         rss_start = _proc_stat(gateway_pid)[1]
         idle_ms = _idle_cpu_ms_per_s(pids, args.idle_seconds)
-
         results = _measure_cells(args, targets, pids)
-
         rss_before_burst = _proc_stat(gateway_pid)[1]
+        gateway_root = next(t.root for t in targets if t.name == "gateway")
         asyncio.run(_burst(gateway_root, args.burst, args.burst_turns, 64))
         time.sleep(1.0)
         rss_after_burst = _proc_stat(gateway_pid)[1]
+    return Measured(results, idle_ms, (rss_start, rss_before_burst, rss_after_burst))
 
+
+def main() -> None:
+    """Run the benchmark (or one of its child processes) and print its figures."""
+    parser = _parser()
+    args = parser.parse_args()
+    if _run_child(args):
+        return
+    if args.clients < 1 or args.model_latency_ms < 0:
+        parser.error("--clients must be at least 1 and --model-latency-ms at least 0")
+    load_start = os.getloadavg()[0]
+    measured = _measure(args)
     print(
         f"turns per conversation: {args.turns}; tool output {args.tool_output_chars} chars; "
         f"host load {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
@@ -798,6 +818,13 @@ def main() -> None:
     )
     if args.compare_source:
         print(f"base: a second gateway from {args.compare_source}")
+    _report(args, measured)
+
+
+def _report(args: argparse.Namespace, measured: Measured) -> None:
+    """Print the cells, the ratios, the trajectory and storage figures, RSS and idle CPU,
+    and the targets."""
+    results = measured.results
     cpu_per_turn = _print_cells(results)
     _print_ratios(args, cpu_per_turn)
     for context in args.contexts:
@@ -814,13 +841,14 @@ def main() -> None:
         f"token storage, {unique}-token trajectory ({logical} tokens over its steps): "
         f"{stored / unique:.2f} bytes per stored (unique) token"
     )
+    rss_start, rss_before_burst, rss_after_burst = measured.rss
     print(
         f"gateway RSS: {rss_start / 1e6:.1f} MB after warm-up, {rss_before_burst / 1e6:.1f} MB "
         f"after the runs, {rss_after_burst / 1e6:.1f} MB after {args.burst} rollouts x "
         f"{args.burst_turns} turns were registered, run and unregistered"
     )
-    if idle_ms:
-        shown = ", ".join(f"{name} {ms:.3f}" for name, ms in idle_ms.items())
+    if measured.idle_ms:
+        shown = ", ".join(f"{name} {ms:.3f}" for name, ms in measured.idle_ms.items())
         print(f"idle CPU per second over {args.idle_seconds:g} s, ms: {shown}")
     mean_direct = statistics.mean(
         results[(args.contexts[0], args.concurrency[0], "direct")].latencies_s
@@ -958,38 +986,34 @@ def _ratio(num: float, den: float) -> str:
     return f"{num / den:.2f}x" if den > 0 else "n/a"
 
 
-def _print_targets(
-    args: argparse.Namespace,
-    results: dict[tuple[int, int, str], RunResult],
-    cpu_per_turn: dict[tuple[int, int, str], float],
-    bytes_per_token: float,
-    rss_start: int,
-    rss_after_burst: int,
-) -> None:
-    """The issue's targets side by side with this run's figures."""
-    rows: list[tuple[str, str, str, bool]] = []
+#: A target's row: what, the target, the figure measured, whether it is met.
+TargetRow = tuple[str, str, str, bool]
+
+
+def _cpu_rows(
+    args: argparse.Namespace, cpu_per_turn: dict[tuple[int, int, str], float]
+) -> list[TargetRow]:
+    """CPU per turn against the proxy's, and its growth with the context."""
+    rows: list[TargetRow] = []
     lo, hi = args.contexts[0], args.contexts[-1]
     for conc in args.concurrency:
         ratio = cpu_per_turn[(lo, conc, "gateway")] / cpu_per_turn[(lo, conc, "proxy")]
-        rows.append(
-            (
-                f"CPU/turn gateway/proxy, {lo} tok, {conc} rollouts",
-                "<= 1.5x",
-                f"{ratio:.2f}x",
-                ratio <= 1.5,
-            )
-        )
+        name = f"CPU/turn gateway/proxy, {lo} tok, {conc} rollouts"
+        rows.append((name, "<= 1.5x", f"{ratio:.2f}x", ratio <= 1.5))
     if hi != lo:
         for conc in args.concurrency:
             flat = cpu_per_turn[(hi, conc, "gateway")] / cpu_per_turn[(lo, conc, "gateway")]
-            rows.append(
-                (
-                    f"CPU/turn gateway {hi} vs {lo} tok, {conc} rollouts",
-                    "<= 1.2x",
-                    f"{flat:.2f}x",
-                    flat <= 1.2,
-                )
-            )
+            name = f"CPU/turn gateway {hi} vs {lo} tok, {conc} rollouts"
+            rows.append((name, "<= 1.2x", f"{flat:.2f}x", flat <= 1.2))
+    return rows
+
+
+def _latency_rows(
+    args: argparse.Namespace, results: dict[tuple[int, int, str], RunResult]
+) -> list[TargetRow]:
+    """The latency the gateway adds to a turn over the model's own (the proxy's beside)."""
+    rows: list[TargetRow] = []
+    lo = args.contexts[0]
     for conc in args.concurrency:
         gateway, direct = results[(lo, conc, "gateway")], results[(lo, conc, "direct")]
         proxy = results[(lo, conc, "proxy")]
@@ -1004,6 +1028,20 @@ def _print_targets(
                     added < bound,
                 )
             )
+    return rows
+
+
+def _print_targets(
+    args: argparse.Namespace,
+    results: dict[tuple[int, int, str], RunResult],
+    cpu_per_turn: dict[tuple[int, int, str], float],
+    bytes_per_token: float,
+    rss_start: int,
+    rss_after_burst: int,
+) -> None:
+    """The issue's targets side by side with this run's figures."""
+    rows = [*_cpu_rows(args, cpu_per_turn), *_latency_rows(args, results)]
+    hi = args.contexts[-1]
     fetch = results[(hi, args.concurrency[0], "gateway")].trajectory
     if fetch is not None:
         full_s, _, delta_s, _ = fetch

@@ -461,15 +461,99 @@ def _model(latency_ms: float, max_model_len: int) -> contextlib.AbstractContextM
     return _server("model", cmd, f"http://127.0.0.1:{port}/v1/models")
 
 
+Sources = list[tuple[str, str | None]]
+
+
+def run_memory(args: argparse.Namespace, sources: Sources, options: list[str]) -> None:
+    """The memory scenario: each attack against each gateway; RSS before, peak, after."""
+    size = args.max_body_bytes
+    print(
+        f"\n== memory: one rollout key, engine {args.memory_engine_ms:g} ms; one normal turn "
+        f"in flight, then the bodies below at once; address-space cap "
+        f"{args.memory_cap_mib or 'none'} MiB; RSS in MiB"
+    )
+    attacks = {
+        f"4 x {size / MiB:g} MiB chat + pad of {{}}": [
+            _pad_body(size, tag=str(i)) for i in range(4)
+        ],
+        f"1 x {size / MiB:g} MiB bare [{{}}, ...]": [_pad_body(size, pad=False)],
+        f"4 x {size / MiB:g} MiB of 8192 messages": [
+            attack_body("messages", size, tag=str(i)) for i in range(4)
+        ],
+    }
+    with _model(args.memory_engine_ms, args.max_model_len) as model:
+        for label, bodies in attacks.items():
+            for name, source in sources:
+                preexec = _limits(args.memory_cap_mib, None)
+                with _gateway(name, model.root, source, options, preexec) as gw:
+                    m = asyncio.run(memory_scenario(gw, bodies, args.memory_engine_ms / 1000))
+                print(
+                    f"{name:8s} {label}: RSS {m.rss_start:.0f} -> peak {m.peak:.0f}, "
+                    f"{m.rss_after:.0f} after; statuses {' '.join(m.statuses)}; "
+                    f"process {m.alive}; {m.serves}"
+                )
+
+
+def run_fairness(args: argparse.Namespace, sources: Sources, options: list[str]) -> None:
+    """The fairness scenario: victims' turn latency alone and beside an attacker."""
+    print(
+        f"\n== fairness: {args.victims} victim rollouts take turns back to back (engine "
+        f"{args.model_latency_ms:g} ms, context {args.max_model_len} tokens), "
+        f"{args.seconds:g} s alone, then {args.seconds:g} s while one agent (one rollout "
+        f"key) sends {args.attackers} x {args.max_body_bytes / MiB:g} MiB bodies at a "
+        "time, back to back; victims' turn latency in ms"
+    )
+    with _model(args.model_latency_ms, args.max_model_len) as model:
+        for kind in args.attack_body.split(","):
+            for name, source in sources:
+                with _gateway(name, model.root, source, options) as gw:
+                    f = asyncio.run(fairness_scenario(gw, args, kind))
+                    alive = gw.exit_note()
+                alone, hit = f.alone, f.attacked
+                ratio = hit.pct(0.99) / alone.pct(0.99) if alone.samples else 0.0
+                print(
+                    f"{name:8s} '{kind}' bodies: unloaded p50 {alone.pct(0.5):.0f} p99 "
+                    f"{alone.pct(0.99):.0f} ({len(alone.samples)} turns) | under attack p50 "
+                    f"{hit.pct(0.5):.0f} p99 {hit.pct(0.99):.0f} ({len(hit.samples)} turns, "
+                    f"{hit.errors} failed) | p99 ratio {ratio:.2f} (target <= 2) | gateway "
+                    f"{alive}; attacker's answers {f.attack_statuses}"
+                )
+
+
+def run_fds(args: argparse.Namespace, sources: Sources, options: list[str]) -> None:
+    """The fds scenario: half-sent connections against a low descriptor limit."""
+    print(
+        f"\n== fds: gateway with RLIMIT_NOFILE {args.nofile}; {args.flood} connections send "
+        f"half a request and go silent; then /health and register"
+    )
+    with _model(0, args.max_model_len) as model:
+        for name, source in sources:
+            preexec = _limits(None, args.nofile)
+            with _gateway(name, model.root, source, options, preexec) as gw:
+                opened, health, register = asyncio.run(fds_scenario(gw.root, args.flood))
+                alive = gw.exit_note()
+            print(
+                f"{name:8s} {opened} half-sent connections held; /health: {health}; "
+                f"register: {register}; gateway {alive}"
+            )
+
+
+#: Each scenario of ``--scenarios`` by name.
+SCENARIOS = {"memory": run_memory, "fairness": run_fairness, "fds": run_fds}
+
+
 def main() -> None:
     """Run the scenarios (or the attacker process) and print the figures."""
-    args = _parser().parse_args()
+    parser = _parser()
+    args = parser.parse_args()
+    unknown = set(args.scenarios.split(",")) - SCENARIOS.keys()
+    if unknown:
+        parser.error(f"--scenarios: unknown {sorted(unknown)}; choose from {sorted(SCENARIOS)}")
     if args.attacker:
         root, key, rid, kind, size, par = args.attacker
         _attacker_main(root, key, rid, kind, int(size), int(par))
         return
-    scenarios = args.scenarios.split(",")
-    sources: list[tuple[str, str | None]] = [("gateway", None)]
+    sources: Sources = [("gateway", None)]
     if args.compare_source:
         sources.append(("base", os.path.abspath(args.compare_source)))
     print(
@@ -478,71 +562,8 @@ def main() -> None:
         + ", ".join(n + (f" from {s}" if s else " (this checkout)") for n, s in sources)
     )
     options = ["--max-body-bytes", str(args.max_body_bytes), *args.gateway_option]
-    if "memory" in scenarios:
-        size = args.max_body_bytes
-        print(
-            f"\n== memory: one rollout key, engine {args.memory_engine_ms:g} ms; one normal turn "
-            f"in flight, then the bodies below at once; address-space cap "
-            f"{args.memory_cap_mib or 'none'} MiB; RSS in MiB"
-        )
-        attacks = {
-            f"4 x {size / MiB:g} MiB chat + pad of {{}}": [
-                _pad_body(size, tag=str(i)) for i in range(4)
-            ],
-            f"1 x {size / MiB:g} MiB bare [{{}}, ...]": [_pad_body(size, pad=False)],
-            f"4 x {size / MiB:g} MiB of 8192 messages": [
-                attack_body("messages", size, tag=str(i)) for i in range(4)
-            ],
-        }
-        with _model(args.memory_engine_ms, args.max_model_len) as model:
-            for label, bodies in attacks.items():
-                for name, source in sources:
-                    preexec = _limits(args.memory_cap_mib, None)
-                    with _gateway(name, model.root, source, options, preexec) as gw:
-                        m = asyncio.run(memory_scenario(gw, bodies, args.memory_engine_ms / 1000))
-                    print(
-                        f"{name:8s} {label}: RSS {m.rss_start:.0f} -> peak {m.peak:.0f}, "
-                        f"{m.rss_after:.0f} after; statuses {' '.join(m.statuses)}; "
-                        f"process {m.alive}; {m.serves}"
-                    )
-    if "fairness" in scenarios:
-        print(
-            f"\n== fairness: {args.victims} victim rollouts take turns back to back (engine "
-            f"{args.model_latency_ms:g} ms, context {args.max_model_len} tokens), "
-            f"{args.seconds:g} s alone, then {args.seconds:g} s while one agent (one rollout "
-            f"key) sends {args.attackers} x {args.max_body_bytes / MiB:g} MiB bodies at a "
-            "time, back to back; victims' turn latency in ms"
-        )
-        with _model(args.model_latency_ms, args.max_model_len) as model:
-            for kind in args.attack_body.split(","):
-                for name, source in sources:
-                    with _gateway(name, model.root, source, options) as gw:
-                        f = asyncio.run(fairness_scenario(gw, args, kind))
-                        alive = gw.exit_note()
-                    alone, hit = f.alone, f.attacked
-                    ratio = hit.pct(0.99) / alone.pct(0.99) if alone.samples else 0.0
-                    print(
-                        f"{name:8s} '{kind}' bodies: unloaded p50 {alone.pct(0.5):.0f} p99 "
-                        f"{alone.pct(0.99):.0f} ({len(alone.samples)} turns) | under attack p50 "
-                        f"{hit.pct(0.5):.0f} p99 {hit.pct(0.99):.0f} ({len(hit.samples)} turns, "
-                        f"{hit.errors} failed) | p99 ratio {ratio:.2f} (target <= 2) | gateway "
-                        f"{alive}; attacker's answers {f.attack_statuses}"
-                    )
-    if "fds" in scenarios:
-        print(
-            f"\n== fds: gateway with RLIMIT_NOFILE {args.nofile}; {args.flood} connections send "
-            f"half a request and go silent; then /health and register"
-        )
-        with _model(0, args.max_model_len) as model:
-            for name, source in sources:
-                preexec = _limits(None, args.nofile)
-                with _gateway(name, model.root, source, options, preexec) as gw:
-                    opened, health, register = asyncio.run(fds_scenario(gw.root, args.flood))
-                    alive = gw.exit_note()
-                print(
-                    f"{name:8s} {opened} half-sent connections held; /health: {health}; "
-                    f"register: {register}; gateway {alive}"
-                )
+    for name in args.scenarios.split(","):
+        SCENARIOS[name](args, sources, options)
 
 
 if __name__ == "__main__":

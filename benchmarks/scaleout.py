@@ -141,17 +141,34 @@ def servers(
         Target("redis-1", group.roots()[0], pids["gw0"], gateway=True),
     ]
     if source is not None:
-        base = GatewayGroup(
-            redis.url, upstream, len(BASE_GATEWAYS), directory / f"base-{latency_ms:g}",
-            admin_token=ADMIN_TOKEN, source=source,
-            extra_args=[*common, "--redis-prefix", f"base{latency_ms:g}:"],
-        )  # fmt: skip
-        stack.enter_context(base)
-        pids.update(zip(BASE_GATEWAYS, base.pids(), strict=True))
-        base_lb = stack.enter_context(HAProxy(base.ports, directory / f"lb-base-{latency_ms:g}"))
-        pids["haproxy-base"] = base_lb.pid
-        targets.append(Target("base-redis-3", base_lb.root, None, gateway=True))
+        targets.append(
+            _base_gateways(stack, directory, redis, upstream, latency_ms, source, pids, common)
+        )
     return targets, pids, model_root
+
+
+def _base_gateways(
+    stack: contextlib.ExitStack,
+    directory: Path,
+    redis: RedisServer,
+    upstream: str,
+    latency_ms: float,
+    source: Path,
+    pids: dict[str, int],
+    common: list[str],
+) -> Target:
+    """Start ``source``'s three Redis gateways (a key prefix of their own) and HAProxy
+    over them, on ``stack``; their pids go into ``pids``."""
+    base = GatewayGroup(
+        redis.url, upstream, len(BASE_GATEWAYS), directory / f"base-{latency_ms:g}",
+        admin_token=ADMIN_TOKEN, source=source,
+        extra_args=[*common, "--redis-prefix", f"base{latency_ms:g}:"],
+    )  # fmt: skip
+    stack.enter_context(base)
+    pids.update(zip(BASE_GATEWAYS, base.pids(), strict=True))
+    base_lb = stack.enter_context(HAProxy(base.ports, directory / f"lb-base-{latency_ms:g}"))
+    pids["haproxy-base"] = base_lb.pid
+    return Target("base-redis-3", base_lb.root, None, gateway=True)
 
 
 def measure(
@@ -258,6 +275,15 @@ def main() -> None:
     report(args, load_start, fast, paced)
 
 
+#: A target's row: what, the target, the figure measured, whether it is met.
+TargetRow = tuple[str, str, str, bool]
+#: Which HAProxy's CPU a path's turns also cost.
+BALANCER_OF = {
+    "redis-3": "haproxy", "redis-3-uri": "haproxy-uri", "memory-3-uri": "haproxy-mem",
+    "base-redis-3": "haproxy-base",
+}  # fmt: skip
+
+
 def report(
     args: argparse.Namespace,
     load_start: float,
@@ -270,22 +296,37 @@ def report(
         f"{os.cpu_count()} CPUs; {args.rollouts} rollouts x {args.turns} turns per round, "
         f"tool output {args.tool_output_chars} chars; Redis appendfsync {args.fsync}"
     )
-    rows: list[tuple[str, str, str, bool]] = []
+    _print_fast(fast)
+    rows = _print_ratios(args, fast)
+    if paced:
+        rows.append(_print_paced(args, paced))
+    width = max(len(r[0]) for r in rows)
+    print(f"\ntargets (issue 26), this run:\n  {'':<{width}}  {'target':<9}{'measured':<48}met")
+    for name, target, measured, met in rows:
+        print(f"  {name:<{width}}  {target:<9}{measured:<48}{'yes' if met else 'NO'}")
+
+
+def _print_fast(fast: dict[tuple[int, str], RunResult]) -> None:
+    """The cells with the model answering at once: CPU per turn of each process kind."""
     print("\nmodel answering at once (CPU per turn; gateway = the gateways that served it)")
     head = f"{'context':>8}  {'path':<12}{'turns':>7}{'gateway CPU ms/turn':>21}"
     print(f"{head}{'redis':>8}{'haproxy':>9}{'p50 ms':>9}{'p99 ms':>9}")
     for (context, path), res in fast.items():
         n = len(res.latencies_s)
         redis_ms = res.cpu_s["redis"] * 1000 / n if "redis" in path else 0.0
-        balancer = {
-            "redis-3": "haproxy", "redis-3-uri": "haproxy-uri", "memory-3-uri": "haproxy-mem",
-            "base-redis-3": "haproxy-base",
-        }.get(path)  # fmt: skip
+        balancer = BALANCER_OF.get(path)
         lb_ms = res.cpu_s[balancer] * 1000 / n if balancer else 0.0
         print(
             f"{context:>8}  {path:<12}{n:>7}{gateway_cpu_ms(path, res):21.3f}{redis_ms:8.3f}"
             f"{lb_ms:9.3f}{res.pct(0.5):9.2f}{res.pct(0.99):9.2f}"
         )
+
+
+def _print_ratios(
+    args: argparse.Namespace, fast: dict[tuple[int, str], RunResult]
+) -> list[TargetRow]:
+    """Each path's CPU per turn per gateway over the memory gateway's; the targets' rows."""
+    rows: list[TargetRow] = []
     print("\nratios to the memory gateway (same run):")
     compared = ("base-redis-3",) if args.compare_source else ()
     for context in args.contexts:
@@ -297,50 +338,44 @@ def report(
                 f"(memory {memory:.3f} ms)"
             )
             if path == "redis-3":
+                name = f"CPU/turn/gateway redis-3/memory, {context} tok"
                 rows.append(
-                    (
-                        f"CPU/turn/gateway redis-3/memory, {context} tok",
-                        "<= 1.5x",
-                        f"{ratio:.2f}x (memory {memory:.3f} ms)",
-                        ratio <= 1.5,
-                    )
+                    (name, "<= 1.5x", f"{ratio:.2f}x (memory {memory:.3f} ms)", ratio <= 1.5)
                 )
         if compared:
             ab = gateway_cpu_ms("redis-3", fast[(context, "redis-3")]) / gateway_cpu_ms(
                 "base-redis-3", fast[(context, "base-redis-3")]
             )
             print(f"  A/B: redis-3/base-redis-3 at {context} tokens: {ab:.2f}x")
-    if paced:
-        context = args.contexts[0]
-        direct = paced[(context, "direct")].pct(0.5)
+    return rows
+
+
+def _print_paced(args: argparse.Namespace, paced: dict[tuple[int, str], RunResult]) -> TargetRow:
+    """The latency each path adds to a turn of a paced model; the target's row."""
+    context = args.contexts[0]
+    direct = paced[(context, "direct")].pct(0.5)
+    print(
+        f"\npaced model ({args.model_latency_ms:g} ms per completion) at {context} "
+        f"tokens: latency added to a turn over direct's (p50 {direct:.2f} ms)"
+    )
+    print(f"  {'path':<12}{'turns':>7}{'p50 ms':>10}{'added p50':>11}{'p99 ms':>9}")
+    for (_, path), res in paced.items():
+        added = res.pct(0.5) - direct
         print(
-            f"\npaced model ({args.model_latency_ms:g} ms per completion) at {context} "
-            f"tokens: latency added to a turn over direct's (p50 {direct:.2f} ms)"
+            f"  {path:<12}{len(res.latencies_s):>7}{res.pct(0.5):10.2f}{added:11.2f}"
+            f"{res.pct(0.99):9.2f}"
         )
-        print(f"  {'path':<12}{'turns':>7}{'p50 ms':>10}{'added p50':>11}{'p99 ms':>9}")
-        for (_, path), res in paced.items():
-            added = res.pct(0.5) - direct
-            print(
-                f"  {path:<12}{len(res.latencies_s):>7}{res.pct(0.5):10.2f}{added:11.2f}"
-                f"{res.pct(0.99):9.2f}"
-            )
-        added_3 = paced[(context, "redis-3")].pct(0.5) - direct
-        added_mem = paced[(context, "memory")].pct(0.5) - direct
-        added_lb = paced[(context, "lb-only")].pct(0.5) - direct
-        rows.append(
-            (
-                f"added latency p50, redis-3 via HAProxy, {context} tok",
-                "< 2 ms",
-                f"{added_3:.2f} ms (memory {added_mem:.2f}, HAProxy alone {added_lb:.2f})",
-                added_3 < 2.0,
-            )
-        )
-        jitter = statistics.pstdev(paced[(context, "direct")].latencies_s) * 1000
-        print(f"  (direct's own spread: stdev {jitter:.2f} ms)")
-    width = max(len(r[0]) for r in rows)
-    print(f"\ntargets (issue 26), this run:\n  {'':<{width}}  {'target':<9}{'measured':<48}met")
-    for name, target, measured, met in rows:
-        print(f"  {name:<{width}}  {target:<9}{measured:<48}{'yes' if met else 'NO'}")
+    added_3 = paced[(context, "redis-3")].pct(0.5) - direct
+    added_mem = paced[(context, "memory")].pct(0.5) - direct
+    added_lb = paced[(context, "lb-only")].pct(0.5) - direct
+    jitter = statistics.pstdev(paced[(context, "direct")].latencies_s) * 1000
+    print(f"  (direct's own spread: stdev {jitter:.2f} ms)")
+    return (
+        f"added latency p50, redis-3 via HAProxy, {context} tok",
+        "< 2 ms",
+        f"{added_3:.2f} ms (memory {added_mem:.2f}, HAProxy alone {added_lb:.2f})",
+        added_3 < 2.0,
+    )
 
 
 if __name__ == "__main__":

@@ -150,15 +150,12 @@ class EnvProcess:
         common = [
             "--gateway", self.gateway, "--name", self.name, "--journal", str(self.journal),
             "--sandbox-root", str(self.sandbox_root), "--concurrency", str(a.concurrency),
-            "--drain-s", str(a.drain_s),
+            "--drain-s", str(a.drain_s), "--hostile-share", str(a.hostile_share),
+            "--agent-timeout", str(a.agent_timeout), "--seed", str(a.seed),
         ]  # fmt: skip
         if self.v1_python is not None:
             return [self.v1_python, str(Path(__file__).with_name("soak_env_v1.py")), *common]
-        return [
-            sys.executable, str(Path(__file__).with_name("soak_env.py")), *common,
-            "--hostile-share", str(a.hostile_share), "--agent-timeout", str(a.agent_timeout),
-            "--seed", str(a.seed),
-        ]  # fmt: skip
+        return [sys.executable, str(Path(__file__).with_name("soak_env.py")), *common]
 
     def start(self) -> None:
         cmd = self.command()
@@ -391,7 +388,7 @@ class Soak:
                     self.canary.append(
                         {"t": round(self.now(), 2), "ms": round(ms, 2), "status": status}
                     )
-            canary.close()
+            canary.close(final=True)
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -512,6 +509,9 @@ class Canary:
         self.client = client
         self.admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         self.rollout, self.key, self.turns = "", "", 0
+        #: Rollouts whose unregistration failed (a gateway down, HAProxy without one):
+        #: tried again at each close, and at the end until they go.
+        self.pending: list[str] = []
 
     def turn(self) -> tuple[int, float]:
         """One turn (a new rollout first when needed): its status and milliseconds; status
@@ -537,12 +537,26 @@ class Canary:
             self.key = ""  # refused or gone: a new rollout
         return answer.status_code, ms
 
-    def close(self) -> None:
-        """Unregister the current rollout (best effort)."""
+    def close(self, final: bool = False) -> None:
+        """Unregister the current rollout and those whose unregistration failed before;
+        ``final``: keep trying for up to 30 s (a canary leaves nothing registered)."""
         if self.rollout:
-            with contextlib.suppress(httpx.HTTPError):
-                self.client.post(f"/v1/rollouts/{self.rollout}/unregister", headers=self.admin)
+            self.pending.append(self.rollout)
             self.rollout = ""
+        deadline = time.monotonic() + (30.0 if final else 0.0)
+        while True:
+            self.pending = [r for r in self.pending if not self._unregistered(r)]
+            if not self.pending or time.monotonic() >= deadline:
+                return
+            time.sleep(1.0)
+
+    def _unregistered(self, rollout: str) -> bool:
+        """Whether the gateway answered the unregistration (200, or 404: not held)."""
+        try:
+            answer = self.client.post(f"/v1/rollouts/{rollout}/unregister", headers=self.admin)
+        except httpx.HTTPError:
+            return False
+        return answer.status_code < 500
 
 
 # -- readings ---------------------------------------------------------------------------------

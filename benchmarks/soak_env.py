@@ -89,6 +89,11 @@ HOSTILE: dict[str, str] = {
 }
 
 
+def pick_hostile(rng: random.Random, share: float) -> str | None:
+    """The hostile agent a rollout runs (``None``: the example agent), ``share`` of them."""
+    return rng.choice(sorted(HOSTILE)) if rng.random() < share else None
+
+
 def _soak_env_class() -> Any:
     from rollout_gateway.examples.fix_bug_env import env as fix_bug
 
@@ -243,18 +248,10 @@ async def run_until_stopped(
     return late
 
 
-async def run(args: argparse.Namespace) -> int:
-    import verifiers as vf
-    from openai import AsyncOpenAI
-
+def _soak_env(args: argparse.Namespace, sandboxes: Any, journal: Journal) -> Any:
+    """The example env on ``sandboxes``, in gateway mode against ``--gateway``."""
     from rollout_gateway.examples.fix_bug_env.tasks import build_dataset
-    from rollout_gateway.local_sandbox import LocalSandboxClient
 
-    journal = Journal(Path(args.journal))
-    if args.resume:
-        await resume(args, journal)
-    rng = random.Random(f"{args.seed}:{args.name}:{os.getpid()}")
-    sandboxes = LocalSandboxClient(root=args.sandbox_root)  # sweeps a dead process's left-overs
     env = _soak_env_class()(
         dataset=build_dataset(5),
         sandbox_client=sandboxes,
@@ -274,6 +271,50 @@ async def run(args: argparse.Namespace) -> int:
         disk_size_gb=1,
     )
     env.journal = journal
+    return env
+
+
+def _rollout_input(
+    row: dict[str, Any], example_id: int, key: str, hostile: str | None
+) -> dict[str, Any]:
+    """The rollout's input: the dataset row, its agent (``hostile``) and journal key."""
+    data: dict[str, Any] = {k: row[k] for k in ("prompt", "answer", "info") if k in row}
+    data["info"] = {**data["info"], "hostile": hostile, "soak_key": key}
+    data["example_id"] = example_id
+    return data
+
+
+def end_fields(state: Any) -> dict[str, Any]:
+    """The journal's ``end`` fields of a finished classic rollout."""
+    import verifiers as vf
+
+    error = state.get("error")
+    return {
+        "rollout_id": state.get("rollout_id"),
+        "sandbox_id": state.get("sandbox_id"),
+        "error": type(error).__name__ if error is not None else None,
+        "error_message": str(error)[:300] if error is not None else None,
+        "infra": isinstance(error, vf.InfraError) if error is not None else None,
+        "typed": isinstance(error, vf.Error) if error is not None else None,
+        "stop": state.get("stop_condition"),
+        "agent_exit": state.get("agent_exit_code"),
+        "tests_passed": state.get("tests_passed"),
+        "steps": [step_record(s) for s in state.get("trajectory") or []],
+    }
+
+
+async def run(args: argparse.Namespace) -> int:
+    import verifiers as vf
+    from openai import AsyncOpenAI
+
+    from rollout_gateway.local_sandbox import LocalSandboxClient
+
+    journal = Journal(Path(args.journal))
+    if args.resume:
+        await resume(args, journal)
+    rng = random.Random(f"{args.seed}:{args.name}:{os.getpid()}")
+    sandboxes = LocalSandboxClient(root=args.sandbox_root)  # sweeps a dead process's left-overs
+    env = _soak_env(args, sandboxes, journal)
     client = vf.OpenAIChatCompletionsClient(
         AsyncOpenAI(base_url=f"{args.gateway}/v1", api_key="soak", max_retries=0)
     )
@@ -281,14 +322,9 @@ async def run(args: argparse.Namespace) -> int:
     start_key = f"{args.name}:{os.getpid()}"
 
     async def one(seq: int) -> None:
-        row = rows[seq % len(rows)]
-        data: dict[str, Any] = {k: row[k] for k in ("prompt", "answer", "info") if k in row}
-        data["info"] = dict(data["info"])
-        hostile = rng.choice(sorted(HOSTILE)) if rng.random() < args.hostile_share else None
-        data["info"]["hostile"] = hostile
-        data["example_id"] = seq % len(rows)
+        hostile = pick_hostile(rng, args.hostile_share)
         key = f"{start_key}:{seq}"
-        data["info"]["soak_key"] = key
+        data = _rollout_input(rows[seq % len(rows)], seq % len(rows), key, hostile)
         journal.write(event="start", rollout_key=key, env=args.name, hostile=hostile)
         started = time.monotonic()
         try:
@@ -308,24 +344,10 @@ async def run(args: argparse.Namespace) -> int:
                 seconds=time.monotonic() - started,
             )  # fmt: skip
             return
-        error = state.get("error")
         journal.write(
-            event="end",
-            rollout_key=key,
-            env=args.name,
-            hostile=hostile,
-            rollout_id=state.get("rollout_id"),
-            sandbox_id=state.get("sandbox_id"),
-            error=type(error).__name__ if error is not None else None,
-            error_message=str(error)[:300] if error is not None else None,
-            infra=isinstance(error, vf.InfraError) if error is not None else None,
-            typed=isinstance(error, vf.Error) if error is not None else None,
-            stop=state.get("stop_condition"),
-            agent_exit=state.get("agent_exit_code"),
-            tests_passed=state.get("tests_passed"),
-            steps=[step_record(s) for s in state.get("trajectory") or []],
-            seconds=round(time.monotonic() - started, 3),
-        )
+            event="end", rollout_key=key, env=args.name, hostile=hostile,
+            seconds=round(time.monotonic() - started, 3), **end_fields(state),
+        )  # fmt: skip
 
     try:
         # Those still running past --drain-s are left to the env's teardown, which

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import json
 import os
+import random
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -34,7 +37,14 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_env import Journal, resume, run_until_stopped, step_record  # noqa: E402
+from soak_env import (  # noqa: E402
+    HOSTILE,
+    Journal,
+    pick_hostile,
+    resume,
+    run_until_stopped,
+    step_record,
+)
 
 #: The journal key of the episode whose requests pass the transport now (set per episode:
 #: its tasks inherit it, so the control-plane calls made for it carry it).
@@ -76,28 +86,41 @@ class LedgerTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def eval_config(args: argparse.Namespace) -> Any:
-    """The run as v1's ``EvalConfig`` (the v1 demo's, on ``--gateway``)."""
+def hostile_command(hostile: str) -> str:
+    """The example harness's command that runs a hostile agent instead of ``agent.py``
+    (with this interpreter, which every local sandbox sees, as it runs ``agent.py``)."""
+    return f"exec {shlex.quote(sys.executable)} -c {shlex.quote(HOSTILE[hostile])}"
+
+
+def eval_config(args: argparse.Namespace, hostile: str | None = None) -> Any:
+    """The run as v1's ``EvalConfig`` (the v1 demo's, on ``--gateway``); ``hostile``:
+    that agent instead of the example's."""
     from rollout_gateway.v1.demo import TASKSET_ID
     from rollout_gateway.v1.eval_internals import EvalConfig
 
     out = Path(args.journal).resolve().parent
+    name = args.name if hostile is None else f"{args.name}-{hostile}"
+    agent: dict[str, Any] = {
+        # Contained as the classic envs' sandboxes (1 GiB memory and disk each), in a
+        # root of its own (what the soak counts as left behind).
+        "runtime": {
+            "type": "local_sandbox",
+            "isolation": "auto",
+            "root": args.sandbox_root,
+            "memory": 1.0,
+            "disk": 1.0,
+        },  # fmt: skip
+        # The classic envs' agent timeout: what ends an agent that never exits.
+        "timeout": {"rollout": args.agent_timeout},
+    }
+    if hostile is not None:
+        agent["harness"] = {"id": TASKSET_ID, "command": hostile_command(hostile)}
     return EvalConfig.model_validate(
         {
             "env": {
                 "taskset": {"id": TASKSET_ID},
                 "interception": {"type": "gateway", "url": args.gateway, "tunnel": "direct"},
-                # Contained as the classic envs' sandboxes (1 GiB memory and disk each),
-                # in a root of its own (what the soak counts as left behind).
-                "agent": {
-                    "runtime": {
-                        "type": "local_sandbox",
-                        "isolation": "auto",
-                        "root": args.sandbox_root,
-                        "memory": 1.0,
-                        "disk": 1.0,
-                    }  # fmt: skip
-                },
+                "agent": agent,
             },
             "model": "scripted",
             "client": {"type": "eval", "base_url": f"{args.gateway}/v1"},
@@ -106,7 +129,7 @@ def eval_config(args: argparse.Namespace) -> Any:
             "num_rollouts": 1,
             "max_concurrent": args.concurrency,
             "output_dir": str(out),
-            "run": {"name": f"soak-{args.name}", "dir": f"v1-run-{args.name}"},
+            "run": {"name": f"soak-{name}", "dir": f"v1-run-{name}"},
             "push": False,
             "rich": None,
         }
@@ -131,35 +154,64 @@ def end_line(episode: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, 
     }
 
 
+class Envs:
+    """The example env and one env per hostile agent (v1's harness is the env's), each
+    loaded on first use, all sharing the ledger transport; :meth:`serving` serves them."""
+
+    def __init__(self, args: argparse.Namespace, transport: LedgerTransport) -> None:
+        self.args = args
+        self.transport = transport
+        # Read now: the first env's gateway client takes it out of this process's
+        # environment (so that no agent inherits it).
+        self.admin_token = os.environ["ROLLOUT_GATEWAY_ADMIN_TOKEN"]
+        self.stack = contextlib.AsyncExitStack()
+        self.loaded: dict[str | None, tuple[Any, list[Any]]] = {}
+        self.config = eval_config(args)
+
+    async def get(self, hostile: str | None) -> tuple[Any, list[Any]]:
+        """The env running ``hostile`` (``None``: the example agent) and its tasks."""
+        from rollout_gateway.v1.eval_internals import load_environment
+
+        if hostile not in self.loaded:
+            config = eval_config(self.args, hostile)
+            env = load_environment(config.env)
+            env.gateway_admin_token = self.admin_token
+            env.gateway_transport = self.transport
+            await self.stack.enter_async_context(env.serving())
+            self.loaded[hostile] = (env, list(env.taskset.select(config.select)))
+        return self.loaded[hostile]
+
+
 async def run(args: argparse.Namespace) -> int:
     from rollout_gateway.v1.demo import V1Stack
-    from rollout_gateway.v1.eval_internals import ModelContext, load_environment
+    from rollout_gateway.v1.eval_internals import ModelContext
 
     journal = Journal(Path(args.journal))
     if args.resume:
         await resume(args, journal)
-    config = eval_config(args)
-    env = load_environment(config.env)
-    env.gateway_admin_token = os.environ["ROLLOUT_GATEWAY_ADMIN_TOKEN"]
-    transport = env.gateway_transport = LedgerTransport(journal)
-    tasks = list(env.taskset.select(config.select))
+    transport = LedgerTransport(journal)
+    envs = Envs(args, transport)
+    config = envs.config
     ctx = ModelContext(client=config.client, model=config.model, sampling=config.sampling)
+    rng = random.Random(f"{args.seed}:{args.name}:{os.getpid()}")
     start_key = f"{args.name}:{os.getpid()}"
 
     async def one(seq: int) -> None:
         key = f"{start_key}:{seq}"
         _EPISODE.set(key)  # this task's context: the transport sees it
-        journal.write(event="start", rollout_key=key, env=args.name, hostile=None)
+        hostile = pick_hostile(rng, args.hostile_share)
+        journal.write(event="start", rollout_key=key, env=args.name, hostile=hostile)
         started = time.monotonic()
         try:
+            env, tasks = await envs.get(hostile)
             slot = env.slots(tasks[seq % len(tasks)], 1)[0]
             episode = await env.run_slot(slot, ctx, None)
         except asyncio.CancelledError:
-            journal.write(event="cancelled", rollout_key=key, env=args.name, hostile=None)
+            journal.write(event="cancelled", rollout_key=key, env=args.name, hostile=hostile)
             raise
         except Exception as exc:  # what run_slot lets escape: journalled, untyped
             journal.write(
-                event="end", rollout_key=key, env=args.name, hostile=None, rollout_id=None,
+                event="end", rollout_key=key, env=args.name, hostile=hostile, rollout_id=None,
                 error=type(exc).__name__, error_message=str(exc)[:300], typed=False,
                 escaped=True, steps=[], seconds=round(time.monotonic() - started, 3),
             )  # fmt: skip
@@ -167,12 +219,13 @@ async def run(args: argparse.Namespace) -> int:
         dumped = json.loads(V1Stack.dump(episode))
         steps = transport.trajectories.pop(key, [])
         journal.write(
-            event="end", rollout_key=key, env=args.name, hostile=None,
+            event="end", rollout_key=key, env=args.name, hostile=hostile,
             rollout_id=transport.rollout_ids.pop(key, None),
             seconds=round(time.monotonic() - started, 3), **end_line(dumped, steps),
         )  # fmt: skip
 
-    async with env.serving():
+    async with envs.stack:
+        await envs.get(None)
         late = await run_until_stopped(one, args.concurrency, args.drain_s)
         for task in late:  # past --drain-s: cancelled (journalled), v1 cleans up
             task.cancel()
@@ -191,6 +244,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--drain-s", type=float, default=120.0)
     parser.add_argument("--resume", action="store_true", help="after a kill: see the doc")
+    parser.add_argument("--hostile-share", type=float, default=0.0)
+    parser.add_argument("--agent-timeout", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     return asyncio.run(run(args))
 

@@ -102,6 +102,13 @@ def die_with_parent(
     return preexec
 
 
+def _child_setup(sig: int, then: Callable[[], None] | None) -> Callable[[], None] | None:
+    """The ``preexec_fn`` a spawned child gets: the parent-death signal where the
+    platform has one, then ``then``; ``None`` when there is nothing to run (without a
+    ``preexec_fn``, ``subprocess`` may start the child without a fork)."""
+    return die_with_parent(sig, then) if _PRCTL is not None else then
+
+
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _spawner
     with _spawner_lock:
@@ -198,7 +205,7 @@ def spawn(
             env=env,
             cwd=cwd,
             start_new_session=new_session,
-            preexec_fn=die_with_parent(death_signal, preexec) if _PRCTL is not None else preexec,
+            preexec_fn=_child_setup(death_signal, preexec),
             text=text,
         )
 
@@ -225,7 +232,6 @@ async def spawn_async(
     ``whole_group``: as :func:`spawn`'s.
     """
     argv, death_signal = _kept(cmd, whole_group, new_session, death_signal)
-    preexec = die_with_parent(death_signal) if _PRCTL is not None else None
     return await asyncio.create_subprocess_exec(
         *argv,
         stdin=stdin,
@@ -234,7 +240,7 @@ async def spawn_async(
         env=env,
         cwd=cwd,
         start_new_session=new_session,
-        preexec_fn=preexec,
+        preexec_fn=_child_setup(death_signal, None),
         limit=limit,
     )
 

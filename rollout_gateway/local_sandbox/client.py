@@ -30,13 +30,13 @@ from prime_sandboxes import (
     SandboxImagePullError,
 )
 
-from rollout_gateway.local_sandbox import cgroups, disks, layout, limits, uids
+from rollout_gateway.local_sandbox import layout, limits
 from rollout_gateway.local_sandbox.commands import SandboxCommandAPI
 from rollout_gateway.local_sandbox.file_api import SandboxFileAPI
 from rollout_gateway.local_sandbox.isolation import IsolationMode, choose_mode, python_dirs
+from rollout_gateway.local_sandbox.provision import provision
 from rollout_gateway.local_sandbox.registry import SandboxRegistry
 from rollout_gateway.local_sandbox.sandbox import LocalSandbox
-from rollout_gateway.local_sandbox.seeding import local_image_path, seed
 
 logger = logging.getLogger(__name__)
 
@@ -216,43 +216,12 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         """
         with sb.setup_lock:
             if not sb.dead:
-                self._make(sb)
-
-    def _make(self, sb: LocalSandbox) -> None:
-        if sb.mode.uses_sandbox_uid:
-            sb.lease = uids.claim_uid()
-        meta: dict[str, Any] = {"mode": str(sb.mode), "uid": sb.lease.uid if sb.lease else None}
-        mount = None
-        if self._enforce_limits and sb.limits.disk_bytes and disks.availability() is None:
-            image = layout.disk_image(self.root, sb.id)
-            disk_bytes = sb.limits.disk_bytes
-
-            def mount(base: Path) -> None:
-                disks.create(image, base, disk_bytes)
-                sb.disk_image = image
-
-        sb.lock_fd = layout.create_dirs(sb.dirs, sb.owner, meta, self._traversable, mount)
-        found = cgroups.hierarchy()
-        if self._enforce_limits and isinstance(found, cgroups.Hierarchy):
-            sb.cgroup = cgroups.SandboxCgroup.create(
-                found,
-                sb.id,
-                memory_bytes=sb.limits.memory_bytes,
-                pids=sb.limits.pids,
-                cpu_cores=sb.limits.cpu_cores,
-            )
-            # Where the stale sweep finds them should this process die (they may sit
-            # under this process's own group, which another process does not know).
-            meta["cgroups"] = sb.cgroup.paths()
-            layout.write_meta(sb.dirs, meta)
-        source = local_image_path(sb.request.docker_image)
-        if source is not None:
-            error = seed(source, sb.work)
-            if error is not None:
-                sb.status, sb.error_type = "ERROR", "IMAGE_PULL_FAILED"
-                sb.error_message = f"Cannot use local image {sb.request.docker_image!r}: {error}"
-            elif sb.owner is not None:
-                layout.chown_tree(sb.work, sb.owner)
+                provision(
+                    sb,
+                    self.root,
+                    enforce_limits=self._enforce_limits,
+                    traversable=self._traversable,
+                )
 
     async def get(self, sandbox_id: str) -> Sandbox:
         """Return the sandbox's model (status ``RUNNING`` or ``ERROR``)."""

@@ -32,7 +32,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from rollout_gateway import protocol
-from rollout_gateway.exits import agent_report
+from rollout_gateway.exits import ExitBoard, agent_report
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.agents.chat import ChatTurns
 from rollout_gateway.server.agents.endpoint import AgentEndpoint
@@ -126,6 +126,12 @@ def _upstream_pool(
     return fd_plan, pool
 
 
+def _exit_streams(config: GatewayConfig, fd_plan: FdPlan, board: ExitBoard) -> ExitStreams:
+    """The exit streams' registry: each holds a connection open, so at most half the cap."""
+    max_streams = min(config.connections.max_exit_streams, fd_plan.agent_connections // 2)
+    return ExitStreams(board, max_streams=max(1, max_streams))
+
+
 def _token_in(config: GatewayConfig, given: TokenInEngine | None) -> TokenInEngine | None:
     """Token-in mode's engine (``None`` in chat mode)."""
     if config.upstream.upstream_mode != "token-in":
@@ -205,10 +211,8 @@ class Gateway:
         #: Agents' exit reports, streamed or long-polled to envs (see :mod:`rollout_gateway.exits`),
         #: numbered as the coordinator numbers them.
         self.exit_board = self.coordinator.exit_board()
-        #: The open exit streams (capped; ended on shutdown). Each holds a connection
-        #: open: at most half of the connection cap.
-        max_streams = min(config.connections.max_exit_streams, self.fd_plan.agent_connections // 2)
-        self.exit_streams = ExitStreams(self.exit_board, max_streams=max(1, max_streams))
+        #: The open exit streams (capped; ended on shutdown).
+        self.exit_streams = _exit_streams(config, self.fd_plan, self.exit_board)
         self.coordinator.watch(self)
 
     def _on_remove(self, record: RolloutRecord) -> None:
