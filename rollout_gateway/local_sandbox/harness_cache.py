@@ -125,10 +125,14 @@ class HarnessCache:
                 shutil.rmtree(staging, ignore_errors=True)
         return final
 
-    def uv_script(self, source: bytes) -> UvProgram:
+    def uv_script(self, source: bytes, python: str | None = None) -> UvProgram:
         """The PEP 723 script ``source`` with its environment, installed once per machine
-        (blocking: the first call runs ``uv sync --script``)."""
-        digest = hashlib.sha256(_UV_RECIPE + source).hexdigest()
+        (blocking: the first call runs ``uv sync --script``). ``python``: the interpreter
+        uv builds the environment on (``--python``; part of the cache key), for a script
+        whose ``requires-python`` the host's own Python does not meet; None: uv's
+        choice."""
+        recipe = _UV_RECIPE if python is None else _UV_RECIPE + f"--python {python}\n".encode()
+        digest = hashlib.sha256(recipe + source).hexdigest()
         known = self._uv_programs.get(digest)
         if known is not None:
             return known
@@ -136,7 +140,7 @@ class HarnessCache:
         with self._locked(f"uv-{digest}"):
             program = self._installed(final)
             if program is None:
-                self._install_uv_script(final, source)
+                self._install_uv_script(final, source, python)
                 program = self._installed(final)
                 if program is None:
                     raise HarnessInstallError(f"uv installed {final} without its interpreter")
@@ -163,13 +167,16 @@ class HarnessCache:
             "UV_COMPILE_BYTECODE": "1",
         }
 
-    def _install_uv_script(self, final: Path, source: bytes) -> None:
+    def _install_uv_script(self, final: Path, source: bytes, python: str | None) -> None:
         # The script keeps its final path: uv keys the script's environment by it.
         final.mkdir(parents=True, exist_ok=True)
         script = final / "script.py"
         script.write_bytes(source)
         uv = _uv_program()
         env = self._uv_env()
+        if python is not None:
+            # Both commands must pick the same interpreter (find names the environment).
+            env["UV_PYTHON"] = python
         for argv in (
             [uv, "sync", "--script", str(script), "-q"],
             [uv, "python", "find", "--script", str(script)],

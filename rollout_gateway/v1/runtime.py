@@ -47,6 +47,7 @@ from rollout_gateway.local_sandbox import (
     processes,
 )
 from rollout_gateway.local_sandbox.harness_cache import HarnessCache, HarnessInstallError
+from rollout_gateway.v1.harness_python import HARNESS_PYTHON_ENV_VAR, python_prefix
 from rollout_gateway.v1.internals import (
     BaseRuntimeInfo,
     ProgramResult,
@@ -121,6 +122,14 @@ class LocalSandboxRuntimeConfig(BaseConfig):
     harness_cache_root: str | None = None
     """The cache's directory (default ``$ROLLOUT_GATEWAY_HARNESS_CACHE`` or
     ``~/.cache/rollout-gateway/harnesses``)."""
+    harness_python: str | None = Field(
+        default_factory=lambda: os.environ.get(HARNESS_PYTHON_ENV_VAR) or None
+    )
+    """A Python on the host that the harness cache builds scripts' environments on
+    (uv's ``--python``), for a harness whose ``requires-python`` the host's Python does
+    not meet where uv cannot download one (``terminus_2``: Harbor needs >= 3.12); every
+    sandbox sees its installation read-only. Default ``$ROLLOUT_GATEWAY_HARNESS_PYTHON``;
+    None: uv's choice. :func:`rollout_gateway.v1.harness_python.find_python` finds one."""
 
     @field_validator("image")
     @classmethod
@@ -177,6 +186,11 @@ def _client(config: LocalSandboxRuntimeConfig) -> LocalSandboxClient:
     host the first time)."""
     cache = _harness_cache(config)
     read_only = [*config.read_only, *([str(cache.root)] if cache is not None else [])]
+    if cache is not None and config.harness_python is not None:
+        try:
+            read_only.append(str(python_prefix(config.harness_python)))
+        except ValueError as e:
+            raise LocalSandboxStartError(str(e)) from e
     key = (
         config.root,
         config.isolation,
@@ -397,11 +411,14 @@ class LocalSandboxRuntime(Runtime):
         if cache is None:
             return await super().prepare_uv_script(script, env, activate=activate)
         client, _ = self._running()
+        python = self.config.harness_python
         if client.isolation in (IsolationMode.UID, IsolationMode.UNSHARE):
             _check_traversable(cache.root)
+            if python is not None:
+                _check_traversable(python_prefix(python))
         data = script.encode() if isinstance(script, str) else script
         try:
-            program = await asyncio.to_thread(cache.uv_script, data)
+            program = await asyncio.to_thread(cache.uv_script, data, python)
         except HarnessInstallError as e:
             raise RuntimeError(f"failed to prepare uv script: {e}") from e
         interpreter, path = str(program.interpreter), str(program.script)
@@ -437,9 +454,10 @@ def _check_traversable(root: Path) -> None:
     for directory in (root, *root.parents):
         if not directory.stat().st_mode & 0o001:
             raise SandboxError(
-                f"the harness cache {root} is not reachable by the sandboxes' uids "
-                f"({directory} is not traversable by others): set the runtime's "
-                "harness_cache_root to a directory they can traverse"
+                f"{root} (the harness cache or harness_python's installation) is not "
+                f"reachable by the sandboxes' uids ({directory} is not traversable by "
+                "others): set the runtime's harness_cache_root (or harness_python) to "
+                "a directory they can traverse"
             )
 
 

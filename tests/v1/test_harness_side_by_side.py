@@ -48,14 +48,19 @@ SANDBOX_ROOT = f"/tmp/rg-harness-sbs-{os.getpid()}"
 def task_for(tool: str, argument: str, last: dict[str, Any] | None = None) -> FixBugTask:
     """The first fix-the-bug task, its script's shell steps on the harness's own shell
     tool (``tool``, the command in ``argument``); ``last`` replaces the closing answer."""
-    task = TASKS[0]
-    steps = json.loads(json.dumps(script_for(task)))
+    steps = json.loads(json.dumps(script_for(TASKS[0])))
     for step in steps:
         if step.get("tool") == "run_shell":
             step["tool"] = tool
             step["arguments"] = {argument: step["arguments"]["command"]}
     if last is not None:
         steps[-1] = last
+    return scripted_task(steps)
+
+
+def scripted_task(steps: list[dict[str, Any]]) -> FixBugTask:
+    """The first fix-the-bug task, the scripted model following ``steps``."""
+    task = TASKS[0]
     prompt = (
         f"Fix the bug in `{task.buggy_file}`: {task.description} "
         f"Check with `{task.test_command}`.\n<script>{json.dumps(steps)}</script>\n"
@@ -70,24 +75,35 @@ def task_for(tool: str, argument: str, last: dict[str, Any] | None = None) -> Fi
     return FixBugTask(data, vf.TaskConfig())
 
 
-def agent_config(harness: Any, base_url: str, **client: Any) -> LocalSandboxAgentConfig:
+def agent_config(
+    harness: Any, base_url: str, runtime: dict[str, Any] | None = None, **client: Any
+) -> LocalSandboxAgentConfig:
+    """The agent's config: ``harness`` on a ``bwrap`` sandbox (``runtime``: more runtime
+    settings) with the scripted model at ``base_url``."""
     return LocalSandboxAgentConfig(
         model="scripted",
         client=vf.EvalClientConfig(base_url=base_url, **client),
         harness=harness,
-        runtime=LocalSandboxRuntimeConfig(isolation="bwrap", root=SANDBOX_ROOT),
+        runtime=LocalSandboxRuntimeConfig(isolation="bwrap", root=SANDBOX_ROOT, **(runtime or {})),
     )
 
 
 async def side_by_side(
-    stack: Stack, make_interception: Any, harness: Any, task: FixBugTask
+    stack: Stack,
+    make_interception: Any,
+    harness: Any,
+    task: FixBugTask,
+    runtime: dict[str, Any] | None = None,
 ) -> tuple[vf.Trace, vf.Trace, list[list[int]]]:
     """(v1's own run, the gateway's run, the ids the engine served v1's own run)."""
     if (reason := unavailable_reasons()[IsolationMode.BWRAP]) is not None:
         pytest.skip(f"bwrap unavailable here: {reason}")
     async with upstream_rollout(stack) as (rollout_id, control):
         own_config = agent_config(
-            harness, f"{stack.gateway_url}/v1/rollouts/{rollout_id}", api_key_var=UPSTREAM_KEY_VAR
+            harness,
+            f"{stack.gateway_url}/v1/rollouts/{rollout_id}",
+            runtime,
+            api_key_var=UPSTREAM_KEY_VAR,
         )
         async with InterceptionServer(requires_tunnel=False) as server:
             async with vf.Agent(own_config, interception=server) as agent:
@@ -95,7 +111,9 @@ async def side_by_side(
         upstream = (await control.get(f"/v1/rollouts/{rollout_id}/trajectory")).json()
 
     interception, _ = await make_interception()
-    agent = vf.Agent(agent_config(harness, f"{stack.gateway_url}/v1"), interception=interception)
+    agent = vf.Agent(
+        agent_config(harness, f"{stack.gateway_url}/v1", runtime), interception=interception
+    )
     gateway_synced_agent(agent, interception)
     async with agent:
         through_gateway = await agent.run(task)
