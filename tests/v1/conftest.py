@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,10 @@ from rollout_gateway.server import GatewayConfig, create_app, running_server
 from rollout_gateway.v1 import GatewayInterception, GatewayInterceptionConfig
 
 ADMIN_TOKEN = "v1-tests-admin-token-0123456789"
+#: The local sandboxes' root of the side-by-side tests (one per test process; a short
+#: path, as bwrap's mounts of it are listed in every sandbox's command line), removed at
+#: the end of the session.
+SANDBOX_ROOT = f"/tmp/rg-sbs-{os.getpid()}"
 FAST_RETRY = RetryPolicy(max_attempts=2, initial_backoff=0.0, max_backoff=0.0, jitter=0.0)
 
 
@@ -82,6 +88,12 @@ class Stack:
         }
         options.update(overrides)
         return vf.AgentConfig(**options)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_sandbox_root() -> Iterator[None]:
+    yield
+    shutil.rmtree(SANDBOX_ROOT, ignore_errors=True)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,14 +34,14 @@ from rollout_gateway.v1 import (
     gateway_synced_agent,
 )
 
-from .conftest import ADMIN_TOKEN, Stack
+from .conftest import ADMIN_TOKEN, SANDBOX_ROOT, Stack
 
 UPSTREAM_KEY_VAR = "RG_SIDE_BY_SIDE_UPSTREAM_KEY"
 
 
 def agent_config(stack: Stack, cli: AgentCli, base_url: str, **client: Any) -> Any:
     agent = DemoAgent(cli, program_of(cli))
-    root = Path("/tmp") / f"rg-cli-sbs-{os.getpid()}"
+    root = SANDBOX_ROOT
     return LocalSandboxAgentConfig(
         model="scripted",
         client=vf.EvalClientConfig(base_url=base_url, **client),

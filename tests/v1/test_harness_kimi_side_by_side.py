@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from rollout_gateway.local_sandbox import IsolationMode, unavailable_reasons
 from rollout_gateway.v1 import LocalSandboxAgentConfig, LocalSandboxRuntimeConfig
 from rollout_gateway.v1.harness_kimi import KimiCodeInstall, provide_kimi_code
 
-from .conftest import Stack
+from .conftest import SANDBOX_ROOT, Stack
 from .test_agent_clis_side_by_side import assert_same_run, calls_of, run_both_ways
 from .test_harness_node_side_by_side import FORWARD, REQUIRE_VAR, messages_of
 
@@ -46,7 +45,7 @@ def agent_config(
     """``config`` in a ``bwrap`` sandbox that sees Kimi Code read-only."""
     runtime = LocalSandboxRuntimeConfig(
         isolation="bwrap",
-        root=str(Path("/tmp") / f"rg-harness-sbs-{os.getpid()}"),
+        root=SANDBOX_ROOT,
         read_only=install.read_only,
         read_only_at=install.read_only_at,
     )

@@ -40,7 +40,7 @@ from rollout_gateway.v1 import (
     harness_node,
 )
 
-from .conftest import Stack
+from .conftest import SANDBOX_ROOT, Stack
 from .test_agent_clis_side_by_side import assert_same_run, branch_messages, run_both_ways
 
 #: Set by CI (``.ci/run``): a harness that cannot be installed fails instead of skipping.
@@ -114,7 +114,7 @@ async def installed(name: str) -> list[str]:
 
 
 def agent_config(config: Any, base_url: str, read_only: list[str], **client: Any) -> Any:
-    root = Path("/tmp") / f"rg-harness-sbs-{os.getpid()}"
+    root = SANDBOX_ROOT
     runtime: Any = LocalSandboxRuntimeConfig(isolation="bwrap", root=str(root), read_only=read_only)
     return LocalSandboxAgentConfig(
         model="scripted",

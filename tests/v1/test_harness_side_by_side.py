@@ -14,7 +14,6 @@ messages, the reward, and the token ids.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from rollout_gateway.v1 import (
     gateway_synced_agent,
 )
 
-from .conftest import Stack
+from .conftest import SANDBOX_ROOT, Stack
 from .test_agent_clis_side_by_side import (
     UPSTREAM_KEY_VAR,
     branch_messages,
@@ -40,9 +39,6 @@ from .test_agent_clis_side_by_side import (
     completion_ids,
     upstream_rollout,
 )
-
-#: This run's sandboxes (as in test_agent_clis_side_by_side: a root per test process).
-SANDBOX_ROOT = f"/tmp/rg-harness-sbs-{os.getpid()}"
 
 
 def task_for(tool: str, argument: str, last: dict[str, Any] | None = None) -> FixBugTask:
