@@ -13,9 +13,12 @@ The Node harnesses (``claude_code``, ``codex``) install once per machine on the 
 (:func:`rollout_gateway.v1.harness_node.install_on_host`: Node.js from npm, the CLI and
 its ACP adapter with npm, v1's ACP runner with uv), which is their "first" figure; every
 later sandbox sees that install read-only (``read_only``) and the harness's own
-``setup()`` finds it ready. They need ``npm`` and the package registries. Prints, per
-harness, the first setup and the median / max of the later ones (seconds). Target:
-later setups under 2 s.
+``setup()`` finds it ready; ``kimi_code`` likewise, its release from npm
+(:func:`rollout_gateway.v1.harness_kimi.provide_kimi_code`) seen where its ready check
+looks (``read_only_at``). They need ``npm`` and the package registries. ``terminus_2``
+needs a Python >= 3.12 on the host (:func:`rollout_gateway.v1.harness_python.find_python`,
+the runtime's ``harness_python``). Prints, per harness, the first setup and the median /
+max of the later ones (seconds). Target: later setups under 2 s.
 
     .ci-venv-v1/bin/python benchmarks/harness_setup.py [--later 5] [--harness bash ...]
         [--cache DIR] [--isolation bwrap]
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 #: The harnesses measured (v1's, imported when measured: ``--help`` works on any stack).
-HARNESSES = ("bash", "mini_swe_agent", "terminus_2", "claude_code", "codex")
+HARNESSES = ("bash", "mini_swe_agent", "terminus_2", "claude_code", "codex", "kimi_code")
 #: Those installed on the host once and seen read-only by every sandbox.
 NODE_HARNESSES = ("claude_code", "codex")
 #: What v1's ACP runner's uv needs to reach PyPI from a sandbox, forwarded explicitly.
@@ -60,6 +63,10 @@ def harness_named(name: str) -> Any:
         from rollout_gateway.v1.internals import load_harness
 
         return load_harness(node_harness_config(name))
+    if name == "kimi_code":
+        from verifiers.v1.harnesses.kimi_code import KimiCodeHarness, KimiCodeHarnessConfig
+
+        return KimiCodeHarness(KimiCodeHarnessConfig(id="kimi_code"))
     return Terminus2Harness(Terminus2HarnessConfig(id="terminus_2"))
 
 
@@ -98,13 +105,43 @@ async def first_node_setup(name: str, config: Any) -> tuple[float, Any]:
     return took, config.model_copy(update={"read_only": [*config.read_only, *paths]})
 
 
+def first_kimi_setup(harness: Any, config: Any) -> tuple[float, Any]:
+    """Kimi Code's install from npm into the cache (seconds) and ``config`` with it
+    where the harness's ready check looks, in every sandbox."""
+    from rollout_gateway.local_sandbox.harness_cache import HarnessCache
+    from rollout_gateway.v1.harness_kimi import provide_kimi_code
+
+    started = time.perf_counter()
+    install = provide_kimi_code(harness.config.version, HarnessCache(config.harness_cache_root))
+    took = time.perf_counter() - started
+    update = {
+        "read_only": [*config.read_only, *install.read_only],
+        "read_only_at": {**config.read_only_at, **install.read_only_at},
+    }
+    return took, config.model_copy(update=update)
+
+
+def with_python(config: Any) -> Any:
+    """``config`` with a host Python >= 3.12 as ``harness_python`` (Harbor's need)."""
+    from rollout_gateway.v1.harness_python import find_python
+
+    python = config.harness_python or find_python((3, 12))
+    if python is None:
+        raise RuntimeError("no Python >= 3.12 on this host (PATH, pyenv): harness_python")
+    return config.model_copy(update={"harness_python": python})
+
+
 async def measure(name: str, config: Any, later: int) -> str:
     """One harness's first setup and the median / max of ``later`` ones, as a line."""
     harness = harness_named(name)
     try:
         if name in NODE_HARNESSES:
             first, config = await first_node_setup(name, config)
+        elif name == "kimi_code":
+            first, config = await asyncio.to_thread(first_kimi_setup, harness, config)
         else:
+            if name == "terminus_2":
+                config = with_python(config)
             first = await one_setup(harness, config)
     except Exception as e:  # noqa: BLE001 - reported, the next harness still runs
         lines = str(e).strip().splitlines() or [type(e).__name__]
