@@ -39,7 +39,7 @@ from rollout_gateway.server.engines.upstream_request import (
 )
 from rollout_gateway.server.http import jsonio
 from rollout_gateway.server.http.responses import ApiError
-from rollout_gateway.server.recording.history import HistoryMatch, recorded_message
+from rollout_gateway.server.recording.history import HistoryMatch
 from rollout_gateway.server.recording.prompt_ids import IdsText, answer_ids, id_count
 from rollout_gateway.server.state.dedupe import Turn
 from rollout_gateway.server.state.ledger import TurnUse
@@ -58,7 +58,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rollout_gateway.server")
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: made every turn, and a frozen dataclass's constructor costs several
+# times a plain one's (issue 33).
+@dataclass(slots=True)
 class TurnRequest:
     """What a turn runs: the agent's body in chat form (``body``: the chat request, or
     what a dialect's request translates to), its ``messages`` and their JSON text
@@ -289,7 +291,7 @@ class TurnRunner:
         history = record.recorder.match_history(messages, messages_text)
         shared = history.shared
         # Counted as stored: only the fields the trajectory keeps.
-        new_bytes = len(jsonio.dumps([recorded_message(m) for m in messages[shared or 0 :]]))
+        new_bytes = len(jsonio.dumps(history.new_messages(messages)))  # (the recorder's too)
         if stop is not None:
             new_bytes += len(jsonio.dumps(stop))
         check_turn_allowed(record, extends_history=bool(shared), new_message_bytes=new_bytes)

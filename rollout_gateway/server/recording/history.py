@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -131,7 +131,9 @@ def recorded_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return {k: message[k] for k in RECORDED_MESSAGE_FIELDS if k in message}
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: made every turn, and a frozen dataclass's constructor costs several
+# times a plain one's (issue 33).
+@dataclass(slots=True)
 class HistoryMatch:
     """What a request's messages share with a rollout's recorded history."""
 
@@ -140,6 +142,18 @@ class HistoryMatch:
     #: The request's messages as text, which the next request is checked against once
     #: this one is recorded (``None``: not JSON-serialisable, no text check next time).
     sent: SentText | None = None
+    #: :meth:`new_messages`, once made.
+    _new: list[dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def new_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The part the trajectory keeps (:func:`recorded_message`) of the messages the
+        history does not hold yet: ``messages`` (the request this match was made for)
+        after the shared ones, all of them when rewritten. Made once per request (the
+        turn's limits count them, the recorder stores them)."""
+        new = self._new
+        if new is None:
+            new = self._new = [recorded_message(m) for m in messages[self.shared or 0 :]]
+        return new
 
 
 #: What :meth:`MessageHistory.snapshot` saves.

@@ -211,7 +211,7 @@ class TrajectoryRecorder:
         if shared is None:
             step_extras["history_rewritten"] = True
             shared = 0
-        new_messages = [recorded_message(m) for m in messages[shared:]]
+        new_messages = history.new_messages(messages)  # (made once: the limits counted it)
         truncated = truncated or finish_reason in TRUNCATING_FINISH_REASONS
         extras = step_extras
         previous_ids = len(self._ids.last_ids)

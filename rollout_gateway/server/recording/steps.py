@@ -22,7 +22,9 @@ from rollout_gateway.server.recording.digests import ArrayText
 from rollout_gateway.server.recording.token_branches import StepIds
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: made every turn, and a frozen dataclass's constructor costs several
+# times a plain one's (issue 33).
+@dataclass(slots=True)
 class CheckState:
     """The digests a recorder checks the next turn's request against, right after a step
     (see :mod:`.digests`): the text of the step's request messages

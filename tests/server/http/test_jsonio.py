@@ -47,6 +47,8 @@ CHAT_BODIES = [
     {"messages": [], "stop": ["a", "b"], "tools": [{"type": "function", "function": {}}]},
     {"messages": [{"role": "tool", "content": [{"type": "text", "text": "x"}]}], "n": None},
     {"stream": True, "messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+    {"messages": [{"role": "user", "content": "alone"}]},  # no other field
+    {"tools": [{"function": {"parameters": {"a": [[{"b": "]"}]]}}}], "messages": [], "x": "["},
 ]
 
 

@@ -105,3 +105,23 @@ def test_messages_that_are_not_json_are_still_matched() -> None:
     _record(history, sent, {"role": "assistant", "content": "x"})
     assert history.match([*sent, {"role": "assistant", "content": "x"}]).shared == 2
     assert history.match([{"role": "user", "content": "b"}]).shared is None
+
+
+def test_a_matchs_new_messages_are_trimmed_once_for_the_limits_and_the_recorder() -> None:
+    """What a turn's limits count of a request is what the recorder stores: its messages
+    after the shared ones, trimmed to the recorded fields, made once."""
+    history = MessageHistory()
+    first = [{"role": "user", "content": "a", "vendor": 1}]
+    match = history.match(first)
+    new = match.new_messages(first)
+    assert new == [{"role": "user", "content": "a"}]
+    assert match.new_messages(first) is new
+    history.advance(match, new, [{"role": "assistant", "content": "b"}])
+    second = [*first, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    again = history.match(second)
+    assert again.shared == 2 and again.new_messages(second) == [{"role": "user", "content": "c"}]
+    rewritten = history.match([{"role": "user", "content": "z", "cache": True}])
+    assert rewritten.shared is None
+    assert rewritten.new_messages([{"role": "user", "content": "z", "cache": True}]) == [
+        {"role": "user", "content": "z"}
+    ]

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from array import array
+from typing import Any
+
 import orjson
 import pytest
 
-from rollout_gateway.server.recording.token_branches import TokenBranches
+from rollout_gateway.server.recording.token_branches import (
+    TokenBranches,
+    float32_array,
+    int32_array,
+)
 
 
 def test_turns_that_extend_the_branch_share_one_segment():
@@ -79,3 +86,48 @@ def test_a_text_prompt_that_copies_the_completion_differently_branches_at_the_di
     # A prompt that is exactly the previous prompt (no completion echoed) shares it.
     again = ids.add(ids.prompt(None, b"[1,2,3,4,9,6,7,8]"), [5], [0.0])
     assert again.prefix_len == 8 and again.prompt_ids.tolist() == [1, 2, 3, 4, 9, 6, 7, 8]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        [0, 1, -1, 2**31 - 1, -(2**31), True],
+        [1, 2**31],  # beyond 32 bits
+        [1, 2.0],  # a float among the ids
+        [1, "2"],
+        [1, None],
+        (3, 4),  # not a list: the array's own conversion
+    ],
+)
+def test_int32_array_gives_what_the_array_gives(values: Any) -> None:
+    """The packed conversion of ids gives the array's array, or raises its error type."""
+    try:
+        expected: Any = array("i", values)
+    except Exception as exc:  # noqa: BLE001 - the error type is what is compared
+        with pytest.raises(type(exc)):
+            int32_array(values)
+    else:
+        assert int32_array(values) == expected
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        [-0.5, 0.0, -9999.0, 1, True, float("nan"), float("inf"), float("-inf")],
+        [1e300, -1e300, 1e-300],  # beyond float32: the array stores infinities (and 0)
+        [1.0, "x"],
+        [1.0, None],
+    ],
+)
+def test_float32_array_gives_what_the_array_gives(values: Any) -> None:
+    """The packed conversion of logprobs gives the array's array, or its error type."""
+    try:
+        expected: Any = array("f", values)
+    except Exception as exc:  # noqa: BLE001
+        with pytest.raises(type(exc)):
+            float32_array(values)
+    else:
+        got = float32_array(values)
+        assert got.tobytes() == expected.tobytes()  # NaN compares unequal: the bytes
