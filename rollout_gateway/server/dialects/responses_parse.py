@@ -40,6 +40,7 @@ from rollout_gateway.server.dialects.memo import (
     HeadMemo,
     ParseMemo,
     ToolsMemo,
+    extended_text,
     rest_of,
 )
 from rollout_gateway.server.dialects.reading import (
@@ -131,7 +132,7 @@ def parse_responses_request(
         dialect="responses",
         body=chat,
         messages=messages,
-        messages_text=orjson.dumps(messages),
+        messages_text=conversation.messages_text or orjson.dumps(messages),
         stream=head.stream,
         facts=facts,
         context=context,
@@ -239,7 +240,11 @@ def _conversation(
         ends, dropped, declared = [], {}, []
     if not _plain_messages(items, reuse, out, ends):  # (the usual new items, in one loop)
         _translate(items, reuse, out, ends, dropped, declared)
-    return ConversationMemo(instructions, items, out, ends, dropped, declared, text)
+    # The previous text reused when all of the memo's messages were (the usual turn).
+    whole = memo if reuse and memo is not None and end == len(memo.messages) else None
+    conversation = ConversationMemo(instructions, items, out, ends, dropped, declared, text)
+    conversation.messages_text = extended_text(out, whole)
+    return conversation
 
 
 def _translate(

@@ -173,6 +173,7 @@ def render_response(
     if base is None:
         base = id_base(completion.get("id"))
     choices = completion.get("choices")
+    choice: Mapping[str, Any]
     if type(choices) is list and len(choices) == 1 and type(choices[0]) is dict:
         choice = choices[0]  # the usual answer: one choice (first_choice's, if index 0)
         if choice.get("index", 0) != 0:

@@ -99,14 +99,17 @@ def test_two_answers_in_a_row_fold_as_one_run() -> None:
 
 
 def test_a_whole_parse_is_the_same_with_and_without_the_memo() -> None:
-    """Turn by turn with the memo (the fast loop on the new items) and afresh (the
-    fast loop from the first item, or the general code where it falls back)."""
+    """Turn by turn with the memo (the fast loop on the new items, the previous
+    messages' text extended) and afresh (the fast loop from the first item, or the
+    general code where it falls back; the messages written whole)."""
     items: list[dict[str, Any]] = [message("developer", "sys " * 50)]
     memo = None
     for turn in range(6):
         items = [*items, message("user", f"turn {turn}")]
         if turn == 3:
             items.append({"type": "function_call_output", "call_id": "c", "output": "x"})
+        if turn == 4:  # a rewritten history: part of the memo's text only, written anew
+            items[1] = message("user", "turn 0, rewritten")
         body = {"model": "m", "input": items, "store": False}
         parsed = responses_parse.parse_responses_request(copy.deepcopy(body), memo)
         fresh = responses_parse.parse_responses_request(copy.deepcopy(body))
