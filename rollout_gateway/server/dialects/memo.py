@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from rollout_gateway.server.http.jsonio import ConversationText
 
 
@@ -41,6 +43,8 @@ class ConversationMemo:
     declared: list[tuple[int, Any]] = field(default_factory=list)
     #: ``native`` as the request's depth check wrote it (``None``: not written).
     text: ConversationText | None = None
+    #: ``orjson.dumps(messages)`` (``None``: not written).
+    messages_text: bytes | None = None
 
     def reusable(self, head: Any, native: list[Any], text: ConversationText | None = None) -> int:
         """How many leading items of ``native`` (under ``head``; ``text``: its JSON) can
@@ -116,6 +120,19 @@ def extends(text: ConversationText, previous: ConversationText) -> bool:
     )
 
 
+def extended_text(messages: list[dict[str, Any]], memo: ConversationMemo | None) -> bytes:
+    """``orjson.dumps(messages)``, where ``messages`` starts with every message of
+    ``memo`` (the very objects: the memo's translation taken whole, never changed after
+    the parse): its text, then only the new messages written (orjson writes a list as its
+    items' texts between ``[``, ``,`` and ``]``, each item's alone)."""
+    if memo is None or memo.messages_text is None or not memo.messages:
+        return orjson.dumps(messages)
+    size = len(memo.messages)
+    if len(messages) == size:
+        return memo.messages_text
+    return memo.messages_text[:-1] + b"," + orjson.dumps(messages[size:])[1:]
+
+
 #: What follows the last item of a list that the next one extends: ``,`` or ``]``.
 _AFTER_ITEM = frozenset(b",]")
 
@@ -140,6 +157,7 @@ __all__ = [
     "HeadMemo",
     "ParseMemo",
     "ToolsMemo",
+    "extended_text",
     "extends",
     "rest_of",
     "shared_prefix",

@@ -40,6 +40,7 @@ from rollout_gateway.server.dialects.memo import (
     HeadMemo,
     ParseMemo,
     ToolsMemo,
+    extended_text,
     rest_of,
 )
 from rollout_gateway.server.dialects.reading import (
@@ -116,11 +117,12 @@ def parse_responses_request(
         chat["tools"] = tools.tools
     chat.update(head.chat)
     facts = dict(head.facts)
-    note_facts(
-        facts,
-        dropped_tools=tools.dropped,
-        dropped_content=[name for names in conversation.dropped.values() for name in names],
-    )
+    if tools.dropped or conversation.dropped:  # (else nothing to note)
+        note_facts(
+            facts,
+            dropped_tools=tools.dropped,
+            dropped_content=[name for names in conversation.dropped.values() for name in names],
+        )
     context = head.context
     if context.namespaces is not tools.namespaces:  # tools declared anew
         context = head.context = ResponsesContext(
@@ -130,7 +132,7 @@ def parse_responses_request(
         dialect="responses",
         body=chat,
         messages=messages,
-        messages_text=orjson.dumps(messages),
+        messages_text=conversation.messages_text or orjson.dumps(messages),
         stream=head.stream,
         facts=facts,
         context=context,
@@ -236,8 +238,28 @@ def _conversation(
     else:
         out = [{"role": "system", "content": instructions}] if instructions else []
         ends, dropped, declared = [], {}, []
+    if not _plain_messages(items, reuse, out, ends):  # (the usual new items, in one loop)
+        _translate(items, reuse, out, ends, dropped, declared)
+    # The previous text reused when all of the memo's messages were (the usual turn).
+    whole = memo if reuse and memo is not None and end == len(memo.messages) else None
+    conversation = ConversationMemo(instructions, items, out, ends, dropped, declared, text)
+    conversation.messages_text = extended_text(out, whole)
+    return conversation
+
+
+def _translate(
+    items: list[dict[str, Any]],
+    start: int,
+    out: list[dict[str, Any]],
+    ends: list[int | None],
+    dropped: dict[int, list[str]],
+    declared: list[tuple[int, Any]],
+) -> None:
+    """Translate ``items[start:]`` onto ``out`` (see the module doc), noting each item's
+    end in ``ends``, what it dropped in ``dropped`` and the tools it declares in
+    ``declared``."""
     run: list[dict[str, Any]] = []  # the current run of assistant-side items
-    for index in range(reuse, len(items)):
+    for index in range(start, len(items)):
         item = items[index]
         names: list[str] = []
         if item.get("type") in ("additional_tools", "tool_search_output"):
@@ -252,7 +274,57 @@ def _conversation(
         out.append(_fold(run, names))
         if names:
             dropped[len(items)] = names
-    return ConversationMemo(instructions, items, out, ends, dropped, declared, text)
+
+
+def _plain_messages(
+    items: list[dict[str, Any]],
+    start: int,
+    out: list[dict[str, Any]],
+    ends: list[int | None],
+) -> bool:
+    """Translate ``items[start:]`` when each is a ``message`` of one text part, no two
+    assistant ones in a row, none with state (what an agent adds each turn: the answer
+    echoed, a user message), in one loop: the messages :func:`_item` and :func:`_fold`
+    make of them (:func:`_translate`'s, nothing dropped or declared). Else leave ``out``
+    and ``ends`` as they were and return ``False``."""
+    size, count = len(out), len(ends)
+    answer: Any = _NO_ANSWER  # an assistant item's text, its message not yet written
+    for item in items[start:]:
+        content = item.get("content")
+        if item.get("type") != "message" or type(content) is not list or len(content) != 1:
+            break
+        part = content[0]
+        value = part.get("text") if type(part) is dict else None
+        if type(value) is not str or part.get("type") not in _TEXT_PARTS:
+            break
+        role = item.get("role")
+        if role == "assistant":
+            if answer is not _NO_ANSWER or not _STATE.isdisjoint(item):
+                break
+            answer = value or None
+            ends.append(None)
+            continue
+        if role == "user":
+            message = {"role": "user", "content": [{"type": "text", "text": value}]}
+        elif role == "developer" or role == "system":
+            message = {"role": "system", "content": [{"type": "text", "text": value}]}
+        else:
+            break
+        if answer is not _NO_ANSWER:
+            out.append({"role": "assistant", "content": answer})
+            answer = _NO_ANSWER
+        out.append(message)
+        ends.append(len(out))
+    else:
+        if answer is not _NO_ANSWER:
+            out.append({"role": "assistant", "content": answer})
+        return True
+    del out[size:], ends[count:]
+    return False
+
+
+#: No assistant text waiting (:func:`_plain_messages`).
+_NO_ANSWER = object()
 
 
 def _item(

@@ -118,7 +118,24 @@ def output_items(
 
 def usage_of(usage: Any) -> Usage | None:
     """A chat ``usage`` in the Responses counts."""
-    if not isinstance(usage, OBJECT):
+    if type(usage) is dict:  # the engine's usual counts, read here at once
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if (
+            type(prompt) is int
+            and type(completion) is int
+            and prompt >= 0
+            and completion >= 0
+            and usage.get("prompt_tokens_details") is None
+            and usage.get("completion_tokens_details") is None
+        ):
+            return {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + completion,
+            }
+    elif not isinstance(usage, OBJECT):
         return None
     counts = usage_counts(usage)
     return {
@@ -148,10 +165,21 @@ def response_head(base: str, created: Any, model: Any, context: ResponsesContext
     }
 
 
-def render_response(completion: Mapping[str, Any], context: ResponsesContext) -> Response:
-    """The whole answer (:func:`response_head`'s fields, in its order, written at once)."""
-    base = id_base(completion.get("id"))
-    choice = first_choice(completion)
+def render_response(
+    completion: Mapping[str, Any], context: ResponsesContext, base: str | None = None
+) -> Response:
+    """The whole answer (:func:`response_head`'s fields, in its order, written at once).
+    ``base``: :func:`~.completion.id_base` of the completion's id, when known."""
+    if base is None:
+        base = id_base(completion.get("id"))
+    choices = completion.get("choices")
+    choice: Mapping[str, Any]
+    if type(choices) is list and len(choices) == 1 and type(choices[0]) is dict:
+        choice = choices[0]  # the usual answer: one choice (first_choice's, if index 0)
+        if choice.get("index", 0) != 0:
+            choice = {}
+    else:
+        choice = first_choice(completion)
     message = choice.get("message")
     message = message if isinstance(message, OBJECT) else {}
     incomplete = INCOMPLETE_REASONS.get(str(choice.get("finish_reason")))

@@ -55,11 +55,42 @@ _DELTA_PREFIX = b'event: %b\ndata: {"type":"%b","item_id":%b,"output_index":%d%b
 #: A delta event: its prefix, sequence number, text (JSON) and suffix.
 _DELTA = b'%b%d,"delta":%b%b'
 
+#: A message item's opening events (what :meth:`ResponsesStream._event` writes of them):
+#: ``output_item.added`` (its sequence number, position, the item's id as JSON) and
+#: ``content_part.added`` (its sequence number, the item's id, position).
+_OPEN_MESSAGE = (
+    b"event: response.output_item.added\n"
+    b'data: {"type":"response.output_item.added","sequence_number":%d,"output_index":%d,'
+    b'"item":{"id":%b,"type":"message","status":"in_progress","role":"assistant",'
+    b'"content":[]}}\n\n'
+    b"event: response.content_part.added\n"
+    b'data: {"type":"response.content_part.added","sequence_number":%d,"item_id":%b,'
+    b'"output_index":%d,"content_index":0,'
+    b'"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}}\n\n'
+)
+
+#: A message item's closing events: ``output_text.done``, ``content_part.done``,
+#: ``output_item.done``, each with its sequence number, the item's id (JSON), position,
+#: text (JSON).
+_CLOSE_MESSAGE = (
+    b"event: response.output_text.done\n"
+    b'data: {"type":"response.output_text.done","sequence_number":%d,"item_id":%b,'
+    b'"output_index":%d,"content_index":0,"text":%b,"logprobs":[]}\n\n'
+    b"event: response.content_part.done\n"
+    b'data: {"type":"response.content_part.done","sequence_number":%d,"item_id":%b,'
+    b'"output_index":%d,"content_index":0,'
+    b'"part":{"type":"output_text","text":%b,"annotations":[],"logprobs":[]}}\n\n'
+    b"event: response.output_item.done\n"
+    b'data: {"type":"response.output_item.done","sequence_number":%d,"output_index":%d,'
+    b'"item":{"id":%b,"type":"message","status":"completed","role":"assistant",'
+    b'"content":[{"type":"output_text","text":%b,"annotations":[],"logprobs":[]}]}}\n\n'
+)
+
 
 class _OpenItem:
     """The output item being streamed: its kind, position, id and text so far."""
 
-    __slots__ = ("kind", "key", "index", "id", "parts", "item", "prefix", "suffix")
+    __slots__ = ("kind", "key", "index", "id", "id_json", "parts", "item", "prefix", "suffix")
 
     def __init__(self, kind: str, key: Any, index: int, item: dict[str, Any]) -> None:
         self.kind = kind
@@ -68,10 +99,11 @@ class _OpenItem:
         self.id: str = item["id"]
         self.item = item
         self.parts: list[str] = []
+        self.id_json = orjson.dumps(self.id)
         name = _DELTA_EVENTS[kind]
         content = b',"content_index":0' if kind in ("reasoning", "message") else b""
         # The delta event of this item, around its sequence number and its text.
-        self.prefix = _DELTA_PREFIX % (name, name, orjson.dumps(self.id), index, content)
+        self.prefix = _DELTA_PREFIX % (name, name, self.id_json, index, content)
         self.suffix = b',"logprobs":[]}\n\n' if kind == "message" else b"}\n\n"
 
 
@@ -85,6 +117,7 @@ class ResponsesStream(StreamRenderer):
         self.head: Response | None = None
         self.open: _OpenItem | None = None
         self.items = 0
+        self.first_id: Any = None  # the engine's completion id, as its first chunk said
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
         out = b"" if self.head is not None else self._start(chunk)
@@ -109,7 +142,9 @@ class ResponsesStream(StreamRenderer):
     def finish(self, completion: dict[str, Any]) -> bytes:
         out = b"" if self.head is not None else self._start(completion)
         out += self._close()
-        final = render_response(completion, self.context)
+        # The ids' base as the first chunk's made it, for the same completion id.
+        base = self.base if completion.get("id") == self.first_id else None
+        final = render_response(completion, self.context, base)
         for index, item in enumerate(final["output"][self.items :], start=self.items):
             out += self._event("response.output_item.added", output_index=index, item=item)
             out += self._event("response.output_item.done", output_index=index, item=item)
@@ -131,7 +166,8 @@ class ResponsesStream(StreamRenderer):
         return self._framed(kind.encode(), b"," + orjson.dumps(payload)[1:-1])
 
     def _start(self, chunk: dict[str, Any]) -> bytes:
-        self.base = id_base(chunk.get("id"))
+        self.first_id = chunk.get("id")
+        self.base = id_base(self.first_id)
         self.head = response_head(self.base, chunk.get("created"), chunk.get("model"), self.context)
         # Both events carry the same head: written once (orjson writes the same bytes
         # inside either event's object).
@@ -217,15 +253,19 @@ class ResponsesStream(StreamRenderer):
         out = self._close()
         index = self.items
         self.items += 1
-        self.open = _OpenItem(kind, key, index, item)
-        out += self._event("response.output_item.added", output_index=index, item=item)
-        if kind == "message":
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            out += self._event(
-                "response.content_part.added",
-                item_id=item["id"], output_index=index, content_index=0, part=part,
-            )  # fmt: skip
-        return out
+        self.open = opened = _OpenItem(kind, key, index, item)
+        if kind == "message":  # its two events from their template (no dicts written)
+            sequence = self.sequence
+            self.sequence += 2
+            return out + _OPEN_MESSAGE % (
+                sequence,
+                index,
+                opened.id_json,
+                sequence + 1,
+                opened.id_json,
+                index,
+            )
+        return out + self._event("response.output_item.added", output_index=index, item=item)
 
     def _close(self) -> bytes:
         current = self.open
@@ -233,19 +273,21 @@ class ResponsesStream(StreamRenderer):
             return b""
         self.open = None
         text = "".join(current.parts)
+        if current.kind == "message":  # its three events from their template
+            sequence = self.sequence
+            self.sequence += 3
+            item_id, index, text_json = current.id_json, current.index, orjson.dumps(text)
+            return _CLOSE_MESSAGE % (
+                sequence, item_id, index, text_json,
+                sequence + 1, item_id, index, text_json,
+                sequence + 2, index, item_id, text_json,
+            )  # fmt: skip
         where = {"item_id": current.id, "output_index": current.index}
         base = self.base or "gateway"
         done: Any
         if current.kind == "reasoning":
             done = reasoning_item(base, text)
             out = self._event("response.reasoning_text.done", **where, content_index=0, text=text)
-        elif current.kind == "message":
-            done = message_item(base, text)
-            out = self._event(
-                "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
-            )
-            part = done["content"][0]
-            out += self._event("response.content_part.done", **where, content_index=0, part=part)
         elif current.kind == "function":
             done = {**current.item, "status": "completed", "arguments": text}
             out = self._event(
