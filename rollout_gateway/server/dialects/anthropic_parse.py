@@ -38,6 +38,7 @@ from rollout_gateway.server.dialects.memo import (
     HeadMemo,
     ParseMemo,
     ToolsMemo,
+    extended_text,
     rest_of,
 )
 from rollout_gateway.server.dialects.reading import (
@@ -136,7 +137,7 @@ def parse_messages_request(
         dialect="anthropic",
         body=chat,
         messages=messages,
-        messages_text=orjson.dumps(messages),
+        messages_text=conversation.messages_text or orjson.dumps(messages),
         stream=head.stream,
         facts=facts,
         context=head.context,
@@ -209,7 +210,11 @@ def _conversation(
         ends.append(len(out))
         if names:
             dropped[index] = names
-    return ConversationMemo(system, raw, out, ends, dropped, text=text)
+    # The previous text reused when all of the memo's messages were (the usual turn).
+    whole = memo if reuse and memo is not None and ends[reuse - 1] == len(memo.messages) else None
+    conversation = ConversationMemo(system, raw, out, ends, dropped, text=text)
+    conversation.messages_text = extended_text(out, whole)
+    return conversation
 
 
 def _message(message: Any, index: int, out: list[dict[str, Any]], dropped: list[str]) -> None:

@@ -46,12 +46,26 @@ class ConversationMemo:
     #: ``orjson.dumps(messages)`` (``None``: not written).
     messages_text: bytes | None = None
 
-    def reusable(self, head: Any, native: list[Any], text: ConversationText | None = None) -> int:
+    def extended_by(self, text: ConversationText | None) -> bool:
+        """Whether ``text`` (a request's conversation JSON) starts with every item of
+        this memo's request (:func:`extends`; ``False`` when either text is unknown)."""
+        return text is not None and self.text is not None and extends(text, self.text)
+
+    def reusable(
+        self,
+        head: Any,
+        native: list[Any],
+        text: ConversationText | None = None,
+        extended: bool | None = None,
+    ) -> int:
         """How many leading items of ``native`` (under ``head``; ``text``: its JSON) can
-        take this memo's translation (0: none)."""
+        take this memo's translation (0: none). ``extended``: :meth:`extended_by`'s answer
+        for ``text``, when the caller has it already."""
         if head != self.head:
             return 0
-        if text is not None and self.text is not None and extends(text, self.text):
+        if extended is None:
+            extended = self.extended_by(text)
+        if extended:
             shared = len(self.native)  # one memcmp, not a comparison of every object
         else:
             shared = shared_prefix(native, self.native)
@@ -113,11 +127,11 @@ def extends(text: ConversationText, previous: ConversationText) -> bool:
         return False
     end = len(previous.text) - previous.tail - 1  # the previous list's closing bracket
     current = text.text
-    return (
-        len(current) - text.tail > end
-        and current[end] in _AFTER_ITEM
-        and current.startswith(memoryview(previous.text)[:end])  # no copy of the text
-    )
+    if len(current) - text.tail <= end or current[end] not in _AFTER_ITEM:
+        return False
+    if end < _COPY_BELOW:  # a short text: a copy costs less than a memoryview
+        return current.startswith(previous.text[:end])
+    return current.startswith(memoryview(previous.text)[:end])  # no copy of a long text
 
 
 def extended_text(messages: list[dict[str, Any]], memo: ConversationMemo | None) -> bytes:
@@ -135,6 +149,9 @@ def extended_text(messages: list[dict[str, Any]], memo: ConversationMemo | None)
 
 #: What follows the last item of a list that the next one extends: ``,`` or ``]``.
 _AFTER_ITEM = frozenset(b",]")
+#: Below this many bytes :func:`extends` compares a copy of the previous text's prefix
+#: (a memoryview's making and buffer protocol cost more than copying a short text).
+_COPY_BELOW = 8192
 
 
 def shared_prefix(items: Sequence[Any], previous: Sequence[Any]) -> int:

@@ -105,11 +105,13 @@ def parse_responses_request(
     new is translated); ``text``: ``input`` as the intake wrote it."""
     _refuse_server_state(body)
     raw = body.get("input")
-    items = _items(raw)
-    if items is not raw or text is None or text.field != "input":
+    if text is not None and (type(raw) is not list or text.field != "input"):
         text = None  # not the list it was written from
     previous = memo.conversation if memo is not None else None
-    conversation = _conversation(body, items, previous, text)
+    # The previous request's items, repeated in the text: objects already (checked then).
+    extended = previous is not None and previous.extended_by(text)
+    items = _items(raw, len(previous.native) if extended and previous is not None else 0)
+    conversation = _conversation(body, items, previous, text, extended)
     messages = conversation.messages
     head, tools = _head(body, conversation.declared, memo)
     chat: dict[str, Any] = {"messages": messages, "stream": head.stream}
@@ -200,13 +202,16 @@ def _refuse_server_state(body: dict[str, Any]) -> None:
         )
 
 
-def _items(raw: Any) -> list[dict[str, Any]]:
+def _items(raw: Any, checked: int = 0) -> list[dict[str, Any]]:
+    """``input`` as a list of items, checked to be objects (but its first ``checked``,
+    known to be)."""
     if raw is None:
         raise RequestError("'input' is required", "input")
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
-    if type(raw) is list and set(map(type, raw)) == _DICT:  # the usual case, in C
-        return raw
+    if type(raw) is list and len(raw) > checked:
+        if set(map(type, raw[checked:] if checked else raw)) == _DICT:  # the usual case, in C
+            return raw
     items = object_list(raw, "input")  # raises, naming the item
     if not items:
         raise RequestError("'input' must not be empty", "input")
@@ -218,13 +223,14 @@ def _conversation(
     items: list[dict[str, Any]],
     memo: ConversationMemo | None,
     text: ConversationText | None,
+    extended: bool | None = None,
 ) -> ConversationMemo:
     """The request's chat messages, those of the leading items the ``memo``'s request had
     already taken from it (whole runs of assistant items only)."""
     instructions = body.get("instructions")
     if instructions and not isinstance(instructions, str):
         raise RequestError("'instructions' must be a string", "instructions")
-    reuse = memo.reusable(instructions, items, text) if memo is not None else 0
+    reuse = memo.reusable(instructions, items, text, extended) if memo is not None else 0
     if reuse:
         assert memo is not None
         end = memo.ends[reuse - 1]

@@ -14,6 +14,7 @@ import pytest
 
 from rollout_gateway.server.dialects import AnthropicDialect, ResponsesDialect
 from rollout_gateway.server.dialects.base import Dialect, ParsedRequest
+from rollout_gateway.server.dialects.errors import RequestError
 from rollout_gateway.server.dialects.memo import extends, shared_prefix
 from rollout_gateway.server.http.jsonio import ConversationText, loads_chat_body
 
@@ -170,3 +171,35 @@ def test_shared_prefix() -> None:
     assert shared_prefix([1, 5, 3], [1, 2, 3]) == 1
     assert shared_prefix([1], [1, 2]) == 1
     assert shared_prefix([], [1]) == 0
+
+
+@pytest.mark.parametrize("pad", [0, 20_000])  # a copied prefix, and a memoryview's
+def test_a_long_text_extends_as_a_short_one_does(pad: int) -> None:
+    def text(items: list[Any]) -> ConversationText:
+        conversation = loads_chat_body(orjson.dumps({"input": items})).conversation_text()
+        assert conversation is not None
+        return conversation
+
+    head = {"role": "developer", "content": "x" * pad}
+    assert extends(text([head, {"a": 1}, 2]), text([head, {"a": 1}]))
+    assert extends(text([head]), text([head]))
+    assert not extends(text([{**head, "content": "x" * pad + "y"}, 2]), text([head]))
+    assert not extends(text([head, "abc"]), text([head, "ab"]))
+    assert not extends(text([head]), text([head, 1]))
+
+
+@pytest.mark.parametrize("bad", [7, "text", None, ["a list"]])
+def test_a_new_item_that_is_no_object_is_refused_after_a_repeated_history(bad: Any) -> None:
+    """Only the items after the previous request's (repeated, as its text shows) are
+    checked to be objects: a new one that is not is refused as a fresh parse refuses it."""
+    dialect = ResponsesDialect()
+    first = {"model": "m", "input": [{"role": "user", "content": "hi"}]}
+    memo = wire_parse(dialect, first, None, texts=True).memo
+    assert memo.conversation.text is not None
+    body = {"model": "m", "input": [{"role": "user", "content": "hi"}, bad]}
+    with pytest.raises(RequestError) as fresh:
+        dialect.parse(copy.deepcopy(body))
+    with pytest.raises(RequestError) as after:
+        wire_parse(dialect, body, memo, texts=True)
+    assert (after.value.message, after.value.param) == (fresh.value.message, fresh.value.param)
+    assert after.value.param == "input[1]"
