@@ -22,7 +22,11 @@ OBJECT = (dict, Mapping)
 
 def first_choice(completion: Mapping[str, Any]) -> Mapping[str, Any]:
     """Choice 0 of ``completion`` (``{}`` when it has none)."""
-    for choice in completion.get("choices") or ():
+    choices = completion.get("choices")
+    if type(choices) is list and len(choices) == 1 and type(choices[0]) is dict:
+        choice = choices[0]  # the usual answer: one choice, read without a loop
+        return choice if choice.get("index", 0) == 0 else {}
+    for choice in choices or ():
         if isinstance(choice, OBJECT) and choice.get("index", 0) == 0:
             return choice
     return {}

@@ -172,14 +172,7 @@ def render_response(
     ``base``: :func:`~.completion.id_base` of the completion's id, when known."""
     if base is None:
         base = id_base(completion.get("id"))
-    choices = completion.get("choices")
-    choice: Mapping[str, Any]
-    if type(choices) is list and len(choices) == 1 and type(choices[0]) is dict:
-        choice = choices[0]  # the usual answer: one choice (first_choice's, if index 0)
-        if choice.get("index", 0) != 0:
-            choice = {}
-    else:
-        choice = first_choice(completion)
+    choice = first_choice(completion)
     message = choice.get("message")
     message = message if isinstance(message, OBJECT) else {}
     incomplete = INCOMPLETE_REASONS.get(str(choice.get("finish_reason")))

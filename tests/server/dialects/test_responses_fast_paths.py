@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from rollout_gateway.server.dialects import responses_parse, responses_render
-from rollout_gateway.server.dialects.completion import completion_chunks, usage_counts
+from rollout_gateway.server.dialects.completion import completion_chunks, first_choice, usage_counts
 from rollout_gateway.server.dialects.responses_parse import ResponsesContext
 from rollout_gateway.server.dialects.responses_stream import ResponsesStream
 
@@ -247,3 +247,33 @@ def test_the_final_answer_is_the_same_whatever_base_it_is_given() -> None:
         stream.feed(chunk)
     closing = parse_events(stream.finish(other))
     assert closing[-1][1]["response"]["id"] == "resp_other"
+
+
+def _first_choice_by_loop(completion: dict[str, Any]) -> Any:
+    """Choice 0 as the general loop finds it (what ``first_choice``'s one-choice read
+    must equal)."""
+    for choice in completion.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice
+    return {}
+
+
+@pytest.mark.parametrize(
+    "choices",
+    [
+        [{"index": 0, "message": {"content": "a"}}],
+        [{"message": {"content": "no index"}}],
+        [{"index": 1, "message": {"content": "not choice 0"}}],
+        [{"index": 1}, {"index": 0, "message": {"content": "second"}}],
+        [{"index": 0, "message": {"content": "first"}}, {"index": 0}],
+        ["not an object"],
+        [],
+        None,
+        ({"index": 0},),  # a tuple: the loop's
+    ],
+)
+def test_the_one_choice_read_finds_what_the_loop_finds(choices: Any) -> None:
+    completion = {"id": "chatcmpl-1", "choices": choices}
+    assert first_choice(completion) == _first_choice_by_loop(completion)
+    if choices and isinstance(choices[0], dict) and choices[0].get("index", 0) == 0:
+        assert first_choice(completion) is choices[0]
