@@ -60,10 +60,12 @@ def loads_body(raw: bytes | str) -> Any:
 class ConversationText(NamedTuple):
     """The JSON text of a request body's conversation list, as the depth check wrote it.
 
-    ``text`` holds the list's JSON followed by ``tail`` more bytes (the closing brackets
-    of the depth check's wrapper, which ``head`` opening brackets precede): kept as
-    written, not cut out (a copy of the whole history). A dialect's parse compares it with
-    the previous request's (:mod:`rollout_gateway.server.dialects.memo`)."""
+    ``text`` holds the list's JSON after ``head`` bytes (the depth check's wrapper's
+    opening brackets and the body's other values) and before ``tail`` more (the closing
+    brackets): kept as written, not cut out (a copy of the whole history). A dialect's
+    parse compares it with the previous request's
+    (:mod:`rollout_gateway.server.dialects.memo`): equal heads, then the same text up to
+    the previous list's end, mean the same other values and the same leading items."""
 
     #: The body's field the list is (``messages``, or a Responses body's ``input``).
     field: str
@@ -104,12 +106,15 @@ def loads_chat_body(raw: bytes | str) -> ParsedBody:
     if type(messages) is not list:
         check_depth(value)
         return ParsedBody(value)
-    if field == "messages":
-        text = _messages_text(value, messages)
-        if text is not None:
-            return ParsedBody(value, text)
-    # The list sits one level below the body: written alone within MAX_BODY_DEPTH - 1
-    # levels (a TooDeepError says the body's bound); the rest checked without it.
+    last = _written_last(value, field, messages)
+    if last is not None:
+        written, head, tail = last
+        if field == "input":
+            return ParsedBody(value, None, ConversationText(field, written, head, tail))
+        return ParsedBody(value, written[head : len(written) - tail])
+    # Too deep or unwritable: the two-pass check raises as it always did. The list sits
+    # one level below the body: written alone within MAX_BODY_DEPTH - 1 levels (a
+    # TooDeepError says the body's bound); the rest checked without it.
     written = _written_within(messages, MAX_BODY_DEPTH - 1, MAX_BODY_DEPTH)
     value[field] = None
     try:
@@ -123,23 +128,27 @@ def loads_chat_body(raw: bytes | str) -> ParsedBody:
     return ParsedBody(value, written[levels : len(written) - levels])
 
 
-def _messages_text(body: dict[str, Any], messages: list[Any]) -> bytes | None:
-    """The text of ``body``'s messages, written by one wrapped pass that checks the whole
-    body's depth: the body's other values, then the messages, in one list (as deep as the
-    body: a dict and a list of its values nest alike). The messages' text is where the
-    others' text (written alone, unwrapped: a few bytes in the usual body) says. ``None``
-    when that pass fails (too deep): the two-pass check then raises as it always did.
+def _written_last(
+    body: dict[str, Any], field: str, items: list[Any]
+) -> tuple[bytes, int, int] | None:
+    """``body``'s ``field`` list (``items``) written by one wrapped pass that checks the
+    whole body's depth: the body's other values, then the list, in one list (as deep as
+    the body: a dict and a list of its values nest alike). Returns the text written and
+    how many bytes precede and follow the list's own text in it (the others' text,
+    written alone and unwrapped: a few bytes in the usual body, says where the list
+    starts). ``None`` when that pass fails (too deep): the two-pass check then raises as
+    it always did.
 
     One wrapper chain a turn instead of two: writing the wrapper's 126 lists is most of
-    a small chat body's depth check."""
-    others = [v for k, v in body.items() if k != "messages"]
+    a small body's depth check."""
+    others = [v for k, v in body.items() if k != field]
     try:
         before = len(orjson.dumps(others)) if others else 1  # "[a,b]": "[a,b," before
-        written = _written_within([*others, messages], MAX_BODY_DEPTH, MAX_BODY_DEPTH)
+        written = _written_within([*others, items], MAX_BODY_DEPTH, MAX_BODY_DEPTH)
     except (TypeError, ValueError):  # (orjson's JSONEncodeError is a TypeError)
         return None
     levels = _ORJSON_MAX_DEPTH - MAX_BODY_DEPTH
-    return written[levels + before : len(written) - levels - 1]
+    return written, levels + before, levels + 1
 
 
 def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:

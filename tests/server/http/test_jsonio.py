@@ -78,3 +78,33 @@ def test_a_chat_body_has_the_same_depth_bound_in_its_messages_and_elsewhere() ->
                 loads_chat_body(bad)
             with pytest.raises(TooDeepError):
                 loads_body(bad)  # the same bound as the plain parse
+
+
+RESPONSES_BODIES = [
+    {"model": "m", "input": [{"role": "user", "content": 'hi é \u2028 "q" \\ 😀'}]},
+    {"input": [], "instructions": "be brief", "tools": [{"type": "function", "name": "f"}]},
+    {"input": [{"type": "message", "role": "user", "content": "alone"}]},  # no other field
+    {"tools": [{"parameters": {"a": [[{"b": "]"}]]}}], "input": [{"x": "["}], "y": "["},
+]
+
+
+@pytest.mark.parametrize("body", RESPONSES_BODIES)
+def test_a_responses_body_comes_with_its_input_text_between_head_and_tail(body: Any) -> None:
+    parsed = loads_chat_body(json.dumps(body).encode())
+    assert parsed.value == body and list(parsed.value) == list(body)  # key order kept
+    conversation = parsed.conversation_text()
+    assert conversation is not None and conversation.field == "input"
+    text = conversation.text
+    assert text[conversation.head : len(text) - conversation.tail] == orjson.dumps(body["input"])
+
+
+def test_a_responses_body_has_the_same_depth_bound_in_its_input_and_elsewhere() -> None:
+    def body(input_levels: int, other_levels: int) -> bytes:
+        return json.dumps({"input": [nested(input_levels - 2)], "x": nested(
+            other_levels - 1)}).encode()  # fmt: skip
+
+    for _ in range(2):  # the wrapper chain is reused
+        loads_chat_body(body(MAX_BODY_DEPTH, MAX_BODY_DEPTH))
+        for bad in (body(MAX_BODY_DEPTH + 1, 3), body(3, MAX_BODY_DEPTH + 1), body(3, 300)):
+            with pytest.raises(TooDeepError, match=f"deeper than {MAX_BODY_DEPTH} levels"):
+                loads_chat_body(bad)
