@@ -81,19 +81,26 @@ class UsageCounts(NamedTuple):
     reasoning: int | None
 
 
+def usual_counts(usage: dict[str, Any]) -> tuple[int, int] | None:
+    """The prompt and completion counts of the engine's usual ``usage`` (two counts, no
+    details), read at once; ``None`` for any other (:func:`usage_counts` reads it)."""
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if (
+        type(prompt) is int
+        and type(completion) is int
+        and prompt >= 0
+        and completion >= 0
+        and usage.get("prompt_tokens_details") is None
+        and usage.get("completion_tokens_details") is None
+    ):
+        return prompt, completion
+    return None
+
+
 def usage_counts(usage: Any) -> UsageCounts:
     """The counts of a chat ``usage`` object (zeros for what it does not say)."""
-    if type(usage) is dict:  # the engine's JSON: its usual counts read at once
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if (
-            type(prompt) is int
-            and type(completion) is int
-            and prompt >= 0
-            and completion >= 0
-            and usage.get("prompt_tokens_details") is None
-            and usage.get("completion_tokens_details") is None
-        ):
-            return UsageCounts(prompt, completion, None, None)
+    if type(usage) is dict and (usual := usual_counts(usage)) is not None:
+        return UsageCounts(usual[0], usual[1], None, None)
     if not isinstance(usage, OBJECT):
         return UsageCounts(0, 0, None, None)
     details = usage.get("prompt_tokens_details")
@@ -175,4 +182,5 @@ __all__ = [
     "reasoning_of",
     "tool_call_parts",
     "usage_counts",
+    "usual_counts",
 ]

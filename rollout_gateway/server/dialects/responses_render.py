@@ -24,6 +24,7 @@ from rollout_gateway.server.dialects.completion import (
     reasoning_of,
     tool_call_parts,
     usage_counts,
+    usual_counts,
 )
 from rollout_gateway.server.dialects.errors import GatewayError
 from rollout_gateway.server.dialects.responses_parse import ResponsesContext
@@ -118,16 +119,10 @@ def output_items(
 
 def usage_of(usage: Any) -> Usage | None:
     """A chat ``usage`` in the Responses counts."""
-    if type(usage) is dict:  # the engine's usual counts, read here at once
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if (
-            type(prompt) is int
-            and type(completion) is int
-            and prompt >= 0
-            and completion >= 0
-            and usage.get("prompt_tokens_details") is None
-            and usage.get("completion_tokens_details") is None
-        ):
+    if type(usage) is dict:  # the engine's usual counts, without a UsageCounts
+        usual = usual_counts(usage)
+        if usual is not None:
+            prompt, completion = usual
             return {
                 "input_tokens": prompt,
                 "input_tokens_details": {"cached_tokens": 0},
