@@ -100,15 +100,23 @@ async def test_memory_hog_is_stopped_at_the_memory_limit(client: LocalSandboxCli
     await sibling_works(client, sibling)
 
 
-async def test_ram_backed_tmp_counts_against_the_limits(client: LocalSandboxClient) -> None:
+async def test_tmp_counts_against_the_limits(client: LocalSandboxClient) -> None:
+    """/tmp is the sandbox's own temp directory: filling it hits the sandbox's limits."""
     if client.isolation is not IsolationMode.BWRAP:
-        pytest.skip("only bwrap gives each command a RAM-backed /tmp")
+        pytest.skip("only bwrap mounts the sandbox's own temp directory at /tmp")
     sid = await new(client, memory_mib=64, disk_mib=32)
     result = await client.execute_command(
         sid, "dd if=/dev/zero of=/tmp/fill bs=1M count=256 2>&1; du -m /tmp/fill", timeout=60
     )
-    (line,) = [x for x in result.stdout.splitlines() if x.endswith("/tmp/fill")]
-    assert 0 < int(line.split()[0]) <= 64, result.stdout
+    # Either the write stopped at the limit and du reports it, or the watchdog stopped the
+    # sandbox first (it races du) and says why: both keep /tmp within the limits.
+    sizes = [x for x in result.stdout.splitlines() if x.endswith("/tmp/fill")]
+    if sizes:
+        assert 0 < int(sizes[0].split()[0]) <= 64, result.stdout
+    else:
+        assert result.exit_code != 0 and "limit" in result.stderr, result
+    fill = client.root / sid / "tmp" / "fill"
+    assert not fill.exists() or fill.stat().st_size <= 64 * MiB
 
 
 async def test_sigterm_ignoring_agent_is_killed_and_its_sandbox_removed(
