@@ -794,10 +794,16 @@ def report(soak: Soak, left: dict[str, Any], args: argparse.Namespace, out: Path
     }
     (out / "report.json").write_text(json.dumps(summary, indent=1))
     print_summary(summary)
-    leftovers = sum(
-        v for k, v in left.items() if isinstance(v, int) and k != "registered_rollouts_redis"
-    )
-    return 0 if ledger["ok"] and leftovers == 0 else 1
+    return 0 if ledger["ok"] and leftovers_of(left) == 0 else 1
+
+
+def leftovers_of(left: dict[str, Any]) -> int:
+    """Everything the end state counts: sandboxes, cgroups, mounts, agents, rollouts
+    registered in Redis and each gateway's registered copies (as its ``/health`` counts
+    them: a copy a gateway kept of a rollout unregistered elsewhere is left over too)."""
+    per_gateway = left.get("registered_rollouts_per_gateway", {})
+    copies = sum(n for n in per_gateway.values() if isinstance(n, int))
+    return copies + sum(v for v in left.values() if isinstance(v, int))
 
 
 def print_summary(s: dict[str, Any]) -> None:

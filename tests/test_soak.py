@@ -59,6 +59,7 @@ def test_quick_soak_loses_duplicates_and_leaves_nothing(tmp_path: Path) -> None:
     for name in ("sandbox_dirs", "cgroups", "loop_mounts", "agent_processes"):
         assert left[name] == 0, (name, left)
     assert left["registered_rollouts_redis"] == 0, left
+    assert not any(left["registered_rollouts_per_gateway"].values()), left  # no stale copy
     chaos = [event["what"] for event in report["chaos"]]
     assert sum(what.startswith("kill -9 gateway") for what in chaos) >= 3, chaos
     for fault in (

@@ -243,8 +243,14 @@ class Gateway:
 
     def rollout_removed(self, rollout_id: str) -> None:
         """A rollout was unregistered at some gateway: drop it here too."""
-        self.registry.remove(rollout_id)
+        self.rollouts.removed_elsewhere(rollout_id)
         self.exit_board.forget(rollout_id)
+
+    async def missed_events(self) -> None:
+        """Removals may have been missed: drop the rollouts the store no longer has."""
+        for rollout_id in await self.rollouts.unstored():
+            self.exit_board.forget(rollout_id)
+            logger.info("rollout=%s dropped: no longer stored (removed elsewhere)", rollout_id)
 
     def policy_announced(self, state: PolicyState) -> None:
         """A policy version was announced at some gateway."""

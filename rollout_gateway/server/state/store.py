@@ -38,6 +38,7 @@ written now: the request gets a 503 its client retries; nothing half-written is 
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
@@ -242,6 +243,12 @@ class StoreEvents(Protocol):
         """The policy version in effect changed."""
         ...
 
+    async def missed_events(self) -> None:
+        """Events published while the gateway did not listen may have been missed (its
+        channel was subscribed again after a gap): drop what is held of rollouts the store
+        no longer has. (Its errors are the store's: the listener tries again.)"""
+        ...
+
 
 class RolloutStore(abc.ABC):
     """Where a gateway keeps what it must not lose (see the module doc).
@@ -288,6 +295,12 @@ class RolloutStore(abc.ABC):
     @abc.abstractmethod
     async def load_rollout(self, rollout_id: str) -> RolloutRow | None:
         """The stored rollout ``rollout_id`` (``None``: not stored)."""
+
+    async def stored_of(self, rollout_ids: list[str]) -> set[str]:
+        """Which of ``rollout_ids`` are stored (a gateway that missed events checks the
+        copies it holds: :meth:`StoreEvents.missed_events`)."""
+        rows = await asyncio.gather(*(self.load_rollout(i) for i in rollout_ids))
+        return {i for i, row in zip(rollout_ids, rows, strict=True) if row is not None}
 
     @abc.abstractmethod
     async def rollout_for_key(self, key_digest: str) -> str | None:

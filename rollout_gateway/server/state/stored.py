@@ -22,6 +22,7 @@ import orjson
 
 from rollout_gateway.server.state.coordinator import Claim, HeldCopy, TurnCoordinator
 from rollout_gateway.server.state.dedupe import TurnTracker, body_fingerprint
+from rollout_gateway.server.state.in_flight import InFlight
 from rollout_gateway.server.state.registry import (
     AlreadyRegisteredError,
     Clock,
@@ -82,6 +83,8 @@ class StoredRollouts:
         #: Deletions of expired rollouts under way (a new registration of the id waits).
         self._deleting: dict[str, asyncio.Task[bool]] = {}
         self._seed: int | None = None
+        #: Rollouts being registered or read here (a removal elsewhere must know them).
+        self._in_flight = InFlight()
 
     def fingerprint(self, raw: bytes) -> bytes:
         """A request body's fingerprint, keyed with the store's secret (the same after a
@@ -110,7 +113,8 @@ class StoredRollouts:
             await asyncio.shield(pending)
         self.registry.add(record)
         try:
-            await self.store.create_rollout(new_row(record))
+            with self._in_flight.registration(record.rollout_id):
+                await self.store.create_rollout(new_row(record))
         except BaseException as exc:
             self.registry.discard(record.rollout_id)
             if isinstance(exc, RolloutExistsError):
@@ -122,7 +126,7 @@ class StoredRollouts:
         holds it."""
         record = self.registry.get(rollout_id)
         if record is None:
-            row = await self.coordinator.find(rollout_id)
+            row = await self._load(rollout_id)
             if row is not None and self.registry.get(rollout_id) is None:
                 record = self._record_of(row)
                 self.registry.hold(record)
@@ -130,6 +134,37 @@ class StoredRollouts:
                     self.on_load(record)
             record = self.registry.get(rollout_id)
         return record
+
+    async def _load(self, rollout_id: str) -> RolloutRow | None:
+        """The stored rollout, unless another gateway removed it while it was read (the
+        removal's event may come before a read that began earlier returns)."""
+        self._in_flight.read_started(rollout_id)
+        try:
+            row = await self.coordinator.find(rollout_id)
+        finally:
+            removed = self._in_flight.read_done(rollout_id)
+        return None if removed else row
+
+    def removed_elsewhere(self, rollout_id: str) -> None:
+        """Another gateway removed ``rollout_id``: drop the copy held here (and any being
+        read)."""
+        self.registry.remove(rollout_id)
+        self._in_flight.removed(rollout_id)
+
+    async def unstored(self) -> list[str]:
+        """The rollouts held here that the store no longer has (removed where this
+        gateway did not hear of it); each is dropped here. Raises the store's error."""
+        held = {r.rollout_id: r for r in self.registry.records()}
+        for rollout_id in self._in_flight.registering:
+            held.pop(rollout_id, None)
+        stored = await self.store.stored_of(list(held))
+        gone = []
+        for rollout_id, record in held.items():
+            # (A copy replaced while the store was asked is the store's newer one.)
+            if rollout_id not in stored and self.registry.get(rollout_id) is record:
+                self.removed_elsewhere(rollout_id)
+                gone.append(rollout_id)
+        return gone
 
     async def find_by_key(self, digest: str) -> RolloutRecord | None:
         """The live record whose key has ``digest`` (another gateway's, read from the

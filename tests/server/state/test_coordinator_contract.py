@@ -46,6 +46,7 @@ class Heard:
         self.board = coordinator.exit_board()
         self.removed: list[str] = []
         self.policies: list[int | None] = []
+        self.missed = 0
         coordinator.watch(self)
 
     def exit_reported(self, report: ExitReport) -> None:
@@ -56,6 +57,9 @@ class Heard:
 
     def policy_announced(self, state: PolicyState) -> None:
         self.policies.append(state.version)
+
+    async def missed_events(self) -> None:
+        self.missed += 1
 
 
 class Gateway:

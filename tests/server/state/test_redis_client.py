@@ -59,6 +59,7 @@ class Heard:
         self.exits: list[ExitReport] = []
         self.removed: list[str] = []
         self.policies: list[int | None] = []
+        self.missed = 0
 
     def exit_reported(self, report: ExitReport) -> None:
         self.exits.append(report)
@@ -68,6 +69,9 @@ class Heard:
 
     def policy_announced(self, state: PolicyState) -> None:
         self.policies.append(state.version)
+
+    async def missed_events(self) -> None:
+        self.missed += 1
 
 
 class Gateway:
@@ -260,6 +264,25 @@ async def test_cancel_and_delete_are_seen_by_every_gateway(gateways: list[Gatewa
         await a.claim_turn("r1", "a", 1.0)
     with pytest.raises(UnknownRolloutError):
         await a.save_rollout("r1", {})
+
+
+async def test_a_gateway_whose_events_were_cut_is_told_it_missed_some(
+    gateways: list[Gateway], server: RedisServer
+) -> None:
+    """Removals published while its channel was down never reach a gateway: after it
+    subscribes again it is told to check what it holds."""
+    import redis.asyncio as aioredis
+
+    a, b = gateways
+    await eventually(lambda: b.heard.missed == 1)  # (the first subscription)
+    await a.create_rollout(_row())
+    admin = aioredis.Redis.from_url(server.url)
+    try:
+        assert await admin.client_kill_filter(_type="pubsub") >= 2
+    finally:
+        await admin.aclose()
+    assert await a.delete_rollout("r1")  # published while b is away
+    await eventually(lambda: b.heard.missed == 2)
 
 
 async def test_exit_reports_are_numbered_once_for_every_gateway(

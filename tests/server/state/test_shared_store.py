@@ -165,6 +165,42 @@ async def test_cancel_and_unregister_at_one_gateway_hold_at_the_others(shared: S
         assert (await a.get("/v1/rollouts/r1/trajectory", headers=ADMIN)).status_code == 404
 
 
+async def test_a_removal_missed_while_a_gateways_events_were_cut_still_drops_its_copy() -> None:
+    """The events channel is cut (Redis restarted, a network blip) while another gateway
+    unregisters a rollout: the gateway holding a copy drops it once it listens again, not
+    after the rollout's idle TTL (``/health`` would count it, the registry hold it)."""
+    if importlib.util.find_spec("redis") is None:
+        pytest.skip("redis-py is not installed (the redis extra)")
+    import redis.asyncio as aioredis
+
+    from rollout_gateway.server.state.redis_backend.store import RedisStore
+
+    from .redis_fixtures import shared_redis_url
+
+    url, prefix = shared_redis_url(), f"gateways{next(_prefixes)}:"
+    async with gateways(RecordingUpstream().app(), lambda: RedisStore(url, prefix=prefix), 2) as (
+        a,
+        b,
+    ):
+        r = await a.post("/v1/rollouts/r1/register", json={"model": "m"}, headers=ADMIN)
+        key = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        body = {"model": "m", "messages": [{"role": "user", "content": script({"say": "hi"})}]}
+        assert (await b.post("/v1/chat/completions", json=body, headers=key)).status_code == 200
+        assert (await b.get("/health")).json()["active_rollouts"] == 1  # b holds a copy
+        admin = aioredis.Redis.from_url(url)
+        try:
+            await admin.client_kill_filter(_type="pubsub")  # every gateway's channel
+        finally:
+            await admin.aclose()
+        assert (await a.post("/v1/rollouts/r1/unregister", headers=ADMIN)).status_code == 200
+
+        async def dropped_at_b() -> bool:
+            return bool((await b.get("/health")).json()["active_rollouts"] == 0)
+
+        await eventually(dropped_at_b)
+        assert (await b.post("/v1/chat/completions", json=body, headers=key)).status_code == 401
+
+
 @pytest.mark.parametrize("count", [2])
 async def test_registering_one_id_twice_across_gateways_is_a_conflict(
     count: int, shared: Shared

@@ -153,6 +153,14 @@ async def test_rollouts_round_trip_and_ids_are_unique(store: RolloutStore) -> No
     assert (await store.load_rollout("r2")) is not None
 
 
+async def test_stored_of_names_the_rollouts_still_stored(store: RolloutStore) -> None:
+    await store.create_rollout(row("r1"))
+    await store.create_rollout(row("r2", key=None))
+    assert await store.delete_rollout("r1")
+    assert await store.stored_of(["r1", "r2", "never"]) == {"r2"}
+    assert await store.stored_of([]) == set()
+
+
 async def test_a_turn_is_written_once_at_its_index(store: RolloutStore) -> None:
     await store.create_rollout(row())
     recorder = TrajectoryRecorder("traj-r1", 4096)

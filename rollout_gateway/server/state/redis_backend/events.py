@@ -5,9 +5,11 @@ Each gateway subscribes to the events channel (one connection of its own; messag
 (:meth:`EventListener.waker`), a removed rollout and a policy announcement are passed on
 to the gateway (:class:`~rollout_gateway.server.state.store.StoreEvents`), and an exit
 report makes it read the reports added to the stream since the last one it read, in
-number order. After a lost connection it subscribes again and reads the policy version
-and the exit stream afresh: nothing published meanwhile is missed (a wake-up is: a
-waiting claim looks again every :data:`RECHECK_S` anyway).
+number order. After a lost connection it subscribes again, reads the policy version and
+the exit stream afresh and has the gateway drop its copies of rollouts no longer stored
+(:meth:`~rollout_gateway.server.state.store.StoreEvents.missed_events`): nothing
+published meanwhile is missed (a wake-up is: a waiting claim looks again every
+:data:`RECHECK_S` anyway).
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class EventListener:
                     await pubsub.subscribe(self.channel)
                     self.policy_seen(await self._load_policy())  # (published while away)
                     await self._read_exits()
+                    if self.events is not None:  # removals published while away
+                        await self.events.missed_events()
                     while not self._stopping:
                         message = await pubsub.get_message(timeout=POLL_S)
                         if message is not None and message.get("type") == "message":

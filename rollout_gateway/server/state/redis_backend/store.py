@@ -27,6 +27,7 @@ connection is :class:`StoreUnavailableError` (the request gets a 503 its client 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any
 
@@ -175,6 +176,11 @@ class RedisStore(RolloutStore):
         """The stored rollout (its answer's body is read by :meth:`load_answer` only)."""
         values = await self._cmd("HMGET", self.keys(rollout_id)[0], *ROW_FIELDS)
         return self.row_of(rollout_id, values)
+
+    async def stored_of(self, rollout_ids: list[str]) -> set[str]:
+        """Which of ``rollout_ids`` are stored (one ``EXISTS`` each, sent together)."""
+        found = await asyncio.gather(*(self._cmd("EXISTS", self.keys(i)[0]) for i in rollout_ids))
+        return {i for i, n in zip(rollout_ids, found, strict=True) if n}
 
     @staticmethod
     def row_of(rollout_id: str, values: list[Any]) -> RolloutRow | None:
