@@ -184,22 +184,9 @@ class Gateway:
         )
         #: Whether the store and the coordinator are open (:mod:`.lifespan`).
         self.state_open = False
-        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        wall_clock = _wall_clock(clock)
-        #: The registry written through to the store.
-        self.rollouts = StoredRollouts(
-            self.registry,
-            self.store,
-            self.coordinator,
-            owner=owner,
-            lease_s=config.upstream.upstream_timeout_s + _CLAIM_MARGIN_S,
-            retry_window_s=config.limits.retry_dedupe_window_s,
-            clock=clock,
-            wall_clock=wall_clock,
-            on_load=self.pin_loaded,
-        )
-        #: The records' one owner: each change of a rollout's status and counters.
-        self.ledger = RolloutLedger(self.store, owner=owner, wall_clock=wall_clock)
+        #: The registry written through to the store, and the records' one owner (each
+        #: change of a rollout's status and counters).
+        self.rollouts, self.ledger = self._written_through(clock)
         #: The policy version in effect (announced by the trainer).
         self.policy = PolicyClock()
         #: What runs behind each upstream (probed at start-up, again on use until it answers).
@@ -214,6 +201,25 @@ class Gateway:
         #: The open exit streams (capped; ended on shutdown).
         self.exit_streams = _exit_streams(config, self.fd_plan, self.exit_board)
         self.coordinator.watch(self)
+
+    def _written_through(self, clock: Clock) -> tuple[StoredRollouts, RolloutLedger]:
+        """The registry kept in step with the store and the ledger, under one owner id
+        (the claims this gateway takes are its)."""
+        config = self.config
+        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        wall_clock = _wall_clock(clock)
+        rollouts = StoredRollouts(
+            self.registry,
+            self.store,
+            self.coordinator,
+            owner=owner,
+            lease_s=config.upstream.upstream_timeout_s + _CLAIM_MARGIN_S,
+            retry_window_s=config.limits.retry_dedupe_window_s,
+            clock=clock,
+            wall_clock=wall_clock,
+            on_load=self.pin_loaded,
+        )
+        return rollouts, RolloutLedger(self.store, owner=owner, wall_clock=wall_clock)
 
     def _on_remove(self, record: RolloutRecord) -> None:
         self.pool.release(record.upstream)

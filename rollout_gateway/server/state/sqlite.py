@@ -31,6 +31,7 @@ from typing import Any
 from rollout_gateway.protocol import ExitReport
 from rollout_gateway.server.recording.steps import StepDelta
 from rollout_gateway.server.state import codec
+from rollout_gateway.server.state.sqlite_reads import read_answer, read_steps
 from rollout_gateway.server.state.sqlite_recovery import load_row, open_checked
 from rollout_gateway.server.state.sqlite_schema import (
     DATABASE_FILE,
@@ -45,7 +46,6 @@ from rollout_gateway.server.state.store import (
     RolloutRow,
     RolloutStore,
     StoreContents,
-    StoreCorruptError,
     StoredAnswer,
     StoreUnavailableError,
     TurnCommit,
@@ -308,41 +308,12 @@ class SQLiteStore(RolloutStore):
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
         """Read the steps back, each checked."""
         held = self._get(rollout_id)
-        found = (
-            self._read()
-            .execute(
-                "SELECT idx, body FROM steps WHERE rollout = ? AND idx >= ? ORDER BY idx",
-                (held.row_id, start),
-            )
-            .fetchall()
-        )
-        steps = []
-        for expected, (index, body) in enumerate(found, start):
-            if index != expected:
-                raise StoreCorruptError(f"rollout {rollout_id}: step {expected} is missing")
-            steps.append(codec.decode_step(body, f"rollout {rollout_id} step {index}"))
-        if start + len(steps) != held.steps:
-            raise StoreCorruptError(
-                f"rollout {rollout_id}: {start + len(steps)} steps stored, {held.steps} committed"
-            )
-        return steps
+        return read_steps(self._read(), rollout_id, held.row_id, start, held.steps)
 
     async def load_answer(self, rollout_id: str) -> StoredAnswer | None:
         """The last answer (without the prompt's ids when it had them)."""
         held = self._held.get(rollout_id)
-        if held is None:
-            return None
-        found = (
-            self._read()
-            .execute("SELECT answer_key, answer FROM answers WHERE rollout = ?", (held.row_id,))
-            .fetchone()
-        )
-        if found is None or found[1] is None:
-            return None
-        what = f"rollout {rollout_id} answer"
-        key = codec.decode_answer_key(found[0], what)
-        body, without_prompt_ids = codec.decode_answer(found[1], what)
-        return StoredAnswer(body, key.step if without_prompt_ids else None)
+        return None if held is None else read_answer(self._read(), rollout_id, held.row_id)
 
     # -- exit reports and the policy version -----------------------------------------------
 
