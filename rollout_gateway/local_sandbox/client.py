@@ -37,6 +37,7 @@ from rollout_gateway.local_sandbox.isolation import IsolationMode, choose_mode, 
 from rollout_gateway.local_sandbox.provision import provision
 from rollout_gateway.local_sandbox.registry import SandboxRegistry
 from rollout_gateway.local_sandbox.sandbox import LocalSandbox
+from rollout_gateway.local_sandbox.warden import Warden
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,9 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         max_read_bytes: largest file ``read_file`` returns whole.
         sweep_stale: at construction, remove sandboxes whose owning client is gone.
         register_atexit: delete this client's sandboxes at interpreter exit.
+        warden: from the first sandbox on, a warden process removes this client's
+            sandboxes (and stops their processes) if this process dies without tearing
+            down (``kill -9``, a crash): :mod:`~rollout_gateway.local_sandbox.warden`.
         pids_limit: processes (and threads) each sandbox may have at once (``create``'s
             ``pids`` overrides it per sandbox; ``None``: no limit).
         enforce_limits: give each sandbox its cgroups and its own file system where the
@@ -128,6 +132,7 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         max_read_bytes: int = 10 * 1024 * 1024,
         sweep_stale: bool = True,
         register_atexit: bool = True,
+        warden: bool = True,
         pids_limit: int | None = limits.DEFAULT_PIDS,
         enforce_limits: bool = True,
         read_only: Sequence[str | os.PathLike[str]] = (),
@@ -153,6 +158,7 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         self._registry = SandboxRegistry(clock, kill_grace)
         self._pids_limit = pids_limit
         self._enforce_limits = enforce_limits
+        self._warden = Warden(self.root) if warden else None
         if sweep_stale:
             self.sweep_stale()
         if register_atexit:
@@ -162,6 +168,7 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
                 client = ref()
                 if client is not None:
                     client.delete_all()
+                    client._stand_down()
 
             atexit.register(_at_exit)
 
@@ -189,6 +196,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
                 cpu_cores=request.cpu_cores,
             ),
         )
+        if self._warden is not None:
+            self._warden.ensure()
         # Registered before any await: a cancelled create() still leaves nothing behind.
         self._registry.add(sb)
         try:
@@ -336,8 +345,13 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         ``ThreadedAsyncSandboxClient.teardown``)."""
         reaper = self._registry.stop_reaper()
         self.delete_all()
+        self._stand_down()
         if wait and reaper is not None and reaper is not threading.current_thread():
             reaper.join(timeout=5)
+
+    def _stand_down(self) -> None:
+        if self._warden is not None:
+            self._warden.stand_down()
 
     def reap_expired(self) -> list[str]:
         """Kill and remove every sandbox past its ``timeout_minutes``; return their ids."""

@@ -3,12 +3,14 @@ isolation mode this host offers (modes it lacks are skipped with the reason)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -214,7 +216,8 @@ def test_stale_sweep_removes_a_crashed_clients_sandboxes(
 
         async def main():
             c = LocalSandboxClient({str(root)!r}, isolation={str(contained)!r},
-                                   reap_interval=None, sweep_stale=False, register_atexit=False)
+                                   reap_interval=None, sweep_stale=False, register_atexit=False,
+                                   warden=False)
             s = await c.create(CreateSandboxRequest(name="x", docker_image="x"))
             await c.start_background_job(
                 s.id, "setsid env -i /bin/sh -c 'sleep {mark}' </dev/null >/dev/null 2>&1 &"
@@ -238,6 +241,68 @@ def test_stale_sweep_removes_a_crashed_clients_sandboxes(
         assert_none_running(mark)
     finally:
         client.teardown()
+
+
+def test_a_killed_clients_warden_removes_its_sandboxes_at_once(
+    root: Path, mode: IsolationMode
+) -> None:
+    """``kill -9`` of the env process: no teardown runs and no other client starts, yet
+    its sandboxes and every process they started go within seconds (the warden), in
+    every mode (bwrap's --die-with-parent alone would stop the processes only)."""
+    (mark,) = markers(1)
+    # (A process-group sandbox's processes are found by their group: no setsid there.)
+    escape = "" if mode is IsolationMode.PROCESS_GROUP else "setsid env -i "
+    killed = textwrap.dedent(
+        f"""
+        import asyncio, os, signal
+        from prime_sandboxes import CreateSandboxRequest
+        from rollout_gateway.local_sandbox import LocalSandboxClient
+
+        async def main():
+            c = LocalSandboxClient({str(root)!r}, isolation={str(mode)!r},
+                                   reap_interval=None, sweep_stale=False, register_atexit=False)
+            s = await c.create(CreateSandboxRequest(name="x", docker_image="x"))
+            await c.start_background_job(
+                s.id, "{escape}/bin/sh -c 'sleep {mark}' </dev/null >/dev/null 2>&1 &"
+            )
+            await asyncio.sleep(0.5)
+            print(s.id, c._warden.pid, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", killed], capture_output=True, text=True, timeout=60
+    )
+    sid, warden = done.stdout.split()
+    assert sid.startswith("local-"), done.stderr
+    deadline = time.monotonic() + 20
+    while (root / sid).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (root / sid).exists()
+    assert_none_running(mark)
+    while not _gone(int(warden)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(int(warden))  # its sweep done, it exits
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie until init reaps it, or no longer there)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return True
+
+
+def test_a_client_torn_down_stands_its_warden_down(root: Path, mode: IsolationMode) -> None:
+    client = make_client(root, mode)
+    asyncio.run(client.create(CreateSandboxRequest(name="x", docker_image="x")))
+    warden = client._warden
+    assert warden is not None and warden.pid is not None
+    pid = warden.pid
+    client.teardown()
+    assert warden.pid is None and not Path(f"/proc/{pid}").exists()  # exited, reaped
+    assert list(root.iterdir()) == []
 
 
 def test_auto_never_picks_the_uncontained_mode(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -178,7 +178,8 @@ def test_a_crashed_clients_groups_are_swept_wherever_it_made_them(root: Path) ->
 
         async def main():
             c = LocalSandboxClient({str(root)!r}, isolation={str(mode)!r},
-                                   reap_interval=None, sweep_stale=False, register_atexit=False)
+                                   reap_interval=None, sweep_stale=False, register_atexit=False,
+                                   warden=False)
             request = CreateSandboxRequest(name="x", docker_image="x", memory_gb=0.0625)
             gone, kept = await c.create(request), await c.create(request)
             await c.delete(gone.id)
