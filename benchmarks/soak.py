@@ -179,6 +179,18 @@ class EnvProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.child.proc.terminate()
 
+    def wait_resumed(self, deadline: float) -> None:
+        """After a restart, wait (until ``deadline``, monotonic) for the new process to
+        journal what the killed one left (its ``resumed`` line): a SIGTERM during its
+        start-up (seconds of imports on a loaded machine) would end it before that."""
+        while time.monotonic() < deadline:
+            lines = read_lines(self.journal)
+            if sum(1 for x in lines if x.get("event") == "resumed") >= self.starts - 1:
+                return
+            if self.child is None or not self.child.running():
+                return
+            time.sleep(0.2)
+
     def wait(self, deadline: float) -> int | None:
         """Its exit code once it has drained (``kill -9`` at ``deadline``, monotonic)."""
         if self.child is None or self.child.proc is None:
@@ -748,6 +760,9 @@ def main(argv: list[str] | None = None) -> int:
         soak.event("end of the run: envs drain")
         soak.stopping.set()
         threads[0].join()  # a chaos step under way finishes (a restart completes)
+        resumed_by = time.monotonic() + 120
+        for env in soak.envs:
+            env.wait_resumed(resumed_by)
         for env in soak.envs:  # all at once: they drain side by side
             env.terminate()
         deadline = time.monotonic() + args.drain_s + 30
