@@ -25,6 +25,12 @@ OFF_LOOP_PARSE_BYTES = 256 * 1024
 
 JSONDecodeError = orjson.JSONDecodeError
 
+#: Messages texts this long and longer are kept as a view into the depth check's text
+#: and spliced into the upstream request (:class:`SplicedText`); shorter ones are cut
+#: out into bytes: the splice's own work (some 8,000 instructions) costs more than
+#: copying a short text twice.
+SPLICE_MIN_BYTES = 16 * 1024
+
 #: Deepest nesting of containers a request body may have (the body itself is level 1).
 #: orjson reads 1024 levels but writes at most 254, and the gateway writes what it keeps
 #: a few levels deeper than the agent sent it (a message sits 2 levels deeper in a
@@ -79,7 +85,7 @@ class ParsedBody(NamedTuple):
 
     value: Any
     #: ``dumps(value["messages"])`` (``None``: ``value`` is no object with a ``messages``
-    #: list), usually a view into the depth check's text (not a copy: see
+    #: list), a view into the depth check's text when long (not a copy: see
     #: :class:`SplicedText`). The messages are not changed after the parse: only other
     #: fields are.
     messages_text: bytes | memoryview | None = None
@@ -113,8 +119,11 @@ def loads_chat_body(raw: bytes | str) -> ParsedBody:
         written, head, tail = last
         if field == "input":
             return ParsedBody(value, None, ConversationText(field, written, head, tail))
+        end = len(written) - tail
+        if end - head < SPLICE_MIN_BYTES:
+            return ParsedBody(value, written[head:end])
         # A view, not a copy: the upstream request is written around it (dumps_request).
-        return ParsedBody(value, memoryview(written)[head : len(written) - tail])
+        return ParsedBody(value, memoryview(written)[head:end])
     # Too deep or unwritable: the two-pass check raises as it always did. The list sits
     # one level below the body: written alone within MAX_BODY_DEPTH - 1 levels (a
     # TooDeepError says the body's bound); the rest checked without it.
@@ -299,6 +308,7 @@ __all__ = [
     "MAX_BODY_DEPTH",
     "MAX_KEPT_ANSWER_DEPTH",
     "OFF_LOOP_PARSE_BYTES",
+    "SPLICE_MIN_BYTES",
     "ConversationText",
     "JSONBytesResponse",
     "ParsedBody",

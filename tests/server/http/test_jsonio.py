@@ -12,6 +12,7 @@ import pytest
 from rollout_gateway.server.engines.upstream_request import build_upstream_request
 from rollout_gateway.server.http.jsonio import (
     MAX_BODY_DEPTH,
+    SPLICE_MIN_BYTES,
     SplicedText,
     TooDeepError,
     check_depth,
@@ -74,6 +75,9 @@ def test_a_chat_body_comes_with_its_messages_text_as_dumps_writes_it(body: Any) 
 def test_a_request_written_around_its_messages_view_is_the_one_written_with_a_fragment(
     body: Any,
 ) -> None:
+    assert type(loads_chat_body(json.dumps(body).encode()).messages_text) is bytes  # short
+    long = {"role": "user", "content": "p" * SPLICE_MIN_BYTES}
+    body = {**body, "messages": [*body["messages"], long]}
     parsed = loads_chat_body(json.dumps(body).encode())
     view = parsed.messages_text
     assert isinstance(view, memoryview)  # the depth check's text, not a copy of it
