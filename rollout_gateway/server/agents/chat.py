@@ -223,7 +223,7 @@ class ChatTurns:
         # A chat body's parse wrote it already, checking the body's depth
         # (jsonio.ParsedBody); a dialect's parse wrote its translation's.
         lease = request.lease
-        text: bytes | None = parsed.messages_text if parsed is not None else None
+        text: bytes | memoryview | None = parsed.messages_text if parsed is not None else None
         if text is None and lease is not None:
             text = lease.messages_text
         if text is None and lease is not None and lease.big:
@@ -336,7 +336,8 @@ class ChatTurns:
         if lease is not None:
             text = lease.conversation
             if text is None and lease.messages_text is not None:  # made for dialects only
-                text = jsonio.ConversationText("messages", lease.messages_text, 0, 0)
+                messages_text = bytes(lease.messages_text)  # (the chat turn's is a view)
+                text = jsonio.ConversationText("messages", messages_text, 0, 0)
         parse = functools.partial(dialect.parse, body, record.dialect_memo, text)
         parsed = await self.gateway.intake.offload(lease, parse)
         record.dialect_memo = parsed.memo

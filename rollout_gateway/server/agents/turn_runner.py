@@ -69,7 +69,7 @@ class TurnRequest:
 
     body: dict[str, Any]
     messages: list[Any]
-    messages_text: bytes
+    messages_text: bytes | memoryview
     parsed: ParsedRequest | None = None
 
 
@@ -280,7 +280,11 @@ class TurnRunner:
         return last is None and _answered_elsewhere_undelivered(record)
 
     def _admit(
-        self, record: RolloutRecord, messages: list[Any], messages_text: bytes, stop: Any = None
+        self,
+        record: RolloutRecord,
+        messages: list[Any],
+        messages_text: bytes | memoryview,
+        stop: Any = None,
     ) -> tuple[HistoryMatch, int]:
         """Whether the rollout may take this turn (raises :class:`TurnRefused` if not).
 

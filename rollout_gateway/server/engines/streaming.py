@@ -425,9 +425,15 @@ def agent_chunk(
 def sse_event(payload: Mapping[str, Any]) -> bytes:
     """One SSE ``data:`` event: a :class:`StreamChunk` as the engine wrote it, anything
     else written with orjson (non-finite numbers as ``null``)."""
-    text = payload.payload if type(payload) is StreamChunk else None
-    if text is not None:
-        return b"".join((b"data: ", text.encode(), b"\n\n"))
+    if type(payload) is StreamChunk:
+        # The chunk's line encoded once and framed, not its data cut out of the line
+        # first (a copy of a 224 kB line fewer per streamed turn at a 32k context); its
+        # "data:" and spaces are ASCII: their characters are its bytes.
+        line, start = payload._line, payload._start
+        if line is not None:
+            if start == 6:  # "data: " as the event starts
+                return b"".join((line.encode(), b"\n\n"))
+            return b"".join((b"data: ", memoryview(line.encode())[start:], b"\n\n"))
     return b"".join((b"data: ", jsonio.dumps(payload), b"\n\n"))
 
 

@@ -360,7 +360,7 @@ class UpstreamPool:
         go to ``detail``).
         """
         start = time.perf_counter()
-        response = await self.post(url, "/chat/completions", jsonio.dumps(body))
+        response = await self.post(url, "/chat/completions", jsonio.dumps_request(body))
         elapsed = time.perf_counter() - start
         raise_for_upstream_status(response, self._by_url[url].label)
         return response.content, elapsed

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from rollout_gateway import protocol
+from rollout_gateway.server.http import jsonio
 from rollout_gateway.server.http.responses import ApiError
 
 _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
@@ -189,7 +190,7 @@ def build_upstream_request(
     model: str,
     sampling_params: Mapping[str, Any],
     max_tokens: int | None = None,
-    messages_text: bytes | None = None,
+    messages_text: bytes | memoryview | None = None,
 ) -> dict[str, Any]:
     """The upstream request for an agent's chat ``body``.
 
@@ -200,12 +201,15 @@ def build_upstream_request(
     ``max_tokens`` is sent as given (:func:`max_tokens_to_send`; ``None``: none). The
     call is never streamed and always asks for token ids and logprobs (vLLM's
     ``return_token_ids`` / ``logprobs``). ``messages_text`` (``body["messages"]`` as
-    :func:`orjson.dumps` writes it) is sent as it is, not written again.
+    :func:`orjson.dumps` writes it; a view of it too) is sent as it is, not written again.
     """
     registered = flatten_sampling_params(sampling_params)
     request = {k: body[k] for k in AGENT_FORWARDED_FIELDS if k in body}
     if messages_text is not None and "messages" in request:
-        request["messages"] = orjson.Fragment(messages_text)
+        if type(messages_text) is bytes:
+            request["messages"] = orjson.Fragment(messages_text)
+        else:  # a view: written around (jsonio.dumps_request), not copied out first
+            request["messages"] = jsonio.SplicedText(memoryview(messages_text))
     request.update({k: v for k, v in registered.items() if k not in _MAX_TOKEN_KEYS})
     if max_tokens is not None:
         request["max_tokens"] = max_tokens

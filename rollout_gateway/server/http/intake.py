@@ -216,7 +216,7 @@ class BodyLease:
         self.big = False
         #: Its body's ``messages`` as JSON, when the parse wrote them (see
         #: :class:`~.jsonio.ParsedBody`).
-        self.messages_text: bytes | None = None
+        self.messages_text: bytes | memoryview | None = None
         #: Its body's conversation list as JSON, when the parse wrote it (a dialect's
         #: parse compares it with the rollout's previous request's).
         self.conversation: ConversationText | None = None

@@ -25,6 +25,12 @@ OFF_LOOP_PARSE_BYTES = 256 * 1024
 
 JSONDecodeError = orjson.JSONDecodeError
 
+#: Messages texts this long and longer are kept as a view into the depth check's text
+#: and spliced into the upstream request (:class:`SplicedText`); shorter ones are cut
+#: out into bytes: the splice's own work (some 8,000 instructions) costs more than
+#: copying a short text twice.
+SPLICE_MIN_BYTES = 16 * 1024
+
 #: Deepest nesting of containers a request body may have (the body itself is level 1).
 #: orjson reads 1024 levels but writes at most 254, and the gateway writes what it keeps
 #: a few levels deeper than the agent sent it (a message sits 2 levels deeper in a
@@ -79,15 +85,17 @@ class ParsedBody(NamedTuple):
 
     value: Any
     #: ``dumps(value["messages"])`` (``None``: ``value`` is no object with a ``messages``
-    #: list). The messages are not changed after the parse: only other fields are.
-    messages_text: bytes | None = None
+    #: list), a view into the depth check's text when long (not a copy: see
+    #: :class:`SplicedText`). The messages are not changed after the parse: only other
+    #: fields are.
+    messages_text: bytes | memoryview | None = None
     #: The text of its ``input`` list (a Responses body; see :meth:`conversation_text`).
     conversation: ConversationText | None = None
 
     def conversation_text(self) -> ConversationText | None:
         """The text of the body's ``input`` list, or of its ``messages`` list."""
         if self.conversation is None and self.messages_text is not None:
-            return ConversationText("messages", self.messages_text, 0, 0)
+            return ConversationText("messages", bytes(self.messages_text), 0, 0)
         return self.conversation
 
 
@@ -111,7 +119,11 @@ def loads_chat_body(raw: bytes | str) -> ParsedBody:
         written, head, tail = last
         if field == "input":
             return ParsedBody(value, None, ConversationText(field, written, head, tail))
-        return ParsedBody(value, written[head : len(written) - tail])
+        end = len(written) - tail
+        if end - head < SPLICE_MIN_BYTES:
+            return ParsedBody(value, written[head:end])
+        # A view, not a copy: the upstream request is written around it (dumps_request).
+        return ParsedBody(value, memoryview(written)[head:end])
     # Too deep or unwritable: the two-pass check raises as it always did. The list sits
     # one level below the body: written alone within MAX_BODY_DEPTH - 1 levels (a
     # TooDeepError says the body's bound); the rest checked without it.
@@ -248,6 +260,40 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
+class SplicedText:
+    """A JSON text that :func:`dumps_request` writes into a body as it is, like an
+    :class:`orjson.Fragment`, but from a view: a request's messages as the intake's
+    depth check wrote them, inside that check's wrapper. A fragment needs bytes of its
+    own, a copy of the whole history cut out of the wrapper's text, which the upstream
+    request's writing then copies again: one copy instead of two per turn."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: memoryview) -> None:
+        self.text = text
+
+
+#: Where :func:`dumps_request` splices a :class:`SplicedText` in: orjson writes a raw NUL
+#: byte only from a fragment (in strings it is ``\u0000``).
+_SPLICE_MARK = orjson.Fragment(b"\x00")
+
+
+def dumps_request(body: dict[str, Any]) -> bytes:
+    """:func:`dumps` of a request body whose ``messages`` may be a :class:`SplicedText`
+    (the same bytes as with a fragment of its text)."""
+    messages = body.get("messages")
+    if type(messages) is not SplicedText:
+        return orjson.dumps(body)
+    body["messages"] = _SPLICE_MARK
+    try:
+        written = orjson.dumps(body)
+    finally:
+        body["messages"] = messages
+    at = written.index(0)
+    view = memoryview(written)
+    return b"".join((view[:at], messages.text, view[at + 1 :]))
+
+
 class JSONBytesResponse(Response):
     """A JSON response serialised with orjson."""
 
@@ -262,15 +308,18 @@ __all__ = [
     "MAX_BODY_DEPTH",
     "MAX_KEPT_ANSWER_DEPTH",
     "OFF_LOOP_PARSE_BYTES",
+    "SPLICE_MIN_BYTES",
     "ConversationText",
     "JSONBytesResponse",
     "ParsedBody",
+    "SplicedText",
     "JSONDecodeError",
     "TooDeepError",
     "UnwritableError",
     "check_depth",
     "check_writable",
     "dumps",
+    "dumps_request",
     "loads",
     "loads_body",
     "loads_chat_body",

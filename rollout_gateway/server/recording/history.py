@@ -177,7 +177,7 @@ class MessageHistory:
         self._sent: SentText | None = None
 
     def match(
-        self, messages: Sequence[Mapping[str, Any]], text: bytes | None = None
+        self, messages: Sequence[Mapping[str, Any]], text: bytes | memoryview | None = None
     ) -> HistoryMatch:
         """How many leading ``messages`` the history holds (``None``: rewritten).
 
@@ -221,7 +221,7 @@ class MessageHistory:
         self.messages, self._match_base, self._sent = snapshot
 
     def _text_check(
-        self, messages: Sequence[Mapping[str, Any]], text: bytes | None
+        self, messages: Sequence[Mapping[str, Any]], text: bytes | memoryview | None
     ) -> tuple[SentText | None, int]:
         """The messages' text state, and how many leading messages are the last recorded
         request's very messages (their text matches its digest)."""

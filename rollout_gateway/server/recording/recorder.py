@@ -69,7 +69,7 @@ class TrajectoryRecorder:
         return len(self._ids.last_ids)
 
     def match_history(
-        self, messages: Sequence[Mapping[str, Any]], text: bytes | None = None
+        self, messages: Sequence[Mapping[str, Any]], text: bytes | memoryview | None = None
     ) -> HistoryMatch:
         """How ``messages`` extend the last turn's prompt + completion: pass it to
         :meth:`record` for the turn (see :class:`~.history.MessageHistory`). ``text`` is

@@ -340,3 +340,16 @@ async def test_sse_parser_cuts_the_prompt_ids_out_of_the_line_as_text() -> None:
     nested = '{"x":{"prompt_token_ids":[1]},"choices":[]}'  # not the top-level ids: parsed
     (chunk,) = [c async for c in iter_sse_json(_lines(f"data: {nested}\n\n"))]
     assert chunk == {"x": {"prompt_token_ids": [1]}, "choices": []} and chunk.ids_text is None
+
+
+async def test_a_chunk_relayed_as_it_came_is_its_data_framed_as_an_event() -> None:
+    # sse_event frames the chunk's line once encoded, not its data cut out first: the
+    # same bytes as "data: " + the data + a blank line, whatever the spaces after "data:".
+    data = ['{"id":"é 😀 \\u2028","prompt_token_ids":[1,2],"choices":[]}', '{"b": "x"}']
+    for line in (f"data: {data[0]}", f"data:{data[1]}", f"data:   {data[0]}", f"data: {data[1]}"):
+        (chunk,) = [c async for c in iter_sse_json(_lines(f"{line}\n\n"))]
+        assert chunk.payload in data
+        assert sse_event(chunk) == b"".join((b"data: ", chunk.payload.encode(), b"\n\n"))
+    # A chunk of several data lines (no line of its own) is written again, as before.
+    (chunk,) = [c async for c in iter_sse_json(_lines('data: {"c":\ndata: 3}\n\n'))]
+    assert chunk.payload is None and sse_event(chunk) == b'data: {"c":3}\n\n'

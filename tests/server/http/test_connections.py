@@ -9,9 +9,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from uvicorn import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from rollout_gateway.server import GatewayConfig, create_app, running_server
-from rollout_gateway.server.http.connections import HeadersWithBody
+from rollout_gateway.server.http.connections import (
+    ConnectionLimits,
+    HeadersWithBody,
+    LimitedHttpToolsProtocol,
+    limited_protocol,
+)
 
 ADMIN = "connections-admin-token-01"
 
@@ -224,3 +232,69 @@ async def test_head_and_streamed_answers_arrive_whole_over_the_wire() -> None:
     assert head.status_code in (200, 405) and head.content == b""
     assert health.status_code == 200 and health.json()["status"] == "alive"
     assert body == health.content
+
+
+async def _bodies_received(protocol_class: Any, pieces: list[bytes]) -> list[bytes]:
+    """The bodies an ASGI app's ``receive`` gets when a request's bytes come in
+    ``pieces`` (the app reading after each piece, then after all)."""
+    received: list[bytes] = []
+    done = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            received.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        done.set()
+
+    config = Config(app=app, http="httptools", lifespan="off")
+    config.load()
+    keywords: dict[str, Any] = {}
+    if protocol_class is LimitedHttpToolsProtocol:
+        keywords["policy"] = limited_protocol(ConnectionLimits()).keywords["policy"]
+    protocol = protocol_class(
+        config=config, server_state=ServerState(), app_state={},
+        _loop=asyncio.get_running_loop(), **keywords,
+    )  # fmt: skip
+    protocol.connection_made(RecordingTransport())
+    for piece in pieces:
+        protocol.data_received(piece)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(done.wait(), 5)
+    protocol.connection_lost(None)
+    return received
+
+
+async def test_a_body_is_received_as_uvicorns_own_protocol_receives_it() -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Length: %d\r\n\r\n"
+    request = head % len(body) + body
+    splits = [[request], [request[:60], request[60:]], [request[:200], request[200:3000]]]
+    splits[-1].append(request[3000:])
+    splits.append([request[i : i + 700] for i in range(0, len(request), 700)])
+    for pieces in splits:
+        ours = await _bodies_received(LimitedHttpToolsProtocol, pieces)
+        uvicorns = await _bodies_received(HttpToolsProtocol, pieces)
+        assert ours == uvicorns and b"".join(ours) == body
+        assert all(type(b) is bytes for b in ours)
+
+
+async def test_a_body_piece_is_held_as_it_came_and_later_ones_join_it() -> None:
+    config = Config(app=lambda scope, receive, send: None, http="httptools")
+    config.load()
+    protocol = LimitedHttpToolsProtocol(
+        config=config, server_state=ServerState(), app_state={},
+        _loop=asyncio.get_running_loop(),
+        policy=limited_protocol(ConnectionLimits()).keywords["policy"],
+    )  # fmt: skip
+    protocol.connection_made(RecordingTransport())
+    protocol.data_received(b"POST / HTTP/1.1\r\nHost: g\r\nContent-Length: 6\r\n\r\n")
+    first, second = b"abc", b"def"
+    protocol.on_body(first)
+    assert protocol.cycle.body is first  # no copy: uvicorn's receive hands it over as is
+    protocol.on_body(second)
+    assert protocol.cycle.body == bytearray(b"abcdef")
+    protocol.connection_lost(None)

@@ -9,10 +9,14 @@ from typing import Any
 import orjson
 import pytest
 
+from rollout_gateway.server.engines.upstream_request import build_upstream_request
 from rollout_gateway.server.http.jsonio import (
     MAX_BODY_DEPTH,
+    SPLICE_MIN_BYTES,
+    SplicedText,
     TooDeepError,
     check_depth,
+    dumps_request,
     loads_body,
     loads_chat_body,
 )
@@ -58,6 +62,42 @@ def test_a_chat_body_comes_with_its_messages_text_as_dumps_writes_it(body: Any) 
     parsed = loads_chat_body(raw)
     assert parsed.value == body and list(parsed.value) == list(body)  # key order kept
     assert parsed.messages_text == orjson.dumps(body["messages"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        *CHAT_BODIES,
+        {"messages": [{"role": "user", "content": "nul \x00 and \x00"}], "stop": "\x00"},
+        {"tools": [{"description": "\x00"}], "messages": [{"role": "user", "content": "a"}]},
+    ],
+)
+def test_a_request_written_around_its_messages_view_is_the_one_written_with_a_fragment(
+    body: Any,
+) -> None:
+    assert type(loads_chat_body(json.dumps(body).encode()).messages_text) is bytes  # short
+    long = {"role": "user", "content": "p" * SPLICE_MIN_BYTES}
+    body = {**body, "messages": [*body["messages"], long]}
+    parsed = loads_chat_body(json.dumps(body).encode())
+    view = parsed.messages_text
+    assert isinstance(view, memoryview)  # the depth check's text, not a copy of it
+    fragment = {**parsed.value, "messages": orjson.Fragment(bytes(view))}
+    spliced = {**parsed.value, "messages": SplicedText(view)}
+    assert dumps_request(spliced) == orjson.dumps(fragment)
+    assert type(spliced["messages"]) is SplicedText  # the body is left as it was
+    assert orjson.loads(dumps_request(spliced)) == body
+    # The upstream request built from the view is written as the one built from bytes.
+    upstream = {"model": "m", "sampling_params": {"temperature": 0.5}, "max_tokens": 7}
+    sent = [
+        dumps_request(build_upstream_request(parsed.value, messages_text=text, **upstream))
+        for text in (view, bytes(view))
+    ]
+    assert sent[0] == sent[1]
+
+
+def test_a_request_without_a_spliced_text_is_dumps() -> None:
+    body = {"model": "m", "messages": orjson.Fragment(b"[]"), "x": "\x00"}
+    assert dumps_request(body) == orjson.dumps(body)
 
 
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'{"model": "m"}', b'{"messages": {"a": 1}}'])

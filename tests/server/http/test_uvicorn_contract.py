@@ -35,6 +35,7 @@ OVERRIDDEN = {
     "send_400_response": ["self", "msg"],
     "on_message_begin": ["self"],
     "on_headers_complete": ["self"],
+    "on_body": ["self", "body"],
     "on_message_complete": ["self"],
     "on_response_complete": ["self"],
 }
@@ -83,3 +84,21 @@ async def test_the_attributes_read_are_there_and_answers_use_the_protocols_trans
     headers_complete = inspect.getsource(HttpToolsProtocol.on_headers_complete)
     assert "transport=self.transport" in headers_complete
     assert "scope=self.scope" in headers_complete
+
+
+def test_the_body_held_is_handed_over_as_bytes_of_it_and_on_body_is_the_one_replaced() -> None:
+    # on_body holds a body's first piece as the bytes it is: uvicorn's receive must hand
+    # over bytes(held) (the very object for bytes) and start the next one empty.
+    receive = inspect.getsource(RequestResponseCycle.receive)
+    assert '"body": bytes(self.body)' in receive and "self.body = bytearray()" in receive
+    # What LimitedHttpToolsProtocol.on_body does besides holding the piece is uvicorn's.
+    on_body = inspect.getsource(HttpToolsProtocol.on_body)
+    for line in (
+        "if (self.parser.should_upgrade() and self._should_upgrade())"
+        " or self.cycle.response_complete:",
+        "self.cycle.body += body",
+        "if len(self.cycle.body) > HIGH_WATER_LIMIT:",
+        "self.flow.pause_reading()",
+        "self.cycle.message_event.set()",
+    ):
+        assert line in on_body, f"uvicorn's on_body changed: {line}"
