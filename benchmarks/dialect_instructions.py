@@ -18,9 +18,9 @@ was subtracted for a cell's wall-clock time: a cell's count moved by 2% run to r
 What remains differs run to run only by the machine's timing in the I/O (how a read
 splits); ``--repeat`` runs every cell again and the least count of each cell is
 reported (the noise only adds).
-Before the first cell, each dialect takes a short uncounted rollout in each mode
-(CPython quickens a function's code on its first calls: the first cell measured paid
-some 25,000 instructions a turn for it).
+Before the first cell, each cell's conversation runs :data:`WARM_UP_TURNS` turns,
+uncounted (:func:`warm_up`: CPython quickens a function's code on its first calls, and
+the first cells measured paid for it).
 
 ``--compare-source DIR`` also runs every cell through the gateway of another checkout
 (e.g. ``git worktree add --detach DIR main``), in the same run: the chat turn no
@@ -60,6 +60,8 @@ DIALECTS = ("chat", "anthropic", "responses")
 START_TIMEOUT_S = 600.0
 #: Seconds between the counted gateway's timers (its tick, its sweep, its health probe).
 QUIET_S = 3600.0
+#: Turns of each cell's conversation before any cell is counted (see :func:`warm_up`).
+WARM_UP_TURNS = 16
 
 
 def _free_port() -> int:
@@ -276,6 +278,20 @@ def run_cell(
     return per_turn
 
 
+def warm_up(client: httpx.Client, gateway: Gateway, args: argparse.Namespace) -> None:
+    """Not counted: each cell's path run :data:`WARM_UP_TURNS` times first. CPython 3.11
+    quickens a function's code at its 8th call and specializes its instructions over
+    the next ones; a path run only a few times before (the 4 turns of a short rollout,
+    then a cell's own 3) paid that in the first cell measured: some 6,000 instructions a
+    turn in ``_PyCode_Quicken`` alone for a Responses turn at 1k, more in the slower
+    unspecialized code, and the 1k cells come first."""
+    for context in args.contexts:
+        for mode in args.modes:
+            for dialect in args.dialects:
+                cell = Cell(dialect, mode == "stream", context)
+                run_cell(client, gateway, cell, WARM_UP_TURNS // 2, -1, None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1000, 32000])
@@ -303,12 +319,7 @@ def main() -> None:
                 try:
                     idle = gateway.idle_count()
                     print(f"{prefix}gateway idle: {idle} instructions in 3 s", flush=True)
-                    # Not counted: each path's code run once (CPython quickens a function on
-                    # its first calls, caches fill), else the first cell measured pays it.
-                    for mode in args.modes:
-                        for dialect in args.dialects:
-                            cell = Cell(dialect, mode == "stream", min(args.contexts))
-                            run_cell(client, gateway, cell, 2, -1, None)
+                    warm_up(client, gateway, args)
                     for n in range(args.repeat):
                         for context in args.contexts:
                             for mode in args.modes:
