@@ -8,16 +8,19 @@ counted. For each cell (dialect x streamed or not x context size) a fresh rollou
 that conversation costs the gateway (turns ``N+1 .. 2N``). The conversation is the same
 in every dialect (a system prompt padded to the cell's context in the scripted model's
 tokens, one byte each; the model answers a short text; the agent echoes it and adds a
-user message), in each dialect's own shape, as its official SDK sends it. The gateway's
-timers (its ``Date`` header once a second) count too: some 90,000 instructions a second
-under valgrind, some 10% of a cell on a loaded machine where a turn takes a second of
-wall-clock time: so each gateway's idle rate is measured (instructions per second while
-nobody calls it) and what a cell's wall-clock time costs at that rate is subtracted.
-What remains differs run to run by the machine's timing in the I/O; ``--repeat`` runs
-every cell again and the least count of each cell is reported (the noise only adds).
-Before the first cell, each dialect takes a short uncounted rollout in each mode
-(CPython quickens a function's code on its first calls: the first cell measured paid
-some 25,000 instructions a turn for it).
+user message), in each dialect's own shape, as its official SDK sends it. The gateway
+is ``rollout-gateway serve`` with its timers quiet (:func:`serve_gateway`: its tick, its
+idle sweep and its health probe once an hour), so nothing in it runs by the wall clock
+during a cell: its idle count is printed first (a few hundred instructions in seconds),
+and a cell's count is its turns' own, not corrected for timers. (Before, the tick ran
+once a second, some 87,000 instructions under valgrind, and an idle rate measured once
+was subtracted for a cell's wall-clock time: a cell's count moved by 2% run to run.)
+What remains differs run to run only by the machine's timing in the I/O (how a read
+splits); ``--repeat`` runs every cell again and the least count of each cell is
+reported (the noise only adds).
+Before the first cell, each cell's conversation runs :data:`WARM_UP_TURNS` turns,
+uncounted (:func:`warm_up`: CPython quickens a function's code on its first calls, and
+the first cells measured paid for it).
 
 ``--compare-source DIR`` also runs every cell through the gateway of another checkout
 (e.g. ``git worktree add --detach DIR main``), in the same run: the chat turn no
@@ -55,6 +58,10 @@ ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 DIALECTS = ("chat", "anthropic", "responses")
 START_TIMEOUT_S = 600.0
+#: Seconds between the counted gateway's timers (its tick, its sweep, its health probe).
+QUIET_S = 3600.0
+#: Turns of each cell's conversation before any cell is counted (see :func:`warm_up`).
+WARM_UP_TURNS = 16
 
 
 def _free_port() -> int:
@@ -155,6 +162,35 @@ def body(cell: Cell, system: str, answers: list[str]) -> tuple[str, dict[str, An
     return "/responses", out
 
 
+def serve_gateway(argv: list[str]) -> None:
+    """``rollout-gateway serve`` with its timers quiet: the server's housekeeping tick (the
+    ``Date`` header, some 87,000 instructions under valgrind once a second) and the idle
+    sweep run once an hour, not once a second and every 30 s.
+
+    A tick's cost fell in a cell's counted turns or not by the wall clock (a 3-turn cell
+    of 1-2 s holds one tick or two: some 29,000 instructions a turn at 1k either way), and
+    the correction for it, an idle rate measured once, moved a cell's count by 2% run to
+    run. Quiet, nothing in the gateway runs by the clock during a cell: the count is the
+    turns' own. Everything else is the command's own path (``cli.main``)."""
+    from dataclasses import replace
+
+    from rollout_gateway import cli
+    from rollout_gateway.server import runner
+
+    class QuietServer(runner._Server):
+        def __init__(self, config: Any, tick_s: float = QUIET_S) -> None:
+            super().__init__(config, tick_s)
+
+    def quiet_config(args: Any) -> Any:
+        config = make_config(args)
+        return replace(config, registry=replace(config.registry, sweep_interval_s=QUIET_S))
+
+    make_config = cli.serve_config
+    runner._Server = QuietServer  # type: ignore[misc]  # serve() builds its server by this name
+    cli.serve_config = quiet_config  # run_serve builds its config by this name
+    sys.exit(cli.main(["serve", *argv]))
+
+
 class Gateway:
     """One gateway under callgrind, its counters dumped on demand."""
 
@@ -163,13 +199,14 @@ class Gateway:
         self.root = f"http://127.0.0.1:{self.port}"
         self.out = directory / "callgrind.out"
         cmd = ["valgrind", "-q", "--tool=callgrind", f"--callgrind-out-file={self.out}",
-               sys.executable, "-m", "rollout_gateway.cli", "serve", "--upstream",
-               f"{model_root}/v1", "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
+               sys.executable, str(Path(__file__).resolve()), "--serve-gateway",
+               "--upstream", f"{model_root}/v1", "--port", str(self.port),
+               "--log-level", "warning"]  # fmt: skip
         first = str(Path(source).resolve()) if source else str(Path(__file__).resolve().parents[1])
         if (Path(first) / "rollout_gateway/server/ops/health.py").exists():
             # Its periodic health probe (a GET upstream every second) once an hour: it
             # costs per second, and a loaded machine's turns take seconds.
-            cmd += ["--probe-interval", "3600"]
+            cmd += ["--probe-interval", str(QUIET_S)]
         env = {**os.environ, "PYTHONHASHSEED": "0", "ROLLOUT_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
                "PYTHONPATH": first}  # fmt: skip
         log = open(directory / "gateway.log", "ab")  # noqa: SIM115
@@ -178,16 +215,12 @@ class Gateway:
                                           cwd=source)  # fmt: skip
         self.dumps = 0
         _wait(f"{self.root}/health", self.proc, ADMIN)
-        self.idle_rate = 0.0
 
-    def measure_idle(self, seconds: float = 10.0) -> float:
-        """Instructions per second while idle (its timers), kept in :attr:`idle_rate`."""
+    def idle_count(self, seconds: float = 3.0) -> int:
+        """Instructions while nobody calls it for ``seconds`` (its timers quiet: ~0)."""
         self.dump()
-        start = time.monotonic()
         time.sleep(seconds)
-        count = self.dump()
-        self.idle_rate = count / (time.monotonic() - start)
-        return self.idle_rate
+        return self.dump()
 
     def dump(self, keep: Path | None = None) -> int:
         """The instructions since the previous dump (its file copied to ``keep``)."""
@@ -231,21 +264,32 @@ def run_cell(
     auth = {"x-api-key": key} if cell.dialect == "anthropic" else {"Authorization": f"Bearer {key}"}
     answers: list[str] = []
     counted = 0
-    started = 0.0
     for turn in range(2 * turns):
         if turn == turns:
             gateway.dump()  # everything before: not counted
-            started = time.monotonic()
         path, request = body(cell, system, answers)
         r = client.post(base + path, json=request, headers=auth)
         r.raise_for_status()
         if turn >= turns:
             counted += 1
         answers.append(_says(2 * turns)[turn])
-    timers = gateway.idle_rate * (time.monotonic() - started)
-    per_turn = (gateway.dump(keep) - timers) / counted
+    per_turn = gateway.dump(keep) / counted
     client.post(f"{base}/unregister", headers=ADMIN).raise_for_status()
     return per_turn
+
+
+def warm_up(client: httpx.Client, gateway: Gateway, args: argparse.Namespace) -> None:
+    """Not counted: each cell's path run :data:`WARM_UP_TURNS` times first. CPython 3.11
+    quickens a function's code at its 8th call and specializes its instructions over
+    the next ones; a path run only a few times before (the 4 turns of a short rollout,
+    then a cell's own 3) paid that in the first cell measured: some 6,000 instructions a
+    turn in ``_PyCode_Quicken`` alone for a Responses turn at 1k, more in the slower
+    unspecialized code, and the 1k cells come first."""
+    for context in args.contexts:
+        for mode in args.modes:
+            for dialect in args.dialects:
+                cell = Cell(dialect, mode == "stream", context)
+                run_cell(client, gateway, cell, WARM_UP_TURNS // 2, -1, None)
 
 
 def main() -> None:
@@ -273,14 +317,9 @@ def main() -> None:
                 directory.mkdir()
                 gateway = Gateway(model_root, directory, source)
                 try:
-                    rate = gateway.measure_idle()
-                    print(f"{prefix}gateway idle: {rate / 1e3:.1f} k instructions/s", flush=True)
-                    # Not counted: each path's code run once (CPython quickens a function on
-                    # its first calls, caches fill), else the first cell measured pays it.
-                    for mode in args.modes:
-                        for dialect in args.dialects:
-                            cell = Cell(dialect, mode == "stream", min(args.contexts))
-                            run_cell(client, gateway, cell, 2, -1, None)
+                    idle = gateway.idle_count()
+                    print(f"{prefix}gateway idle: {idle} instructions in 3 s", flush=True)
+                    warm_up(client, gateway, args)
                     for n in range(args.repeat):
                         for context in args.contexts:
                             for mode in args.modes:
@@ -326,5 +365,7 @@ def _ratios(results: dict[str, list[float]], label: str, dialects: list[str], si
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-model":
         serve_model(int(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
+        serve_gateway(sys.argv[2:])
     else:
         main()

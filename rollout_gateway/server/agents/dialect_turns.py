@@ -19,7 +19,6 @@ from rollout_gateway.server.dialects.base import Dialect, ParsedRequest, StreamR
 from rollout_gateway.server.dialects.errors import GatewayError
 from rollout_gateway.server.dialects.routes import dialect_named
 from rollout_gateway.server.http import jsonio
-from rollout_gateway.server.http.jsonio import JSONBytesResponse
 from rollout_gateway.server.http.responses import ApiError
 from rollout_gateway.server.state.dedupe import Turn
 
@@ -66,7 +65,7 @@ def dialect_answer(
             events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
     try:
-        return JSONBytesResponse(dialect.render(completion, parsed))
+        return Response(dialect.render_json(completion, parsed), media_type="application/json")
     except TypeError:  # orjson's JSONEncodeError: an answer nested deeper than it writes
         raise ApiError(502, "upstream answer is malformed", "upstream_error") from None
 

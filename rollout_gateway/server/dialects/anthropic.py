@@ -26,6 +26,7 @@ from rollout_gateway.server.dialects.anthropic_parse import (
 from rollout_gateway.server.dialects.anthropic_render import (
     error_body,
     render_message,
+    render_message_json,
     thinking_state,
 )
 from rollout_gateway.server.dialects.anthropic_stream import PING_EVENT, MessagesStream
@@ -79,6 +80,9 @@ class AnthropicDialect(Dialect):
 
     def render(self, completion: dict[str, Any], request: ParsedRequest) -> Message:
         return render_message(completion, _context(request).show_thinking)
+
+    def render_json(self, completion: dict[str, Any], request: ParsedRequest) -> bytes:
+        return render_message_json(completion, _context(request).show_thinking)
 
     def stream(self, request: ParsedRequest) -> MessagesStream:
         return MessagesStream(_context(request))

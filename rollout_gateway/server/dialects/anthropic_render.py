@@ -32,6 +32,7 @@ from rollout_gateway.server.dialects.completion import (
     reasoning_of,
     tool_call_parts,
     usage_counts,
+    usual_counts,
 )
 from rollout_gateway.server.dialects.errors import GatewayError
 
@@ -50,6 +51,18 @@ ERROR_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
+
+
+#: The usual answer (:func:`usual_answer`) as ``orjson`` writes :func:`render_message`'s
+#: object: its fields in that order, no spaces; the ids' base, the model's and the text's
+#: JSON and the counts filled in.
+_USUAL_MESSAGE = (
+    b'{"id":"msg_%b","type":"message","role":"assistant","model":%b,'
+    b'"content":[{"type":"text","text":%b}],"stop_reason":"end_turn","stop_sequence":null,'
+    b'"usage":{"input_tokens":%d,"output_tokens":%d}}'
+)
+#: What ``orjson`` writes of an integer: below ``2**64`` (else it refuses the answer).
+_INT_END = 2**64
 
 
 def message_id(completion_id: Any) -> str:
@@ -129,6 +142,54 @@ def render_message(completion: Mapping[str, Any], show_thinking: bool) -> Messag
     }
 
 
+def usual_answer(completion: Mapping[str, Any]) -> tuple[str, int, int] | None:
+    """``(text, prompt tokens, completion tokens)`` of the usual answer: choice 0 a
+    message of text only (some text, no tool calls, no reasoning field), ended by the
+    model (``end_turn``: not cut, not filtered, no stop string), the engine's usual
+    ``usage`` (two counts, no details); ``None`` for any other, which
+    :func:`render_message` renders."""
+    choice = first_choice(completion)
+    message = choice.get("message")
+    if type(message) is not dict:
+        return None
+    text = message.get("content")
+    usage = completion.get("usage")
+    finish = choice.get("finish_reason")
+    if (
+        type(text) is not str
+        or not text
+        or message.get("tool_calls")
+        or message.get("reasoning") is not None
+        or message.get("reasoning_content") is not None
+        or finish == "length"
+        or finish == "content_filter"
+        or isinstance(choice.get("stop_reason"), str)
+        or type(usage) is not dict
+    ):
+        return None
+    counts = usual_counts(usage)
+    if counts is None or counts[0] >= _INT_END or counts[1] >= _INT_END:
+        return None
+    return text, counts[0], counts[1]
+
+
+def render_message_json(completion: Mapping[str, Any], show_thinking: bool) -> bytes:
+    """``orjson.dumps(render_message(completion, show_thinking))``: the usual answer
+    (:func:`usual_answer`) written at once from a template, any other rendered whole.
+    Raises ``TypeError`` (orjson's) for what orjson cannot write, as the dump does."""
+    usual = usual_answer(completion)
+    if usual is None:
+        return orjson.dumps(render_message(completion, show_thinking))
+    text, prompt, completed = usual
+    return _USUAL_MESSAGE % (
+        id_base(completion.get("id")).encode(),
+        orjson.dumps(str(completion.get("model") or "")),
+        orjson.dumps(text),
+        prompt,
+        completed,
+    )
+
+
 def thinking_state(message: Mapping[str, Any], show_thinking: bool) -> list[dict[str, Any]]:
     """The state blocks the agent will echo for ``message``'s answer (its thinking block)."""
     reasoning = reasoning_of(message)
@@ -153,8 +214,10 @@ __all__ = [
     "error_body",
     "message_id",
     "render_message",
+    "render_message_json",
     "stop_of",
     "thinking_state",
     "tool_input",
     "usage_of",
+    "usual_answer",
 ]

@@ -163,6 +163,12 @@ class Dialect(ABC):
     def render(self, completion: dict[str, Any], request: ParsedRequest) -> Mapping[str, Any]:
         """The dialect's answer to ``request`` from the engine's whole ``completion``."""
 
+    def render_json(self, completion: dict[str, Any], request: ParsedRequest) -> bytes:
+        """:meth:`render`'s answer as JSON (``orjson``'s bytes; a dialect may write its
+        usual answer at once, the same bytes). Raises ``TypeError`` for what orjson
+        cannot write."""
+        return orjson.dumps(self.render(completion, request))
+
     @abstractmethod
     def stream(self, request: ParsedRequest) -> StreamRenderer:
         """A renderer for one streamed answer to ``request``."""

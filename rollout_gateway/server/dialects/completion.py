@@ -68,6 +68,8 @@ def id_base(completion_id: Any) -> str:
     replay of it, and safe in an id (Anthropic's ``^[a-zA-Z0-9_-]+$``)."""
     text = completion_id if isinstance(completion_id, str) and completion_id else "gateway"
     text = text.removeprefix("chatcmpl-")
+    if text.isascii() and text.isalnum():  # the usual (vLLM's hex): nothing to remove
+        return text[:96]
     return _ID_UNSAFE.sub("", text)[:96] or "gateway"
 
 

@@ -21,7 +21,11 @@ from rollout_gateway.server.dialects.responses_parse import (
     ResponsesContext,
     parse_responses_request,
 )
-from rollout_gateway.server.dialects.responses_render import error_body, render_response
+from rollout_gateway.server.dialects.responses_render import (
+    error_body,
+    render_response,
+    render_response_json,
+)
 from rollout_gateway.server.dialects.responses_stream import ResponsesStream
 from rollout_gateway.server.dialects.responses_wire import ErrorBody, Response
 from rollout_gateway.server.http.jsonio import ConversationText
@@ -49,6 +53,9 @@ class ResponsesDialect(Dialect):
 
     def render(self, completion: dict[str, Any], request: ParsedRequest) -> Response:
         return render_response(completion, _context(request))
+
+    def render_json(self, completion: dict[str, Any], request: ParsedRequest) -> bytes:
+        return render_response_json(completion, _context(request))
 
     def stream(self, request: ParsedRequest) -> ResponsesStream:
         return ResponsesStream(_context(request))

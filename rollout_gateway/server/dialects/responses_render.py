@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from rollout_gateway.protocol import error_code
 from rollout_gateway.server.dialects.completion import (
     OBJECT,
@@ -41,6 +43,19 @@ from rollout_gateway.server.dialects.responses_wire import (
 
 #: Why an answer is ``incomplete``, by the engine's finish reason.
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+#: The usual answer (:func:`usual_answer`) as ``orjson`` writes :func:`render_response`'s
+#: object: its fields in that order, no spaces; the ids' base, the model's and the text's
+#: JSON, the request's two fields' JSON and the counts filled in.
+_USUAL_RESPONSE = (
+    b'{"id":"resp_%b","object":"response","created_at":%d,"model":%b,"status":"completed",'
+    b'"error":null,"incomplete_details":null,"output":[{"id":"msg_%b","type":"message",'
+    b'"status":"completed","role":"assistant","content":[{"type":"output_text","text":%b,'
+    b'"annotations":[],"logprobs":[]}]}],"parallel_tool_calls":%b,"tool_choice":%b,'
+    b'"tools":[],"usage":{"input_tokens":%d,"input_tokens_details":{"cached_tokens":0},'
+    b'"output_tokens":%d,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":%d}}'
+)
+#: What ``orjson`` writes of an integer: ``[-2**63, 2**64)`` (else it refuses the answer).
+_INT_MIN, _INT_END = -(2**63), 2**64
 
 
 def response_id(base: str) -> str:
@@ -188,6 +203,62 @@ def render_response(
     }
 
 
+def usual_answer(completion: Mapping[str, Any]) -> tuple[str, int, int, int] | None:
+    """``(text, created, prompt tokens, completion tokens)`` of the usual answer: choice
+    0 a message of text only (no tool calls, no reasoning field), finished (not cut), an
+    integer ``created``, the engine's usual ``usage`` (two counts, no details); ``None``
+    for any other, which :func:`render_response` renders."""
+    choice = first_choice(completion)
+    message = choice.get("message")
+    if type(message) is not dict:
+        return None
+    text = message.get("content")
+    created = completion.get("created")
+    usage = completion.get("usage")
+    if (
+        type(text) is not str
+        or message.get("tool_calls")
+        or message.get("reasoning") is not None
+        or message.get("reasoning_content") is not None
+        or str(choice.get("finish_reason")) in INCOMPLETE_REASONS
+        or type(created) is not int
+        or not _INT_MIN <= created < _INT_END
+        or type(usage) is not dict
+    ):
+        return None
+    counts = usual_counts(usage)
+    if counts is None or counts[0] + counts[1] >= _INT_END:
+        return None
+    return text, created, counts[0], counts[1]
+
+
+def render_response_json(completion: Mapping[str, Any], context: ResponsesContext) -> bytes:
+    """``orjson.dumps(render_response(completion, context))``: the usual answer
+    (:func:`usual_answer`) written at once from a template, any other rendered whole.
+    Raises ``TypeError`` (orjson's) for what orjson cannot write, as the dump does."""
+    usual = usual_answer(completion)
+    if usual is None:
+        return orjson.dumps(render_response(completion, context))
+    return usual_response_json(completion, context, usual, id_base(completion.get("id")))
+
+
+def usual_response_json(
+    completion: Mapping[str, Any],
+    context: ResponsesContext,
+    usual: tuple[str, int, int, int],
+    base: str,
+) -> bytes:
+    """The usual answer's JSON from its template (``usual``: :func:`usual_answer` of
+    ``completion``; ``base``: :func:`~.completion.id_base` of its id)."""
+    text, created, prompt, completed = usual
+    ids = base.encode()
+    return _USUAL_RESPONSE % (
+        ids, created, orjson.dumps(str(completion.get("model") or "")), ids,
+        orjson.dumps(text), orjson.dumps(context.parallel_tool_calls),
+        orjson.dumps(context.tool_choice), prompt, completed, prompt + completed,
+    )  # fmt: skip
+
+
 def error_body(error: GatewayError) -> ErrorBody:
     """``error`` in OpenAI's shape (the SDK picks its typed error by status)."""
     default = "server_error" if error.status >= 500 else "invalid_request_error"
@@ -209,7 +280,10 @@ __all__ = [
     "output_items",
     "reasoning_item",
     "render_response",
+    "render_response_json",
     "response_head",
     "response_id",
     "usage_of",
+    "usual_answer",
+    "usual_response_json",
 ]

@@ -32,6 +32,8 @@ from rollout_gateway.server.dialects.responses_render import (
     reasoning_item,
     render_response,
     response_head,
+    usual_answer,
+    usual_response_json,
 )
 from rollout_gateway.server.dialects.responses_wire import Response
 
@@ -144,6 +146,12 @@ class ResponsesStream(StreamRenderer):
         out += self._close()
         # The ids' base as the first chunk's made it, for the same completion id.
         base = self.base if completion.get("id") == self.first_id else None
+        usual = usual_answer(completion) if self.items else None
+        if usual is not None:  # its one item streamed: the answer from its template
+            answer = usual_response_json(
+                completion, self.context, usual, base or id_base(completion.get("id"))
+            )
+            return out + self._framed(b"response.completed", b',"response":' + answer)
         final = render_response(completion, self.context, base)
         for index, item in enumerate(final["output"][self.items :], start=self.items):
             out += self._event("response.output_item.added", output_index=index, item=item)
