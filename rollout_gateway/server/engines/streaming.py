@@ -463,7 +463,9 @@ class EventLog:
         self.followers = 0
         #: Whether the engine's chunks were relayed (else the answer is re-encoded).
         self.relayed = False
-        self._changed = asyncio.Event()
+        #: The followers waiting for the next event (each a bare future: no task is made
+        #: per event, as ``asyncio.wait_for`` would make one).
+        self._waiters: list[asyncio.Future[bool]] = []
 
     def release(self) -> None:
         """A follower is done with the log."""
@@ -486,18 +488,25 @@ class EventLog:
         self._drop_if_unused()
 
     def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
 
     async def wait(self, timeout_s: float) -> bool:
         """Wait for an event or the close, at most ``timeout_s``; whether one came."""
         if self.closed:
             return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(timeout_s, _time_out, waiter)
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+            return await waiter
+        finally:
+            timer.cancel()
+            if waiter in self._waiters:  # timed out or cancelled: not woken
+                self._waiters.remove(waiter)
 
     async def follow(
         self, keepalive_s: float, keepalive: bytes = KEEPALIVE_EVENT
@@ -513,6 +522,11 @@ class EventLog:
                 return
             if not await self.wait(keepalive_s):
                 yield keepalive
+
+
+def _time_out(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 __all__ = [

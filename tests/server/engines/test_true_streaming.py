@@ -25,7 +25,12 @@ from starlette.routing import Route
 
 from rollout_gateway.server import GatewayConfig, create_app, running_server
 from rollout_gateway.server.engines.answers import read_answer
-from rollout_gateway.server.engines.streaming import StreamAssembler, iter_sse_json, sse_event
+from rollout_gateway.server.engines.streaming import (
+    EventLog,
+    StreamAssembler,
+    iter_sse_json,
+    sse_event,
+)
 
 from ..conftest import GatewayFactory
 
@@ -353,3 +358,35 @@ async def test_a_chunk_relayed_as_it_came_is_its_data_framed_as_an_event() -> No
     # A chunk of several data lines (no line of its own) is written again, as before.
     (chunk,) = [c async for c in iter_sse_json(_lines('data: {"c":\ndata: 3}\n\n'))]
     assert chunk.payload is None and sse_event(chunk) == b'data: {"c":3}\n\n'
+
+
+async def test_the_event_log_wakes_every_follower_and_times_out_alone() -> None:
+    """Each follower waits on the log: an event or the close wakes all of them at once,
+    a silent engine times each out by itself (its keepalive), and a follower cancelled
+    while waiting leaves nothing behind for the next event."""
+    log = EventLog()
+    first, second = (asyncio.ensure_future(log.wait(5.0)) for _ in range(2))
+    await asyncio.sleep(0)
+    log.append(b"data: 1\n\n")
+    assert await first is True and await second is True
+    assert await log.wait(0.01) is False  # nothing came: timed out
+    abandoned = asyncio.ensure_future(log.wait(5.0))
+    await asyncio.sleep(0)
+    abandoned.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await abandoned
+    assert log._waiters == []
+    silent = log.follow(0.01, keepalive=b": keepalive\n\n")
+    assert await anext(silent) == b"data: 1\n\n"
+    assert await anext(silent) == b": keepalive\n\n"  # the engine is silent
+    await silent.aclose()
+    follower = log.follow(5.0)
+    assert await anext(follower) == b"data: 1\n\n"
+    later = asyncio.ensure_future(anext(follower))
+    await asyncio.sleep(0)
+    log.append(b"data: 2\n\n")
+    assert await later == b"data: 2\n\n"
+    log.close()
+    assert await log.wait(5.0) is True  # closed: at once
+    with pytest.raises(StopAsyncIteration):
+        await anext(follower)
