@@ -29,10 +29,10 @@ from rollout_gateway.server.dialects.completion import (
     content_text,
     first_choice,
     id_base,
+    plain_text_answer,
     reasoning_of,
     tool_call_parts,
     usage_counts,
-    usual_counts,
 )
 from rollout_gateway.server.dialects.errors import GatewayError
 
@@ -148,29 +148,21 @@ def usual_answer(completion: Mapping[str, Any]) -> tuple[str, int, int] | None:
     model (``end_turn``: not cut, not filtered, no stop string), the engine's usual
     ``usage`` (two counts, no details); ``None`` for any other, which
     :func:`render_message` renders."""
-    choice = first_choice(completion)
-    message = choice.get("message")
-    if type(message) is not dict:
+    plain = plain_text_answer(completion)
+    if plain is None:
         return None
-    text = message.get("content")
-    usage = completion.get("usage")
+    choice, text, (prompt, completed) = plain
     finish = choice.get("finish_reason")
     if (
-        type(text) is not str
-        or not text
-        or message.get("tool_calls")
-        or message.get("reasoning") is not None
-        or message.get("reasoning_content") is not None
+        not text
         or finish == "length"
         or finish == "content_filter"
         or isinstance(choice.get("stop_reason"), str)
-        or type(usage) is not dict
+        or prompt >= _INT_END
+        or completed >= _INT_END
     ):
         return None
-    counts = usual_counts(usage)
-    if counts is None or counts[0] >= _INT_END or counts[1] >= _INT_END:
-        return None
-    return text, counts[0], counts[1]
+    return text, prompt, completed
 
 
 def render_message_json(completion: Mapping[str, Any], show_thinking: bool) -> bytes:

@@ -99,6 +99,31 @@ def usual_counts(usage: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+def plain_text_answer(
+    completion: Mapping[str, Any],
+) -> tuple[Mapping[str, Any], str, tuple[int, int]] | None:
+    """``(choice 0, its text, the usage counts)`` when choice 0 is a message of text only
+    (a string content, no tool calls, no reasoning field) and the engine's ``usage`` the
+    usual one (:func:`usual_counts`); ``None`` for any other. Where each dialect's template
+    for the usual answer starts (its own conditions come after)."""
+    choice = first_choice(completion)
+    message = choice.get("message")
+    if type(message) is not dict:
+        return None
+    text = message.get("content")
+    usage = completion.get("usage")
+    if (
+        type(text) is not str
+        or message.get("tool_calls")
+        or message.get("reasoning") is not None
+        or message.get("reasoning_content") is not None
+        or type(usage) is not dict
+    ):
+        return None
+    counts = usual_counts(usage)
+    return None if counts is None else (choice, text, counts)
+
+
 def usage_counts(usage: Any) -> UsageCounts:
     """The counts of a chat ``usage`` object (zeros for what it does not say)."""
     if type(usage) is dict and (usual := usual_counts(usage)) is not None:
@@ -181,6 +206,7 @@ __all__ = [
     "delta_reasoning",
     "first_choice",
     "id_base",
+    "plain_text_answer",
     "reasoning_of",
     "tool_call_parts",
     "usage_counts",

@@ -23,6 +23,7 @@ from rollout_gateway.server.dialects.completion import (
     content_text,
     first_choice,
     id_base,
+    plain_text_answer,
     reasoning_of,
     tool_call_parts,
     usage_counts,
@@ -208,28 +209,19 @@ def usual_answer(completion: Mapping[str, Any]) -> tuple[str, int, int, int] | N
     0 a message of text only (no tool calls, no reasoning field), finished (not cut), an
     integer ``created``, the engine's usual ``usage`` (two counts, no details); ``None``
     for any other, which :func:`render_response` renders."""
-    choice = first_choice(completion)
-    message = choice.get("message")
-    if type(message) is not dict:
+    plain = plain_text_answer(completion)
+    if plain is None:
         return None
-    text = message.get("content")
+    choice, text, (prompt, completed) = plain
     created = completion.get("created")
-    usage = completion.get("usage")
     if (
-        type(text) is not str
-        or message.get("tool_calls")
-        or message.get("reasoning") is not None
-        or message.get("reasoning_content") is not None
-        or str(choice.get("finish_reason")) in INCOMPLETE_REASONS
+        str(choice.get("finish_reason")) in INCOMPLETE_REASONS
         or type(created) is not int
         or not _INT_MIN <= created < _INT_END
-        or type(usage) is not dict
+        or prompt + completed >= _INT_END
     ):
         return None
-    counts = usual_counts(usage)
-    if counts is None or counts[0] + counts[1] >= _INT_END:
-        return None
-    return text, created, counts[0], counts[1]
+    return text, created, prompt, completed
 
 
 def render_response_json(completion: Mapping[str, Any], context: ResponsesContext) -> bytes:
