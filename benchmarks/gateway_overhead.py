@@ -689,20 +689,25 @@ def _parser() -> argparse.ArgumentParser:
         help="start every rollout of a cell at once (default: spread over one model latency)",
     )
     parser.add_argument(
-        "--serve-proxy", nargs="+", metavar="PORT UPSTREAM [LOOP]", help=argparse.SUPPRESS
-    )
-    parser.add_argument(
         "--stack-floor",
         action="store_true",
         help="also run the gateway's HTTP stack alone ('stack') and with the JSON work of a "
         "turn ('json') as paths",
+    )
+    _add_child_options(parser)
+    return parser
+
+
+def _add_child_options(parser: argparse.ArgumentParser) -> None:
+    """The hidden options that start this script as one of its own child processes."""
+    parser.add_argument(
+        "--serve-proxy", nargs="+", metavar="PORT UPSTREAM [LOOP]", help=argparse.SUPPRESS
     )
     parser.add_argument(
         "--serve-stack-floor", nargs=3, metavar=("PORT", "UPSTREAM", "JSON"),
         help=argparse.SUPPRESS,
     )  # fmt: skip
     parser.add_argument("--load-client", action="store_true", help=argparse.SUPPRESS)
-    return parser
 
 
 def _run_child(args: argparse.Namespace) -> bool:

@@ -110,9 +110,8 @@ class LocalSandboxClient(SandboxCommandAPI, SandboxFileAPI):
         read_only_at: sandbox path -> host directory, each seen read-only by every
             sandbox at its sandbox path (``bwrap`` mode only; the path must be absolute
             and no system directory): a harness's install from the per-machine cache
-            where the harness's own ready check looks for it, e.g.
-            ``{"/var/tmp/vf-claude-code": ...}``
-            (:mod:`~rollout_gateway.local_sandbox.harness_cache`).
+            where its own ready check looks (``{"/var/tmp/vf-claude-code": ...}``,
+            :mod:`~rollout_gateway.local_sandbox.harness_cache`).
 
     Each sandbox's memory, disk and CPU come from its request (``memory_gb``,
     ``disk_size_gb``, ``cpu_cores``); how this host enforces them:

@@ -116,7 +116,46 @@ def exit_code(rc: int) -> int:
 
 
 async def wait_proc(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
-    """Wait for ``proc`` without blocking the loop; ``None`` on timeout."""
+    """Wait for ``proc`` without blocking the loop; ``None`` on timeout.
+
+    The loop is woken when the process exits (its pidfd turns readable: Linux 5.3 and
+    later), so a command's end is seen at once and a long one costs nothing while it
+    runs; elsewhere (no pidfd) it is polled (:func:`poll_proc`).
+    """
+    rc = proc.poll()
+    if rc is not None:
+        return rc
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux, an old kernel, or a seccomp filter
+        return await poll_proc(proc, timeout)
+    try:
+        return await _wait_pidfd(proc, pidfd, timeout)
+    finally:
+        os.close(pidfd)
+
+
+async def _wait_pidfd(proc: subprocess.Popen[bytes], pidfd: int, timeout: float) -> int | None:
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(pidfd, on_exit)
+    try:
+        limit = None if math.isinf(timeout) else max(timeout, 0.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(exited, limit)
+    finally:
+        loop.remove_reader(pidfd)
+    return proc.poll()  # (None: still running at the timeout)
+
+
+async def poll_proc(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """Wait for ``proc`` by polling it (every 1 ms, doubling to 25 ms); ``None`` on
+    timeout. :func:`wait_proc`'s way where the kernel offers no pidfd."""
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
@@ -250,6 +289,7 @@ __all__ = [
     "kill_group",
     "kill_leaders",
     "kill_marked",
+    "poll_proc",
     "rlimit_args",
     "spawn",
     "spawn_piped",

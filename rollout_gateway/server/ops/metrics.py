@@ -180,6 +180,10 @@ class GatewayMetrics:
             ["kind", "where"],
             dependencies_up,
         )
+        self._declare_event_metrics()
+
+    def _declare_event_metrics(self) -> None:
+        """The counters and the latency histogram, which the gateway's code paths add to."""
         self.registrations = Counter("rollout_gateway_registrations_total", "Rollouts registered.")
         self.turns = Counter(
             "rollout_gateway_turns_total", "Chat turns completed, by upstream.", ["upstream"]

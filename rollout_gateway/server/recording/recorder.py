@@ -221,14 +221,7 @@ class TrajectoryRecorder:
             self._ids, (prompt_ids, prompt_ids_json, completion_ids, completion_logprobs),
             extras, previous_ids,
         )  # fmt: skip
-        if tokens is not None:
-            truncated = truncated or tokens.is_truncated
-        else:
-            self._ids.reset()
-            if self.max_seq_len is not None and total_tokens is not None:
-                truncated = truncated or total_tokens > self.max_seq_len
-        if tokens is not None:
-            tokens.is_truncated = tokens.is_truncated or truncated
+        truncated = self._is_truncated(tokens, truncated, total_tokens)
 
         completion_list = [dict(m) for m in completion]
         routing = routed_experts if tokens is not None else None
@@ -240,6 +233,19 @@ class TrajectoryRecorder:
         # What the next turn is checked against (a shared store keeps it with the step).
         step.check = self.check_state
         self._before_last = before
+
+    def _is_truncated(
+        self, tokens: StepIds | None, truncated: bool, total_tokens: int | None
+    ) -> bool:
+        """Whether the step is truncated: marked so, by its ids (which then say so too),
+        or, with no ids (which forgets the id history), by its usage's length."""
+        if tokens is not None:
+            tokens.is_truncated = tokens.is_truncated or truncated
+            return tokens.is_truncated
+        self._ids.reset()
+        if self.max_seq_len is not None and total_tokens is not None:
+            return truncated or total_tokens > self.max_seq_len
+        return truncated
 
     def _step_extras(self, extras: Mapping[str, Any] | None) -> dict[str, Any]:
         """A step's own copy of ``extras``; its ``tools``, when the previous step's were

@@ -13,8 +13,6 @@ hold a rollout, change it or use it is the coordinator's to say
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Callable
 
@@ -22,6 +20,7 @@ import orjson
 
 from rollout_gateway.server.state.coordinator import Claim, HeldCopy, TurnCoordinator
 from rollout_gateway.server.state.dedupe import TurnTracker, body_fingerprint
+from rollout_gateway.server.state.expiry import ExpiredDeletions
 from rollout_gateway.server.state.in_flight import InFlight
 from rollout_gateway.server.state.registry import (
     AlreadyRegisteredError,
@@ -38,8 +37,6 @@ from rollout_gateway.server.state.store import (
     UnknownRolloutError,
     answer_matches,
 )
-
-logger = logging.getLogger("rollout_gateway.server")
 
 
 class StoredRollouts:
@@ -81,7 +78,7 @@ class StoredRollouts:
         self.wall_clock = wall_clock
         self.on_load = on_load
         #: Deletions of expired rollouts under way (a new registration of the id waits).
-        self._deleting: dict[str, asyncio.Task[bool]] = {}
+        self._deletions = ExpiredDeletions(registry, store, coordinator, wall_clock)
         self._seed: int | None = None
         #: Rollouts being registered or read here (a removal elsewhere must know them).
         self._in_flight = InFlight()
@@ -108,9 +105,7 @@ class StoredRollouts:
         Raises :class:`~.registry.AlreadyRegisteredError`,
         :class:`~.registry.RegistryFullError`, or the store's error.
         """
-        pending = self._deleting.get(record.rollout_id)
-        if pending is not None:
-            await asyncio.shield(pending)
+        await self._deletions.settled(record.rollout_id)
         self.registry.add(record)
         try:
             with self._in_flight.registration(record.rollout_id):
@@ -201,29 +196,11 @@ class StoredRollouts:
     def expired(self, record: RolloutRecord) -> None:
         """``record`` expired in the registry: drop it from the store in the background
         (when the coordinator says nobody else used it meanwhile)."""
-        rollout_id = record.rollout_id
-        task = asyncio.get_running_loop().create_task(self._delete_expired(rollout_id))
-        self._deleting[rollout_id] = task
-        task.add_done_callback(lambda _: self._forget_deletion(rollout_id, task))
-
-    async def _delete_expired(self, rollout_id: str) -> bool:
-        try:
-            ttl_s, now = self.registry.ttl_s, self.wall_clock()
-            if not await self.coordinator.may_delete(rollout_id, idle_s=ttl_s, now=now):
-                return False  # only dropped from this gateway's copies
-            return await self.store.delete_rollout(rollout_id)
-        except StoreError as exc:  # kept: it expires again after a restart
-            logger.warning("rollout=%s expired but not deleted from the store: %s", rollout_id, exc)
-            return False
-
-    def _forget_deletion(self, rollout_id: str, task: asyncio.Task[bool]) -> None:
-        if self._deleting.get(rollout_id) is task:
-            del self._deleting[rollout_id]
+        self._deletions.start(record.rollout_id)
 
     async def drain(self) -> None:
         """Wait for the background deletions (at shutdown)."""
-        while self._deleting:
-            await asyncio.gather(*self._deleting.values(), return_exceptions=True)
+        await self._deletions.drain()
 
     def vouches_for(self, record: RolloutRecord) -> bool:
         """Whether ``record`` is the stored rollout without asking the store (a gateway

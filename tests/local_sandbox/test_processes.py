@@ -1,0 +1,76 @@
+"""Waiting for a sandbox's command without blocking the loop: its exit status as soon as
+it ends, ``None`` at the timeout (the command left running), with the kernel's pidfd
+and with the polling used where there is none; nothing of the wait left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from rollout_gateway.local_sandbox import processes
+
+Wait = Callable[["subprocess.Popen[bytes]", float], Awaitable[int | None]]
+WAYS: list[Wait] = [processes.wait_proc, processes.poll_proc]
+
+
+def shell(script: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("wait", WAYS, ids=["pidfd", "poll"])
+async def test_the_exit_status_of_each_of_many_commands(wait: Wait) -> None:
+    procs = [shell(f"sleep 0.0{i % 3}; exit {i}") for i in range(20)]
+    codes = await asyncio.gather(*(wait(p, 30) for p in procs))
+    assert codes == list(range(20))
+
+
+@pytest.mark.parametrize("wait", WAYS, ids=["pidfd", "poll"])
+async def test_a_command_killed_by_a_signal_and_one_already_ended(wait: Wait) -> None:
+    killed = shell("sleep 30")
+    asyncio.get_running_loop().call_later(0.05, os.kill, killed.pid, signal.SIGKILL)
+    assert processes.exit_code(await wait(killed, 30) or 0) == 128 + signal.SIGKILL
+    ended = shell("exit 7")
+    ended.wait()
+    assert await wait(ended, 0) == 7
+
+
+@pytest.mark.parametrize("wait", WAYS, ids=["pidfd", "poll"])
+async def test_the_timeout_returns_none_and_leaves_the_command_running(wait: Wait) -> None:
+    proc = shell("sleep 30")
+    try:
+        before = open_fds()
+        assert await wait(proc, 0.1) is None
+        assert proc.poll() is None
+        assert open_fds() == before
+        # With no limit (the v1 runtime's wait), it returns when the command ends.
+        asyncio.get_running_loop().call_later(0.05, proc.terminate)
+        assert await wait(proc, float("inf")) == -signal.SIGTERM
+    finally:
+        processes.kill_group(proc)
+
+
+async def test_a_cancelled_wait_leaves_no_reader_or_descriptor() -> None:
+    proc = shell("sleep 30")
+    try:
+        before = open_fds()
+        waiting = asyncio.ensure_future(processes.wait_proc(proc, 30))
+        await asyncio.sleep(0.05)
+        assert open_fds() == before + 1  # the pidfd
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert open_fds() == before
+        # The same command waited on again: the earlier wait left nothing in the way.
+        asyncio.get_running_loop().call_later(0.05, proc.kill)
+        assert await processes.wait_proc(proc, 30) == -signal.SIGKILL
+    finally:
+        processes.kill_group(proc)
