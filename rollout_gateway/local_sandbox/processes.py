@@ -224,12 +224,29 @@ def proc_pids() -> Iterable[int]:
     return [int(n) for n in names if n.isdigit()]
 
 
+def read_proc_file(path: str) -> bytes | None:
+    """A ``/proc`` file's bytes, ``None`` when it cannot be read (the process is gone,
+    or not ours to read). By raw descriptor: a Python file object costs more than the
+    read itself here, and a deletion reads two files of every process on the machine."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def stat_fields(pid: int) -> list[bytes] | None:
     """``/proc/<pid>/stat`` fields after the command name: state ppid pgrp session ..."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+    stat = read_proc_file(f"/proc/{pid}/stat")
+    if stat is None:
         return None
     return stat[stat.rfind(b")") + 2 :].split()
 
@@ -266,12 +283,9 @@ def marked_pids(sandbox_id: str, sessions: Collection[int] = ()) -> set[int]:
         if int(fields[2]) in session_ids or int(fields[3]) in session_ids:
             found.add(pid)
             continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
+        environ = read_proc_file(f"/proc/{pid}/environ")
+        # (The substring test first: the split, which makes the match exact, is rare.)
+        if environ is not None and needle in environ and needle in environ.split(b"\0"):
             found.add(pid)
     return found
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ import pytest
 from rollout_gateway.local_sandbox import processes
 
 Wait = Callable[["subprocess.Popen[bytes]", float], Awaitable[int | None]]
+SLEEP = shutil.which("sleep") or "/bin/sleep"
 WAYS: list[Wait] = [processes.wait_proc, processes.poll_proc]
 
 
@@ -74,3 +76,33 @@ async def test_a_cancelled_wait_leaves_no_reader_or_descriptor() -> None:
         assert await processes.wait_proc(proc, 30) == -signal.SIGKILL
     finally:
         processes.kill_group(proc)
+
+
+def test_a_proc_file_is_read_whole_or_not_at_all() -> None:
+    big = "x" * 100_000  # two of them: past one read of the raw descriptor
+    env = {"BIG1": big, "BIG2": big}
+    proc = subprocess.Popen([SLEEP, "30"], env=env, start_new_session=True)
+    try:
+        environ = processes.read_proc_file(f"/proc/{proc.pid}/environ")
+        assert environ == f"BIG1={big}\0BIG2={big}\0".encode()
+        assert processes.read_proc_file("/proc/0/stat") is None  # no such process
+    finally:
+        processes.kill_group(proc)
+
+
+def test_the_marker_is_matched_exactly_among_many_variables() -> None:
+    marker = processes.MARKER_ENV_VAR
+    env = {f"V{i}": "y" * 500 for i in range(200)}
+    carrier = subprocess.Popen([SLEEP, "30"], env={**env, marker: "sb-1"}, start_new_session=True)
+    lookalike = subprocess.Popen(
+        [SLEEP, "30"], env={**env, marker: "sb-10", "X": f"{marker}=sb-1x"},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        found = processes.marked_pids("sb-1")
+        assert carrier.pid in found
+        assert lookalike.pid not in found
+        assert processes.marked_pids("sb-10") >= {lookalike.pid}
+    finally:
+        processes.kill_group(carrier)
+        processes.kill_group(lookalike)
