@@ -259,6 +259,12 @@ def pid_running(pid: int) -> bool:
 
 def group_running(pgid: int) -> bool:
     """Whether a live (non-zombie) process of process group ``pgid`` remains (Linux)."""
+    try:
+        os.killpg(pgid, 0)  # (signal 0: only asks whether the group has a process)
+    except ProcessLookupError:
+        return False  # none at all, not even a zombie: no need to scan /proc
+    except PermissionError:
+        pass  # a member not ours to signal: look at each
     for pid in proc_pids():
         fields = stat_fields(pid)
         if fields is not None and len(fields) > 2 and fields[0] != b"Z":

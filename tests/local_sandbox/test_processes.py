@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -22,6 +23,16 @@ WAYS: list[Wait] = [processes.wait_proc, processes.poll_proc]
 
 def shell(script: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True)
+
+
+def exec_done(proc: subprocess.Popen[bytes]) -> None:
+    """Wait until ``proc``'s new program has its environment in place (``Popen`` may
+    return while the kernel is still setting up the exec, when ``/proc`` shows none)."""
+    for _ in range(5000):
+        if processes.read_proc_file(f"/proc/{proc.pid}/environ"):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"pid {proc.pid} shows no environment")
 
 
 def open_fds() -> int:
@@ -83,6 +94,7 @@ def test_a_proc_file_is_read_whole_or_not_at_all() -> None:
     env = {"BIG1": big, "BIG2": big}
     proc = subprocess.Popen([SLEEP, "30"], env=env, start_new_session=True)
     try:
+        exec_done(proc)
         environ = processes.read_proc_file(f"/proc/{proc.pid}/environ")
         assert environ == f"BIG1={big}\0BIG2={big}\0".encode()
         assert processes.read_proc_file("/proc/0/stat") is None  # no such process
@@ -99,6 +111,8 @@ def test_the_marker_is_matched_exactly_among_many_variables() -> None:
         start_new_session=True,
     )  # fmt: skip
     try:
+        exec_done(carrier)
+        exec_done(lookalike)
         found = processes.marked_pids("sb-1")
         assert carrier.pid in found
         assert lookalike.pid not in found
@@ -106,3 +120,17 @@ def test_the_marker_is_matched_exactly_among_many_variables() -> None:
     finally:
         processes.kill_group(carrier)
         processes.kill_group(lookalike)
+
+
+def test_a_group_runs_while_a_live_member_does() -> None:
+    leader = shell(f"{SLEEP} 30 & wait")
+    try:
+        assert processes.group_running(leader.pid)
+    finally:
+        processes.kill_group(leader)
+    assert not processes.group_running(leader.pid)  # killed and reaped: no member left
+    zombie = shell("exit 0")
+    while processes.pid_running(zombie.pid):  # ended, not yet reaped: a zombie member
+        pass
+    assert not processes.group_running(zombie.pid)
+    zombie.wait()
