@@ -160,34 +160,38 @@ def _event(data: list[tuple[bytes, int, int]]) -> StreamChunk | None:
     """One event's chunk (``None``: ``[DONE]``). A one-line event is read in its buffer,
     not copied out of it: the prompt's ids are cut out of the buffer itself, and the
     chunk relayed unchanged is those bytes (:meth:`StreamChunk.event`)."""
+    line: int | None
     if len(data) == 1:
         buffer, line, stop = data[0]
         start = _data_start(buffer, line, stop)
         if stop - start <= _DONE_LEN and _text(buffer[start:stop]).strip() == "[DONE]":
             return None
+    else:
+        buffer = b"\n".join(b[_data_start(b, at, end) : end] for b, at, end in data)
+        line, start, stop = None, 0, len(buffer)
+        if _text(buffer).strip() == "[DONE]":
+            return None
+    try:
         return _decode(buffer, line, start, stop)
-    payload = b"\n".join(b[_data_start(b, line, stop) : stop] for b, line, stop in data)
-    if _text(payload).strip() == "[DONE]":
-        return None
-    return _decode(payload, None, 0, len(payload))
+    except _NotUTF8:  # read, and relayed, with it replaced: the text it was read as before
+        replaced = _text(buffer[start:stop]).encode()
+        return _decode(replaced, None, 0, len(replaced))
 
 
 class _NotUTF8(Exception):
-    """A payload orjson refused that is not UTF-8: read again with it replaced."""
-
-
-def _decode(buffer: bytes, line: int | None, start: int, stop: int) -> StreamChunk:
-    """The chunk of the event whose data is ``buffer[start:stop]`` (its line starting at
-    ``line``; ``None``: not relayed as it came). Data that is not UTF-8 is read (and
-    relayed) with it replaced, as the text it was read as before."""
-    try:
-        return _decode_data(buffer, line, start, stop)
-    except _NotUTF8:
-        data = _text(buffer[start:stop]).encode()
-        return _decode_data(data, None, 0, len(data))
+    """A payload orjson refused that is not UTF-8 (see :func:`_event`)."""
 
 
 _IDS_KEY = b'"prompt_token_ids"'
+
+
+#: Data longer than this is read through a view of its buffer, not cut out (shorter, a
+#: copy costs less than making the view).
+_VIEW_MIN = 4096
+
+
+def _data(buffer: bytes, start: int, stop: int) -> bytes | memoryview:
+    return buffer[start:stop] if stop - start < _VIEW_MIN else memoryview(buffer)[start:stop]
 
 
 def _split_ids(buffer: bytes, start: int, stop: int) -> tuple[bytes | memoryview, bytes | None]:
@@ -195,13 +199,13 @@ def _split_ids(buffer: bytes, start: int, stop: int) -> tuple[bytes | memoryview
     ``null``, and the array's bytes (as :func:`~..recording.prompt_ids.split_prompt_ids`)."""
     key_at = buffer.find(_IDS_KEY, start, stop)
     if key_at < 0:
-        return memoryview(buffer)[start:stop], None
+        return _data(buffer, start, stop), None
     open_at = buffer.find(b"[", key_at + len(_IDS_KEY), stop)
     if open_at < 0 or buffer[key_at + len(_IDS_KEY) : open_at].strip() != b":":
-        return memoryview(buffer)[start:stop], None
+        return _data(buffer, start, stop), None
     close_at = buffer.find(b"]", open_at, stop)
     if close_at < 0:
-        return memoryview(buffer)[start:stop], None
+        return _data(buffer, start, stop), None
     rest = b"".join((buffer[start:open_at], b"null", buffer[close_at + 1 : stop]))
     return rest, buffer[open_at : close_at + 1]
 
@@ -223,7 +227,9 @@ def _parse(payload: bytes | memoryview) -> Any:
         ) from None
 
 
-def _decode_data(buffer: bytes, line: int | None, start: int, stop: int) -> StreamChunk:
+def _decode(buffer: bytes, line: int | None, start: int, stop: int) -> StreamChunk:
+    """The chunk of the event whose data is ``buffer[start:stop]`` (its line starting at
+    ``line``; ``None``: not relayed as it came)."""
     rest, ids = _split_ids(buffer, start, stop)
     if ids is None:
         value = _parse(rest)
@@ -242,7 +248,8 @@ def _decode_data(buffer: bytes, line: int | None, start: int, stop: int) -> Stre
         value["prompt_token_ids"] = orjson.Fragment(ids)
     relayed = buffer if line is not None else None
     chunk = StreamChunk(value, relayed, line or 0, (start, stop), ids)
-    _raise_for_error(chunk)
+    if "error" in value:
+        _raise_for_error(chunk)
     choices = chunk.get("choices")
     if choices is not None and not isinstance(choices, list):
         raise StreamError("upstream sent a stream event that is not a chat completion chunk")
