@@ -14,7 +14,8 @@ first chunk's ``prompt_token_ids`` is cut out before the chunk is parsed and car
 an :class:`orjson.Fragment` (written back as it came, never parsed here: at a 32k context,
 parsing it into ints, checking it, writing it again for the agent and converting it for
 the recorder cost several times the rest of the turn); the recorder reads only the ids
-after the previous prompt's. A chunk relayed unchanged is relayed as the engine wrote it.
+after the previous prompt's. The stream is read as bytes, never decoded (:func:`iter_sse_json`),
+and a chunk relayed unchanged is relayed as the bytes the engine wrote.
 """
 
 from __future__ import annotations
