@@ -73,7 +73,7 @@ class StreamChunk(dict[str, Any]):
     ) -> None:
         super().__init__(value)
         #: The event's data is ``buffer[start:stop]``, its line starts at ``line``
-        #: (``None``: not relayed as it came).
+        #: (``buffer`` ``None``: not relayed as it came).
         self._buffer, self._line = buffer, line
         self._start, self._stop = data
         self.ids_text = ids_text
