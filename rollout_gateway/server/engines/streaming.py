@@ -14,7 +14,8 @@ first chunk's ``prompt_token_ids`` is cut out before the chunk is parsed and car
 an :class:`orjson.Fragment` (written back as it came, never parsed here: at a 32k context,
 parsing it into ints, checking it, writing it again for the agent and converting it for
 the recorder cost several times the rest of the turn); the recorder reads only the ids
-after the previous prompt's. A chunk relayed unchanged is relayed as the engine wrote it.
+after the previous prompt's. The stream is read as bytes, never decoded (:func:`iter_sse_json`),
+and a chunk relayed unchanged is relayed as the bytes the engine wrote.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import orjson
 
 from rollout_gateway.protocol import error_code
 from rollout_gateway.server.engines.upstream import agent_status
+from rollout_gateway.server.engines.upstream_http import line_spans
 from rollout_gateway.server.http import jsonio
 
 #: An SSE comment line: clients ignore it, proxies and tunnels see traffic.
@@ -53,27 +55,52 @@ class StreamError(Exception):
 
 
 class StreamChunk(dict[str, Any]):
-    """A parsed ``chat.completion.chunk``, with the engine's text of it (:attr:`payload`:
+    """A parsed ``chat.completion.chunk``, with the engine's bytes of it (:attr:`payload`:
     what :func:`sse_event` relays while the chunk is unchanged; ``None`` when it came on
     several ``data:`` lines). Its ``prompt_token_ids``, when it has them, are an
     :class:`orjson.Fragment` of their JSON text, :attr:`ids_text` (see the module
     docstring)."""
 
-    __slots__ = ("_line", "_start", "ids_text")
+    __slots__ = ("_buffer", "_line", "_start", "_stop", "ids_text")
 
     def __init__(
-        self, value: dict[str, Any], line: str | None, start: int, ids_text: bytes | None
+        self,
+        value: dict[str, Any],
+        buffer: bytes | None,
+        line: int,
+        data: tuple[int, int],
+        ids_text: bytes | None,
     ) -> None:
         super().__init__(value)
-        self._line, self._start = line, start
+        #: The event's data is ``buffer[start:stop]``, its line starts at ``line``
+        #: (``buffer`` ``None``: not relayed as it came).
+        self._buffer, self._line = buffer, line
+        self._start, self._stop = data
         self.ids_text = ids_text
 
     @property
-    def payload(self) -> str | None:
-        """The event's data as the engine wrote it (cut out of its line when asked: at a
+    def payload(self) -> bytes | None:
+        """The event's data as the engine wrote it (cut out of its buffer when asked: at a
         32k context the first chunk's line is 224 kB, and only a chunk relayed unchanged
         needs it)."""
-        return None if self._line is None else self._line[self._start :]
+        buffer = self._buffer
+        return None if buffer is None else buffer[self._start : self._stop]
+
+    def event(self) -> bytes | None:
+        """The chunk's SSE event as the engine wrote it: the bytes it came in when they are
+        ``data: `` + the data + a blank line (the event's bytes are then the buffer's, not
+        copied again when they are the whole buffer), else framed once."""
+        buffer = self._buffer
+        if buffer is None:
+            return None
+        line, start, stop = self._line, self._start, self._stop
+        if (
+            start == line + 6
+            and buffer.startswith(b"data: ", line)
+            and (buffer.startswith(b"\n\n", stop))
+        ):
+            return buffer if line == 0 and stop + 2 == len(buffer) else buffer[line : stop + 2]
+        return b"".join((b"data: ", memoryview(buffer)[start:stop], b"\n\n"))
 
 
 class StreamedCompletion(dict[str, Any]):
@@ -89,17 +116,20 @@ class StreamedCompletion(dict[str, Any]):
         self.prompt_ids_json = prompt_ids_json
 
 
-async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[StreamChunk]:
-    """The JSON payloads of an SSE stream's ``data:`` events, up to ``[DONE]``.
+async def iter_sse_json(body: AsyncIterator[bytes]) -> AsyncIterator[StreamChunk]:
+    """The JSON payloads of an SSE stream's ``data:`` events, up to ``[DONE]``, read from
+    the body's bytes (:meth:`~.upstream_http.UpstreamStream.chunks`): lines are found in
+    the bytes and parsed there, never decoded to text (at a 32k context the first event
+    is a 224 kB line).
 
     Raises :class:`StreamError` on an error event or a payload that is not JSON.
     """
-    data: list[str] = []  # the event's data: lines, whole (see _event)
-    async for line in lines:
-        if line.startswith("data:"):
-            data.append(line)
+    data: list[tuple[bytes, int, int]] = []  # the event's data: lines, whole (see _event)
+    async for buffer, start, stop in line_spans(body):
+        if buffer.startswith(b"data:", start, stop):
+            data.append((buffer, start, stop))
             continue
-        if line.strip() or not data:
+        if not data or (stop > start and _text(buffer[start:stop]).strip()):
             continue  # comments, event names, or a blank line with no data
         chunk, data = _event(data), []
         if chunk is None:
@@ -111,10 +141,14 @@ async def iter_sse_json(lines: AsyncIterator[str]) -> AsyncIterator[StreamChunk]
             yield chunk
 
 
-def _data_start(line: str) -> int:
+def _text(data: bytes | memoryview) -> str:
+    return str(data, "utf-8", "replace")
+
+
+def _data_start(buffer: bytes, line: int, stop: int) -> int:
     """Where a ``data:`` line's value starts (after the field name and its spaces)."""
-    start = 5
-    while line.startswith(" ", start):
+    start = line + 5
+    while buffer.startswith(b" ", start, stop):
         start += 1
     return start
 
@@ -123,63 +157,88 @@ def _data_start(line: str) -> int:
 _DONE_LEN = 64
 
 
-def _event(data: list[str]) -> StreamChunk | None:
-    """One event's chunk (``None``: ``[DONE]``). A one-line event is read in its line, not
-    copied out of it: the prompt's ids are cut out of the line itself (two copies of a
-    224 kB line fewer per streamed turn at a 32k context)."""
+def _event(data: list[tuple[bytes, int, int]]) -> StreamChunk | None:
+    """One event's chunk (``None``: ``[DONE]``). A one-line event is read in its buffer,
+    not copied out of it: the prompt's ids are cut out of the buffer itself, and the
+    chunk relayed unchanged is those bytes (:meth:`StreamChunk.event`)."""
+    line: int | None
     if len(data) == 1:
-        line = data[0]
-        start = _data_start(line)
-        if len(line) - start <= _DONE_LEN and line[start:].strip() == "[DONE]":
+        buffer, line, stop = data[0]
+        start = _data_start(buffer, line, stop)
+        if stop - start <= _DONE_LEN and _text(buffer[start:stop]).strip() == "[DONE]":
             return None
-        return _decode(line, start, one_line=True)
-    payload = "\n".join(line[_data_start(line) :] for line in data)
-    if payload.strip() == "[DONE]":
-        return None
-    return _decode(payload, 0, one_line=False)
+    else:
+        buffer = b"\n".join(b[_data_start(b, at, end) : end] for b, at, end in data)
+        line, start, stop = None, 0, len(buffer)
+        if _text(buffer).strip() == "[DONE]":
+            return None
+    try:
+        return _decode(buffer, line, start, stop)
+    except _NotUTF8:  # read, and relayed, with it replaced: the text it was read as before
+        replaced = _text(buffer[start:stop]).encode()
+        return _decode(replaced, None, 0, len(replaced))
 
 
-_IDS_KEY = '"prompt_token_ids"'
+class _NotUTF8(Exception):
+    """A payload orjson refused that is not UTF-8 (see :func:`_event`)."""
 
 
-def _split_ids(text: str, start: int) -> tuple[str, bytes | None]:
-    """``text[start:]`` with its ``"prompt_token_ids": [...]`` array replaced by ``null``,
-    and the array's text (as :func:`~..recording.prompt_ids.split_prompt_ids` on bytes)."""
-    key_at = text.find(_IDS_KEY, start)
+_IDS_KEY = b'"prompt_token_ids"'
+
+
+#: Data longer than this is read through a view of its buffer, not cut out (shorter, a
+#: copy costs less than making the view).
+_VIEW_MIN = 4096
+
+
+def _data(buffer: bytes, start: int, stop: int) -> bytes | memoryview:
+    return buffer[start:stop] if stop - start < _VIEW_MIN else memoryview(buffer)[start:stop]
+
+
+def _split_ids(buffer: bytes, start: int, stop: int) -> tuple[bytes | memoryview, bytes | None]:
+    """``buffer[start:stop]`` with its ``"prompt_token_ids": [...]`` array replaced by
+    ``null``, and the array's bytes (as :func:`~..recording.prompt_ids.split_prompt_ids`)."""
+    key_at = buffer.find(_IDS_KEY, start, stop)
     if key_at < 0:
-        return text[start:], None
-    open_at = text.find("[", key_at + len(_IDS_KEY))
-    if open_at < 0 or text[key_at + len(_IDS_KEY) : open_at].strip() != ":":
-        return text[start:], None
-    close_at = text.find("]", open_at)
+        return _data(buffer, start, stop), None
+    open_at = buffer.find(b"[", key_at + len(_IDS_KEY), stop)
+    if open_at < 0 or buffer[key_at + len(_IDS_KEY) : open_at].strip() != b":":
+        return _data(buffer, start, stop), None
+    close_at = buffer.find(b"]", open_at, stop)
     if close_at < 0:
-        return text[start:], None
-    rest = text[start:open_at] + "null" + text[close_at + 1 :]
-    return rest, text[open_at : close_at + 1].encode()
+        return _data(buffer, start, stop), None
+    rest = b"".join((buffer[start:open_at], b"null", buffer[close_at + 1 : stop]))
+    return rest, buffer[open_at : close_at + 1]
 
 
-def _parse(payload: str) -> Any:
+def _parse(payload: bytes | memoryview) -> Any:
     try:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
         pass  # NaN / Infinity (engines written in Python), or not JSON: the lenient parser
     try:
-        return json.loads(payload)
+        text = str(payload, "utf-8")
+    except UnicodeDecodeError:
+        raise _NotUTF8 from None
+    try:
+        return json.loads(text)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise StreamError(
-            "upstream sent a stream event that is not JSON", detail=f"{exc}: {payload[:200]!r}"
+            "upstream sent a stream event that is not JSON", detail=f"{exc}: {text[:200]!r}"
         ) from None
 
 
-def _decode(text: str, start: int, *, one_line: bool) -> StreamChunk:
-    """The chunk of the event whose data is ``text[start:]``."""
-    rest, ids = _split_ids(text, start)
+def _decode(buffer: bytes, line: int | None, start: int, stop: int) -> StreamChunk:
+    """The chunk of the event whose data is ``buffer[start:stop]`` (its line starting at
+    ``line``; ``None``: not relayed as it came)."""
+    rest, ids = _split_ids(buffer, start, stop)
     if ids is None:
         value = _parse(rest)
     else:
-        value = _parse_without_ids(rest, text, start)
+        value = _parse_without_ids(rest, buffer, start, stop)
         if isinstance(value, dict) and value.get("prompt_token_ids", 0) is not None:
-            value, ids = _parse(text[start:]), None  # the array cut out was not the top-level one
+            # the array cut out was not the top-level one
+            value, ids = _parse(memoryview(buffer)[start:stop]), None
     if not isinstance(value, dict):
         raise StreamError("upstream sent a stream event that is not an object")
     try:  # the chunk is relayed, and recorded: no value JSON cannot carry back
@@ -188,18 +247,10 @@ def _decode(text: str, start: int, *, one_line: bool) -> StreamChunk:
         raise StreamError("upstream answer is malformed", detail=f"stream event: {exc}") from None
     if ids is not None:
         value["prompt_token_ids"] = orjson.Fragment(ids)
-    chunk = StreamChunk(value, text if one_line else None, start, ids)
-    error = chunk.get("error")
-    if error is not None:
-        message = error.get("message") if isinstance(error, Mapping) else str(error)
-        code = error.get("code") if isinstance(error, Mapping) else None
-        status = code if isinstance(code, int) and 400 <= code < 600 else 502
-        detail = f"upstream error {status} in stream: {message}"
-        if status >= 500:
-            raise StreamError(f"upstream error {status}", agent_status(status), detail)
-        raise StreamError(
-            f"upstream error in stream: {message}"[:2000], agent_status(status), detail
-        )
+    relayed = buffer if line is not None else None
+    chunk = StreamChunk(value, relayed, line or 0, (start, stop), ids)
+    if "error" in value:
+        _raise_for_error(chunk)
     choices = chunk.get("choices")
     if choices is not None and not isinstance(choices, list):
         raise StreamError("upstream sent a stream event that is not a chat completion chunk")
@@ -210,13 +261,27 @@ def _decode(text: str, start: int, *, one_line: bool) -> StreamChunk:
     return chunk
 
 
-def _parse_without_ids(rest: str, text: str, start: int) -> Any:
+def _raise_for_error(chunk: StreamChunk) -> None:
+    """Raise the engine's error when the chunk is one (``{"error": ...}``)."""
+    error = chunk.get("error")
+    if error is None:
+        return
+    message = error.get("message") if isinstance(error, Mapping) else str(error)
+    code = error.get("code") if isinstance(error, Mapping) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 502
+    detail = f"upstream error {status} in stream: {message}"
+    if status >= 500:
+        raise StreamError(f"upstream error {status}", agent_status(status), detail)
+    raise StreamError(f"upstream error in stream: {message}"[:2000], agent_status(status), detail)
+
+
+def _parse_without_ids(rest: bytes | memoryview, buffer: bytes, start: int, stop: int) -> Any:
     """The chunk without its prompt ids (``null``); the whole event (ids parsed) when
     cutting them out did not leave JSON (an array not of plain ids)."""
     try:
         return _parse(rest)
     except StreamError:
-        return _parse(text[start:])
+        return _parse(memoryview(buffer)[start:stop])
 
 
 #: Text fields of a chunk's ``delta``.
@@ -426,14 +491,9 @@ def sse_event(payload: Mapping[str, Any]) -> bytes:
     """One SSE ``data:`` event: a :class:`StreamChunk` as the engine wrote it, anything
     else written with orjson (non-finite numbers as ``null``)."""
     if type(payload) is StreamChunk:
-        # The chunk's line encoded once and framed, not its data cut out of the line
-        # first (a copy of a 224 kB line fewer per streamed turn at a 32k context); its
-        # "data:" and spaces are ASCII: their characters are its bytes.
-        line, start = payload._line, payload._start
-        if line is not None:
-            if start == 6:  # "data: " as the event starts
-                return b"".join((line.encode(), b"\n\n"))
-            return b"".join((b"data: ", memoryview(line.encode())[start:], b"\n\n"))
+        event = payload.event()  # the bytes the engine wrote (no decode, no re-encode)
+        if event is not None:
+            return event
     return b"".join((b"data: ", jsonio.dumps(payload), b"\n\n"))
 
 

@@ -322,7 +322,7 @@ class EngineTurn:
                     upstream.answered()
                     if response.status_code >= 400:
                         raise_for_upstream_status(await response.read(), label)
-                    async for chunk in iter_sse_json(response.lines()):
+                    async for chunk in iter_sse_json(response.chunks()):
                         if first_chunk_s is None:
                             first_chunk_s = self.upstream_seconds()
                         assembler.feed(chunk)

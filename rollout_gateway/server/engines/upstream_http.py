@@ -56,34 +56,49 @@ class UpstreamStream(Protocol):
         """The body's lines as they arrive, without their line ends."""
         ...
 
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (lines end in ``\n`` or ``\r\n``): what
+        :func:`~.streaming.iter_sse_json` reads, never decoded to text."""
+        ...
+
 
 def _join(base_url: str, url: str) -> str:
     return url if "://" in url else base_url.rstrip("/") + "/" + url.lstrip("/")
 
 
-async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """The lines of a byte stream, without ``\n`` / ``\r\n``, of any length (vLLM's first
-    chunk carries the whole prompt's ids on one line). Each line is found with ``find``
-    (memchr) and decoded straight out of the buffer: no split into a list of copies."""
-    parts: list[bytes] = []
+async def line_spans(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[bytes, int, int]]:
+    """The lines of a byte stream as ``(buffer, start, stop)``: ``buffer[start:stop]`` is
+    a line without its ``\n`` / ``\r\n``, never cut out of the buffer (vLLM's first
+    chunk carries the whole prompt's ids on one line: 224 kB at a 32k context). Each line
+    is found with ``find`` (memchr); a line longer than a chunk is joined once, when it
+    ends (the partial line before it kept as a view, not copied out first)."""
+    parts: list[bytes | memoryview] = []
     async for chunk in chunks:
-        if b"\n" not in chunk:
+        end = chunk.find(b"\n")
+        if end < 0:
             parts.append(chunk)
             continue  # a line longer than the chunk: joined once it ends
         if parts:
+            before = sum(len(part) for part in parts)
             parts.append(chunk)
-            chunk, parts = b"".join(parts), []
-        view, start = memoryview(chunk), 0
-        end = chunk.find(b"\n")
+            chunk, parts, end = b"".join(parts), [], end + before
+        start = 0
         while end >= 0:
             stop = end - 1 if end > start and chunk[end - 1] == 13 else end  # 13: "\r"
-            yield str(view[start:stop], "utf-8", "replace")
+            yield chunk, start, stop
             start = end + 1
             end = chunk.find(b"\n", start)
         if start < len(chunk):
-            parts = [chunk[start:]]
+            parts = [memoryview(chunk)[start:]]
     if parts:
-        yield b"".join(parts).removesuffix(b"\r").decode("utf-8", "replace")
+        last = b"".join(parts)
+        yield last, 0, len(last) - 1 if last.endswith(b"\r") else len(last)
+
+
+async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of a byte stream (:func:`line_spans`) as text (invalid UTF-8 replaced)."""
+    async for buffer, start, stop in line_spans(chunks):
+        yield str(memoryview(buffer)[start:stop], "utf-8", "replace")
 
 
 # -- httpx -----------------------------------------------------------------------------------
@@ -100,6 +115,12 @@ class _HttpxStream:
 
     def lines(self) -> AsyncIterator[str]:
         return self._response.aiter_lines()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        # httpx's own line splitting (which also ends a line at a lone "\r"), each line
+        # given back with a "\n": the lines read are those lines() reads.
+        async for line in self._response.aiter_lines():
+            yield line.encode() + b"\n"
 
 
 class HttpxCalls:
@@ -194,5 +215,6 @@ __all__ = [
     "HTTPAnswer",
     "HttpxCalls",
     "UpstreamStream",
+    "line_spans",
     "split_lines",
 ]

@@ -234,6 +234,10 @@ class _Http1Stream:
         """The body's lines as they arrive."""
         return split_lines(self._conn.chunks())
 
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive."""
+        return self._conn.chunks()
+
 
 class Http1Upstream:
     """The HTTP client of one upstream: its POSTs to the upstream's origin (whole or

@@ -28,6 +28,7 @@ from rollout_gateway.server.engines.answers import read_answer
 from rollout_gateway.server.engines.streaming import (
     EventLog,
     StreamAssembler,
+    StreamError,
     iter_sse_json,
     sse_event,
 )
@@ -108,16 +109,20 @@ def sdk(gw: Any, rollout_id: str) -> openai.AsyncOpenAI:
     )
 
 
-async def _lines(text: str) -> AsyncIterator[str]:
-    for line in text.split("\n"):
-        yield line
+async def _body(text: str | bytes, size: int = 0) -> AsyncIterator[bytes]:
+    """The body's bytes as an upstream hands them over: in pieces of ``size`` bytes
+    (``0``: whole)."""
+    raw = text.encode() if isinstance(text, str) else text
+    size = size or len(raw)
+    for at in range(0, len(raw), size):
+        yield raw[at : at + size]
 
 
 @pytest.mark.parametrize("name", ["text", "tool"])
 async def test_assembled_stream_equals_the_whole_answer(name: str) -> None:
     _, whole, raw = fixture(name)
     assembler = StreamAssembler()
-    async for chunk in iter_sse_json(_lines(raw)):
+    async for chunk in iter_sse_json(_body(raw)):
         assembler.feed(chunk)
     assert assembler.finished
     streamed, direct = read_answer(assembler.completion()), read_answer(whole)
@@ -327,23 +332,23 @@ async def test_a_malformed_engine_chunk_ends_the_stream_as_an_upstream_error(
 
 async def test_sse_parser_reads_what_servers_send() -> None:
     text = ': comment\n\nevent: x\ndata: {"a":\ndata: 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
-    got = [chunk async for chunk in iter_sse_json(_lines(text))]
+    got = [chunk async for chunk in iter_sse_json(_body(text))]
     assert got == [{"a": 1}, {"b": 2}]
 
 
 async def test_sse_parser_cuts_the_prompt_ids_out_of_the_line_as_text() -> None:
     first = '{"id":"c","prompt_token_ids":[1, 2,3],"choices":[]}'
     text = f'data:  {first}\n\ndata:{{"b": 2}}\n\ndata: {{"c":\ndata: 3}}\n\ndata: [DONE] \n\n'
-    got = [chunk async for chunk in iter_sse_json(_lines(text))]
+    got = [chunk async for chunk in iter_sse_json(_body(text))]
     assert [dict(c) for c in got[1:]] == [{"b": 2}, {"c": 3}]
     ids = got[0]["prompt_token_ids"]
     assert isinstance(ids, orjson.Fragment) and got[0].ids_text == b"[1, 2,3]"
     assert orjson.dumps(got[0]) == b'{"id":"c","prompt_token_ids":[1, 2,3],"choices":[]}'
     # Relayed unchanged as the engine wrote it (the spaces after "data:" are not its data).
-    assert [c.payload for c in got] == [first, '{"b": 2}', None]
+    assert [c.payload for c in got] == [first.encode(), b'{"b": 2}', None]
     assert sse_event(got[0]) == f"data: {first}\n\n".encode()
     nested = '{"x":{"prompt_token_ids":[1]},"choices":[]}'  # not the top-level ids: parsed
-    (chunk,) = [c async for c in iter_sse_json(_lines(f"data: {nested}\n\n"))]
+    (chunk,) = [c async for c in iter_sse_json(_body(f"data: {nested}\n\n"))]
     assert chunk == {"x": {"prompt_token_ids": [1]}, "choices": []} and chunk.ids_text is None
 
 
@@ -352,12 +357,51 @@ async def test_a_chunk_relayed_as_it_came_is_its_data_framed_as_an_event() -> No
     # same bytes as "data: " + the data + a blank line, whatever the spaces after "data:".
     data = ['{"id":"é 😀 \\u2028","prompt_token_ids":[1,2],"choices":[]}', '{"b": "x"}']
     for line in (f"data: {data[0]}", f"data:{data[1]}", f"data:   {data[0]}", f"data: {data[1]}"):
-        (chunk,) = [c async for c in iter_sse_json(_lines(f"{line}\n\n"))]
-        assert chunk.payload in data
-        assert sse_event(chunk) == b"".join((b"data: ", chunk.payload.encode(), b"\n\n"))
+        (chunk,) = [c async for c in iter_sse_json(_body(f"{line}\n\n"))]
+        assert chunk.payload is not None and chunk.payload.decode() in data
+        assert sse_event(chunk) == b"".join((b"data: ", chunk.payload, b"\n\n"))
     # A chunk of several data lines (no line of its own) is written again, as before.
-    (chunk,) = [c async for c in iter_sse_json(_lines('data: {"c":\ndata: 3}\n\n'))]
+    (chunk,) = [c async for c in iter_sse_json(_body('data: {"c":\ndata: 3}\n\n'))]
     assert chunk.payload is None and sse_event(chunk) == b'data: {"c":3}\n\n'
+
+
+async def test_chunks_are_relayed_as_the_bytes_the_engine_wrote_in_any_pieces() -> None:
+    """The agent gets the bytes of each event the engine wrote, however the body was cut
+    into reads (a 224 kB first line split across many), whatever its line ends: the
+    events' data read in the bytes, never decoded and encoded again."""
+    ids = ",".join(str(i % 50_000) for i in range(32_000))
+    first = f'{{"id":"c","prompt_token_ids":[{ids}],"choices":[{{"index":0,"delta":{{}}}}]}}'
+    text = '{"id":"c","choices":[{"index":0,"delta":{"content":"é 😀 \\u2028"}}]}'
+    engine = [f"data: {first}", f"data:{text}", f"data:  {text}", f"data: {text}"]
+    for end in ("\n", "\r\n"):
+        raw = "".join(f"{line}{end}{end}" for line in engine) + f": keepalive{end}{end}"
+        raw += f"data: [DONE]{end}{end}"
+        for size in (1, 7, 4096, 65_536, 0):
+            got = [c async for c in iter_sse_json(_body(raw, size))]
+            assert [sse_event(c) for c in got] == [
+                b"data: " + line.split(":", 1)[1].lstrip(" ").encode() + b"\n\n" for line in engine
+            ]
+            assert got[0].ids_text == f"[{ids}]".encode() and got[0]["choices"]
+            assert orjson.loads(orjson.dumps(got[0]))["prompt_token_ids"][-1] == 31_999
+            assert [dict(c) for c in got[1:]] == [json.loads(text)] * 3
+    # An event that came as a whole read is relayed as that very buffer: not copied.
+    event = f"data: {first}\n\n".encode()
+
+    async def one_read() -> AsyncIterator[bytes]:
+        yield event
+
+    (chunk,) = [c async for c in iter_sse_json(one_read())]
+    assert sse_event(chunk) is event
+
+
+async def test_data_that_is_not_utf8_is_read_and_relayed_replaced_as_before() -> None:
+    # As when the lines were decoded with errors replaced: parsed with U+FFFD, relayed so.
+    raw = b'data: {"choices":[{"index":0,"delta":{"content":"a\xffb"}}]}\n\ndata: [DONE]\n\n'
+    (chunk,) = [c async for c in iter_sse_json(_body(raw))]
+    assert chunk["choices"][0]["delta"]["content"] == "a\ufffdb"
+    assert sse_event(chunk) == raw.split(b"\n\n")[0].replace(b"\xff", "\ufffd".encode()) + b"\n\n"
+    with pytest.raises(StreamError, match="not JSON"):
+        [c async for c in iter_sse_json(_body(b"data: {\xff\n\n"))]
 
 
 async def test_the_event_log_wakes_every_follower_and_times_out_alone() -> None:

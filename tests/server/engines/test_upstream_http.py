@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rollout_gateway.server import GatewayConfig, create_app, running_server
-from rollout_gateway.server.engines.upstream_http import split_lines
+from rollout_gateway.server.engines.upstream_http import line_spans, split_lines
 from rollout_gateway.server.engines.upstream_http1 import (
     Http1ConnectError,
     Http1TransportError,
@@ -205,3 +205,21 @@ async def test_split_lines_handles_any_chunking_and_long_lines() -> None:
     text = f"a\r\n\n{long_line}\nlast\n".encode()
     for size in (7, 4096, len(text)):
         assert [x async for x in split_lines(chunks(text, size))] == ["a", "", long_line, "last"]
+
+
+async def test_line_spans_find_lines_in_the_bytes_without_copying_them_out() -> None:
+    # The lines of any chunking, CR LF or LF, are the spans of the buffers they came in
+    # (a line within one chunk is that chunk's bytes; one longer than a read joined once).
+    long_line = b"data: " + b"7," * 100_000
+
+    async def chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+        for i in range(0, len(data), size):
+            yield data[i : i + size]
+
+    text = b"a\r\n\n" + long_line + b"\r\nlast\r"
+    for size in (1, 5, 4096, len(text)):
+        spans = [span async for span in line_spans(chunks(text, size))]
+        assert [b[start:stop] for b, start, stop in spans] == [b"a", b"", long_line, b"last"]
+    whole = b"data: {}\n\n"
+    ((buffer, start, stop), blank) = [span async for span in line_spans(chunks(whole, 99))]
+    assert buffer is whole and (start, stop) == (0, 8) and blank[1:] == (9, 9)
