@@ -19,6 +19,7 @@ from rollout_gateway.server.http.jsonio import (
     dumps_request,
     loads_body,
     loads_chat_body,
+    spliced_history,
 )
 
 
@@ -137,3 +138,53 @@ def test_a_responses_body_comes_with_its_input_text_between_head_and_tail(body: 
     assert conversation is not None and conversation.field == "input"
     text = conversation.text
     assert text[conversation.head : len(text) - conversation.tail] == orjson.dumps(body["input"])
+
+
+@pytest.mark.parametrize("field", ["messages", "input"])
+@pytest.mark.parametrize(
+    "others",
+    [
+        {},
+        {"system": "s" * 20_000, "model": "m"},  # a Messages body's long system prompt
+        {"tools": [{"description": "nul \x00 ] [ \\u0000"}], "stop": "\x00"},
+        {"a": [[[["]"]]]], "b": None, "c": 1.5, "d": {"e": ["\x00"]}},
+    ],
+)
+def test_a_conversation_list_is_found_after_any_other_values(
+    field: str, others: dict[str, Any]
+) -> None:
+    """The list's text is found by a marker the depth check writes before it, whatever
+    the other values hold (NUL characters in strings are escaped, never raw)."""
+    items = [{"role": "user", "content": "a\x00b"}, {"role": "assistant", "content": "c"}]
+    for body in ({**others, field: items}, {field: items, **others}):
+        parsed = loads_chat_body(json.dumps(body).encode())
+        assert parsed.value == body and list(parsed.value) == list(body)
+        conversation = parsed.conversation_text()
+        assert conversation is not None and conversation.field == field
+        text = conversation.text
+        assert text[conversation.head : len(text) - conversation.tail] == orjson.dumps(items)
+
+
+@pytest.mark.parametrize("size", [10, SPLICE_MIN_BYTES - 1, SPLICE_MIN_BYTES, 40_000])
+def test_a_history_text_is_spliced_from_its_bound_on_and_sent_as_the_same_bytes(
+    size: int,
+) -> None:
+    """A dialect turn's messages text (bytes of its own): spliced into the upstream
+    request from :data:`SPLICE_MIN_BYTES` on, the request written is the one written
+    with the text as a fragment."""
+    messages = [{"role": "system", "content": "x" * size}, {"role": "user", "content": "é"}]
+    text = orjson.dumps(messages)
+    spliced = spliced_history(text)
+    assert type(spliced) is (memoryview if len(text) >= SPLICE_MIN_BYTES else bytes)
+    assert bytes(spliced) == text
+    body = {"model": "a", "messages": messages, "stop": ["\x00"], "stream": True}
+    upstream = {"model": "m", "sampling_params": {"temperature": 0.5}, "max_tokens": 7}
+    sent = [
+        dumps_request(build_upstream_request(body, messages_text=each, **upstream))
+        for each in (spliced, text)
+    ]
+    assert (
+        sent[0]
+        == sent[1]
+        == orjson.dumps(build_upstream_request(body, messages_text=None, **upstream))
+    )
