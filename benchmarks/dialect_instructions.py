@@ -186,9 +186,29 @@ def serve_gateway(argv: list[str]) -> None:
         return replace(config, registry=replace(config.registry, sweep_interval_s=QUIET_S))
 
     make_config = cli.serve_config
+    _patient_health_probe()
     runner._Server = QuietServer  # type: ignore[misc]  # serve() builds its server by this name
     cli.serve_config = quiet_config  # run_serve builds its config by this name
     sys.exit(cli.main(["serve", *argv]))
+
+
+def _patient_health_probe() -> None:
+    """The gateway's health probe waits for the model as long as the start does: under
+    callgrind on a loaded machine its first probe outlasted the usual 2 s bound, the
+    upstream was marked down and, probed again only an hour later, never served a turn
+    (the run waited for ``/health`` until it gave up)."""
+    from rollout_gateway.server import app as app_module
+
+    monitor = getattr(app_module, "HealthMonitor", None)
+    if monitor is None:  # (a checkout without the probe)
+        return
+
+    class PatientMonitor(monitor):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("timeout_s", START_TIMEOUT_S)
+            super().__init__(*args, **kwargs)
+
+    app_module.HealthMonitor = PatientMonitor  # the gateway builds its monitor by this name
 
 
 class Gateway:

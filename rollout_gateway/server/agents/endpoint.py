@@ -56,6 +56,9 @@ class AgentEndpoint:
         self.dialect = dialect
         self.aux = aux
         self.counts = TokenCounts(chat.gateway) if aux else None
+        #: Whether the dialect's clients carry the key as a bearer, as chat's do (its
+        #: credential is read as chat's is, without the dialect's call and ``x-api-key``).
+        self.bearer = dialect is CHAT or type(dialect).credential is Dialect.credential
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway = self.gateway
@@ -63,7 +66,7 @@ class AgentEndpoint:
         request = AgentRequest(scope, receive)
         try:
             try:
-                key = request.bearer if dialect is CHAT else request.credential(dialect)
+                key = request.bearer if self.bearer else request.credential(dialect)
                 if self.keyed:
                     record = await gateway.keyed_record(key)
                 else:

@@ -67,8 +67,8 @@ class ConversationText(NamedTuple):
     """The JSON text of a request body's conversation list, as the depth check wrote it.
 
     ``text`` holds the list's JSON after ``head`` bytes (the depth check's wrapper's
-    opening brackets and the body's other values) and before ``tail`` more (the closing
-    brackets): kept as written, not cut out (a copy of the whole history). A dialect's
+    opening brackets, the body's other values and a marker) and before ``tail`` more
+    (the closing brackets): kept as written, not cut out (a copy of the whole history). A dialect's
     parse compares it with the previous request's
     (:mod:`rollout_gateway.server.dialects.memo`): equal heads, then the same text up to
     the previous list's end, mean the same other values and the same leading items."""
@@ -152,15 +152,25 @@ def _written_last(
     it always did.
 
     One wrapper chain a turn instead of two: writing the wrapper's 126 lists is most of
-    a small body's depth check."""
+    a small body's depth check. The list's start is found by a marker written before it
+    (:data:`_LIST_MARK`, a raw NUL byte: ``[a,b,\x00,[...]]``), not by writing the
+    others alone first (a body whose other values are long, e.g. a Messages body's
+    ``system`` prompt, was written twice)."""
     others = [v for k, v in body.items() if k != field]
+    others.append(_LIST_MARK)
+    others.append(items)
     try:
-        before = len(orjson.dumps(others)) if others else 1  # "[a,b]": "[a,b," before
-        written = _written_within([*others, items], MAX_BODY_DEPTH, MAX_BODY_DEPTH)
+        written = _written_within(others, MAX_BODY_DEPTH, MAX_BODY_DEPTH)
     except (TypeError, ValueError):  # (orjson's JSONEncodeError is a TypeError)
         return None
     levels = _ORJSON_MAX_DEPTH - MAX_BODY_DEPTH
-    return written, levels + before, levels + 1
+    return written, written.index(0, levels) + 2, levels + 1
+
+
+#: Written just before a body's conversation list by :func:`_written_last`: orjson
+#: writes a raw NUL byte only from a fragment (in strings it is ``\u0000``), so the
+#: text's first NUL is this one.
+_LIST_MARK = orjson.Fragment(b"\x00")
 
 
 def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:

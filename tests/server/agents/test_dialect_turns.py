@@ -13,6 +13,9 @@ import openai
 import pytest
 from starlette.responses import JSONResponse
 
+from rollout_gateway.server.dialects import AnthropicDialect, ResponsesDialect
+from rollout_gateway.server.http.jsonio import SPLICE_MIN_BYTES
+
 from ..conftest import GatewayHarness, RecordingUpstream, script
 
 BASH = {
@@ -310,3 +313,82 @@ async def test_the_sdk_retries_an_upstream_failure_into_one_turn(
     assert answer.type == "message"
     traj = (await gw.trajectory("r1")).json()
     assert traj["num_turns"] == 1 and len(traj["failed_turns"]) == 1
+
+
+# -- long histories ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "responses"])
+async def test_a_long_history_reaches_the_engine_as_a_fresh_translation(
+    make_gateway: Any, dialect: str
+) -> None:
+    """A history past :data:`SPLICE_MIN_BYTES` (where a chat body's is spliced into the
+    upstream request), its text extended from the previous turn's: every turn the engine
+    gets the messages a fresh translation of the agent's body makes, and the turns are
+    one branch."""
+    upstream = RecordingUpstream()
+    gw = await make_gateway(upstream.app())
+    await gw.register("r1")
+    system = "You are an agent. " + "é\x00 x" * (SPLICE_MIN_BYTES // 4)
+    says = [f"Step {i} done." for i in range(3)]
+    task = script(*({"say": text} for text in says))
+    turns: list[Any] = [{"role": "user", "content": [{"type": "text", "text": task}]}]
+    items: list[Any] = [
+        {"type": "message", "role": "developer", "content": [
+            {"type": "input_text", "text": system}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]},
+    ]  # fmt: skip
+    for i, text in enumerate(says):
+        if dialect == "anthropic":
+            body: dict[str, Any] = {"model": "m", "max_tokens": 64, "system": system,
+                                    "messages": turns}  # fmt: skip
+            r = await gw.client.post(
+                "/v1/rollouts/r1/v1/messages", json=body, headers={"x-api-key": gw.keys["r1"]}
+            )
+            fresh = AnthropicDialect().parse(json.loads(json.dumps(body)))
+        else:
+            body = {"model": "m", "input": items, "store": False}
+            r = await gw.client.post(
+                "/v1/rollouts/r1/responses", json=body, headers=gw.agent_headers("r1")
+            )
+            fresh = ResponsesDialect().parse(json.loads(json.dumps(body)))
+        assert r.status_code == 200, r.text
+        assert len(fresh.messages_text) >= SPLICE_MIN_BYTES
+        assert upstream.requests[-1]["messages"] == json.loads(fresh.messages_text)
+        if dialect == "anthropic":
+            assert r.json()["content"][0]["text"] == text
+            turns.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+            turns.append({"role": "user", "content": [{"type": "text", "text": f"Go on {i}."}]})
+        else:
+            assert r.json()["output"][-1]["content"][0]["text"] == text
+            items.append({"type": "message", "role": "assistant", "status": "completed",
+                          "content": [{"type": "output_text", "text": text,
+                                       "annotations": []}]})  # fmt: skip
+            items.append({"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": f"Go on {i}."}]})  # fmt: skip
+    recorded = await steps(gw)
+    assert len(recorded) == 3
+    for before, after in zip(recorded, recorded[1:], strict=False):
+        head = before["tokens"]["prompt_ids"] + before["tokens"]["completion_ids"]
+        assert after["tokens"]["prompt_ids"][: len(head)] == head  # one branch
+
+
+async def test_each_route_reads_the_key_where_its_dialects_clients_send_it(
+    gw: GatewayHarness,
+) -> None:
+    """A Responses route reads the bearer only (as the chat route: an ``x-api-key``
+    header is no key there); a Messages route reads ``x-api-key``, else the bearer."""
+    await gw.register("r1")
+    key = gw.keys["r1"]
+    responses = {"model": "m", "input": "hi"}
+    messages = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "x"}]}
+    for path, body, headers, status in [
+        ("/v1/rollouts/r1/responses", responses, {"x-api-key": key}, 401),
+        ("/v1/rollouts/r1/responses", responses, {"Authorization": f"Bearer {key}"}, 200),
+        ("/v1/responses", responses, {"x-api-key": key}, 401),
+        ("/v1/responses", responses, {"Authorization": f"Bearer {key}"}, 200),
+        ("/v1/rollouts/r1/v1/messages", messages, {"x-api-key": key}, 200),
+        ("/v1/rollouts/r1/v1/messages", messages, {"Authorization": f"Bearer {key}"}, 200),
+    ]:
+        r = await gw.client.post(path, json=body, headers={"Authorization": "", **headers})
+        assert r.status_code == status, (path, headers, r.text)

@@ -137,3 +137,28 @@ def test_a_responses_body_comes_with_its_input_text_between_head_and_tail(body: 
     assert conversation is not None and conversation.field == "input"
     text = conversation.text
     assert text[conversation.head : len(text) - conversation.tail] == orjson.dumps(body["input"])
+
+
+@pytest.mark.parametrize("field", ["messages", "input"])
+@pytest.mark.parametrize(
+    "others",
+    [
+        {},
+        {"system": "s" * 20_000, "model": "m"},  # a Messages body's long system prompt
+        {"tools": [{"description": "nul \x00 ] [ \\u0000"}], "stop": "\x00"},
+        {"a": [[[["]"]]]], "b": None, "c": 1.5, "d": {"e": ["\x00"]}},
+    ],
+)
+def test_a_conversation_list_is_found_after_any_other_values(
+    field: str, others: dict[str, Any]
+) -> None:
+    """The list's text is found by a marker the depth check writes before it, whatever
+    the other values hold (NUL characters in strings are escaped, never raw)."""
+    items = [{"role": "user", "content": "a\x00b"}, {"role": "assistant", "content": "c"}]
+    for body in ({**others, field: items}, {field: items, **others}):
+        parsed = loads_chat_body(json.dumps(body).encode())
+        assert parsed.value == body and list(parsed.value) == list(body)
+        conversation = parsed.conversation_text()
+        assert conversation is not None and conversation.field == field
+        text = conversation.text
+        assert text[conversation.head : len(text) - conversation.tail] == orjson.dumps(items)
