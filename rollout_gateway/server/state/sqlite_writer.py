@@ -155,7 +155,8 @@ class LoopWriter:
 
 class Checkpointer:
     """A thread that folds the log into the database when it has grown
-    (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks the writer)."""
+    (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks the writer), looking at the
+    log's size every 64th commit."""
 
     def __init__(self, connect: Connect, wal: Path, *, every_bytes: int = CHECKPOINT_BYTES) -> None:
         self._connect = connect
@@ -193,7 +194,11 @@ class Checkpointer:
             return
         try:
             while not self._stop:
-                self._wake.wait(1.0)
+                # Woken by commits (every 64th) and close only: a timer waking it every
+                # second cost the loop's thread the interpreter lock's hand-offs on an idle
+                # gateway too, and a log only grows by commits. (A log past the threshold
+                # when commits stop is folded at the 64th commit after, or at close.)
+                self._wake.wait()
                 self._wake.clear()
                 try:
                     if self._wal.stat().st_size >= self._every_bytes:
