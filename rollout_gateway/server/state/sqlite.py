@@ -289,11 +289,10 @@ class SQLiteStore(RolloutStore):
 
         # The writer's future awaited here, not through _written and _write (two
         # coroutines a turn): what they do on success and failure is done the same way.
-        writer = self._writer
-        if writer is None:
-            raise StoreUnavailableError("the state store is not open")
         try:
-            await writer.submit(write)
+            if self._writer is None:
+                raise StoreUnavailableError("the state store is not open")
+            await self._writer.submit(write)
         except BaseException as exc:
             self._failed(rollout_id, exc)
             raise
