@@ -287,22 +287,38 @@ class SQLiteStore(RolloutStore):
                     "UPDATE answers SET answer_key = ?, answer = ? WHERE rollout = ?", answer
                 )
 
-        await self._written(rollout_id, write)
+        # The writer's future awaited here, not through _written and _write (two
+        # coroutines a turn): what they do on success and failure is done the same way.
+        try:
+            if self._writer is None:
+                raise StoreUnavailableError("the state store is not open")
+            await self._writer.submit(write)
+        except BaseException as exc:
+            self._failed(rollout_id, exc)
+            raise
+        self._written_at = time.monotonic()
         return revision
+
+    def _failed(self, rollout_id: str, exc: BaseException) -> None:
+        """After a write of the rollout failed: the health check writes until a write
+        succeeds, and the held figures are read back (see :meth:`_written`)."""
+        if isinstance(exc, StoreUnavailableError):
+            self._written_at = None
+        if rollout_id in self._held:
+            found = load_row(self._read(), rollout_id)
+            if found is None:
+                self._held.pop(rollout_id, None)
+            else:
+                held = self._held[rollout_id]
+                held.revision, held.steps = found.revision, found.steps
 
     async def _written(self, rollout_id: str, write: Any) -> None:
         """Run ``write``; when it fails, the rollout's held figures are read back from the
         database (what the failed write counted on was not written)."""
         try:
             await self._write(write)
-        except BaseException:
-            if rollout_id in self._held:
-                found = load_row(self._read(), rollout_id)
-                if found is None:
-                    self._held.pop(rollout_id, None)
-                else:
-                    held = self._held[rollout_id]
-                    held.revision, held.steps = found.revision, found.steps
+        except BaseException as exc:
+            self._failed(rollout_id, exc)
             raise
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:

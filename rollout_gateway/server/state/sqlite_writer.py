@@ -48,19 +48,24 @@ _STOP = object()
 CHECKPOINT_BYTES = 8 * 1024 * 1024
 
 
-def commit(conn: sqlite3.Connection, writes: list[Write]) -> list[Any]:
+def commit(
+    conn: sqlite3.Connection, writes: list[Write], cursor: sqlite3.Cursor | None = None
+) -> list[Any]:
     """Run ``writes`` in one transaction; each one's result, or the error it raised (a
-    :class:`~.store.StoreError`). A failed commit fails them all."""
+    :class:`~.store.StoreError`). A failed commit fails them all. ``cursor`` (of ``conn``)
+    runs the ``BEGIN`` and the ``COMMIT`` (a writer's own: ``conn.execute`` makes a
+    cursor each time)."""
     results: list[Any] = []
+    statements = conn if cursor is None else cursor
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        statements.execute("BEGIN IMMEDIATE")
         try:
             for write in writes:
                 try:
                     results.append(write(conn))
                 except StoreError as exc:  # refused before it changed anything
                     results.append(exc)
-            conn.execute("COMMIT")
+            statements.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -74,12 +79,16 @@ def commit(conn: sqlite3.Connection, writes: list[Write]) -> list[Any]:
 
 def _resolve(done: list[tuple[asyncio.Future[Any], Any]]) -> None:
     for future, result in done:
-        if future.cancelled():
-            continue
-        if isinstance(result, BaseException):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
+        _resolve_one(future, result)
+
+
+def _resolve_one(future: asyncio.Future[Any], result: Any) -> None:
+    if future.cancelled():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 class LoopWriter:
@@ -93,6 +102,7 @@ class LoopWriter:
     def __init__(self, connect: Connect, wal: Path) -> None:
         self._connect = connect
         self._conn: sqlite3.Connection | None = None
+        self._cursor: sqlite3.Cursor | None = None
         self._batch: PassBatch[tuple[Write, asyncio.Future[Any]]] = PassBatch(self._commit)
         self._checkpointer = Checkpointer(connect, wal)
         #: Transactions committed, and writes they held (the group commit's effect).
@@ -103,7 +113,7 @@ class LoopWriter:
         """Open the connection and start the checkpointer (raises what opening raised)."""
         conn = self._connect()
         conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer's job, off the loop
-        self._conn = conn
+        self._conn, self._cursor = conn, conn.cursor()
         self._checkpointer.start()
 
     def submit(self, write: Write) -> asyncio.Future[Any]:
@@ -117,10 +127,18 @@ class LoopWriter:
     def _commit(self, batch: list[tuple[Write, asyncio.Future[Any]]]) -> None:
         if self._conn is None:
             return
-        results = commit(self._conn, [write for write, _ in batch])
-        self.commits += 1
-        self.writes += len(batch)
-        _resolve([(future, result) for (_, future), result in zip(batch, results, strict=True)])
+        if len(batch) == 1:  # a quiet gateway's lone turn: no lists built around it
+            write, future = batch[0]
+            (result,) = commit(self._conn, [write], self._cursor)
+            self.commits += 1
+            self.writes += 1
+            _resolve_one(future, result)
+        else:
+            results = commit(self._conn, [write for write, _ in batch], self._cursor)
+            self.commits += 1
+            self.writes += len(batch)
+            for (_, future), result in zip(batch, results, strict=True):
+                _resolve_one(future, result)
         self._checkpointer.committed()
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -129,13 +147,16 @@ class LoopWriter:
             return
         self._batch.flush_now()
         self._checkpointer.close(timeout_s)
+        if self._cursor is not None:
+            self._cursor.close()
         self._conn.close()
-        self._conn = None
+        self._conn, self._cursor = None, None
 
 
 class Checkpointer:
     """A thread that folds the log into the database when it has grown
-    (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks the writer)."""
+    (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks the writer), looking at the
+    log's size every 64th commit."""
 
     def __init__(self, connect: Connect, wal: Path, *, every_bytes: int = CHECKPOINT_BYTES) -> None:
         self._connect = connect
@@ -173,7 +194,11 @@ class Checkpointer:
             return
         try:
             while not self._stop:
-                self._wake.wait(1.0)
+                # Woken by commits (every 64th) and close only: a timer waking it every
+                # second cost the loop's thread the interpreter lock's hand-offs on an idle
+                # gateway too, and a log only grows by commits. (A log past the threshold
+                # when commits stop is folded at the 64th commit after, or at close.)
+                self._wake.wait()
                 self._wake.clear()
                 try:
                     if self._wal.stat().st_size >= self._every_bytes:
