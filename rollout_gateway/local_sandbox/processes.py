@@ -146,11 +146,19 @@ async def _wait_pidfd(proc: subprocess.Popen[bytes], pidfd: int, timeout: float)
     loop.add_reader(pidfd, on_exit)
     try:
         limit = None if math.isinf(timeout) else max(timeout, 0.0)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(exited, limit)
+        await asyncio.wait_for(exited, limit)
+    except TimeoutError:
+        return proc.poll()  # (None: still running)
     finally:
         loop.remove_reader(pidfd)
-    return proc.poll()  # (None: still running at the timeout)
+    rc = proc.poll()
+    if rc is None:  # exited, but another thread is reaping it (it holds Popen's lock)
+        rc = await poll_proc(proc, _REAPED_ELSEWHERE_S)
+    return rc
+
+
+#: How long a command seen to exit may take to be reaped by another thread's ``wait``.
+_REAPED_ELSEWHERE_S = 5.0
 
 
 async def poll_proc(proc: subprocess.Popen[bytes], timeout: float) -> int | None:

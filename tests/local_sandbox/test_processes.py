@@ -134,3 +134,15 @@ def test_a_group_runs_while_a_live_member_does() -> None:
         pass
     assert not processes.group_running(zombie.pid)
     zombie.wait()
+
+
+@pytest.mark.parametrize("wait", WAYS, ids=["pidfd", "poll"])
+async def test_a_command_another_thread_is_reaping_gives_its_status(wait: Wait) -> None:
+    # A deletion reaps a sandbox's commands in a thread (Popen.wait) while their callers
+    # wait here: Popen.poll answers None while that thread holds its lock.
+    proc = shell("exit 3")
+    with proc._waitpid_lock:  # (CPython's: what a wait in another thread holds)
+        waiting = asyncio.ensure_future(wait(proc, 30))
+        await asyncio.sleep(0.2)  # the command has exited; its waiter cannot reap it
+        assert not waiting.done()
+    assert await waiting == 3
