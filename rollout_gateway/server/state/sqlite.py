@@ -149,13 +149,21 @@ class SQLiteStore(RolloutStore):
 
     # -- plumbing ------------------------------------------------------------------------
 
-    async def _write(self, write: Any) -> Any:
-        if self._writer is None:
-            raise StoreUnavailableError("the state store is not open")
+    async def _write(self, write: Any, rollout_id: str | None = None) -> Any:
+        """Run ``write`` in the writer's next transaction; its result. When it fails and
+        ``rollout_id`` is given, the rollout's held figures are read back from the
+        database (what the failed write counted on was not written). The writer's future
+        is awaited here, with no coroutine between (a turn's write comes through here)."""
+        writer = self._writer
         try:
-            result = await self._writer.submit(write)
-        except StoreUnavailableError:
-            self._written_at = None  # the health check writes until a write succeeds
+            if writer is None:
+                raise StoreUnavailableError("the state store is not open")
+            result = await writer.submit(write)
+        except BaseException as exc:
+            if writer is not None and isinstance(exc, StoreUnavailableError):
+                self._written_at = None  # the health check writes until a write succeeds
+            if rollout_id is not None:
+                self._read_back(rollout_id)
             raise
         self._written_at = time.monotonic()
         return result
@@ -234,7 +242,7 @@ class SQLiteStore(RolloutStore):
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(sql + " WHERE id = ?", (counters, revision, row_id))
 
-        await self._written(rollout_id, write)
+        await self._write(write, rollout_id)
         return revision
 
     async def delete_rollout(self, rollout_id: str) -> bool:
@@ -287,23 +295,11 @@ class SQLiteStore(RolloutStore):
                     "UPDATE answers SET answer_key = ?, answer = ? WHERE rollout = ?", answer
                 )
 
-        # The writer's future awaited here, not through _written and _write (two
-        # coroutines a turn): what they do on success and failure is done the same way.
-        try:
-            if self._writer is None:
-                raise StoreUnavailableError("the state store is not open")
-            await self._writer.submit(write)
-        except BaseException as exc:
-            self._failed(rollout_id, exc)
-            raise
-        self._written_at = time.monotonic()
+        await self._write(write, rollout_id)
         return revision
 
-    def _failed(self, rollout_id: str, exc: BaseException) -> None:
-        """After a write of the rollout failed: the health check writes until a write
-        succeeds, and the held figures are read back (see :meth:`_written`)."""
-        if isinstance(exc, StoreUnavailableError):
-            self._written_at = None
+    def _read_back(self, rollout_id: str) -> None:
+        """The rollout's held figures read back from the database (after a failed write)."""
         if rollout_id in self._held:
             found = load_row(self._read(), rollout_id)
             if found is None:
@@ -311,15 +307,6 @@ class SQLiteStore(RolloutStore):
             else:
                 held = self._held[rollout_id]
                 held.revision, held.steps = found.revision, found.steps
-
-    async def _written(self, rollout_id: str, write: Any) -> None:
-        """Run ``write``; when it fails, the rollout's held figures are read back from the
-        database (what the failed write counted on was not written)."""
-        try:
-            await self._write(write)
-        except BaseException as exc:
-            self._failed(rollout_id, exc)
-            raise
 
     async def load_steps(self, rollout_id: str, start: int = 0) -> list[StepDelta]:
         """Read the steps back, each checked."""

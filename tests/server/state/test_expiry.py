@@ -13,16 +13,11 @@ import pytest
 from rollout_gateway.server.state.coordinator import LocalCoordinator
 from rollout_gateway.server.state.expiry import ExpiredDeletions
 from rollout_gateway.server.state.memory import MemoryStore
-from rollout_gateway.server.state.registry import RolloutRecord, RolloutRegistry
+from rollout_gateway.server.state.registry import RolloutRegistry
 from rollout_gateway.server.state.rows import new_row
 from rollout_gateway.server.state.store import StoreError
 
-
-def record(rollout_id: str) -> RolloutRecord:
-    return RolloutRecord(
-        rollout_id=rollout_id, model="m", sampling_params={}, max_turns=10, max_seq_len=None,
-        upstream="http://u/v1", last_activity=time.monotonic(),
-    )  # fmt: skip
+from .test_stored import record
 
 
 class UsedElsewhere(LocalCoordinator):
@@ -54,6 +49,12 @@ class GatedDeletes(MemoryStore):
         return await super().delete_rollout(rollout_id)
 
 
+def deletions_of(store: MemoryStore) -> ExpiredDeletions:
+    """The deletions of a lone gateway on ``store`` (a minute's TTL, the wall clock)."""
+    registry = RolloutRegistry(max_rollouts=10, ttl_s=60)
+    return ExpiredDeletions(registry, store, LocalCoordinator(store), time.time)
+
+
 async def stored(store: MemoryStore, *ids: str) -> None:
     for rollout_id in ids:
         await store.create_rollout(new_row(record(rollout_id)))
@@ -77,9 +78,7 @@ async def test_an_expired_rollout_goes_unless_another_gateway_used_it() -> None:
 async def test_a_registration_waits_for_the_deletion_and_shutdown_for_all() -> None:
     store = GatedDeletes()
     await stored(store, "r1")
-    deletions = ExpiredDeletions(
-        RolloutRegistry(max_rollouts=10, ttl_s=60), store, LocalCoordinator(store), time.time
-    )
+    deletions = deletions_of(store)
     deletions.start("r1")
     waiting = asyncio.ensure_future(deletions.settled("r1"))
     draining = asyncio.ensure_future(deletions.drain())
@@ -94,9 +93,7 @@ async def test_a_registration_waits_for_the_deletion_and_shutdown_for_all() -> N
 async def test_a_cancelled_waiter_leaves_the_deletion_running() -> None:
     store = GatedDeletes()
     await stored(store, "r1")
-    deletions = ExpiredDeletions(
-        RolloutRegistry(max_rollouts=10, ttl_s=60), store, LocalCoordinator(store), time.time
-    )
+    deletions = deletions_of(store)
     deletions.start("r1")
     waiting = asyncio.ensure_future(deletions.settled("r1"))
     await asyncio.sleep(0.01)
@@ -113,9 +110,7 @@ async def test_a_store_failure_is_logged_and_the_row_kept(
     store.failing = "r1"
     store.gate.set()
     await stored(store, "r1")
-    deletions = ExpiredDeletions(
-        RolloutRegistry(max_rollouts=10, ttl_s=60), store, LocalCoordinator(store), time.time
-    )
+    deletions = deletions_of(store)
     with caplog.at_level(logging.WARNING, logger="rollout_gateway.server"):
         deletions.start("r1")
         await deletions.drain()

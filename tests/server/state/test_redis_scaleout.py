@@ -20,7 +20,7 @@ import shutil
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,6 +322,19 @@ async def test_a_gateway_killed_mid_run_loses_no_rollout(cluster: Cluster) -> No
     assert again.trajectory["num_turns"] == TURNS
 
 
+async def retried_on_503(turn: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    """``turn``'s answer, retried (up to 10 times) on a 503 ``store_unavailable``, as any
+    client does: after Redis is back, the next turn lands on any gateway, and one that has
+    not used Redis since may answer its stale connection's 503 once."""
+    for _ in range(9):
+        answer = await turn()
+        if answer.status_code != 503:
+            return answer
+        assert answer.json()["error"]["code"] == "store_unavailable"
+        await asyncio.sleep(0.2)
+    return await turn()
+
+
 async def test_redis_lost_mid_run_fails_turns_with_a_503_and_loses_nothing_stored(
     cluster: Cluster,
 ) -> None:
@@ -369,14 +382,7 @@ async def test_redis_lost_mid_run_fails_turns_with_a_503_and_loses_nothing_store
         messages.append(completion.choices[0].message.model_dump(exclude_none=True))
         for call in completion.choices[0].message.tool_calls or ():
             messages.append({"role": "tool", "tool_call_id": call.id, "content": "ok"})
-        # The next turn lands on any gateway: one that has not yet used Redis since it
-        # came back may answer its stale connection's 503 once, which a client retries.
-        for _ in range(10):
-            answer = await turn()
-            if answer.status_code != 503:
-                break
-            assert answer.json()["error"]["code"] == "store_unavailable"
-            await asyncio.sleep(0.2)
+        answer = await retried_on_503(turn)
         assert answer.status_code == 200
         await sdk.close()
         await agent.aclose()
