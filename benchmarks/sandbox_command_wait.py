@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,7 @@ async def measure(commands: int, sleep_s: float) -> list[float]:
             assert result.exit_code == 0, result.stderr
     finally:
         client.teardown()
+        shutil.rmtree(root, ignore_errors=True)
     return extra
 
 
