@@ -548,3 +548,29 @@ async def test_a_command_whose_caller_gave_up_before_it_was_sent_is_not_sent(
         assert await connection.cmd("INCR", key) == 1
     finally:
         await connection.aclose()
+
+
+async def test_connections_idle_across_a_redis_restart_are_reconnected_not_failed(
+    server: RedisServer,
+) -> None:
+    """A restarted Redis closed every pooled connection while it sat idle: the next
+    commands, alone and in a pipeline, reconnect and succeed instead of failing once per
+    connection (each such failure was a 503 to an agent)."""
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    connection = RedisConnection(server.url, timeout_s=5.0)
+    key = f"t{next(_prefixes)}:n"
+    try:
+        # Three connections in the pool: three commands in flight at once.
+        await asyncio.gather(*(connection.client.execute_command("PING") for _ in range(3)))
+        assert len(connection.client.connection_pool._available_connections) == 3
+        server.kill()
+        server.restart()
+        await asyncio.sleep(0.1)  # the event loop reads each closed connection's end
+        assert await connection.cmd("INCR", key) == 1
+        replies = await asyncio.gather(*(connection.cmd("INCR", key) for _ in range(4)))
+        assert replies == [2, 3, 4, 5]
+        direct = [connection.client.execute_command("INCR", key) for _ in range(3)]
+        assert sorted(await asyncio.gather(*direct)) == [6, 7, 8]
+    finally:
+        await connection.aclose()
