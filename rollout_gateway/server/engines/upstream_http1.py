@@ -35,6 +35,7 @@ from rollout_gateway.server.engines.upstream_http import (
     ConnectionFailureKind,
     HTTPAnswer,
     HttpxCalls,
+    RequestContent,
     UpstreamStream,
     split_lines,
 )
@@ -98,20 +99,20 @@ class _Connection(asyncio.BufferedProtocol):
         self._wake: asyncio.Event | None = None
         self._error: Exception | None = None
 
-    async def request(self, head: bytes, body: bytes) -> HTTPAnswer:
-        """Write one request (its head, then its body: no copy of the two joined); its
-        whole answer."""
+    async def request(self, head: bytes, body: RequestContent) -> HTTPAnswer:
+        """Write one request (its head, then its body's pieces: no copy of them joined);
+        its whole answer."""
         assert self.transport is not None
         self.reusable = False
         self._expecting = True
         self._answer = self.loop.create_future()
-        self.transport.writelines((head, body))
+        self.transport.writelines(_pieces(head, body))
         try:
             return await self._answer
         finally:
             self._answer = None
 
-    async def open_stream(self, head: bytes, body: bytes) -> None:
+    async def open_stream(self, head: bytes, body: RequestContent) -> None:
         """Write one request; return once its answer's head is in (``status_code``). The
         body comes from :meth:`chunks`."""
         assert self.transport is not None
@@ -120,7 +121,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._error = None
         self._wake = asyncio.Event()
         self._head = self.loop.create_future()
-        self.transport.writelines((head, body))
+        self.transport.writelines(_pieces(head, body))
         try:
             await self._head
         finally:
@@ -338,10 +339,10 @@ class Http1Upstream:
             ssl_context=ssl_context,
         )
 
-    async def post(self, path: str, content: bytes) -> HTTPAnswer:
+    async def post(self, path: str, content: RequestContent) -> HTTPAnswer:
         """POST JSON ``content`` to ``base_url + path`` (or to ``path`` when it is an
         absolute URL, e.g. vLLM's root-level token-in endpoint); the whole answer."""
-        head = self._request_head(path, len(content))
+        head = self._request_head(path, _length(content))
         if head is None:
             return await self.fallback.post(path, content)
         async with self._slots:
@@ -353,10 +354,10 @@ class Http1Upstream:
                 self._give(conn)
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, content: bytes) -> AsyncIterator[UpstreamStream]:
+    async def stream(self, path: str, content: RequestContent) -> AsyncIterator[UpstreamStream]:
         """POST JSON ``content``; the answer streamed. Leaving it before the answer's end
         closes the connection (the engine stops generating)."""
-        head = self._request_head(path, len(content))
+        head = self._request_head(path, _length(content))
         if head is None:
             async with self.fallback.stream(path, content) as answer:
                 yield answer
@@ -479,6 +480,16 @@ class Http1Upstream:
                 f"cannot connect to {self._host}:{self._port}: {exc or 'timed out'}"
             ) from exc
         return conn
+
+
+def _length(content: RequestContent) -> int:
+    """The bytes ``content`` holds (a piece is bytes or a view of bytes)."""
+    return len(content) if isinstance(content, bytes) else sum(map(len, content))
+
+
+def _pieces(head: bytes, body: RequestContent) -> tuple[bytes | memoryview, ...]:
+    """A request's head and its body's pieces, as one ``writelines`` takes them."""
+    return (head, body) if isinstance(body, bytes) else (head, *body)
 
 
 def _basic_auth(username: str | None, password: str | None) -> dict[str, str]:
