@@ -165,15 +165,11 @@ class _Connection(asyncio.BufferedProtocol):
         return self._read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:  # noqa: D102
-        self.data_received(self._read_buffer[:nbytes])
-
-    def data_received(self, data: bytes | memoryview) -> None:
-        """Parse ``data``, the answer's next bytes (a view of the read buffer, or bytes)."""
         if not self._expecting:  # bytes nobody asked for: the connection is unusable
             self.close()
             return
         try:
-            self._parser.feed_data(data)
+            self._parser.feed_data(self._read_buffer[:nbytes])
         except httptools.HttpParserError as exc:
             self._fail(Http1TransportError(f"the upstream's answer is not HTTP/1.1: {exc}"))
             self.close()
