@@ -315,7 +315,7 @@ class EngineTurn:
         assembler = StreamAssembler()
         renderer = self.renderer
         first_chunk_s: float | None = None
-        stream = upstream.http.stream("/chat/completions", jsonio.dumps_request(body))
+        stream = upstream.http.stream("/chat/completions", jsonio.dumps_request_pieces(body))
         try:
             with upstream.call:  # counted in flight, a failure to get the answer classified
                 async with asyncio.timeout(pool.timeout_s), stream as response:

@@ -22,6 +22,7 @@ import httpx
 from rollout_gateway.server.engines.upstream_http import (
     ConnectionFailureKind,
     HTTPAnswer,
+    RequestContent,
 )
 from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
 from rollout_gateway.server.http import jsonio
@@ -360,12 +361,12 @@ class UpstreamPool:
         go to ``detail``).
         """
         start = time.perf_counter()
-        response = await self.post(url, "/chat/completions", jsonio.dumps_request(body))
+        response = await self.post(url, "/chat/completions", jsonio.dumps_request_pieces(body))
         elapsed = time.perf_counter() - start
         raise_for_upstream_status(response, self._by_url[url].label)
         return response.content, elapsed
 
-    async def post(self, url: str, path: str, content: bytes) -> HTTPAnswer:
+    async def post(self, url: str, path: str, content: RequestContent) -> HTTPAnswer:
         """One POST to the upstream of ``url`` (``path`` under it, or absolute); its
         answer, whatever the status. Bounded by ``timeout_s`` from connect to last byte;
         counted in flight; a failure to get an answer raises the one classification of

@@ -26,6 +26,16 @@ import httpx
 #: How a call that got no answer failed (see the module docstring).
 ConnectionFailureKind = Literal["connect", "timeout", "transport"]
 
+#: A request body: its bytes, or pieces that joined are its bytes (a long history's text
+#: is a view written around, :func:`~rollout_gateway.server.http.jsonio.dumps_request_pieces`:
+#: the lean client writes the pieces as they are, httpx gets them joined).
+RequestContent = bytes | tuple[bytes | memoryview, ...]
+
+
+def content_bytes(content: RequestContent) -> bytes:
+    """``content`` as one ``bytes`` (the pieces joined)."""
+    return content if isinstance(content, bytes) else b"".join(content)
+
 
 # Not frozen: made every turn, and a frozen dataclass's constructor costs several
 # times a plain one's (issue 33).
@@ -162,19 +172,19 @@ class HttpxCalls:
             verify=ssl_context if ssl_context is not None else True,
         )
 
-    async def post(self, path: str, content: bytes) -> HTTPAnswer:
+    async def post(self, path: str, content: RequestContent) -> HTTPAnswer:
         """POST JSON ``content`` to ``path`` (under the base URL, or absolute)."""
         response = await self.client.post(
-            _join(self.base_url, path), content=content, headers=_JSON
+            _join(self.base_url, path), content=content_bytes(content), headers=_JSON
         )
         return HTTPAnswer(response.status_code, response.content, response.reason_phrase)
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, content: bytes) -> AsyncIterator[UpstreamStream]:
+    async def stream(self, path: str, content: RequestContent) -> AsyncIterator[UpstreamStream]:
         """POST JSON ``content``; the answer streamed (closed when the context exits)."""
         client = self.client
         request = client.build_request(
-            "POST", _join(self.base_url, path), content=content, headers=_JSON
+            "POST", _join(self.base_url, path), content=content_bytes(content), headers=_JSON
         )
         response = await client.send(request, stream=True)
         try:
@@ -211,6 +221,8 @@ _JSON = {"Content-Type": "application/json"}
 
 
 __all__ = [
+    "RequestContent",
+    "content_bytes",
     "ConnectionFailureKind",
     "HTTPAnswer",
     "HttpxCalls",

@@ -304,6 +304,23 @@ def dumps_request(body: dict[str, Any]) -> bytes:
     return b"".join((view[:at], messages.text, view[at + 1 :]))
 
 
+def dumps_request_pieces(body: dict[str, Any]) -> tuple[bytes | memoryview, ...]:
+    """:func:`dumps_request` in the pieces it is joined from: a transport writes them as
+    they are (one ``writelines``, one system call), where the join copied the whole
+    history once more per turn. Joined, they are :func:`dumps_request`'s bytes."""
+    messages = body.get("messages")
+    if type(messages) is not SplicedText:
+        return (orjson.dumps(body),)
+    body["messages"] = _SPLICE_MARK
+    try:
+        written = orjson.dumps(body)
+    finally:
+        body["messages"] = messages
+    at = written.index(0)
+    view = memoryview(written)
+    return view[:at], messages.text, view[at + 1 :]
+
+
 class JSONBytesResponse(Response):
     """A JSON response serialised with orjson."""
 
@@ -330,6 +347,7 @@ __all__ = [
     "check_writable",
     "dumps",
     "dumps_request",
+    "dumps_request_pieces",
     "loads",
     "loads_body",
     "loads_chat_body",

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout_gateway.server.engines.upstream_http1 import Http1Upstream
+from rollout_gateway.server.engines.upstream_http1 import READ_BUFFER_BYTES, Http1Upstream
 
 Reply = Callable[[bytes], bytes | None]  # request body -> raw answer (None: hang)
 
@@ -438,3 +438,47 @@ async def test_an_https_upstream_is_reached_over_tls_and_its_certificate_is_chec
     assert untrusting.failure_kind(caught.value) == "connect"
     await untrusting.aclose()
     listener.close()
+
+
+async def _two_big_answers_at_once(size: int) -> None:
+    """Two calls in flight at once on two connections that share one read buffer, each
+    answer several reads long: each call gets exactly the bytes its answer carried."""
+    bodies = {b"a": bytes(range(256)) * (size // 256), b"b": b"[" + b"1234567," * (size // 8)}
+    server = RawServer(reply=lambda body: answer(bodies[body]))
+    async with serving(server) as url:
+        client = Http1Upstream(url)
+        got = await asyncio.gather(
+            client.post("/chat/completions", b"a"), client.post("/chat/completions", b"b")
+        )
+        await client.aclose()
+    assert [g.content for g in got] == [bodies[b"a"], bodies[b"b"]]
+    assert server.connections == 2
+
+
+async def test_answers_longer_than_a_read_arrive_whole_through_the_shared_read_buffer() -> None:
+    await _two_big_answers_at_once(3 * READ_BUFFER_BYTES + 1000)
+
+
+def test_answers_read_into_the_shared_buffer_arrive_whole_under_uvloop() -> None:
+    """``serve`` runs on uvloop, whose transports read into a buffered protocol's buffer
+    by their own code path."""
+    uvloop = pytest.importorskip("uvloop")
+    uvloop.run(_two_big_answers_at_once(3 * READ_BUFFER_BYTES + 1000))
+
+
+async def test_a_body_in_pieces_is_sent_as_its_joined_bytes_by_either_client() -> None:
+    """A request body given in pieces (a long history's text written around, not joined:
+    jsonio.dumps_request_pieces) reaches the engine as the joined bytes, on the lean
+    connection and through httpx alike, its length counted in bytes."""
+    text = '{"messages": [{"content": "h\u00e9"}]}'.encode()
+    pieces = (text[:5], memoryview(text)[5:20], memoryview(text)[20:])
+    seen: list[bytes] = []
+    server = RawServer(reply=lambda body: seen.append(body) or answer(b"{}"))
+    async with serving(server) as url:
+        client = Http1Upstream(url)
+        await client.post("/chat/completions", pieces)
+        async with client.stream("/chat/completions", pieces) as streamed:
+            await streamed.read()
+        await client.post(url.replace("127.0.0.1", "localhost") + "/chat/completions", pieces)
+        await client.aclose()
+    assert seen == [text, text, text]

@@ -17,6 +17,7 @@ from rollout_gateway.server.http.jsonio import (
     TooDeepError,
     check_depth,
     dumps_request,
+    dumps_request_pieces,
     loads_body,
     loads_chat_body,
 )
@@ -84,6 +85,9 @@ def test_a_request_written_around_its_messages_view_is_the_one_written_with_a_fr
     fragment = {**parsed.value, "messages": orjson.Fragment(bytes(view))}
     spliced = {**parsed.value, "messages": SplicedText(view)}
     assert dumps_request(spliced) == orjson.dumps(fragment)
+    # The pieces a transport writes as they are: the same bytes, the view not copied.
+    pieces = dumps_request_pieces(spliced)
+    assert b"".join(pieces) == orjson.dumps(fragment) and pieces[1] is view
     assert type(spliced["messages"]) is SplicedText  # the body is left as it was
     assert orjson.loads(dumps_request(spliced)) == body
     # The upstream request built from the view is written as the one built from bytes.
@@ -98,6 +102,7 @@ def test_a_request_written_around_its_messages_view_is_the_one_written_with_a_fr
 def test_a_request_without_a_spliced_text_is_dumps() -> None:
     body = {"model": "m", "messages": orjson.Fragment(b"[]"), "x": "\x00"}
     assert dumps_request(body) == orjson.dumps(body)
+    assert dumps_request_pieces(body) == (orjson.dumps(body),)
 
 
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'{"model": "m"}', b'{"messages": {"a": 1}}'])
