@@ -144,16 +144,18 @@ def extended_text(messages: list[dict[str, Any]], memo: ConversationMemo | None)
     size = len(memo.messages)
     if len(messages) == size:
         return memo.messages_text
+    previous, added = memo.messages_text, orjson.dumps(messages[size:])
+    if len(previous) < _COPY_BELOW:  # a short text: copies cost less than two memoryviews
+        return b",".join((previous[:-1], added[1:]))
     # One copy of each part, joined by the comma (a slice and concatenations: three).
-    return b",".join(
-        (memoryview(memo.messages_text)[:-1], memoryview(orjson.dumps(messages[size:]))[1:])
-    )
+    return b",".join((memoryview(previous)[:-1], memoryview(added)[1:]))
 
 
 #: What follows the last item of a list that the next one extends: ``,`` or ``]``.
 _AFTER_ITEM = frozenset(b",]")
 #: Below this many bytes :func:`extends` compares a copy of the previous text's prefix
-#: (a memoryview's making and buffer protocol cost more than copying a short text).
+#: and :func:`extended_text` joins copies (a memoryview's making and buffer protocol
+#: cost more than copying a short text).
 _COPY_BELOW = 8192
 
 

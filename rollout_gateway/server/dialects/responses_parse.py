@@ -41,6 +41,7 @@ from rollout_gateway.server.dialects.memo import (
     ParseMemo,
     ToolsMemo,
     extended_text,
+    extends,
     rest_of,
 )
 from rollout_gateway.server.dialects.reading import (
@@ -103,13 +104,19 @@ def parse_responses_request(
     """``body`` (``POST /responses``) as the chat request the engine gets, with the
     turn's facts. ``memo``: the rollout's previous request's (:mod:`.memo`; only what is
     new is translated); ``text``: ``input`` as the intake wrote it."""
-    _refuse_server_state(body)
+    if not _SERVER_STATE.isdisjoint(body):  # (the usual body: no such field, one C pass)
+        _refuse_server_state(body)
     raw = body.get("input")
     if text is not None and (type(raw) is not list or text.field != "input"):
         text = None  # not the list it was written from
     previous = memo.conversation if memo is not None else None
     # The previous request's items, repeated in the text: objects already (checked then).
-    extended = previous is not None and previous.extended_by(text)
+    extended = (
+        previous is not None
+        and text is not None
+        and previous.text is not None
+        and extends(text, previous.text)
+    )  # (ConversationMemo.extended_by, inline: one Python call less a turn)
     items = _items(raw, len(previous.native) if extended and previous is not None else 0)
     conversation = _conversation(body, items, previous, text, extended)
     messages = conversation.messages
@@ -130,16 +137,12 @@ def parse_responses_request(
         context = head.context = ResponsesContext(
             tools.namespaces, context.tool_choice, context.parallel_tool_calls
         )
+    # Positional (dialect, body, messages, messages_text, stream, facts, context, memo):
+    # keywords cost a dict of them per call.
     return ParsedRequest(
-        dialect="responses",
-        body=chat,
-        messages=messages,
-        messages_text=conversation.messages_text or orjson.dumps(messages),
-        stream=head.stream,
-        facts=facts,
-        context=context,
-        memo=ParseMemo(conversation, tools, head),
-    )
+        "responses", chat, messages, conversation.messages_text or orjson.dumps(messages),
+        head.stream, facts, context, ParseMemo(conversation, tools, head),
+    )  # fmt: skip
 
 
 def _head(

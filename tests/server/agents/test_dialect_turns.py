@@ -3,6 +3,7 @@ SDKs as the agents: routes, keys, answers, the recorded step, retries, count_tok
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ import openai
 import pytest
 from starlette.responses import JSONResponse
 
+from rollout_gateway.server.agents.dialect_turns import CHAT, dialect_fingerprint
 from rollout_gateway.server.dialects import AnthropicDialect, ResponsesDialect
 from rollout_gateway.server.http.jsonio import SPLICE_MIN_BYTES
 
@@ -392,3 +394,16 @@ async def test_each_route_reads_the_key_where_its_dialects_clients_send_it(
     ]:
         r = await gw.client.post(path, json=body, headers={"Authorization": "", **headers})
         assert r.status_code == status, (path, headers, r.text)
+
+
+@pytest.mark.parametrize("dialect", [AnthropicDialect(), ResponsesDialect()])
+@pytest.mark.parametrize("fingerprint", [bytes(range(16)), b"\xff" * 32, b""])
+def test_a_dialect_fingerprint_is_the_body_fingerprint_hashed_with_the_dialect_name(
+    dialect: Any, fingerprint: bytes
+) -> None:
+    # The digest a stored turn was keyed by before (fed in two updates): a retry across
+    # a gateway upgrade still finds its turn.
+    expected = hashlib.blake2b(fingerprint, digest_size=len(fingerprint) or 16)
+    expected.update(dialect.name.encode())
+    assert dialect_fingerprint(dialect, fingerprint) == expected.digest()
+    assert dialect_fingerprint(CHAT, fingerprint) == fingerprint
