@@ -223,7 +223,10 @@ class ChatTurns:
         # A chat body's parse wrote it already, checking the body's depth
         # (jsonio.ParsedBody); a dialect's parse wrote its translation's.
         lease = request.lease
-        text: bytes | memoryview | None = parsed.messages_text if parsed is not None else None
+        text: bytes | memoryview | None = None
+        if parsed is not None:
+            # (a long one spliced into the upstream request, as a chat body's history is)
+            text = jsonio.spliced_history(parsed.messages_text)
         if text is None and lease is not None:
             text = lease.messages_text
         if text is None and lease is not None and lease.big:

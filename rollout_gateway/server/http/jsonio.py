@@ -253,6 +253,14 @@ async def loads_off_loop(raw: bytes) -> Any:
     return loads_body(raw)
 
 
+def spliced_history(text: bytes) -> bytes | memoryview:
+    """A request's messages text (``dumps(messages)``) as the upstream request takes it:
+    from :data:`SPLICE_MIN_BYTES` on, a view of it, which :func:`dumps_request` writes
+    around (:class:`SplicedText`) instead of copying it into orjson's output as a
+    fragment (the same bytes); a shorter one as it is."""
+    return memoryview(text) if len(text) >= SPLICE_MIN_BYTES else text
+
+
 def loads_lenient(raw: bytes) -> Any:
     """Parse an upstream's answer: strict first, then the standard library.
 
@@ -353,4 +361,5 @@ __all__ = [
     "loads_chat_body",
     "loads_lenient",
     "loads_off_loop",
+    "spliced_history",
 ]

@@ -324,10 +324,9 @@ async def test_the_sdk_retries_an_upstream_failure_into_one_turn(
 async def test_a_long_history_reaches_the_engine_as_a_fresh_translation(
     make_gateway: Any, dialect: str
 ) -> None:
-    """A history past :data:`SPLICE_MIN_BYTES` (where a chat body's is spliced into the
-    upstream request), its text extended from the previous turn's: every turn the engine
-    gets the messages a fresh translation of the agent's body makes, and the turns are
-    one branch."""
+    """A history past :data:`SPLICE_MIN_BYTES` is spliced into the upstream request (as
+    a chat body's is): every turn the engine gets the messages a fresh translation of
+    the agent's body makes, and the turns are one branch."""
     upstream = RecordingUpstream()
     gw = await make_gateway(upstream.app())
     await gw.register("r1")

@@ -20,6 +20,7 @@ from rollout_gateway.server.http.jsonio import (
     dumps_request_pieces,
     loads_body,
     loads_chat_body,
+    spliced_history,
 )
 
 
@@ -167,3 +168,28 @@ def test_a_conversation_list_is_found_after_any_other_values(
         assert conversation is not None and conversation.field == field
         text = conversation.text
         assert text[conversation.head : len(text) - conversation.tail] == orjson.dumps(items)
+
+
+@pytest.mark.parametrize("size", [10, SPLICE_MIN_BYTES - 1, SPLICE_MIN_BYTES, 40_000])
+def test_a_history_text_is_spliced_from_its_bound_on_and_sent_as_the_same_bytes(
+    size: int,
+) -> None:
+    """A dialect turn's messages text (bytes of its own): spliced into the upstream
+    request from :data:`SPLICE_MIN_BYTES` on, the request written is the one written
+    with the text as a fragment."""
+    messages = [{"role": "system", "content": "x" * size}, {"role": "user", "content": "é"}]
+    text = orjson.dumps(messages)
+    spliced = spliced_history(text)
+    assert type(spliced) is (memoryview if len(text) >= SPLICE_MIN_BYTES else bytes)
+    assert bytes(spliced) == text
+    body = {"model": "a", "messages": messages, "stop": ["\x00"], "stream": True}
+    upstream = {"model": "m", "sampling_params": {"temperature": 0.5}, "max_tokens": 7}
+    sent = [
+        dumps_request(build_upstream_request(body, messages_text=each, **upstream))
+        for each in (spliced, text)
+    ]
+    assert (
+        sent[0]
+        == sent[1]
+        == orjson.dumps(build_upstream_request(body, messages_text=None, **upstream))
+    )
