@@ -298,24 +298,15 @@ _SPLICE_MARK = orjson.Fragment(b"\x00")
 
 def dumps_request(body: dict[str, Any]) -> bytes:
     """:func:`dumps` of a request body whose ``messages`` may be a :class:`SplicedText`
-    (the same bytes as with a fragment of its text)."""
-    messages = body.get("messages")
-    if type(messages) is not SplicedText:
-        return orjson.dumps(body)
-    body["messages"] = _SPLICE_MARK
-    try:
-        written = orjson.dumps(body)
-    finally:
-        body["messages"] = messages
-    at = written.index(0)
-    view = memoryview(written)
-    return b"".join((view[:at], messages.text, view[at + 1 :]))
+    (the same bytes as with a fragment of its text): :func:`dumps_request_pieces` joined."""
+    return b"".join(dumps_request_pieces(body))
 
 
 def dumps_request_pieces(body: dict[str, Any]) -> tuple[bytes | memoryview, ...]:
-    """:func:`dumps_request` in the pieces it is joined from: a transport writes them as
-    they are (one ``writelines``, one system call), where the join copied the whole
-    history once more per turn. Joined, they are :func:`dumps_request`'s bytes."""
+    """A request body's JSON (see :func:`dumps_request`) in pieces: the body written with
+    a mark where a :class:`SplicedText` goes, cut around it, and the text between. A
+    transport writes them as they are (one ``writelines``), where a join would copy the
+    whole history once more per turn."""
     messages = body.get("messages")
     if type(messages) is not SplicedText:
         return (orjson.dumps(body),)
