@@ -228,54 +228,28 @@ def render_response_json(completion: Mapping[str, Any], context: ResponsesContex
     """``orjson.dumps(render_response(completion, context))``: the usual answer
     (:func:`usual_answer`) written at once from a template, any other rendered whole.
     Raises ``TypeError`` (orjson's) for what orjson cannot write, as the dump does."""
-    written = _usual_json(completion, context)
-    if written is None:
+    usual = usual_answer(completion)
+    if usual is None:
         return orjson.dumps(render_response(completion, context))
-    return written
+    return usual_response_json(completion, context, usual, id_base(completion.get("id")))
 
 
-def _usual_json(completion: Mapping[str, Any], context: ResponsesContext) -> bytes | None:
-    """The usual answer's JSON, or ``None`` for any other: :func:`usual_answer`'s checks
-    and :func:`usual_response_json`'s writing in one function (each answer of a turn paid
-    for a Python call per helper; ``None`` where they would write only sends the answer
-    to the general rendering, which writes the same bytes)."""
-    choices = completion.get("choices")
-    if type(choices) is not list or len(choices) != 1:
-        return None
-    choice = choices[0]
-    if type(choice) is not dict or choice.get("index", 0) != 0:
-        return None
-    message, usage, created = (
-        choice.get("message"),
-        completion.get("usage"),
-        completion.get("created"),
-    )
-    if type(message) is not dict or type(usage) is not dict or type(created) is not int:
-        return None
-    text = message.get("content")
-    prompt, completed = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if (
-        type(text) is not str
-        or message.get("tool_calls")
-        or message.get("reasoning") is not None
-        or message.get("reasoning_content") is not None
-        or type(prompt) is not int
-        or type(completed) is not int
-        or prompt < 0
-        or completed < 0
-        or usage.get("prompt_tokens_details") is not None
-        or usage.get("completion_tokens_details") is not None
-        or str(choice.get("finish_reason")) in INCOMPLETE_REASONS
-        or not _INT_MIN <= created < _INT_END
-        or prompt + completed >= _INT_END
-    ):
-        return None
-    ids = id_base(completion.get("id")).encode()
-    parallel, choice_echo = context.parallel_tool_calls, context.tool_choice
-    usual_echo = type(choice_echo) is str and type(parallel) is bool
-    echo = _ECHOES.get((parallel, choice_echo)) if usual_echo else None
+def usual_response_json(
+    completion: Mapping[str, Any],
+    context: ResponsesContext,
+    usual: tuple[str, int, int, int],
+    base: str,
+) -> bytes:
+    """The usual answer's JSON from its template (``usual``: :func:`usual_answer` of
+    ``completion``; ``base``: :func:`~.completion.id_base` of its id)."""
+    text, created, prompt, completed = usual
+    ids = base.encode()
+    parallel, tool_choice = context.parallel_tool_calls, context.tool_choice
+    echo = None
+    if type(tool_choice) is str and type(parallel) is bool:
+        echo = _ECHOES.get((parallel, tool_choice))
     if echo is None:
-        echo = (orjson.dumps(parallel), orjson.dumps(choice_echo))
+        echo = (orjson.dumps(parallel), orjson.dumps(tool_choice))
     return _USUAL_RESPONSE % (
         ids, created, orjson.dumps(str(completion.get("model") or "")), ids,
         orjson.dumps(text), echo[0], echo[1], prompt, completed, prompt + completed,
@@ -289,23 +263,6 @@ _ECHOES = {
     for parallel in (True, False)
     for choice in ("auto", "none", "required")
 }
-
-
-def usual_response_json(
-    completion: Mapping[str, Any],
-    context: ResponsesContext,
-    usual: tuple[str, int, int, int],
-    base: str,
-) -> bytes:
-    """The usual answer's JSON from its template (``usual``: :func:`usual_answer` of
-    ``completion``; ``base``: :func:`~.completion.id_base` of its id)."""
-    text, created, prompt, completed = usual
-    ids = base.encode()
-    return _USUAL_RESPONSE % (
-        ids, created, orjson.dumps(str(completion.get("model") or "")), ids,
-        orjson.dumps(text), orjson.dumps(context.parallel_tool_calls),
-        orjson.dumps(context.tool_choice), prompt, completed, prompt + completed,
-    )  # fmt: skip
 
 
 def error_body(error: GatewayError) -> ErrorBody:
