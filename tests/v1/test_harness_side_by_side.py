@@ -14,6 +14,7 @@ messages, the reward, and the token ids.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -117,12 +118,20 @@ async def side_by_side(
     return own, through_gateway, served
 
 
-def assert_same(own: vf.Trace, through_gateway: vf.Trace, served: list[list[int]]) -> None:
+def assert_same(
+    own: vf.Trace,
+    through_gateway: vf.Trace,
+    served: list[list[int]],
+    messages: Callable[[vf.Trace], list[Any]] = branch_messages,
+) -> None:
+    """Both runs ended alike and the gateway's trace is token-exact. ``messages`` reads
+    a trace's messages for the comparison (:func:`branch_messages`, or a harness's own
+    reading that also makes the same what its environment shows by chance)."""
     assert own.ok and through_gateway.ok, (own.errors, through_gateway.errors)
     assert through_gateway.stop_condition == own.stop_condition
     assert through_gateway.rewards == own.rewards
     assert calls_of(through_gateway) == calls_of(own)
-    assert branch_messages(through_gateway) == branch_messages(own)
+    assert messages(through_gateway) == messages(own)
     assert completion_ids(through_gateway) == served
 
 
