@@ -149,22 +149,31 @@ class SandboxRegistry:
 
     def enforce_sandbox(self, sb: LocalSandbox, ended: object = None) -> bool:
         """Stop ``sb`` if it is past a limit (``ended``: a command that just ended, which
-        the limit may have ended); whether it was stopped now."""
-        if sb.breach is not None or sb.dead:
+        the limit may have ended); whether it was stopped now.
+
+        ``ended`` counts among the commands the stop ended also when the sandbox was
+        stopped already: a command the limit ended (a fork refused, its shell gone) can
+        exit just before the reaper thread stops the sandbox, and its caller must still
+        be told why."""
+        if sb.dead:
             return False
-        try:
-            why = limits.breach(
-                sb.limits, sb.cgroup, {}, sb.disk_image is not None, str(sb.dirs.base)
-            )
-        except OSError:
-            return False  # being removed meanwhile
-        if why is None:
-            return False
-        with sb.lock:
-            sb.stopped_leaders = {p.pid for p in sb.procs if p.poll() is None}  # type: ignore[attr-defined]
+        why = None
+        if sb.breach is None:
+            try:
+                why = limits.breach(
+                    sb.limits, sb.cgroup, {}, sb.disk_image is not None, str(sb.dirs.base)
+                )
+            except OSError:
+                return False  # being removed meanwhile
+            if why is None:
+                return False
+        with sb.lock:  # one stop: the reaper thread and a command's end may both see it
             if ended is not None:
                 sb.stopped_leaders.add(ended.pid)  # type: ignore[attr-defined]
-        sb.breach = why
+            if sb.breach is not None or why is None:
+                return False
+            sb.stopped_leaders |= {p.pid for p in sb.procs if p.poll() is None}  # type: ignore[attr-defined]
+            sb.breach = why
         logger.warning("Local sandbox %s stopped: %s", sb.id, why)
         self._kill_everything(sb)
         return True

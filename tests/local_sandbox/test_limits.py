@@ -92,6 +92,33 @@ async def test_disk_fill_is_stopped_at_the_disk_limit(client: LocalSandboxClient
     await sibling_works(client, sibling)
 
 
+async def test_a_job_the_limit_ended_says_why_when_the_stop_came_after_it(root: Path) -> None:
+    """A job the limit ended (its write refused, a fork refused) can exit by itself just
+    before the reaper thread stops its sandbox: its status still says why. Driven without
+    the thread: the stop runs after the job has exited (the disk watchdog's limit, no
+    file system of its own: two files of 24 MiB, each under the per-process file size
+    limit, then the job exits 3)."""
+    client = make_client(root, IsolationMode.PROCESS_GROUP, enforce_limits=False)
+    try:
+        sid = await new(client, disk_mib=32)
+        fill = 'cd "$HOME"; for i in 1 2; do head -c 25165824 /dev/zero > f$i; done'
+        job = await client.start_background_job(sid, f"{fill}; touch ended; exit 3")
+        ended = client.root / sid / "work" / "ended"
+        for _ in range(3000):
+            if ended.exists():
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError(f"the job never wrote {ended}")
+        await asyncio.sleep(0.5)  # the job's shell has exited: only the stop is left
+        assert client.enforce_limits() == [sid]
+        status = await finished(client, sid, job)
+        assert status.exit_code == 3
+        assert "disk limit (32 MiB) reached" in (status.stderr or ""), status.stderr
+    finally:
+        client.teardown()
+
+
 async def test_memory_hog_is_stopped_at_the_memory_limit(client: LocalSandboxClient) -> None:
     hog, sibling = await new(client, memory_mib=64), await new(client)
     grab = f"{sys.executable} -c 'x = bytearray(256 << 20); print(len(x))'"
