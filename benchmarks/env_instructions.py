@@ -26,7 +26,12 @@ benchmark measures the one its interpreter has (``--stack`` to say which):
   verifiers 0.3, so that only the package's code differs. verifiers 0.1.11's own
   experimental mixin cannot run it (another verifiers, no gateway mode of this
   protocol, no local sandboxes); ``benchmarks/burst_compare.py`` compares against it
-  on fakes, in CPU time.
+  on fakes, in CPU time. ``--sandbox process`` runs the agents in
+  ``benchmarks/process_sandbox.py``'s sandboxes instead of the package's local ones (the
+  same code for both sides, through the mixin's ``sandbox_client`` seam): a real agent
+  process each, waited for without polling, deleted without a scan of ``/proc``, so that
+  a rollout's count follows the mixin's code and not the machine's timing or its
+  number of processes, as the local sandboxes' does.
 * ``v1`` (verifiers 0.4, ``examples/fix_bug_v1``, v1's subprocess runtime):
   **instructions per turn**, in two modes, the same v1 agent and tasks:
   ``gateway`` (:class:`rollout_gateway.v1.GatewayInterception`: the agent calls the
@@ -46,6 +51,8 @@ in both and cancels. Counted processes run with ``PYTHONHASHSEED=0`` and one BLA
 (OpenBLAS's idle workers spin by the wall clock), on bytecode compiled beforehand. ::
 
     .ci-venv/bin/python benchmarks/env_instructions.py --quick --compare-source /tmp/env-base
+    .ci-venv/bin/python benchmarks/env_instructions.py --compare-source /tmp/env-base \
+        --sandbox process
     .ci-venv-v1/bin/python benchmarks/env_instructions.py --quick
     .ci-venv-v1/bin/python benchmarks/env_instructions.py --contexts 1024,32768
 
@@ -99,6 +106,8 @@ GRACE_S = 5.0
 START_TIMEOUT_S = 2400.0
 STACKS = ("classic", "v1")
 V1_MODES = ("gateway", "v1")
+#: The classic env's sandboxes: ``_sandbox_client``.
+SANDBOXES = ("local", "process")
 
 
 # -- the counted env process -----------------------------------------------------------------
@@ -127,9 +136,8 @@ async def _classic_env(args: argparse.Namespace, go: asyncio.Event, stop: asynci
     from openai import AsyncOpenAI
 
     from rollout_gateway.examples.fix_bug_env import env as fix_bug
-    from rollout_gateway.local_sandbox import LocalSandboxClient
 
-    sandboxes = LocalSandboxClient(isolation=args.isolation)
+    sandboxes = _sandbox_client(args)
     env = fix_bug.load_environment(
         num_examples=1, use_gateway=True, sandbox_backend="local", sandbox_client=sandboxes,
         gateway={"tunnel_provider": "direct", "admin_token": ADMIN_TOKEN},
@@ -147,16 +155,29 @@ async def _classic_env(args: argparse.Namespace, go: asyncio.Event, stop: asynci
     for _ in range(args.count):
         output = await env.run_rollout(
             dict(data), client, "scripted", {"temperature": 0.0, "max_tokens": 512},
-            state_columns=["trajectory"],
+            state_columns=["trajectory", "agent_polls"],
         )  # fmt: skip
         error = output.get("error")
         outcomes.append({"reward": output.get("reward"), "error": repr(error) if error else None,
-                         "turns": len(output.get("trajectory") or [])})  # fmt: skip
+                         "turns": len(output.get("trajectory") or []),
+                         "polls": output.get("agent_polls")})  # fmt: skip
     Path(args.result).write_text(json.dumps(outcomes))
     _say(DONE)
     await stop.wait()
     await env._teardown()
     sandboxes.teardown()
+
+
+def _sandbox_client(args: argparse.Namespace) -> Any:
+    """The classic env's sandboxes (``--sandbox``): local sandboxes (the package's, of the
+    checkout counted), or ``process_sandbox``'s, the same code for both checkouts."""
+    if args.sandbox == "process":
+        from process_sandbox import ProcessSandboxClient
+
+        return ProcessSandboxClient()
+    from rollout_gateway.local_sandbox import LocalSandboxClient
+
+    return LocalSandboxClient(isolation=args.isolation)
 
 
 async def _v1_env(args: argparse.Namespace, go: asyncio.Event, stop: asyncio.Event) -> None:
@@ -282,7 +303,8 @@ def run_pair(pair: list[CountedEnv], timeout: float) -> list[int]:
 
 def _counted_cmd(args: argparse.Namespace, stack: str, *extra: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--run-env", stack,
-            "--url", args.url, "--isolation", args.isolation, *extra]  # fmt: skip
+            "--url", args.url, "--isolation", args.isolation, "--sandbox", args.sandbox,
+            *extra]  # fmt: skip
 
 
 def _path_env(source: str | None) -> dict[str, str]:
@@ -313,8 +335,10 @@ def measure_classic(args: argparse.Namespace, directory: Path) -> dict[str, floa
         short, long = counts[2 * index : 2 * index + 2]
         figures[side] = (long - short) / args.rollouts
         per = figures[side] / 1e6
+        polls = [[o["polls"] for o in env.outcomes()] for env in envs[2 * index : 2 * index + 2]]
         print(f"  {side}: {short:,} instructions ({args.rollouts} rollouts), {long:,} "
-              f"({2 * args.rollouts}): {per:.2f} M per rollout", flush=True)  # fmt: skip
+              f"({2 * args.rollouts}): {per:.2f} M per rollout; the agent's sandbox "
+              f"asked {polls} times a rollout", flush=True)  # fmt: skip
     return figures
 
 
@@ -478,6 +502,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--turns-long", type=int, default=6, help="v1: turns per rollout, long tasks")
     add("--isolation", default="process-group",
         help="the local sandboxes' isolation (classic; default process-group)")  # fmt: skip
+    add("--sandbox", choices=SANDBOXES, default="local",
+        help="classic: the package's local sandboxes (default), or process: "
+        "benchmarks/process_sandbox.py, whose cost does not follow the machine")  # fmt: skip
     add("--timeout", type=float, default=1800.0, help="seconds a pair's rollouts may take")
     add("--keep", type=Path, metavar="DIR", help="keep the count files and logs in DIR")
     add("--profile", action="store_true",

@@ -20,7 +20,7 @@ from stacks import STACK
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 #: Modules under benchmarks/ that other benchmarks import (no command line of their own).
-HELPERS = {"burst_world.py"}
+HELPERS = {"burst_world.py", "process_sandbox.py"}
 #: Benchmarks that import verifiers 0.4 at start (the docs say so for each).
 V1_ONLY = {"tito_branches.py", "v1_interception_cpu.py"}
 
