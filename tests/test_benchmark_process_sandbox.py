@@ -44,9 +44,9 @@ async def test_a_command_runs_in_the_sandbox_with_its_environment(tmp_path: Path
 async def test_a_background_job_is_seen_to_exit_with_its_output(tmp_path: Path) -> None:
     client = ProcessSandboxClient(root=tmp_path)
     sandbox = await client.create(_request())
-    job = await client.start_background_job(sandbox.id, "echo started; sleep 0.2; exit 5")
+    job = await client.start_background_job(sandbox.id, "echo started; sleep 2; exit 5")
     assert not (await client.get_background_job(sandbox.id, job)).completed
-    for _ in range(100):
+    for _ in range(600):
         status = await client.get_background_job(sandbox.id, job)
         if status.completed:
             break
