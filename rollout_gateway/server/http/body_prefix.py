@@ -77,6 +77,8 @@ def loads_extending(raw: bytes, previous: BodyPrefix | None = None) -> ParsedBod
 
 def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
     """``raw`` parsed as ``previous``'s body with items added (``None``: it is not)."""
+    if not previous.items:  # "[" then "," would be no JSON: such a list starts no chain
+        return None
     before, end = previous.raw, previous.end
     close = len(raw) - (len(before) - end)  # where the list would close in raw
     if close < end:

@@ -219,3 +219,17 @@ def test_a_body_changed_after_its_parse_leaves_the_next_parse_alone() -> None:
         parsed = loads_extending(raw, parsed.prefix)
         same_parse(parsed, raw)
         assert parsed.conversation is None and parsed.messages_text is None  # a chain
+
+
+@pytest.mark.parametrize("key", ["input", "messages"])
+def test_an_empty_history_then_a_comma_is_refused_as_a_whole_parse_refuses_it(key: str) -> None:
+    """``[]`` then ``[,item]``: no JSON (the comma follows no item), so no chain may read
+    it as ``[item]``; a well-formed next body still parses."""
+    raw = orjson.dumps({"model": "m", key: []})
+    previous = loads_extending(raw).prefix
+    assert previous is not None
+    bad = raw.replace(b"[]", b'[,{"role":"user","content":"x"}]')
+    assert outcome(bad, previous) == fresh_outcome(bad)
+    assert isinstance(fresh_outcome(bad), tuple)  # refused
+    good = raw.replace(b"[]", b'[{"role":"user","content":"x"}]')
+    same_parse(loads_extending(good, previous), good)
