@@ -55,12 +55,16 @@ class RecordingUpstream:
     latency_s: float = 0.0
     with_tokens: bool = True
     requests: list[dict[str, Any]] = field(default_factory=list)
+    #: The requests' bodies as sent.
+    bodies: list[bytes] = field(default_factory=list)
     events: list[tuple[str, str, float]] = field(default_factory=list)
     model_probes: int = 0
 
     def app(self) -> Starlette:
         async def chat(request: Request) -> Response:
-            body = json.loads(await request.body())
+            raw = await request.body()
+            self.bodies.append(raw)
+            body = json.loads(raw)
             self.requests.append(body)
             tag = str(body["messages"][-1].get("content"))
             self.events.append(("start", tag, time.perf_counter()))

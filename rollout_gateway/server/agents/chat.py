@@ -60,6 +60,7 @@ from rollout_gateway.server.engines.upstream_request import (
     validate_max_tokens,
 )
 from rollout_gateway.server.http import jsonio
+from rollout_gateway.server.http.body_prefix import loads_extending
 from rollout_gateway.server.http.jsonio import JSONBytesResponse
 from rollout_gateway.server.http.responses import (
     ApiError,
@@ -119,8 +120,13 @@ class ChatTurns:
             fingerprint = dialect_fingerprint(dialect, fingerprint)
         if record.status != "active":  # may be refused before its body is parsed
             await self._refuse_early(record, fingerprint, request)
-        body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
-        del raw  # only the parsed body lives on, without what is never read
+        if dialect is CHAT:
+            body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw))
+        else:  # the history its previous body repeated is not parsed again
+            loads = functools.partial(loads_extending, previous=record.body_prefix)
+            body = await parse_json_object(raw, lambda raw: intake.parse(lease, raw, loads))
+            record.body_prefix = lease.prefix
+        del raw  # only the parsed body lives on (and a dialect body's prefix)
         lease.drop_raw()
         body, messages, parsed = await self._checked(body, record, dialect, lease)
         turn = self._joined(record, fingerprint, request)

@@ -9,7 +9,10 @@ request's (one C comparison of the lists, the usual case) as they are: a turn tr
 what the agent added since. The memo is a cache checked by equality, never trusted: a
 request that rewrote its history, or a memo of another request, only costs a full
 translation. Its holder (the rollout) keeps the previous request's parsed messages alive
-until the next one, about what the chat path's history keeps.
+until the next one, about what the chat path's history keeps. A body the intake parsed
+from the previous body's bytes (:mod:`~rollout_gateway.server.http.body_prefix`) holds
+the previous request's items themselves: the comparison then meets the same objects
+(an identity each), and no conversation text is written for it.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 from starlette.types import Receive
 
 from rollout_gateway.options import POSITIVE_INT, SHARE, option
+from rollout_gateway.server.http.body_prefix import BodyPrefix
 from rollout_gateway.server.http.budget import ByteBudget
 from rollout_gateway.server.http.connections import ReadTimer
 from rollout_gateway.server.http.jsonio import (
@@ -202,7 +203,9 @@ class BodyLease:
     """What one request holds of a :class:`BodyIntake`'s budgets (release it once the
     request is answered: :meth:`release` is idempotent)."""
 
-    __slots__ = ("_intake", "key", "raw", "cost", "big", "messages_text", "conversation")
+    __slots__ = (
+        "_intake", "key", "raw", "cost", "big", "messages_text", "conversation", "prefix"
+    )  # fmt: skip
 
     def __init__(self, intake: BodyIntake, key: str) -> None:
         self._intake = intake
@@ -220,6 +223,9 @@ class BodyLease:
         #: Its body's conversation list as JSON, when the parse wrote it (a dialect's
         #: parse compares it with the rollout's previous request's).
         self.conversation: ConversationText | None = None
+        #: Its body's conversation list in its bytes, when the parse found it (see
+        #: :func:`~.body_prefix.loads_extending`).
+        self.prefix: BodyPrefix | None = None
 
     async def hold_raw(self, nbytes: int) -> None:
         """Hold ``nbytes`` more of the body bytes budget (waits for room)."""
@@ -349,17 +355,21 @@ class BodyIntake:
                 self._charge(lease.key, read_timer.seconds)
         return raw
 
-    async def parse(self, lease: BodyLease, raw: bytes) -> Any:
+    async def parse(
+        self, lease: BodyLease, raw: bytes, loads: Callable[[bytes], Any] | None = None
+    ) -> Any:
         """``raw`` parsed (see the module docstring; raises ``JSONDecodeError``,
-        ``TooDeepError`` or the 413 :class:`ApiError` ``request_too_complex``)."""
-        parsed = await self._parse(lease, raw)
+        ``TooDeepError`` or the 413 :class:`ApiError` ``request_too_complex``), by
+        ``loads`` when given (a dialect's: :func:`~.body_prefix.loads_extending`)."""
+        parsed = await self._parse(lease, raw, self._loads if loads is None else loads)
         if isinstance(parsed, ParsedBody):
             lease.messages_text = parsed.messages_text
             lease.conversation = parsed.conversation
+            lease.prefix = parsed.prefix
             return parsed.value
         return parsed
 
-    async def _parse(self, lease: BodyLease, raw: bytes) -> Any:
+    async def _parse(self, lease: BodyLease, raw: bytes, loads: Callable[[bytes], Any]) -> Any:
         limits = self.limits
         size = len(raw)
         if size <= limits.big_body_bytes:
@@ -368,7 +378,7 @@ class BodyIntake:
                 lease.cost += cost
             else:
                 await lease.hold_cost(cost)
-            return self._loads(raw)
+            return loads(raw)
         lease.big = True
         spent = [0.0]
         try:
@@ -380,7 +390,7 @@ class BodyIntake:
             if self._slots is None:
                 self._slots = asyncio.Semaphore(limits.max_concurrent_parses)
             async with self._slots:
-                return await asyncio.to_thread(self._timed, spent, self._loads, raw)
+                return await asyncio.to_thread(self._timed, spent, loads, raw)
         finally:
             self._charge(lease.key, spent[0])
 

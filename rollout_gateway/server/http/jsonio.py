@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 from starlette.responses import Response
+
+if TYPE_CHECKING:
+    from rollout_gateway.server.http.body_prefix import BodyPrefix
 
 #: Bodies larger than this are parsed in a worker thread so that one big request does
 #: not stall every other rollout's turn on the event loop (orjson releases nothing, but a
@@ -91,6 +94,9 @@ class ParsedBody(NamedTuple):
     messages_text: bytes | memoryview | None = None
     #: The text of its ``input`` list (a Responses body; see :meth:`conversation_text`).
     conversation: ConversationText | None = None
+    #: Where its conversation list is in its bytes, for the next body's parse
+    #: (:func:`~.body_prefix.loads_extending` only).
+    prefix: BodyPrefix | None = None
 
     def conversation_text(self) -> ConversationText | None:
         """The text of the body's ``input`` list, or of its ``messages`` list."""

@@ -96,6 +96,10 @@ class RolloutRecord:
     #: (:mod:`~rollout_gateway.server.dialects.memo`): a cache checked by equality, not
     #: persisted (the next parse after a restart translates everything).
     dialect_memo: Any = None
+    #: The rollout's previous dialect body's bytes and where its conversation is in them
+    #: (:class:`~rollout_gateway.server.http.body_prefix.BodyPrefix`): the next body's
+    #: parse skips the history it repeats. Not persisted either.
+    body_prefix: Any = None
     #: ``sampling_params`` flattened (:attr:`flat_sampling`), made on first use.
     _flat_sampling: FlatSampling | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -1,0 +1,150 @@
+"""A dialect request body parsed from the previous one's: its repeated history not parsed again.
+
+An agent sends the whole conversation every turn, and a Messages or Responses body holds
+about three times the JSON objects of the same chat body: orjson builds every one of
+them, the depth check writes them all again, and the next turn frees them (and a
+Messages body's long system prompt, a string outside the list, is built and compared
+again). So the rollout keeps its previous body's bytes, where its conversation list
+starts and ends in them, the list as parsed and the body's other values
+(:class:`BodyPrefix`). A body that repeats those bytes up to the list's last item, then
+adds items (``,`` and more), then ends with the previous body's bytes from the list's
+closing bracket on, is the previous body with items added: only the new items are
+parsed (and depth-checked); the body is a new dict of the previous body's other values
+(the very objects, as the list's previous items are) and a new list of the previous
+items and the new ones. Anything else is parsed whole (:func:`~.jsonio.loads_chat_body`),
+which raises as it always did.
+
+Exact: the bytes before the list's end and after it are the previous body's, and the
+new items' text parsed alone as ``[`` + text + ``]`` is one list (brackets balanced:
+the list closes where the previous body's did), so the whole body is the previous body's
+values with those items added, as a parse of it would build. A body starts a chain only
+when it is exactly orjson's writing of what it parsed to (compact, no repeated key: the
+Python and JavaScript SDKs write so), so that where its list starts and ends is known;
+the bodies after it need not be (their new items' text is parsed as it is). The values
+are shared from turn to turn, as the dialect's memo shares them already: nothing changes
+a body's values after its parse (its dict and its list are the caller's own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from rollout_gateway.server.http.jsonio import (
+    MAX_BODY_DEPTH,
+    ParsedBody,
+    check_depth,
+    loads_chat_body,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BodyPrefix:
+    """A body's bytes and its conversation list in them (see the module docstring)."""
+
+    #: The body as the agent sent it.
+    raw: bytes
+    #: Where the list's opening bracket is in ``raw``.
+    start: int
+    #: Where its closing bracket is (the previous body's bytes before it are repeated).
+    end: int
+    #: The body's field the list is (``input``, ``messages``).
+    field: str
+    #: The list as parsed (its items are never changed after the parse): a copy of the
+    #: body's list, never handed out itself.
+    items: list[Any]
+    #: The body's values as parsed, in its order (its list's value stale): a copy of
+    #: the one handed out, never handed out itself.
+    others: dict[str, Any]
+
+
+def loads_extending(raw: bytes, previous: BodyPrefix | None = None) -> ParsedBody:
+    """:func:`~.jsonio.loads_chat_body` of ``raw``, with its :class:`BodyPrefix`
+    (:attr:`~.jsonio.ParsedBody.prefix`) for the next body: only the items after
+    ``previous``'s parsed when ``raw`` repeats it (then without the conversation's
+    text: the dialect's memo finds the repeated items by identity)."""
+    if previous is UNWRITTEN:  # the rollout's bodies are not orjson's writing
+        return loads_chat_body(raw)._replace(prefix=UNWRITTEN)
+    if previous is not None:
+        parsed = _extended(raw, previous)
+        if parsed is not None:
+            return parsed
+    parsed = loads_chat_body(raw)
+    return parsed._replace(prefix=_prefix_of(raw, parsed))
+
+
+def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
+    """``raw`` parsed as ``previous``'s body with items added (``None``: it is not)."""
+    if not previous.items:  # "[" then "," would be no JSON: such a list starts no chain
+        return None
+    before, end = previous.raw, previous.end
+    close = len(raw) - (len(before) - end)  # where the list would close in raw
+    if close < end:
+        return None
+    if close > end and raw[end] != _COMMA:  # (an index: an int, no slice)
+        return None
+    if not raw.endswith(memoryview(before)[end:]) or not raw.startswith(memoryview(before)[:end]):
+        return None
+    view = memoryview(raw)
+    try:
+        added: Any = []
+        if close > end:
+            added = orjson.loads(b"".join((b"[", view[end + 1 : close], b"]")))
+            if not added:  # "[a,]": the comma of no item, which a whole parse refuses
+                return None
+            check_depth(added, MAX_BODY_DEPTH - 1)  # (it sits one level below the body)
+    except ValueError:  # (JSONDecodeError, TooDeepError): the whole parse raises its own
+        return None
+    field, others = previous.field, previous.others
+    value = others.copy()  # the same bytes around the list: the same values
+    items = previous.items + added if added else previous.items
+    value[field] = items.copy()  # (the caller's own list, as the dict is)
+    return ParsedBody(value, prefix=BodyPrefix(raw, previous.start, close, field, items, others))
+
+
+def _prefix_of(raw: bytes, parsed: ParsedBody) -> BodyPrefix | None:
+    """``raw``'s :class:`BodyPrefix` when ``raw`` is exactly orjson's writing of
+    ``parsed`` (the list's place then known); :data:`UNWRITTEN` when it is not (an agent
+    writes every body alike: its next ones are not tried, which costs a write of the
+    body's other values, a long system prompt among them); ``None`` when it has no
+    conversation list."""
+    value = parsed.value
+    if parsed.conversation is not None:
+        conversation = parsed.conversation
+        field = conversation.field
+        text: bytes | memoryview = memoryview(conversation.text)[
+            conversation.head : len(conversation.text) - conversation.tail
+        ]
+    elif parsed.messages_text is not None:
+        field, text = "messages", parsed.messages_text
+    else:
+        return None
+    items = value[field]
+    value[field] = _LIST_MARK
+    try:
+        written = orjson.dumps(value)
+    finally:
+        value[field] = items
+    start = written.index(0)
+    end = start + len(text) - 1
+    if (
+        len(raw) != len(written) - 1 + len(text)
+        or not raw.startswith(memoryview(written)[:start])
+        or not raw.startswith(text, start)
+        or not raw.endswith(memoryview(written)[start + 1 :])
+    ):
+        return UNWRITTEN
+    return BodyPrefix(raw, start, end, field, items.copy(), value.copy())
+
+
+#: The :class:`BodyPrefix` of a body that is not orjson's writing of its values (the
+#: rollout's next bodies are parsed whole, and not tried).
+UNWRITTEN = BodyPrefix(b"", 0, 0, "", [], {})
+_COMMA = ord(",")
+#: Written where the conversation list goes (orjson writes a raw NUL only from a
+#: fragment: in strings it is ``\u0000``), to find where the list starts.
+_LIST_MARK = orjson.Fragment(b"\x00")
+
+__all__ = ["UNWRITTEN", "BodyPrefix", "loads_extending"]
