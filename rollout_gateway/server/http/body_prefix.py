@@ -58,6 +58,8 @@ class BodyPrefix:
     #: The body's values as parsed, in its order (its list's value stale): a copy of
     #: the one handed out, never handed out itself.
     others: dict[str, Any]
+    #: How many bodies in a row before this one did not extend their previous one.
+    misses: int = 0
 
 
 def loads_extending(raw: bytes, previous: BodyPrefix | None = None) -> ParsedBody:
@@ -72,7 +74,10 @@ def loads_extending(raw: bytes, previous: BodyPrefix | None = None) -> ParsedBod
         if parsed is not None:
             return parsed
     parsed = loads_chat_body(raw)
-    return parsed._replace(prefix=_prefix_of(raw, parsed))
+    misses = 0 if previous is None else previous.misses + 1
+    if misses >= MAX_MISSES:  # this agent's bodies do not extend each other: stop trying
+        return parsed._replace(prefix=UNWRITTEN)
+    return parsed._replace(prefix=_prefix_of(raw, parsed, misses))
 
 
 def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
@@ -104,7 +109,7 @@ def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
     return ParsedBody(value, prefix=BodyPrefix(raw, previous.start, close, field, items, others))
 
 
-def _prefix_of(raw: bytes, parsed: ParsedBody) -> BodyPrefix | None:
+def _prefix_of(raw: bytes, parsed: ParsedBody, misses: int) -> BodyPrefix | None:
     """``raw``'s :class:`BodyPrefix` when ``raw`` is exactly orjson's writing of
     ``parsed`` (the list's place then known); :data:`UNWRITTEN` when it is not (an agent
     writes every body alike: its next ones are not tried, which costs a write of the
@@ -136,15 +141,22 @@ def _prefix_of(raw: bytes, parsed: ParsedBody) -> BodyPrefix | None:
         or not raw.endswith(memoryview(written)[start + 1 :])
     ):
         return UNWRITTEN
-    return BodyPrefix(raw, start, end, field, items.copy(), value.copy())
+    return BodyPrefix(raw, start, end, field, items.copy(), value.copy(), misses)
 
 
-#: The :class:`BodyPrefix` of a body that is not orjson's writing of its values (the
+#: The :class:`BodyPrefix` of a body that is not orjson's writing of its values, or of
+#: the :data:`MAX_MISSES`-th body in a row that did not extend its previous one (the
 #: rollout's next bodies are parsed whole, and not tried).
 UNWRITTEN = BodyPrefix(b"", 0, 0, "", [], {})
+#: Bodies in a row that may fail to extend their previous one before a rollout stops
+#: trying (each costs a write of the body's other values to find its list): an agent
+#: that moves a cache breakpoint along its history every turn (Claude Code) or writes
+#: new metadata after the list every turn (Codex's ``client_metadata``) never extends
+#: its previous body; one that rewrote its history once (a compaction) does again.
+MAX_MISSES = 2
 _COMMA = ord(",")
 #: Written where the conversation list goes (orjson writes a raw NUL only from a
 #: fragment: in strings it is ``\u0000``), to find where the list starts.
 _LIST_MARK = orjson.Fragment(b"\x00")
 
-__all__ = ["UNWRITTEN", "BodyPrefix", "loads_extending"]
+__all__ = ["MAX_MISSES", "UNWRITTEN", "BodyPrefix", "loads_extending"]

@@ -12,7 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from rollout_gateway.server.http.body_prefix import UNWRITTEN, BodyPrefix, loads_extending
+from rollout_gateway.server.http.body_prefix import (
+    MAX_MISSES,
+    UNWRITTEN,
+    BodyPrefix,
+    loads_extending,
+)
 from rollout_gateway.server.http.jsonio import (
     MAX_BODY_DEPTH,
     SPLICE_MIN_BYTES,
@@ -233,3 +238,40 @@ def test_an_empty_history_then_a_comma_is_refused_as_a_whole_parse_refuses_it(ke
     assert isinstance(fresh_outcome(bad), tuple)  # refused
     good = raw.replace(b"[]", b'[{"role":"user","content":"x"}]')
     same_parse(loads_extending(good, previous), good)
+
+
+def test_bodies_that_never_extend_the_previous_one_stop_the_chain() -> None:
+    """As Codex writes new ``client_metadata`` after its ``input`` every turn (Claude
+    Code moves its cache breakpoint along the history instead): after
+    :data:`MAX_MISSES` such bodies in a row the rollout is not tried again."""
+    body = first_body("codex_first_turn.json")
+    previous = None
+    for turn in range(MAX_MISSES + 1):
+        body = {**grown(body, "input", turn), "client_metadata": {"turn_id": f"t{turn}"}}
+        raw = orjson.dumps(body)
+        parsed = loads_extending(raw, previous)
+        same_parse(parsed, raw)
+        assert parsed.conversation is not None  # parsed whole every time
+        previous = parsed.prefix
+        assert previous is not None
+        if turn < MAX_MISSES:
+            assert previous is not UNWRITTEN and previous.misses == turn
+    assert previous is UNWRITTEN
+
+
+def test_a_history_rewritten_once_between_extensions_keeps_the_chain() -> None:
+    """A compaction rewrites the history once; the bodies after it extend it again."""
+    body = grown(first_body("codex_first_turn.json"), "input", 0)
+    previous = loads_extending(orjson.dumps(body)).prefix
+    compacted = {**body, "input": body["input"][:1]}
+    for turn in range(2 * MAX_MISSES):
+        raw = orjson.dumps(compacted)
+        parsed = loads_extending(raw, previous)  # a miss, then a chain from it
+        same_parse(parsed, raw)
+        assert parsed.prefix is not None and parsed.prefix.misses == 1
+        raw = orjson.dumps(grown(compacted, "input", turn))
+        extended = loads_extending(raw, parsed.prefix)
+        same_parse(extended, raw)
+        assert extended.conversation is None and extended.prefix is not None
+        assert extended.prefix.misses == 0
+        previous = extended.prefix
