@@ -11,7 +11,10 @@ adds items (``,`` and more), then ends with the previous body's bytes from the l
 closing bracket on, is the previous body with items added: only the new items are
 parsed (and depth-checked); the body is a new dict of the previous body's other values
 (the very objects, as the list's previous items are) and a new list of the previous
-items and the new ones. Anything else is parsed whole (:func:`~.jsonio.loads_chat_body`),
+items and the new ones. A body whose bytes after the list differ (new metadata every
+turn) has what follows the repeated bytes parsed alone (:func:`_tail_changed`). After
+:data:`MAX_MISSES` bodies in a row that extend nothing, a rollout is not tried again.
+Anything else is parsed whole (:func:`~.jsonio.loads_chat_body`),
 which raises as it always did.
 
 Exact: the bytes before the list's end and after it are the previous body's, and the
@@ -27,6 +30,7 @@ a body's values after its parse (its dict and its list are the caller's own).
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,22 +85,30 @@ def loads_extending(raw: bytes, previous: BodyPrefix | None = None) -> ParsedBod
 
 
 def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
-    """``raw`` parsed as ``previous``'s body with items added (``None``: it is not)."""
+    """``raw`` parsed as ``previous``'s body with items added, the bytes after the list
+    the same or not (``None``: it is not such a body)."""
     if not previous.items:  # "[" then "," would be no JSON: such a list starts no chain
         return None
     before, end = previous.raw, previous.end
-    close = len(raw) - (len(before) - end)  # where the list would close in raw
-    if close < end:
+    if len(raw) <= end or not raw.startswith(memoryview(before)[:end]):
         return None
+    close = len(raw) - (len(before) - end)  # where the list closes if what follows is the same
+    if close >= end and raw.endswith(memoryview(before)[end:]):
+        parsed = _items_added(raw, previous, close)
+        if parsed is not None:
+            return parsed
+    return _tail_changed(raw, previous)
+
+
+def _items_added(raw: bytes, previous: BodyPrefix, close: int) -> ParsedBody | None:
+    """``raw``: ``previous``'s bytes with items before its list's end (at ``close``)."""
+    end = previous.end
     if close > end and raw[end] != _COMMA:  # (an index: an int, no slice)
         return None
-    if not raw.endswith(memoryview(before)[end:]) or not raw.startswith(memoryview(before)[:end]):
-        return None
-    view = memoryview(raw)
     try:
         added: Any = []
         if close > end:
-            added = orjson.loads(b"".join((b"[", view[end + 1 : close], b"]")))
+            added = orjson.loads(b"".join((b"[", memoryview(raw)[end + 1 : close], b"]")))
             if not added:  # "[a,]": the comma of no item, which a whole parse refuses
                 return None
             check_depth(added, MAX_BODY_DEPTH - 1)  # (it sits one level below the body)
@@ -107,6 +119,51 @@ def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
     items = previous.items + added if added else previous.items
     value[field] = items.copy()  # (the caller's own list, as the dict is)
     return ParsedBody(value, prefix=BodyPrefix(raw, previous.start, close, field, items, others))
+
+
+def _tail_changed(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
+    """``raw``: ``previous``'s bytes up to its list's last item, then items or none,
+    the list's end and values of its own (an agent that writes new metadata after its
+    history every turn: Codex's ``client_metadata``). What follows the repeated bytes is
+    parsed as an object whose first value is the list's rest; the values before the list
+    are the previous body's. A chain goes on only when those values are written as
+    orjson writes them (the next body's list end is then known)."""
+    end = previous.end
+    mark = raw[end]
+    if mark != _COMMA and mark != _CLOSE:
+        return None
+    rest = memoryview(raw)[end + 1 if mark == _COMMA else end :]
+    try:
+        tail = orjson.loads(b"".join((_TAIL_OPEN, rest)))
+    except ValueError:
+        return None
+    if type(tail) is not dict or next(iter(tail)) != _TAIL_KEY:
+        return None
+    added = tail.pop(_TAIL_KEY)
+    if type(added) is not list or (mark == _COMMA and not added):  # "[a,]" is no JSON
+        return None
+    field, others = previous.field, previous.others
+    keys = list(others)
+    head = keys[: keys.index(field)]
+    if field in tail or not tail.keys().isdisjoint(head):  # a repeated key: parsed whole
+        return None
+    try:
+        check_depth(added, MAX_BODY_DEPTH - 1)
+        check_depth(tail)
+    except ValueError:
+        return None
+    written = orjson.dumps(tail)
+    after = b"]," + written[1:] if tail else b"]}"
+    if not raw.endswith(after):  # not orjson's writing: where the list ends is not known
+        return None
+    value = {key: others[key] for key in head}
+    items = previous.items + added if added else previous.items
+    value[field] = items.copy()
+    value.update(tail)
+    close = len(raw) - len(after)
+    return ParsedBody(
+        value, prefix=BodyPrefix(raw, previous.start, close, field, items, value.copy())
+    )
 
 
 def _prefix_of(raw: bytes, parsed: ParsedBody, misses: int) -> BodyPrefix | None:
@@ -155,6 +212,11 @@ UNWRITTEN = BodyPrefix(b"", 0, 0, "", [], {})
 #: its previous body; one that rewrote its history once (a compaction) does again.
 MAX_MISSES = 2
 _COMMA = ord(",")
+_CLOSE = ord("]")
+#: The key of the list's rest when what follows a repeated history is parsed as an
+#: object (:func:`_tail_changed`): one no agent can know, so that no body repeats it.
+_TAIL_KEY = "\x00" + secrets.token_hex(16)
+_TAIL_OPEN = orjson.dumps({_TAIL_KEY: 0})[:-2] + b"["
 #: Written where the conversation list goes (orjson writes a raw NUL only from a
 #: fragment: in strings it is ``\u0000``), to find where the list starts.
 _LIST_MARK = orjson.Fragment(b"\x00")

@@ -241,22 +241,48 @@ def test_an_empty_history_then_a_comma_is_refused_as_a_whole_parse_refuses_it(ke
 
 
 def test_bodies_that_never_extend_the_previous_one_stop_the_chain() -> None:
-    """As Codex writes new ``client_metadata`` after its ``input`` every turn (Claude
-    Code moves its cache breakpoint along the history instead): after
-    :data:`MAX_MISSES` such bodies in a row the rollout is not tried again."""
-    body = first_body("codex_first_turn.json")
+    """As Claude Code moves its cache breakpoint to the newest message every turn (its
+    history's bytes change where it was): after :data:`MAX_MISSES` such bodies in a row
+    the rollout is not tried again."""
+    body = first_body("claude_code_first_turn.json")
     previous = None
     for turn in range(MAX_MISSES + 1):
-        body = {**grown(body, "input", turn), "client_metadata": {"turn_id": f"t{turn}"}}
-        raw = orjson.dumps(body)
+        body = grown(body, "messages", turn)
+        moved = copy.deepcopy(body)
+        last = moved["messages"][-1]
+        for message in moved["messages"]:
+            message["cache_control"] = {"type": "ephemeral"} if message is last else None
+        raw = orjson.dumps(moved)
         parsed = loads_extending(raw, previous)
         same_parse(parsed, raw)
-        assert parsed.conversation is not None  # parsed whole every time
+        assert parsed.messages_text is not None  # parsed whole every time
         previous = parsed.prefix
         assert previous is not None
         if turn < MAX_MISSES:
             assert previous is not UNWRITTEN and previous.misses == turn
     assert previous is UNWRITTEN
+
+
+def test_new_values_after_the_history_every_turn_still_chain() -> None:
+    """As Codex writes a new ``client_metadata`` after its ``input`` every turn: the
+    history is not parsed again; what follows it is, and the body is a whole parse's."""
+    body = first_body("codex_first_turn.json")
+    previous = loads_extending(orjson.dumps(body)).prefix
+    for turn in range(4):
+        body = {**grown(body, "input", turn), "client_metadata": {"turn_id": f"t{turn}"}}
+        if turn == 2:
+            body["extra"] = [1, {"x": "y"}]  # a value more, after the history
+        raw = orjson.dumps(body)
+        parsed = loads_extending(raw, previous)
+        same_parse(parsed, raw)
+        assert parsed.conversation is None  # chained: the history not parsed again
+        previous = parsed.prefix
+        assert previous is not None and previous.misses == 0
+    # Values after it not written as orjson writes them: parsed whole, and no chain.
+    spaced = orjson.dumps(grown(body, "input", 9))[:-1] + b' , "z": 1}'
+    parsed = loads_extending(spaced, previous)
+    same_parse(parsed, spaced)
+    assert parsed.conversation is not None and parsed.prefix is UNWRITTEN
 
 
 def test_a_history_rewritten_once_between_extensions_keeps_the_chain() -> None:
