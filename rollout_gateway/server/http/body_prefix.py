@@ -41,6 +41,7 @@ from rollout_gateway.server.http.jsonio import (
     ParsedBody,
     check_depth,
     loads_chat_body,
+    written_around,
 )
 
 
@@ -184,12 +185,7 @@ def _prefix_of(raw: bytes, parsed: ParsedBody, misses: int) -> BodyPrefix | None
     else:
         return None
     items = value[field]
-    value[field] = _LIST_MARK
-    try:
-        written = orjson.dumps(value)
-    finally:
-        value[field] = items
-    start = written.index(0)
+    written, start = written_around(value, field)
     end = start + len(text) - 1
     if (
         len(raw) != len(written) - 1 + len(text)
@@ -217,8 +213,5 @@ _CLOSE = ord("]")
 #: object (:func:`_tail_changed`): one no agent can know, so that no body repeats it.
 _TAIL_KEY = "\x00" + secrets.token_hex(16)
 _TAIL_OPEN = orjson.dumps({_TAIL_KEY: 0})[:-2] + b"["
-#: Written where the conversation list goes (orjson writes a raw NUL only from a
-#: fragment: in strings it is ``\u0000``), to find where the list starts.
-_LIST_MARK = orjson.Fragment(b"\x00")
 
 __all__ = ["MAX_MISSES", "UNWRITTEN", "BodyPrefix", "loads_extending"]

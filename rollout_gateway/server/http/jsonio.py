@@ -173,9 +173,9 @@ def _written_last(
     return written, written.index(0, levels) + 2, levels + 1
 
 
-#: Written just before a body's conversation list by :func:`_written_last`: orjson
-#: writes a raw NUL byte only from a fragment (in strings it is ``\u0000``), so the
-#: text's first NUL is this one.
+#: Written just before a body's conversation list by :func:`_written_last`, and in place
+#: of a value by :func:`written_around`: orjson writes a raw NUL byte only from a
+#: fragment (in strings it is ``\u0000``), so the text's first NUL is this one.
 _LIST_MARK = orjson.Fragment(b"\x00")
 
 
@@ -297,9 +297,17 @@ class SplicedText:
         self.text = text
 
 
-#: Where :func:`dumps_request` splices a :class:`SplicedText` in: orjson writes a raw NUL
-#: byte only from a fragment (in strings it is ``\u0000``).
-_SPLICE_MARK = orjson.Fragment(b"\x00")
+def written_around(body: dict[str, Any], field: str) -> tuple[bytes, int]:
+    """``body`` written with a mark (a raw NUL byte) in place of its ``field`` value, and
+    where the mark is: the text before and after that value, whatever it is (orjson
+    writes a raw NUL only from a fragment; in strings it is ``\u0000``)."""
+    value = body[field]
+    body[field] = _LIST_MARK
+    try:
+        written = orjson.dumps(body)
+    finally:
+        body[field] = value
+    return written, written.index(0)
 
 
 def dumps_request(body: dict[str, Any]) -> bytes:
@@ -316,12 +324,7 @@ def dumps_request_pieces(body: dict[str, Any]) -> tuple[bytes | memoryview, ...]
     messages = body.get("messages")
     if type(messages) is not SplicedText:
         return (orjson.dumps(body),)
-    body["messages"] = _SPLICE_MARK
-    try:
-        written = orjson.dumps(body)
-    finally:
-        body["messages"] = messages
-    at = written.index(0)
+    written, at = written_around(body, "messages")
     view = memoryview(written)
     return view[:at], messages.text, view[at + 1 :]
 
@@ -359,4 +362,5 @@ __all__ = [
     "loads_lenient",
     "loads_off_loop",
     "spliced_history",
+    "written_around",
 ]
