@@ -22,7 +22,8 @@ a second later, as a supervisor would), Redis restarted once, an env process kil
 the SQLite gateway's state directory filled up for 20 s and freed, and the SQLite gateway
 killed and restarted once.
 
-Every 10 s: RSS, open fds and threads of every process; live sandboxes, their cgroups,
+Every 10 s: RSS, open fds, threads and CPU time of every process, the machine's busy
+CPU; live sandboxes, their cgroups,
 loop mounts and directories; SQLite file and WAL sizes; Redis memory and keys. At the end
 (envs drained, chaos stopped): the ledger check and the end-state counts (nothing may be
 left behind), ``samples.csv``, ``canary.csv``, ``events.json``, ``report.json`` and
@@ -43,6 +44,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import secrets
 import shutil
 import socket
@@ -60,6 +62,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_report import (  # noqa: E402
+    cpu_by_part,
     draw,
     latency_by_minute,
     latency_drift,
@@ -447,7 +450,7 @@ class Soak:
         return out
 
     def sample(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"t": round(self.now(), 1)}
+        row: dict[str, Any] = {"t": round(self.now(), 1), "machine_cpu_s": machine_busy_cpu_s()}
         for role, pid in self.processes().items():
             numbers = proc_numbers(pid)
             for name, value in numbers.items():
@@ -575,16 +578,34 @@ class Canary:
 
 
 def proc_numbers(pid: int) -> dict[str, float]:
-    """RSS (MiB), open fds and threads of ``pid`` from ``/proc``."""
+    """RSS (MiB), open fds, threads and CPU seconds so far of ``pid``, from ``/proc``.
+    Its children's CPU is not read: an agent's is not handed to the env process that
+    started it (bubblewrap's monitor does not wait for its sandbox's init)."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         with open(f"/proc/{pid}/status", "rb") as f:
             threads = next(int(line.split()[1]) for line in f if line.startswith(b"Threads:"))
+        with open(f"/proc/{pid}/stat", "rb") as f:  # after the name: utime is the 12th
+            utime, stime = map(int, f.read().rsplit(b")", 1)[1].split()[11:13])
     except (OSError, ValueError, StopIteration):
         return {}
-    return {"rss_mb": round(rss / 2**20, 2), "fds": fds, "threads": threads}
+    tick = os.sysconf("SC_CLK_TCK")
+    return {
+        "rss_mb": round(rss / 2**20, 2), "fds": fds, "threads": threads,
+        "cpu_s": (utime + stime) / tick,
+    }  # fmt: skip
+
+
+def machine_busy_cpu_s() -> float:
+    """CPU seconds every core of the machine has been busy since boot (``/proc/stat``):
+    the soak's own parts and whatever else the machine runs."""
+    with open("/proc/stat", "rb") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(
+            int, f.readline().split()[1:9]
+        )
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def count_cgroups(names: set[str]) -> int:
@@ -801,6 +822,7 @@ def report(soak: Soak, left: dict[str, Any], args: argparse.Namespace, out: Path
         "slopes": fitted,
         "latency_drift": drift,
         "latency_per_minute": latency_by_minute(soak.canary),
+        "cpu": cpu_by_part(soak.rows, ledger["counts"].get("started", 0), _own_cpu_s()),
         "health_changes": soak.health,
         "chaos": [
             e for e in soak.events if e["what"].startswith(("kill", "restart", "model", "fill"))
@@ -810,6 +832,12 @@ def report(soak: Soak, left: dict[str, Any], args: argparse.Namespace, out: Path
     (out / "report.json").write_text(json.dumps(summary, indent=1))
     print_summary(summary)
     return 0 if ledger["ok"] and leftovers_of(left) == 0 else 1
+
+
+def _own_cpu_s() -> float:
+    """The harness's own CPU seconds (its canary, sampler and health watch threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def leftovers_of(left: dict[str, Any]) -> int:
@@ -856,6 +884,14 @@ def print_summary(s: dict[str, Any]) -> None:
         reasons = "; ".join(change["reasons"])
         print(f"  {change['t']:7.1f}s {change['gateway']:9s} {change['status']} {reasons}")
     print("latency p99, last window over first:", json.dumps(s["latency_drift"]), "(<= 1.2)")
+    cpu = s["cpu"]
+    print(
+        f"CPU per rollout started ({cpu['started']} started, {cpu['span_s']:.0f} s sampled): "
+        + ", ".join(f"{name} {value:.3f} s" for name, value in cpu["cpu_s_per_rollout"].items())
+        + f"; these parts {cpu['total_cpu_s_per_rollout']:.3f} s. The machine was busy "
+        f"{cpu['machine_busy_cpu_s']} CPU-s, {cpu['rest_cpu_s_per_rollout']} s a rollout more "
+        "than these parts: the agents and their sandboxes, and any other work on the machine"
+    )
     print("png:", s["png"])
 
 

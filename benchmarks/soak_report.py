@@ -190,6 +190,57 @@ def slopes(rows: list[dict[str, float]], warmup_s: float) -> dict[str, dict[str,
     return out
 
 
+#: The deployment's parts, by the role a sample names a process with.
+_PARTS = (
+    ("env_", "env processes"),
+    ("gateway", "gateways on Redis"),
+    ("sqlite_gateway", "SQLite gateway"),
+    ("model", "scripted model"),
+    ("redis", "redis-server"),
+    ("haproxy", "HAProxy"),
+)
+
+
+def _part_of(role: str) -> str:
+    for prefix, name in _PARTS:
+        if role == prefix or (prefix in ("env_", "gateway") and role[: len(prefix)] == prefix):
+            return name
+    return role
+
+
+def cpu_by_part(rows: list[dict[str, Any]], started: int, harness_cpu_s: float) -> dict[str, Any]:
+    """CPU seconds each part of the deployment used over the run, in all and per rollout
+    started, and the machine's busy CPU seconds over the same samples beyond them: the
+    agents and their sandboxes (whose CPU no process's counters hold), and on a shared
+    machine any other work. From the samples, so what a process used after its last one
+    (at most ``SAMPLE_EVERY_S`` before a ``kill -9``) is not counted."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name.count(".") == 2 and name.endswith(".cpu_s"):
+                first.setdefault(name, value)
+                last[name] = value
+    used: dict[str, float] = defaultdict(float)
+    for name, value in last.items():
+        used[_part_of(name.split(".")[0])] += value - first[name]
+    used["soak harness (canary, sampler)"] = harness_cpu_s
+    busy = [row["machine_cpu_s"] for row in rows if "machine_cpu_s" in row]
+    total = sum(used.values())
+    machine = busy[-1] - busy[0] if len(busy) > 1 else None
+    per = max(started, 1)
+    return {
+        "started": started,
+        "cpu_s": {name: round(value, 1) for name, value in sorted(used.items())},
+        "cpu_s_per_rollout": {name: round(value / per, 3) for name, value in sorted(used.items())},
+        "total_cpu_s": round(total, 1),
+        "total_cpu_s_per_rollout": round(total / per, 3),
+        "machine_busy_cpu_s": None if machine is None else round(machine, 1),
+        "rest_cpu_s_per_rollout": None if machine is None else round((machine - total) / per, 3),
+        "span_s": round(rows[-1]["t"] - rows[0]["t"], 1) if rows else 0.0,
+    }
+
+
 def latency_by_minute(canary: list[dict[str, Any]]) -> list[dict[str, float]]:
     """Turn latency p50 / p99 (ms) of the canary's successful turns, per minute of run."""
     by_minute: dict[int, list[float]] = defaultdict(list)

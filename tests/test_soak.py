@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from soak_report import cpu_by_part  # noqa: E402
 
 
 def _requirements() -> str | None:
@@ -70,4 +73,29 @@ def test_quick_soak_loses_duplicates_and_leaves_nothing(tmp_path: Path) -> None:
         "kill -9 the SQLite",
     ):
         assert any(what.startswith(fault) for what in chaos), (fault, chaos)
+    cpu = report["cpu"]  # where each rollout's CPU went
+    assert cpu["cpu_s"]["env processes"] > 0 and cpu["cpu_s"]["gateways on Redis"] > 0, cpu
+    assert cpu["rest_cpu_s_per_rollout"] is not None, cpu
     assert run.returncode == 0, run.stdout[-4000:]
+
+
+def test_cpu_by_part_sums_each_process_of_a_part_and_divides_by_the_rollouts() -> None:
+    rows = [
+        {"t": 0.0, "machine_cpu_s": 100.0, "gateway0.100.cpu_s": 1.0,
+         "env_redis0.300.cpu_s": 2.0, "model.400.cpu_s": 1.0, "gateway0.100.rss_mb": 50.0},
+        {"t": 10.0, "machine_cpu_s": 130.0, "gateway0.100.cpu_s": 3.0,
+         "env_redis0.300.cpu_s": 4.0, "model.400.cpu_s": 2.0,
+         "gateway2.200.cpu_s": 0.5},  # a gateway restarted (killed): a new pid
+        {"t": 20.0, "machine_cpu_s": 150.0, "gateway2.200.cpu_s": 1.5,
+         "env_v1_0.500.cpu_s": 7.0},  # one sample only: nothing measured of it
+    ]  # fmt: skip
+    cpu = cpu_by_part(rows, started=10, harness_cpu_s=0.5)
+    assert cpu["cpu_s"] == {
+        "env processes": 2.0, "gateways on Redis": 3.0, "scripted model": 1.0,
+        "soak harness (canary, sampler)": 0.5,
+    }  # fmt: skip
+    assert cpu["total_cpu_s"] == 6.5 and cpu["total_cpu_s_per_rollout"] == 0.65
+    assert cpu["cpu_s_per_rollout"]["gateways on Redis"] == 0.3
+    # The machine was busy 50 CPU-s: 43.5 beyond the parts (agents, sandboxes, other work).
+    assert cpu["machine_busy_cpu_s"] == 50.0 and cpu["rest_cpu_s_per_rollout"] == 4.35
+    assert cpu["span_s"] == 20.0
