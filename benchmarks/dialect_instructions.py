@@ -8,7 +8,10 @@ counted. For each cell (dialect x streamed or not x context size) a fresh rollou
 that conversation costs the gateway (turns ``N+1 .. 2N``). The conversation is the same
 in every dialect (a system prompt padded to the cell's context in the scripted model's
 tokens, one byte each; the model answers a short text; the agent echoes it and adds a
-user message), in each dialect's own shape, as its official SDK sends it. The gateway
+user message), in each dialect's own shape, as its official SDK sends it; ``claude-code``
+is the Messages dialect as Claude Code writes it, a cache breakpoint on the system prompt
+and on the newest message's last block (it moves every turn: the previous last
+message's bytes change). The gateway
 is ``rollout-gateway serve`` with its timers quiet (:func:`serve_gateway`: its tick, its
 idle sweep and its health probe once an hour), so nothing in it runs by the wall clock
 during a cell: its idle count is printed first (a few hundred instructions in seconds),
@@ -56,7 +59,7 @@ from rollout_gateway import child_processes
 
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-DIALECTS = ("chat", "anthropic", "responses")
+DIALECTS = ("chat", "anthropic", "responses", "claude-code")
 START_TIMEOUT_S = 600.0
 #: Seconds between the counted gateway's timers (its tick, its sweep, its health probe).
 QUIET_S = 3600.0
@@ -136,7 +139,7 @@ def body(cell: Cell, system: str, answers: list[str]) -> tuple[str, dict[str, An
                 messages.append({"role": "assistant", "content": answers[i]})
         out: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 256}
         return "/chat/completions", out | ({"stream": True} if cell.stream else {})
-    if cell.dialect == "anthropic":
+    if cell.dialect in ("anthropic", "claude-code"):
         turns: list[dict[str, Any]] = []
         for i, user in enumerate(users):
             turns.append({"role": "user", "content": [{"type": "text", "text": user}]})
@@ -145,6 +148,9 @@ def body(cell: Cell, system: str, answers: list[str]) -> tuple[str, dict[str, An
                               "content": [{"type": "text", "text": answers[i]}]})  # fmt: skip
         out = {"model": "m", "max_tokens": 256, "system": [{"type": "text", "text": system}],
                "messages": turns, "stream": cell.stream}  # fmt: skip
+        if cell.dialect == "claude-code":  # its cache breakpoints: the newest message's
+            out["system"][0]["cache_control"] = {"type": "ephemeral"}
+            turns[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
         return "/v1/messages", out
     items: list[dict[str, Any]] = [
         {"type": "message", "role": "developer",
@@ -281,7 +287,8 @@ def run_cell(
     reg.raise_for_status()
     base = f"{gateway.root}/v1/rollouts/{rollout}"
     key = reg.json()["api_key"]
-    auth = {"x-api-key": key} if cell.dialect == "anthropic" else {"Authorization": f"Bearer {key}"}
+    messages_api = cell.dialect in ("anthropic", "claude-code")
+    auth = {"x-api-key": key} if messages_api else {"Authorization": f"Bearer {key}"}
     answers: list[str] = []
     counted = 0
     for turn in range(2 * turns):

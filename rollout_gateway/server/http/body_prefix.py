@@ -12,7 +12,9 @@ closing bracket on, is the previous body with items added: only the new items ar
 parsed (and depth-checked); the body is a new dict of the previous body's other values
 (the very objects, as the list's previous items are) and a new list of the previous
 items and the new ones. A body whose bytes after the list differ (new metadata every
-turn) has what follows the repeated bytes parsed alone (:func:`_tail_changed`). After
+turn) has what follows the repeated bytes parsed alone (:func:`_tail_changed`); one whose
+list's last item was rewritten (a cache breakpoint moved from it to the newest message)
+has that item and those after it parsed (:func:`_last_replaced`). After
 :data:`MAX_MISSES` bodies in a row that extend nothing, a rollout is not tried again.
 Anything else is parsed whole (:func:`~.jsonio.loads_chat_body`),
 which raises as it always did.
@@ -92,7 +94,7 @@ def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
         return None
     before, end = previous.raw, previous.end
     if len(raw) <= end or not raw.startswith(memoryview(before)[:end]):
-        return None
+        return _last_replaced(raw, previous)
     close = len(raw) - (len(before) - end)  # where the list closes if what follows is the same
     if close >= end and raw.endswith(memoryview(before)[end:]):
         parsed = _items_added(raw, previous, close)
@@ -120,6 +122,53 @@ def _items_added(raw: bytes, previous: BodyPrefix, close: int) -> ParsedBody | N
     items = previous.items + added if added else previous.items
     value[field] = items.copy()  # (the caller's own list, as the dict is)
     return ParsedBody(value, prefix=BodyPrefix(raw, previous.start, close, field, items, others))
+
+
+def _last_replaced(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
+    """``raw``: ``previous``'s bytes up to its list's last item, that item rewritten and
+    items after it, then ``previous``'s bytes from its list's end on (Claude Code moves
+    its cache breakpoint from the last message to the newest every turn, and rewrites a
+    system message it marked as a string). The rewritten item and the new ones are
+    parsed as ``[`` + text + ``]``: one list, so the brackets close where the previous
+    body's did; the items before it are the previous body's. Where that item starts is
+    found only now (a body that extends its previous one never needs it)."""
+    end, before = previous.end, previous.raw
+    last = _last_start(before, end, previous.items)
+    if last is None:
+        return None
+    close = len(raw) - (len(before) - end)  # where the list closes if what follows is the same
+    if (
+        close < last
+        or not raw.startswith(memoryview(before)[:last])
+        or not raw.endswith(memoryview(before)[end:])
+    ):
+        return None
+    try:
+        rest = orjson.loads(b"".join((b"[", memoryview(raw)[last:close], b"]")))
+        if not rest and len(previous.items) > 1:  # "[a,]": a comma of no item
+            return None
+        check_depth(rest, MAX_BODY_DEPTH - 1)  # (it sits one level below the body)
+    except ValueError:  # (JSONDecodeError, TooDeepError): the whole parse raises its own
+        return None
+    field, others = previous.field, previous.others
+    value = others.copy()  # the same bytes around the list: the same values
+    items = previous.items[:-1] + rest
+    value[field] = items.copy()
+    return ParsedBody(value, prefix=BodyPrefix(raw, previous.start, close, field, items, others))
+
+
+def _last_start(raw: bytes, close: int, items: list[Any]) -> int | None:
+    """Where ``items``' last one starts in ``raw``, the list closing at ``close``, when
+    it is written as orjson writes it (``None``: it is not, or there is none). A JSON
+    value's text that ends where the list's last item ends, right after a ``,`` or the
+    list's ``[``, is that item's whole text (brackets balance)."""
+    if not items:
+        return None
+    written = orjson.dumps(items[-1])
+    start = close - len(written)
+    if start < 1 or raw[start - 1] not in _ITEM_BEFORE or not raw.startswith(written, start):
+        return None
+    return start
 
 
 def _tail_changed(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
@@ -203,12 +252,13 @@ def _prefix_of(raw: bytes, parsed: ParsedBody, misses: int) -> BodyPrefix | None
 UNWRITTEN = BodyPrefix(b"", 0, 0, "", [], {})
 #: Bodies in a row that may fail to extend their previous one before a rollout stops
 #: trying (each costs a write of the body's other values to find its list): an agent
-#: that moves a cache breakpoint along its history every turn (Claude Code) or writes
-#: new metadata after the list every turn (Codex's ``client_metadata``) never extends
-#: its previous body; one that rewrote its history once (a compaction) does again.
+#: that rewrites its history every turn before its last item never extends its previous
+#: body; one that rewrote its history once (a compaction) does again.
 MAX_MISSES = 2
 _COMMA = ord(",")
 _CLOSE = ord("]")
+#: The bytes an item's text follows in a compact list: the list's ``[`` or a ``,``.
+_ITEM_BEFORE = frozenset(b"[,")
 #: The key of the list's rest when what follows a repeated history is parsed as an
 #: object (:func:`_tail_changed`): one no agent can know, so that no body repeats it.
 _TAIL_KEY = "\x00" + secrets.token_hex(16)

@@ -241,18 +241,16 @@ def test_an_empty_history_then_a_comma_is_refused_as_a_whole_parse_refuses_it(ke
 
 
 def test_bodies_that_never_extend_the_previous_one_stop_the_chain() -> None:
-    """As Claude Code moves its cache breakpoint to the newest message every turn (its
-    history's bytes change where it was): after :data:`MAX_MISSES` such bodies in a row
-    the rollout is not tried again."""
+    """An agent that rewrites its history before its last item every turn (a turn count
+    in its first message): after :data:`MAX_MISSES` such bodies in a row the rollout is
+    not tried again."""
     body = first_body("claude_code_first_turn.json")
     previous = None
     for turn in range(MAX_MISSES + 1):
         body = grown(body, "messages", turn)
-        moved = copy.deepcopy(body)
-        last = moved["messages"][-1]
-        for message in moved["messages"]:
-            message["cache_control"] = {"type": "ephemeral"} if message is last else None
-        raw = orjson.dumps(moved)
+        rewritten = copy.deepcopy(body)
+        rewritten["messages"][0]["content"][0]["text"] += f" (turn {turn})"
+        raw = orjson.dumps(rewritten)
         parsed = loads_extending(raw, previous)
         same_parse(parsed, raw)
         assert parsed.messages_text is not None  # parsed whole every time
@@ -261,6 +259,107 @@ def test_bodies_that_never_extend_the_previous_one_stop_the_chain() -> None:
         if turn < MAX_MISSES:
             assert previous is not UNWRITTEN and previous.misses == turn
     assert previous is UNWRITTEN
+
+
+def claude_code_turn(body: dict[str, Any], i: int) -> dict[str, Any]:
+    """``body``'s next turn as Claude Code writes it: the cache breakpoint leaves the
+    last message (a system message it marked goes back to a string) for the newest."""
+    messages = copy.deepcopy(body["messages"])
+    last = messages[-1]
+    if last["role"] == "system":
+        last["content"] = last["content"][0]["text"]
+    elif isinstance(last["content"], list):
+        for block in last["content"]:
+            block.pop("cache_control", None)
+    messages += [
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash",
+             "input": {"command": f"ls {i}"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"out é {i}",
+             "is_error": False, "cache_control": {"type": "ephemeral"}}]},
+    ]  # fmt: skip
+    return {**body, "messages": messages}
+
+
+def test_a_cache_breakpoint_moved_from_the_last_message_still_chains() -> None:
+    """Claude Code's bodies: only the last message's bytes change (its breakpoint moves
+    to the newest); the messages before it are not parsed again, and the body is a whole
+    parse's, turn after turn."""
+    body = first_body("claude_code_first_turn.json")
+    marked = copy.deepcopy(body)
+    marked["messages"].append(
+        {"role": "system", "content": [
+            {"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}]}
+    )  # fmt: skip
+    raw = orjson.dumps(marked)
+    previous = loads_extending(raw).prefix
+    assert previous is not None and previous.raw  # a chain, not UNWRITTEN
+    body = marked
+    for turn in range(5):
+        body = claude_code_turn(body, turn)
+        raw = orjson.dumps(body)
+        parsed = loads_extending(raw, previous)
+        same_parse(parsed, raw)
+        assert parsed.messages_text is None  # chained: the history not parsed again
+        items = parsed.value["messages"]
+        kept = len(previous.items) - 1
+        assert all(a is b for a, b in zip(items[:kept], previous.items[:kept], strict=True))
+        assert items[kept] is not previous.items[kept]  # the rewritten one, parsed
+        previous = parsed.prefix
+        assert previous is not None and previous.misses == 0
+
+
+@pytest.mark.parametrize(
+    "rewritten",
+    [
+        b"",  # no item after a comma
+        b",",
+        b" ",
+        b'1],"x":[2',  # the list closed early, another value after it
+        b'{"a":1}],"messages":[2',  # a second "messages" list: the last one counts
+        b'{"a":1}]}',
+        b'{"a":1}',
+        b'{"a":1}]',
+        b'{"a":"\xff"}',  # not UTF-8
+        b'{"a":"\ud800"}',  # a lone surrogate
+        b'{"a":1e400}',
+        b' {"a" : 1} ,\n{}',  # not written as orjson writes: still exact
+        b"[" * 200 + b"]" * 200,  # too deep
+        b"[" * (MAX_BODY_DEPTH - 2) + b"]" * (MAX_BODY_DEPTH - 2),  # just deep enough
+        b"[" * (MAX_BODY_DEPTH - 1) + b"]" * (MAX_BODY_DEPTH - 1),  # one level too deep
+    ],
+)
+@pytest.mark.parametrize("items", [1, 3])
+def test_a_rewritten_last_item_is_read_as_a_whole_parse_reads_it(
+    rewritten: bytes, items: int
+) -> None:
+    body = first_body("claude_code_first_turn.json")
+    body = {**body, "messages": body["messages"][:1] * items}
+    raw = orjson.dumps(body)
+    previous = loads_extending(raw).prefix
+    assert previous is not None and previous.raw  # a chain, not UNWRITTEN
+    last = previous.end - len(orjson.dumps(body["messages"][-1]))
+    changed = raw[:last] + rewritten + raw[previous.end :]
+    assert outcome(changed, previous) == fresh_outcome(changed)
+
+
+def test_a_last_item_not_written_as_orjson_writes_it_is_not_rewritten_in_a_chain() -> None:
+    """Where the last item starts is known only when it is orjson's writing: a body that
+    rewrites one written otherwise is parsed whole (and still exactly)."""
+    body = first_body("claude_code_first_turn.json")
+    previous = loads_extending(orjson.dumps(body)).prefix
+    assert previous is not None
+    raw = previous.raw
+    spaced = raw[: previous.end] + b', {"role" : "user", "content" : "x"}' + raw[previous.end :]
+    parsed = loads_extending(spaced, previous)
+    same_parse(parsed, spaced)
+    assert parsed.messages_text is None and parsed.prefix is not None  # chained
+    cut = spaced.rindex(b'{"role" : "user"')
+    nxt = spaced[:cut] + b'{"role":"user","content":"y"}' + spaced[parsed.prefix.end :]
+    again = loads_extending(nxt, parsed.prefix)
+    same_parse(again, nxt)
+    assert again.messages_text is not None  # parsed whole
 
 
 def test_new_values_after_the_history_every_turn_still_chain() -> None:
