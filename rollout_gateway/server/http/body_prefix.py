@@ -44,6 +44,7 @@ from rollout_gateway.server.http.jsonio import (
     check_depth,
     loads_chat_body,
     written_around,
+    written_checked,
 )
 
 
@@ -199,10 +200,9 @@ def _tail_changed(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
         return None
     try:
         check_depth(added, MAX_BODY_DEPTH - 1)
-        check_depth(tail)
+        written = written_checked(tail)  # (checked and written in one pass)
     except ValueError:
         return None
-    written = orjson.dumps(tail)
     after = b"]," + written[1:] if tail else b"]}"
     if not raw.endswith(after):  # not orjson's writing: where the list ends is not known
         return None

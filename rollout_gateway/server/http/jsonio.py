@@ -188,6 +188,14 @@ def check_depth(value: Any, max_depth: int = MAX_BODY_DEPTH) -> None:
     _written_within(value, max_depth, max_depth, keep=False)
 
 
+def written_checked(value: Any, max_depth: int = MAX_BODY_DEPTH) -> bytes:
+    """orjson's writing of ``value``, checked as :func:`check_depth` checks it, in the
+    same pass (raises :class:`TooDeepError` as it does)."""
+    levels = _ORJSON_MAX_DEPTH - max_depth
+    written = _written_within(value, max_depth, max_depth)
+    return written[levels : len(written) - levels]
+
+
 def _written_within(value: Any, max_depth: int, reported: int, keep: bool = True) -> bytes:
     """``dumps(value)`` (with ``keep``) inside ``254 - max_depth`` lists, which fails
     exactly when ``value`` nests deeper than ``max_depth`` (see :func:`check_depth`; a
@@ -363,4 +371,5 @@ __all__ = [
     "loads_off_loop",
     "spliced_history",
     "written_around",
+    "written_checked",
 ]

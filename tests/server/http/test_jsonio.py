@@ -21,6 +21,7 @@ from rollout_gateway.server.http.jsonio import (
     loads_body,
     loads_chat_body,
     spliced_history,
+    written_checked,
 )
 
 
@@ -35,6 +36,19 @@ def _check_default_bound() -> None:
     check_depth(nested(MAX_BODY_DEPTH))
     with pytest.raises(TooDeepError, match=f"deeper than {MAX_BODY_DEPTH} levels"):
         check_depth(nested(MAX_BODY_DEPTH + 1))
+
+
+def test_written_checked_is_orjsons_writing_and_the_same_bound() -> None:
+    value = {"a": [1, {"b": "é\u0000"}], "c": nested(MAX_BODY_DEPTH - 1)}
+    for _ in range(2):  # a reused wrapper chain writes the same
+        assert written_checked(value) == orjson.dumps(value)
+    assert written_checked(nested(MAX_BODY_DEPTH)) == orjson.dumps(nested(MAX_BODY_DEPTH))
+    with pytest.raises(TooDeepError, match=f"deeper than {MAX_BODY_DEPTH} levels"):
+        written_checked(nested(MAX_BODY_DEPTH + 1))
+    assert written_checked(nested(10), max_depth=10) == orjson.dumps(nested(10))
+    with pytest.raises(TooDeepError, match="deeper than 10 levels"):
+        written_checked(nested(11), max_depth=10)
+    assert written_checked({}) == b"{}" and written_checked([]) == b"[]"
 
 
 def test_the_bound_is_exact_call_after_call_whatever_bound_came_before() -> None:
