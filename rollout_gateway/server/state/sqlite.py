@@ -37,6 +37,7 @@ from rollout_gateway.server.state.sqlite_schema import (
     DATABASE_FILE,
     INSERT_TURN,
     connect,
+    deleting_as_built,
     lock_directory,
 )
 from rollout_gateway.server.state.sqlite_writer import (
@@ -256,12 +257,13 @@ class SQLiteStore(RolloutStore):
         held = self._held.pop(rollout_id, None)
 
         def write(conn: sqlite3.Connection) -> bool:
-            conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
-            if held is None:
-                return False
-            conn.execute("DELETE FROM steps WHERE rollout = ?", (held.row_id,))
-            conn.execute("DELETE FROM answers WHERE rollout = ?", (held.row_id,))
-            conn.execute("DELETE FROM rollouts WHERE id = ?", (held.row_id,))
+            with deleting_as_built(conn):
+                conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
+                if held is None:
+                    return False
+                conn.execute("DELETE FROM steps WHERE rollout = ?", (held.row_id,))
+                conn.execute("DELETE FROM answers WHERE rollout = ?", (held.row_id,))
+                conn.execute("DELETE FROM rollouts WHERE id = ?", (held.row_id,))
             return True
 
         try:
@@ -331,9 +333,12 @@ class SQLiteStore(RolloutStore):
 
     async def forget_exit(self, rollout_id: str) -> None:
         """Drop the rollout's report."""
-        await self._write(
-            lambda conn: conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
-        )
+
+        def write(conn: sqlite3.Connection) -> None:
+            with deleting_as_built(conn):
+                conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
+
+        await self._write(write)
 
     async def announce_policy(self, version: int, at: float) -> PolicyState:
         """Forward only, decided in the writer's transaction."""
