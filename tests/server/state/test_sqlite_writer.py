@@ -179,3 +179,14 @@ async def test_a_deleted_rollouts_answer_is_not_left_in_the_file(tmp_path: Path)
     finally:
         await store.close()  # the log folded into the file
     assert b"MARKER-1" not in (tmp_path / "state" / "state.db").read_bytes()
+
+
+def test_bytes_are_bound_through_an_adapter_that_returns_them() -> None:
+    # (sqlite3's search for an adapter otherwise raises and clears an AttributeError per
+    # bytes parameter: a turn binds four)
+    adapter = sqlite3.adapters[(bytes, sqlite3.PrepareProtocol)]
+    blob = b"record"
+    assert adapter(blob) is blob
+    conn = sqlite3.connect(":memory:")
+    assert conn.execute("SELECT ?", (blob,)).fetchone() == (blob,)
+    conn.close()
