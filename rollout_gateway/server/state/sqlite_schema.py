@@ -277,8 +277,8 @@ def prepare(conn: sqlite3.Connection, secret: bytes | None = None) -> bytes:
 
 __all__ = [
     "APPLICATION_ID",
-    "INSERT_TURN",
     "DATABASE_FILE",
+    "INSERT_TURN",
     "LOCK_FILE",
     "MIN_FREE_BYTES",
     "SCHEMA_VERSION",
