@@ -37,7 +37,6 @@ from rollout_gateway.server.state.sqlite_schema import (
     DATABASE_FILE,
     INSERT_TURN,
     connect,
-    deleting_as_built,
     lock_directory,
 )
 from rollout_gateway.server.state.sqlite_writer import (
@@ -257,13 +256,12 @@ class SQLiteStore(RolloutStore):
         held = self._held.pop(rollout_id, None)
 
         def write(conn: sqlite3.Connection) -> bool:
-            with deleting_as_built(conn):
-                conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
-                if held is None:
-                    return False
-                conn.execute("DELETE FROM steps WHERE rollout = ?", (held.row_id,))
-                conn.execute("DELETE FROM answers WHERE rollout = ?", (held.row_id,))
-                conn.execute("DELETE FROM rollouts WHERE id = ?", (held.row_id,))
+            conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
+            if held is None:
+                return False
+            conn.execute("DELETE FROM steps WHERE rollout = ?", (held.row_id,))
+            conn.execute("DELETE FROM answers WHERE rollout = ?", (held.row_id,))
+            conn.execute("DELETE FROM rollouts WHERE id = ?", (held.row_id,))
             return True
 
         try:
@@ -333,12 +331,9 @@ class SQLiteStore(RolloutStore):
 
     async def forget_exit(self, rollout_id: str) -> None:
         """Drop the rollout's report."""
-
-        def write(conn: sqlite3.Connection) -> None:
-            with deleting_as_built(conn):
-                conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
-
-        await self._write(write)
+        await self._write(
+            lambda conn: conn.execute("DELETE FROM exits WHERE rollout_id = ?", (rollout_id,))
+        )
 
     async def announce_policy(self, version: int, at: float) -> PolicyState:
         """Forward only, decided in the writer's transaction."""

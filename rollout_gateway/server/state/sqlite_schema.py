@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from rollout_gateway.server.state.store import (
@@ -176,38 +174,11 @@ def connect_writer(path: Path, synchronous: str) -> sqlite3.Connection:
     conn = connect(path, synchronous)
     try:
         conn.execute("PRAGMA temp_store = MEMORY")  # the view's schema: no temporary file
-        # What a turn frees (the answer it replaces: the previous turn's, which that turn's
-        # step keeps) is not overwritten with zeros; a rollout's deletion is, as SQLite
-        # was built (:func:`deleting_as_built`).
-        conn.execute("PRAGMA secure_delete = OFF")
         conn.executescript(_TURN_VIEW)  # (autocommit: nothing pending to commit)
     except sqlite3.Error as exc:
         conn.close()
         raise _unavailable(path, exc) from None
     return conn
-
-
-@functools.cache
-def _built_secure_delete() -> int:
-    """``PRAGMA secure_delete`` as the SQLite library was built (Debian's: 1, zeroes what
-    a delete frees; SQLite's own default: 0)."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        return int(conn.execute("PRAGMA secure_delete").fetchone()[0])
-    finally:
-        conn.close()
-
-
-@contextlib.contextmanager
-def deleting_as_built(conn: sqlite3.Connection) -> Iterator[None]:
-    """On a writer's connection (:func:`connect_writer`), what is deleted within is
-    overwritten with zeros as SQLite was built to (a rollout's deletion: its trajectory's
-    bytes do not stay in the file where the library would zero them)."""
-    conn.execute(f"PRAGMA secure_delete = {_built_secure_delete()}")
-    try:
-        yield
-    finally:
-        conn.execute("PRAGMA secure_delete = OFF")
 
 
 def _unavailable(path: Path, exc: sqlite3.Error) -> StoreUnavailableError:
@@ -284,7 +255,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "connect",
     "connect_writer",
-    "deleting_as_built",
     "lock_directory",
     "prepare",
 ]

@@ -1,9 +1,7 @@
 """The SQLite backend's writers (``rollout_gateway.server.state.sqlite_writer``): the
 checkpointer folds the log into the database when commits have grown it, and not on a
 timer; a turn is one statement, committed alone without ``BEGIN`` and ``COMMIT`` when it
-is alone, and in the pass's transaction when it is not; a failed one leaves nothing. What
-a turn frees (the answer it replaces) is not zeroed; a rollout's deletion is, as SQLite
-was built."""
+is alone, and in the pass's transaction when it is not; a failed one leaves nothing."""
 
 from __future__ import annotations
 
@@ -11,26 +9,9 @@ import sqlite3
 import time
 from pathlib import Path
 
-import pytest
-
-from rollout_gateway.server.recording.recorder import TrajectoryRecorder
-from rollout_gateway.server.state.sqlite import SQLiteStore
-from rollout_gateway.server.state.sqlite_schema import (
-    INSERT_TURN,
-    connect,
-    connect_writer,
-    deleting_as_built,
-    prepare,
-)
+from rollout_gateway.server.state.sqlite_schema import INSERT_TURN, connect, connect_writer, prepare
 from rollout_gateway.server.state.sqlite_writer import Checkpointer, Statement, commit
-from rollout_gateway.server.state.store import (
-    AnswerKey,
-    StoreUnavailableError,
-    TurnAnswer,
-    TurnCommit,
-)
-
-from .test_store_contract import counters, record_turns, row
+from rollout_gateway.server.state.store import StoreUnavailableError
 
 
 def _database_pages(path: Path) -> int:
@@ -139,47 +120,6 @@ def test_a_failed_lone_turn_fails_and_leaves_nothing(tmp_path: Path) -> None:
     assert reader.execute("SELECT body FROM steps").fetchall() == [(b"step-0",)]
     assert reader.execute("SELECT answer FROM answers").fetchone() == (b"a0",)
     reader.close()
-
-
-def _built_secure_delete() -> int:
-    conn = sqlite3.connect(":memory:")
-    try:
-        return int(conn.execute("PRAGMA secure_delete").fetchone()[0])
-    finally:
-        conn.close()
-
-
-def test_the_writer_zeroes_only_deletions_as_built(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    prepare(connect(path, "normal"))
-    writer = connect_writer(path, "normal")
-    try:
-        assert writer.execute("PRAGMA secure_delete").fetchone() == (0,)  # a turn's
-        with deleting_as_built(writer):
-            assert writer.execute("PRAGMA secure_delete").fetchone() == (_built_secure_delete(),)
-        assert writer.execute("PRAGMA secure_delete").fetchone() == (0,)
-    finally:
-        writer.close()
-
-
-@pytest.mark.skipif(_built_secure_delete() == 0, reason="this SQLite keeps what a delete frees")
-async def test_a_deleted_rollouts_answer_is_not_left_in_the_file(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "state")
-    await store.open()
-    try:
-        await store.create_rollout(row())
-        recorder = TrajectoryRecorder("traj-r1", None)
-        record_turns(recorder)
-        for index in range(2):  # the second turn's answer replaces the first's
-            marker = b'{"content": "MARKER-%d"}' % index
-            answer = TurnAnswer(AnswerKey(b"f" * 16, None, 1.0, index), marker)
-            commit = TurnCommit(index, recorder._steps[index], counters(index + 1), answer)
-            await store.commit_turn("r1", commit)
-        await store.delete_rollout("r1")
-    finally:
-        await store.close()  # the log folded into the file
-    assert b"MARKER-1" not in (tmp_path / "state" / "state.db").read_bytes()
-
 
 def test_bytes_are_bound_through_an_adapter_that_returns_them() -> None:
     # (sqlite3's search for an adapter otherwise raises and clears an AttributeError per
