@@ -121,6 +121,7 @@ def test_a_failed_lone_turn_fails_and_leaves_nothing(tmp_path: Path) -> None:
     assert reader.execute("SELECT answer FROM answers").fetchone() == (b"a0",)
     reader.close()
 
+
 def test_bytes_are_bound_through_an_adapter_that_returns_them() -> None:
     # (sqlite3's search for an adapter otherwise raises and clears an AttributeError per
     # bytes parameter: a turn binds four)
