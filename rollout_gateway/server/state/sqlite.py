@@ -35,10 +35,16 @@ from rollout_gateway.server.state.sqlite_reads import read_answer, read_steps
 from rollout_gateway.server.state.sqlite_recovery import load_row, open_checked
 from rollout_gateway.server.state.sqlite_schema import (
     DATABASE_FILE,
+    INSERT_TURN,
     connect,
     lock_directory,
 )
-from rollout_gateway.server.state.sqlite_writer import Writer, close_writer, open_writer
+from rollout_gateway.server.state.sqlite_writer import (
+    Statement,
+    Writer,
+    close_writer,
+    open_writer,
+)
 from rollout_gateway.server.state.store import (
     PolicyState,
     RolloutCounters,
@@ -275,27 +281,16 @@ class SQLiteStore(RolloutStore):
                 f"rollout {rollout_id}: step {commit.index} committed on {held.steps}"
             )
         row_id, index, revision = held.row_id, commit.index, held.revision + 1
-        step = (
-            row_id, index, revision, codec.encode_json(commit.counters),
-            codec.encode_step(commit.step),
-        )  # fmt: skip
-        answer = None
+        key = answer = None
         if commit.answer is not None:
             key = codec.encode_answer_key(commit.answer.key)
-            answer = (key, codec.encode_answer(commit.answer), row_id)
+            answer = codec.encode_answer(commit.answer)
+        turn = (
+            row_id, index, revision, codec.encode_json(commit.counters),
+            codec.encode_step(commit.step), key, answer,
+        )  # fmt: skip
         held.revision, held.steps = revision, index + 1  # the next turn goes on from them
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO steps (rollout, idx, revision, counters, body) VALUES (?, ?, ?, ?, ?)",
-                step,
-            )
-            if answer is not None:
-                conn.execute(
-                    "UPDATE answers SET answer_key = ?, answer = ? WHERE rollout = ?", answer
-                )
-
-        await self._write(write, rollout_id)
+        await self._write(Statement(INSERT_TURN, turn), rollout_id)
         return revision
 
     def _read_back(self, rollout_id: str) -> None:

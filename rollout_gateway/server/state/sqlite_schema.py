@@ -21,6 +21,13 @@ from rollout_gateway.server.state.store import (
     StoreVersionError,
 )
 
+# Every record is bound as ``bytes``, a type ``sqlite3`` adapts (only int, float, str and
+# bytearray go straight to SQLite): with no adapter registered it looks for ``__adapt__``
+# on its protocol type, which raises an AttributeError, formatted and cleared, for each
+# such parameter (some 1.5 k instructions each, four a turn). An adapter that returns the
+# bytes themselves (``bytes(b) is b``) is found first: the same value bound, no error.
+sqlite3.register_adapter(bytes, bytes)
+
 #: The database file in the state directory.
 DATABASE_FILE = "state.db"
 #: The file a gateway locks to hold the directory.
@@ -63,6 +70,27 @@ CREATE UNIQUE INDEX steps_by_rollout ON steps (rollout, idx);
 CREATE TABLE answers (rollout INTEGER PRIMARY KEY, answer_key BLOB, answer BLOB);
 CREATE TABLE exits (rollout_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, report BLOB NOT NULL);
 """
+
+#: A turn's write as one statement: a step inserted and, when it has one, the rollout's
+#: answer replaced, by inserting a row into this view (of the writer's connection only:
+#: ``TEMP``, so not part of the database's schema). One statement, not two, goes through
+#: ``sqlite3`` a turn, and a turn committed alone needs no ``BEGIN`` and ``COMMIT`` around
+#: it (a statement is atomic: it fails whole).
+_TURN_VIEW = """
+CREATE TEMP VIEW turns AS
+    SELECT rollout, idx, revision, counters, body, NULL AS answer_key, NULL AS answer
+    FROM main.steps;
+CREATE TEMP TRIGGER turns_insert INSTEAD OF INSERT ON turns BEGIN
+    INSERT INTO steps (rollout, idx, revision, counters, body)
+        VALUES (NEW.rollout, NEW.idx, NEW.revision, NEW.counters, NEW.body);
+    UPDATE answers SET answer_key = NEW.answer_key, answer = NEW.answer
+        WHERE NEW.answer IS NOT NULL AND rollout = NEW.rollout;
+END;
+"""
+
+#: Inserts a turn (:data:`_TURN_VIEW`): rollout, idx, revision, counters, body, answer key
+#: and answer (``NULL`` both: the answer is left as it is).
+INSERT_TURN = "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 _META_DEFAULTS = (
     ("exit_cursor", 0),
@@ -141,6 +169,18 @@ def connect(path: Path, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
+def connect_writer(path: Path, synchronous: str) -> sqlite3.Connection:
+    """:func:`connect`, with the view a turn is written through (:data:`INSERT_TURN`)."""
+    conn = connect(path, synchronous)
+    try:
+        conn.execute("PRAGMA temp_store = MEMORY")  # the view's schema: no temporary file
+        conn.executescript(_TURN_VIEW)  # (autocommit: nothing pending to commit)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise _unavailable(path, exc) from None
+    return conn
+
+
 def _unavailable(path: Path, exc: sqlite3.Error) -> StoreUnavailableError:
     hint = ""
     text = str(exc)
@@ -209,10 +249,12 @@ def prepare(conn: sqlite3.Connection, secret: bytes | None = None) -> bytes:
 __all__ = [
     "APPLICATION_ID",
     "DATABASE_FILE",
+    "INSERT_TURN",
     "LOCK_FILE",
     "MIN_FREE_BYTES",
     "SCHEMA_VERSION",
     "connect",
+    "connect_writer",
     "lock_directory",
     "prepare",
 ]

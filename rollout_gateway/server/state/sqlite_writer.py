@@ -29,16 +29,25 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rollout_gateway.server.state.pass_batch import PassBatch
-from rollout_gateway.server.state.sqlite_schema import connect
+from rollout_gateway.server.state.sqlite_schema import connect_writer
 from rollout_gateway.server.state.store import StoreError, StoreUnavailableError
 
 logger = logging.getLogger("rollout_gateway.server")
 
-#: A write: a function of the writer's connection (its result resolves the future).
-Write = Callable[[sqlite3.Connection], Any]
+
+class Statement(NamedTuple):
+    """A write that is one statement (its result: ``None``)."""
+
+    sql: str
+    params: tuple[Any, ...]
+
+
+#: A write: a function of the writer's connection (its result resolves the future), or
+#: one :class:`Statement`.
+Write = Callable[[sqlite3.Connection], Any] | Statement
 #: Opens a connection to the database.
 Connect = Callable[[], sqlite3.Connection]
 
@@ -53,27 +62,42 @@ def commit(
 ) -> list[Any]:
     """Run ``writes`` in one transaction; each one's result, or the error it raised (a
     :class:`~.store.StoreError`). A failed commit fails them all. ``cursor`` (of ``conn``)
-    runs the ``BEGIN`` and the ``COMMIT`` (a writer's own: ``conn.execute`` makes a
-    cursor each time)."""
-    results: list[Any] = []
-    statements = conn if cursor is None else cursor
+    runs the ``BEGIN``, the ``COMMIT`` and the statements (a writer's own:
+    ``conn.execute`` makes a cursor each time). A lone :class:`Statement` runs as its own
+    transaction (SQLite commits a statement run outside one when it ends, or undoes the
+    whole of it when it fails): no ``BEGIN`` and ``COMMIT``."""
+    statements = conn.cursor() if cursor is None else cursor
     try:
-        statements.execute("BEGIN IMMEDIATE")
-        try:
-            for write in writes:
-                try:
-                    results.append(write(conn))
-                except StoreError as exc:  # refused before it changed anything
-                    results.append(exc)
-            statements.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        if len(writes) == 1 and isinstance(writes[0], Statement):
+            statements.execute(*writes[0])
+            return [None]
+        return _transaction(conn, statements, writes)
     except sqlite3.Error as exc:
         logger.error("state store: a commit of %d writes failed: %s", len(writes), exc)
         failure = StoreUnavailableError(f"the state database could not be written: {exc}")
-        results = [failure] * len(writes)
+        return [failure] * len(writes)
+
+
+def _transaction(
+    conn: sqlite3.Connection, statements: sqlite3.Cursor, writes: list[Write]
+) -> list[Any]:
+    results: list[Any] = []
+    statements.execute("BEGIN IMMEDIATE")
+    try:
+        for write in writes:
+            if isinstance(write, Statement):
+                statements.execute(*write)
+                results.append(None)
+                continue
+            try:
+                results.append(write(conn))
+            except StoreError as exc:  # refused before it changed anything
+                results.append(exc)
+        statements.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
     return results
 
 
@@ -299,7 +323,7 @@ def open_writer(path: Path, synchronous: str) -> Writer:
     loop (``"normal"``) or on a thread (``"full"``)."""
 
     def connection() -> sqlite3.Connection:
-        return connect(path, synchronous)
+        return connect_writer(path, synchronous)
 
     if synchronous == "full":
         writer: Writer = ThreadWriter(connection)
@@ -321,6 +345,7 @@ __all__ = [
     "CHECKPOINT_BYTES",
     "Checkpointer",
     "LoopWriter",
+    "Statement",
     "ThreadWriter",
     "Write",
     "Writer",
