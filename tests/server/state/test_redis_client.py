@@ -8,6 +8,8 @@ coordinator contract tests.)"""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from array import array
 from collections.abc import AsyncIterator, Iterator
@@ -574,3 +576,169 @@ async def test_connections_idle_across_a_redis_restart_are_reconnected_not_faile
         assert sorted(await asyncio.gather(*direct)) == [6, 7, 8]
     finally:
         await connection.aclose()
+
+
+async def _commands_run(gateway: Gateway) -> int:
+    """The data commands Redis ran since its last ``CONFIG RESETSTAT``, scripts' own
+    included (not ``EVALSHA`` itself, a new connection's handshake, nor the asking)."""
+    stats = await gateway._cmd("INFO", "commandstats")  # (parsed by redis-py)
+    skipped = tuple(f"cmdstat_{name}" for name in ("evalsha", "info", "hello", "client", "config"))
+    return sum(int(v["calls"]) for name, v in stats.items() if not name.startswith(skipped))
+
+
+async def test_a_turn_after_another_gateways_runs_few_commands_inside_redis(
+    gateways: list[Gateway],
+) -> None:
+    """The claim and the commit read the rollout's fields they need in one ``HMGET`` each
+    and write them in one ``HSET`` (they ran 12 and 15 commands, 27 a turn; each is work
+    for Redis, and each write one more entry of its append-only file)."""
+    a, b = gateways
+    await a.create_rollout(_row())
+    await a.claim_turn("r1", "gw-a", 2.0)
+    first = _commit(0)
+    first.releases = "gw-a"
+    await a.commit_turn("r1", first)
+    await a._cmd("CONFIG", "RESETSTAT")
+    # b is behind (a recorded the last turn): its claim reads the row and the step along.
+    claim = await b.claim("r1", "gw-b", 2.0, HeldCopy(-1, 0))
+    assert claim.steps is not None and len(claim.steps) == 1
+    commit = _commit(1)
+    commit.releases, commit.delivered = "gw-b", True
+    await b.commit_turn("r1", commit)
+    assert await _commands_run(a) == 17  # claim: 9; commit: 8 (no gateway waits)
+
+
+async def test_claims_and_commits_postpone_the_expiry_of_every_key_of_the_rollout(
+    server: RedisServer,
+) -> None:
+    """The rollout's hash, its steps and its key's index all live the TTL from the last
+    claim or commit (the key index named by the rollout's field, read with the others)."""
+    prefix = f"t{next(_prefixes)}:"
+    gateway = Gateway(RedisStore(server.url, prefix=prefix, ttl_s=1000.0, lease_s=2.0))
+    await gateway.open()
+    try:
+        await gateway.create_rollout(_row())
+        keys = [f"{prefix}r:r1", f"{prefix}s:r1", f"{prefix}k:kd"]
+        for key in keys:
+            await gateway._cmd("PEXPIRE", key, 5_000)
+        await gateway.claim_turn("r1", "gw-a", 2.0)
+        assert [await gateway._cmd("PTTL", key) > 900_000 for key in keys[::2]] == [True, True]
+        for key in keys:
+            await gateway._cmd("PEXPIRE", key, 5_000)
+        commit = _commit(0)
+        commit.releases = "gw-a"
+        await gateway.commit_turn("r1", commit)
+        assert [await gateway._cmd("PTTL", key) > 900_000 for key in keys] == [True] * 3
+    finally:
+        await gateway.close()
+
+
+def test_commands_are_packed_as_redis_py_packs_them() -> None:
+    from redis import exceptions as redis_errors
+    from redis.asyncio.connection import Connection
+
+    from rollout_gateway.server.state.redis_backend.lines import packed
+
+    commands = [
+        ("EVALSHA", "ab" * 20, 3, "k1", "k2", "kä", b"\x00\r\n" * 3000, 12, -7, 1.5),
+        ("SET", bytearray(b"xy"), memoryview(b"zz")),
+        ("GET", "a"),
+    ]
+    expected = b"".join(bytes(p) for p in Connection().pack_commands(commands))
+    assert packed(commands) == expected
+    with pytest.raises(redis_errors.DataError):
+        packed([("SET", "k", True)])
+
+
+async def test_scripts_go_on_connections_of_their_own_not_through_the_pool(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script takes no connection from redis-py's pool (its lock, its bookkeeping and
+    its release were most of the client's work per command); other commands still do."""
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    connection = RedisConnection(server.url, timeout_s=5.0)
+    key = f"t{next(_prefixes)}:lease"
+    try:
+        await connection.cmd("SET", key, "me")
+        await connection.run("RENEW", [key], ["me", 5000])  # (Redis loads the script)
+        pool = connection.client.connection_pool
+        taken: list[object] = []
+        original = pool.get_connection
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            taken.append(args)
+            return await original(*args, **kwargs)
+
+        monkeypatch.setattr(pool, "get_connection", counted)
+        replies = await asyncio.gather(
+            connection.run("RENEW", [key], ["me", 5000]),
+            connection.run("RENEW", [key], ["other", 5000]),
+        )
+        assert replies == [1, 0]
+        assert taken == []
+        assert await connection.cmd("GET", key) == b"me"
+        assert len(taken) == 1
+    finally:
+        await connection.aclose()
+
+
+async def test_a_script_whose_reply_timed_out_leaves_no_reply_to_the_next(
+    server: RedisServer,
+) -> None:
+    """A script Redis did not answer in time is unavailable; its late reply is never read
+    as the next script's (the connection is dropped), and the next one reconnects."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    connection = RedisConnection(server.url, timeout_s=0.5)
+    connection._client = connection.new_client(retry=Retry(NoBackoff(), 0))
+    key = f"t{next(_prefixes)}:lease"
+    try:
+        await connection.cmd("SET", key, "me")
+        assert await connection.run("RENEW", [key], ["other", 5000]) == 0
+        os.kill(server.pid, signal.SIGSTOP)  # it holds its sockets, answers nothing
+        try:
+            with pytest.raises(StoreUnavailableError):
+                await connection.run("RENEW", [key], ["other", 5000])  # answered 0, late
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert await connection.run("RENEW", [key], ["me", 5000]) == 1
+    finally:
+        await connection.aclose()
+
+
+async def test_scripts_reconnect_after_a_redis_restart(server: RedisServer) -> None:
+    """The scripts' own connection, closed by a restarted Redis while idle, is connected
+    again before the next script (which Redis forgot: loaded again), not failed."""
+    from rollout_gateway.server.state.redis_backend.connection import RedisConnection
+
+    connection = RedisConnection(server.url, timeout_s=5.0)
+    key = f"t{next(_prefixes)}:lease"
+    try:
+        await connection.cmd("SET", key, "me")
+        assert await connection.run("RENEW", [key], ["me", 60_000]) == 1
+        server.kill()
+        server.restart()
+        await asyncio.sleep(0.1)  # the event loop reads the closed connection's end
+        await connection.cmd("SET", key, "me")
+        assert await connection.run("RENEW", [key], ["me", 60_000]) == 1
+    finally:
+        await connection.aclose()
+
+
+def test_a_listener_tries_again_less_often_while_redis_stays_away() -> None:
+    """Four tries (and warnings) a second while Redis was down, for as long as it was: now
+    the first one as soon, then pauses doubling up to a cap (reset once it subscribed)."""
+    from rollout_gateway.server.state.redis_backend.events import (
+        MAX_RECONNECT_PAUSE_S,
+        RECHECK_S,
+        reconnect_pause,
+    )
+
+    pauses = [reconnect_pause(failures) for failures in range(8)]
+    assert pauses[:2] == [RECHECK_S, RECHECK_S]  # (0: asked to stop; 1: the first loss)
+    assert pauses[2] == 2 * RECHECK_S
+    assert pauses == sorted(pauses) and pauses[-1] == MAX_RECONNECT_PAUSE_S

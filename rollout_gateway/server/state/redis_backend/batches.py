@@ -11,7 +11,9 @@ waiting for another's keys): 15 µs per command in batches of 8. A command issue
 
 A batch is not a transaction: every command keeps its own result or error, as if sent
 alone. What each command is (one atomic script, mostly) is unchanged, and commands are
-sent in the order they were issued.
+sent in the order they were issued. The scripts' batches go on connections of their own
+(``send``: :class:`~.lines.ScriptLines`), without the client's per-command work around
+them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ MAX_BATCH = 64
 
 #: One command: its words, and the future its caller awaits.
 _Pending = tuple[tuple[Any, ...], "asyncio.Future[Any]"]
+#: Sends a batch's commands: each one's reply, or its error in its place.
+Send = Callable[[list[tuple[Any, ...]]], Awaitable[list[Any]]]
 
 
 class CommandBatches:
@@ -36,10 +40,12 @@ class CommandBatches:
 
     Args:
         client: redis-py's client of the running event loop (``client()`` gives it).
+        send: sends a batch instead of the client's pipeline (``None``: the client's).
     """
 
-    def __init__(self, client: Callable[[], aioredis.Redis]) -> None:
+    def __init__(self, client: Callable[[], aioredis.Redis], send: Send | None = None) -> None:
         self._client = client
+        self._send_batch = send or self._pipelined
         self._batch: PassBatch[_Pending] = PassBatch(self._flush)
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -58,16 +64,18 @@ class CommandBatches:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[_Pending]) -> None:
+    async def _pipelined(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         client = self._client()
+        if len(commands) == 1:
+            return [await client.execute_command(*commands[0])]
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def _send(self, batch: list[_Pending]) -> None:
         try:
-            if len(batch) == 1:
-                results: list[Any] = [await client.execute_command(*batch[0][0])]
-            else:
-                pipe = client.pipeline(transaction=False)
-                for command, _ in batch:
-                    pipe.execute_command(*command)
-                results = await pipe.execute(raise_on_error=False)
+            results = await self._send_batch([command for command, _ in batch])
         except BaseException as exc:  # the connection (or the task) failed: every command
             for _, future in batch:
                 if not future.done():
@@ -84,4 +92,4 @@ class CommandBatches:
                 future.set_result(result)
 
 
-__all__ = ["MAX_BATCH", "CommandBatches"]
+__all__ = ["MAX_BATCH", "CommandBatches", "Send"]
