@@ -11,9 +11,7 @@ waiting for another's keys): 15 µs per command in batches of 8. A command issue
 
 A batch is not a transaction: every command keeps its own result or error, as if sent
 alone. What each command is (one atomic script, mostly) is unchanged, and commands are
-sent in the order they were issued. The scripts' batches go on connections of their own
-(``send``: :class:`~.lines.ScriptLines`), without the client's per-command work around
-them.
+sent in the order they were issued.
 """
 
 from __future__ import annotations
@@ -31,8 +29,6 @@ MAX_BATCH = 64
 
 #: One command: its words, and the future its caller awaits.
 _Pending = tuple[tuple[Any, ...], "asyncio.Future[Any]"]
-#: Sends a batch's commands: each one's reply, or its error in its place.
-Send = Callable[[list[tuple[Any, ...]]], Awaitable[list[Any]]]
 
 
 class CommandBatches:
@@ -40,12 +36,10 @@ class CommandBatches:
 
     Args:
         client: redis-py's client of the running event loop (``client()`` gives it).
-        send: sends a batch instead of the client's pipeline (``None``: the client's).
     """
 
-    def __init__(self, client: Callable[[], aioredis.Redis], send: Send | None = None) -> None:
+    def __init__(self, client: Callable[[], aioredis.Redis]) -> None:
         self._client = client
-        self._send_batch = send or self._pipelined
         self._batch: PassBatch[_Pending] = PassBatch(self._flush)
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -64,18 +58,16 @@ class CommandBatches:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _pipelined(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        client = self._client()
-        if len(commands) == 1:
-            return [await client.execute_command(*commands[0])]
-        pipe = client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        return list(await pipe.execute(raise_on_error=False))
-
     async def _send(self, batch: list[_Pending]) -> None:
+        client = self._client()
         try:
-            results = await self._send_batch([command for command, _ in batch])
+            if len(batch) == 1:
+                results: list[Any] = [await client.execute_command(*batch[0][0])]
+            else:
+                pipe = client.pipeline(transaction=False)
+                for command, _ in batch:
+                    pipe.execute_command(*command)
+                results = await pipe.execute(raise_on_error=False)
         except BaseException as exc:  # the connection (or the task) failed: every command
             for _, future in batch:
                 if not future.done():
@@ -92,4 +84,4 @@ class CommandBatches:
                 future.set_result(result)
 
 
-__all__ = ["MAX_BATCH", "CommandBatches", "Send"]
+__all__ = ["MAX_BATCH", "CommandBatches"]

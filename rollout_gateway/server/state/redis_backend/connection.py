@@ -11,8 +11,7 @@ command, not failed.
 A script runs as one ``EVALSHA`` command: redis-py's ``Script`` object does the same with
 more Python around it per call (a quarter of the client's CPU per call, measured; two
 calls a turn). The commands that concurrent turns issue in one loop iteration go to Redis
-in one pipeline (:mod:`.batches`); the scripts' on connections of their own, without the
-client's per-command work (:mod:`.lines`).
+in one pipeline (:mod:`.batches`).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from redis.maint_notifications import MaintNotificationsConfig
 
 from rollout_gateway.server.state.redis_backend import scripts
 from rollout_gateway.server.state.redis_backend.batches import CommandBatches
-from rollout_gateway.server.state.redis_backend.lines import ScriptLines
 from rollout_gateway.server.state.store import StoreUnavailableError
 
 #: Redis cannot serve now (not reachable, loading its data, out of memory, read-only, or
@@ -67,9 +65,6 @@ class RedisConnection:
             for name in scripts.__all__
         }
         self._batches = CommandBatches(lambda: self.client)
-        #: The scripts' batches, on connections of their own.
-        self._lines = ScriptLines(lambda: self.client.connection_pool, timeout_s=timeout_s)
-        self._scripts = CommandBatches(lambda: self.client, self._lines.send)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -105,10 +100,10 @@ class RedisConnection:
         try:
             sha = self._shas[name]
             try:
-                return await self._scripts.call("EVALSHA", sha, len(keys), *keys, *args)
+                return await self._batches.call("EVALSHA", sha, len(keys), *keys, *args)
             except redis_errors.NoScriptError:  # a restarted Redis, or its SCRIPT FLUSH
                 await client.execute_command("SCRIPT LOAD", getattr(scripts, name))
-                return await self._scripts.call("EVALSHA", sha, len(keys), *keys, *args)
+                return await self._batches.call("EVALSHA", sha, len(keys), *keys, *args)
         except Exception as exc:
             if unavailable(exc):
                 raise StoreUnavailableError(f"redis at {self.where}: {exc}") from exc
@@ -124,8 +119,7 @@ class RedisConnection:
             raise
 
     async def aclose(self) -> None:
-        """Close the pool and the scripts' connections."""
-        await self._lines.aclose()
+        """Close the pool."""
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):

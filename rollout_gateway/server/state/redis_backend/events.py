@@ -9,9 +9,7 @@ number order. After a lost connection it subscribes again, reads the policy vers
 the exit stream afresh and has the gateway drop its copies of rollouts no longer stored
 (:meth:`~rollout_gateway.server.state.store.StoreEvents.missed_events`): nothing
 published meanwhile is missed (a wake-up is: a waiting claim looks again every
-:data:`RECHECK_S` anyway). While Redis stays unreachable it tries again less and less
-often (:func:`reconnect_pause`, up to :data:`MAX_RECONNECT_PAUSE_S`): each try, and its
-warning, came four times a second.
+:data:`RECHECK_S` anyway).
 """
 
 from __future__ import annotations
@@ -32,14 +30,6 @@ logger = logging.getLogger("rollout_gateway.server")
 RECHECK_S = 0.25
 #: The listener looks whether it is asked to stop at least this often.
 POLL_S = 1.0
-#: The longest pause between two tries to subscribe again while Redis is unreachable.
-MAX_RECONNECT_PAUSE_S = 2.0
-
-
-def reconnect_pause(failures: int) -> float:
-    """The pause before subscribing again after ``failures`` tries in a row failed
-    (:data:`RECHECK_S` after the first, doubling up to :data:`MAX_RECONNECT_PAUSE_S`)."""
-    return min(RECHECK_S * 2 ** max(0, failures - 1), MAX_RECONNECT_PAUSE_S)
 
 
 class EventListener:
@@ -117,13 +107,11 @@ class EventListener:
         # connection instead.
         timeout = self.connection.timeout_s
         client = self.connection.new_client(socket_timeout=None, health_check_interval=timeout)
-        failures = 0  # tries in a row that failed
         try:
             while not self._stopping:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 try:
                     await pubsub.subscribe(self.channel)
-                    failures = 0
                     self.policy_seen(await self._load_policy())  # (published while away)
                     await self._read_exits()
                     if self.events is not None:  # removals published while away
@@ -135,12 +123,11 @@ class EventListener:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    failures += 1
                     logger.warning("redis events lost (%s); reconnecting", exc)
                 finally:
                     with contextlib.suppress(Exception):
                         await pubsub.aclose()
-                await asyncio.sleep(reconnect_pause(failures))
+                await asyncio.sleep(RECHECK_S)
         finally:
             with contextlib.suppress(Exception):
                 await client.aclose()
@@ -166,4 +153,4 @@ class EventListener:
                 self.events.exit_reported(report)
 
 
-__all__ = ["MAX_RECONNECT_PAUSE_S", "POLL_S", "RECHECK_S", "EventListener", "reconnect_pause"]
+__all__ = ["POLL_S", "RECHECK_S", "EventListener"]

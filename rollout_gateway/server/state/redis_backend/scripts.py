@@ -27,22 +27,21 @@ CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
 redis.call('HSET', KEYS[1], 'reg', ARGV[1], 'counters', ARGV[2], 'rev', 0, 'steps', 0,
            'v', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 if KEYS[4] ~= KEYS[1] then
   redis.call('HSET', KEYS[1], 'kidx', KEYS[4])
-  redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[3])
+  redis.call('SET', KEYS[4], ARGV[5], 'PX', tonumber(ARGV[3]))
 end
 return {'ok'}
 """
 
-#: Postpones the expiry of a rollout's keys (KEYS: rollout, steps) and of its key index
-#: ``kidx`` (the rollout's field of that name, read by the caller with the fields it needs:
-#: one call fewer). ``ttl``: milliseconds, as the caller's string (Redis parses it; a Lua
-#: number would be printed back to a string first).
+#: Postpones the expiry of a rollout's keys (KEYS: rollout, steps; its key index is
+#: named in the rollout's ``kidx``).
 _TOUCH = """
-local function touch(ttl, kidx)
+local function touch(ttl)
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
+  local kidx = redis.call('HGET', KEYS[1], 'kidx')
   if kidx then redis.call('PEXPIRE', kidx, ttl) end
 end
 """
@@ -52,12 +51,11 @@ end
 SAVE = (
     _TOUCH
     + """
-local cur = redis.call('HMGET', KEYS[1], 'rev', 'kidx')
-if not cur[1] then return {'gone'} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
 redis.call('HSET', KEYS[1], 'counters', ARGV[1])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'cancelled', '1') end
 local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
-touch(ARGV[2], cur[2])
+touch(tonumber(ARGV[2]))
 return {'ok', rev}
 """
 )
@@ -73,21 +71,21 @@ return {'ok', rev}
 CLAIM = (
     _TOUCH
     + """
-local cur = redis.call('HMGET', KEYS[1], 'rev', 'steps', 'kidx')
-local rev, steps = cur[1], cur[2]
-if not rev then return {'gone'} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[1] then
   redis.call('HSET', KEYS[1], 'waiting', '1')
   return {'busy', redis.call('PTTL', KEYS[3])}
 end
-redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
-touch(ARGV[3], cur[3])
+redis.call('SET', KEYS[3], ARGV[1], 'PX', tonumber(ARGV[2]))
+touch(tonumber(ARGV[3]))
 local policy = redis.call('HMGET', KEYS[4], 'version', 'updated_at')
+local rev = redis.call('HGET', KEYS[1], 'rev')
+local steps = redis.call('HGET', KEYS[1], 'steps')
 if rev == ARGV[4] and steps == ARGV[5] then return {'ok', rev, policy[1], policy[2]} end
 local row = redis.call('HMGET', KEYS[1], 'v', 'reg', 'counters', 'rev', 'steps', 'cancelled',
                        'a_key', 'a_dlv', 'chk')
-local new = redis.call('LRANGE', KEYS[2], ARGV[5], -1)
+local new = redis.call('LRANGE', KEYS[2], tonumber(ARGV[5]), -1)
 return {'ok', rev, policy[1], policy[2], row, new}
 """
 )
@@ -95,7 +93,7 @@ return {'ok', rev, policy[1], policy[2], row, new}
 #: KEYS: lease. ARGV: owner, lease ms. Answers 1 while the lease is the owner's.
 RENEW = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 return 1
 """
 
@@ -126,29 +124,23 @@ return 1
 COMMIT = (
     _TOUCH
     + """
-local cur = redis.call('HMGET', KEYS[1], 'steps', 'rev', 'kidx', 'a_key', 'waiting')
-local steps = cur[1]
-if not steps then return {'gone'} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
 if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[1] then return {'lost'} end
+local steps = redis.call('HGET', KEYS[1], 'steps')
 if steps ~= ARGV[2] then return {'conflict', steps} end
 redis.call('RPUSH', KEYS[2], ARGV[3])
-local rev = tonumber(cur[2]) + 1
-local releases = ARGV[8] == '1' and ARGV[1] ~= ''
-local delivered = releases and ARGV[9] == '1'
-local fields = {'counters', ARGV[4], 'steps', tonumber(steps) + 1, 'chk', ARGV[12], 'rev', rev}
+redis.call('HSET', KEYS[1], 'counters', ARGV[4], 'steps', tonumber(steps) + 1, 'chk', ARGV[12])
 if ARGV[6] ~= '' then
-  local n = #fields
-  fields[n + 1], fields[n + 2], fields[n + 3] = 'a_key', ARGV[6], 'a_body'
-  fields[n + 4], fields[n + 5], fields[n + 6] = ARGV[7], 'a_dlv', delivered and '1' or '0'
-elseif delivered and cur[4] then
-  fields[#fields + 1], fields[#fields + 2] = 'a_dlv', '1'
+  redis.call('HSET', KEYS[1], 'a_key', ARGV[6], 'a_body', ARGV[7], 'a_dlv', '0')
 end
-redis.call('HSET', KEYS[1], unpack(fields))
-touch(ARGV[5], cur[3])
-if releases then
+local rev = redis.call('HINCRBY', KEYS[1], 'rev', 1)
+touch(tonumber(ARGV[5]))
+if ARGV[8] == '1' and ARGV[1] ~= '' then
   redis.call('DEL', KEYS[3])
-  if cur[5] then
-    redis.call('HDEL', KEYS[1], 'waiting')
+  if ARGV[9] == '1' and redis.call('HEXISTS', KEYS[1], 'a_key') == 1 then
+    redis.call('HSET', KEYS[1], 'a_dlv', '1')
+  end
+  if redis.call('HDEL', KEYS[1], 'waiting') == 1 then
     redis.call('PUBLISH', ARGV[10], 'w:' .. ARGV[11])
   end
 end
