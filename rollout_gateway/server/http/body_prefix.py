@@ -107,22 +107,14 @@ def _extended(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
 def _items_added(raw: bytes, previous: BodyPrefix, close: int) -> ParsedBody | None:
     """``raw``: ``previous``'s bytes with items before its list's end (at ``close``)."""
     end = previous.end
-    if close > end and raw[end] != _COMMA:  # (an index: an int, no slice)
+    if close == end:  # the same list
+        return _chained(raw, previous, close, previous.items)
+    if raw[end] != _COMMA:  # (an index: an int, no slice)
         return None
-    try:
-        added: Any = []
-        if close > end:
-            added = orjson.loads(b"".join((b"[", memoryview(raw)[end + 1 : close], b"]")))
-            if not added:  # "[a,]": the comma of no item, which a whole parse refuses
-                return None
-            check_depth(added, MAX_BODY_DEPTH - 1)  # (it sits one level below the body)
-    except ValueError:  # (JSONDecodeError, TooDeepError): the whole parse raises its own
+    added = _items_of(memoryview(raw)[end + 1 : close])
+    if not added:  # "[a,]": the comma of no item, which a whole parse refuses
         return None
-    field, others = previous.field, previous.others
-    value = others.copy()  # the same bytes around the list: the same values
-    items = previous.items + added if added else previous.items
-    value[field] = items.copy()  # (the caller's own list, as the dict is)
-    return ParsedBody(value, prefix=BodyPrefix(raw, previous.start, close, field, items, others))
+    return _chained(raw, previous, close, previous.items + added)
 
 
 def _last_replaced(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
@@ -144,17 +136,30 @@ def _last_replaced(raw: bytes, previous: BodyPrefix) -> ParsedBody | None:
         or not raw.endswith(memoryview(before)[end:])
     ):
         return None
-    try:
-        rest = orjson.loads(b"".join((b"[", memoryview(raw)[last:close], b"]")))
-        if not rest and len(previous.items) > 1:  # "[a,]": a comma of no item
-            return None
-        check_depth(rest, MAX_BODY_DEPTH - 1)  # (it sits one level below the body)
-    except ValueError:  # (JSONDecodeError, TooDeepError): the whole parse raises its own
+    rest = _items_of(memoryview(raw)[last:close])
+    if rest is None or (not rest and len(previous.items) > 1):  # "[a,]": a comma of no item
         return None
+    return _chained(raw, previous, close, previous.items[:-1] + rest)
+
+
+def _items_of(text: memoryview) -> list[Any] | None:
+    """The items of a list's text (between its brackets, the list one level below the
+    body), parsed as ``[`` + text + ``]`` and depth-checked; ``None`` when they are not
+    (the whole parse then raises its own error)."""
+    try:
+        items = orjson.loads(b"".join((b"[", text, b"]")))
+        check_depth(items, MAX_BODY_DEPTH - 1)
+    except ValueError:  # (JSONDecodeError, TooDeepError)
+        return None
+    return items
+
+
+def _chained(raw: bytes, previous: BodyPrefix, close: int, items: list[Any]) -> ParsedBody:
+    """``raw`` as ``previous``'s body with its list ``items`` (closing at ``close``): the
+    same bytes around the list, the same values (the previous body's very objects)."""
     field, others = previous.field, previous.others
-    value = others.copy()  # the same bytes around the list: the same values
-    items = previous.items[:-1] + rest
-    value[field] = items.copy()
+    value = others.copy()
+    value[field] = items.copy()  # (the caller's own list, as the dict is)
     return ParsedBody(value, prefix=BodyPrefix(raw, previous.start, close, field, items, others))
 
 
