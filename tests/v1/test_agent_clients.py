@@ -5,10 +5,8 @@ client reaches the rollout's keyed route, and its command alone picks the agent.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +22,7 @@ from rollout_gateway.v1 import (
     gateway_synced_agent,
 )
 
-from .conftest import Stack
+from .conftest import SANDBOX_ROOT, Stack
 
 #: The agent's command: print its whole environment as JSON.
 DUMP_ENV = shlex.join(
@@ -78,8 +76,7 @@ async def test_each_client_reaches_the_rollout_and_the_host_leaks_nothing(
         reason = unavailable_reasons()[IsolationMode.BWRAP]
         if reason is not None:
             pytest.skip(f"bwrap unavailable here: {reason}")
-        root = Path("/tmp") / f"rg-agent-clients-{os.getpid()}"
-        runtime: Any = LocalSandboxRuntimeConfig(isolation="bwrap", root=str(root))
+        runtime: Any = LocalSandboxRuntimeConfig(isolation="bwrap", root=SANDBOX_ROOT)
     else:
         runtime = vf.SubprocessConfig()
     host = {
