@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from ..conftest import FakeClock, GatewayHarness, RecordingUpstream, script
 
@@ -80,27 +79,26 @@ async def test_rollouts_do_not_block_each_other(make_gateway) -> None:
     n = 10
     for i in range(n):
         await gw.register(f"r{i}")
-    start = time.perf_counter()
     results = await asyncio.gather(
         *(gw.chat(f"r{i}", [{"role": "user", "content": f"r{i}"}]) for i in range(n))
     )
-    elapsed = time.perf_counter() - start
     assert all(r.status_code == 200 for r in results)
-    assert elapsed < 0.1 * n / 2  # serialised would take 1 s
+    # Serialised, each would end before the next started (and take 1 s): the overlap is
+    # the property, and it does not depend on how fast the machine is.
     starts = [t for kind, _, t in upstream.events if kind == "start"]
     ends = [t for kind, _, t in upstream.events if kind == "end"]
     assert max(starts) < min(ends)  # all were upstream at the same time
 
 
 async def test_cancel_does_not_wait_for_a_turn_in_flight(make_gateway) -> None:
-    upstream = RecordingUpstream(latency_s=0.2)
+    upstream = RecordingUpstream(latency_s=1.0)
     gw = await make_gateway(upstream.app())
     await gw.register("r1")
     turn = asyncio.create_task(gw.chat("r1", MESSAGES))
-    await asyncio.sleep(0.02)
-    start = time.perf_counter()
+    while not upstream.events:  # the turn is upstream
+        await asyncio.sleep(0.005)
     assert (await gw.client.post("/v1/rollouts/r1/cancel")).status_code == 200
-    assert time.perf_counter() - start < 0.1
+    assert not turn.done()  # the cancel answered while the turn was still upstream
     assert (await turn).status_code == 200  # the turn under way completes
     assert (await gw.chat("r1", MESSAGES)).status_code == 403
 
