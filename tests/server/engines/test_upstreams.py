@@ -80,14 +80,14 @@ async def test_upstream_down_is_502_without_hanging(make_gateway) -> None:
 
 async def test_upstream_timeout_is_502(make_gateway) -> None:
     # Timeouts are enforced by the network transport: serve the slow upstream for real.
-    async with running_server(RecordingUpstream(latency_s=0.3).app()) as root:
+    async with running_server(RecordingUpstream(latency_s=1.5).app()) as root:
         url = f"{root}/v1"
         gw = await make_gateway({url: httpx.AsyncHTTPTransport()}, upstream_timeout_s=0.05)
         await gw.register("r1")
         start = time.perf_counter()
         status, _, message = error(await gw.chat("r1", MESSAGES))
         assert status == 502 and "timed out" in message
-        assert time.perf_counter() - start < 0.25
+        assert time.perf_counter() - start < 1.0  # not the 1.5 s answer: a slow machine's margin
         assert gw.gateway.pool.get(url).healthy is True  # slow is not down
 
 
