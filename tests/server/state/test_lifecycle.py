@@ -95,7 +95,9 @@ async def test_cancel_does_not_wait_for_a_turn_in_flight(make_gateway) -> None:
     gw = await make_gateway(upstream.app())
     await gw.register("r1")
     turn = asyncio.create_task(gw.chat("r1", MESSAGES))
-    while not upstream.events:  # the turn is upstream
+    for _ in range(2000):  # until the turn is upstream (10 s at most)
+        if upstream.events:
+            break
         await asyncio.sleep(0.005)
     assert (await gw.client.post("/v1/rollouts/r1/cancel")).status_code == 200
     assert not turn.done()  # the cancel answered while the turn was still upstream
