@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shlex
 import shutil
 import sys
@@ -29,6 +28,7 @@ import tempfile
 import time
 
 from prime_sandboxes import CreateSandboxRequest
+from soak import machine_busy_cpu_s
 
 from rollout_gateway.local_sandbox import LocalSandboxClient
 
@@ -40,26 +40,22 @@ STEPS = {
 }
 
 
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has spent busy (not idle, not waiting on I/O)."""
-    with open("/proc/stat") as stat:
-        ticks = [int(v) for v in stat.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
-async def sandbox_lives(client: LocalSandboxClient, command: str, rounds: int) -> list[float]:
-    """Machine CPU and wall seconds per sandbox life running ``command`` once."""
+async def sandbox_lives(
+    client: LocalSandboxClient, command: str, rounds: int
+) -> tuple[float, float]:
+    """Machine CPU and wall seconds per sandbox life running ``command`` once (the
+    machine's CPU counted as the soak counts it, so the figures compare)."""
     request = CreateSandboxRequest(
         name="cpu", docker_image="x", memory_gb=2, disk_size_gb=1, cpu_cores=1
     )
-    busy, wall = machine_busy_s(), time.perf_counter()
+    busy, wall = machine_busy_cpu_s(), time.perf_counter()
     for _ in range(rounds):
         sandbox = await client.create(request)
         result = await client.execute_command(sandbox.id, command)
         await client.delete(sandbox.id)
         if result.exit_code != 0:
             raise SystemExit(f"{command!r} failed in the sandbox: {result.stderr}")
-    return [(machine_busy_s() - busy) / rounds, (time.perf_counter() - wall) / rounds]
+    return (machine_busy_cpu_s() - busy) / rounds, (time.perf_counter() - wall) / rounds
 
 
 async def main() -> None:
