@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from support.waiting import eventually
+
 from ..conftest import FakeClock, GatewayHarness, RecordingUpstream, script
 
 MESSAGES = [{"role": "user", "content": script({"say": "hi"})}]
@@ -95,10 +97,7 @@ async def test_cancel_does_not_wait_for_a_turn_in_flight(make_gateway) -> None:
     gw = await make_gateway(upstream.app())
     await gw.register("r1")
     turn = asyncio.create_task(gw.chat("r1", MESSAGES))
-    for _ in range(2000):  # until the turn is upstream (10 s at most)
-        if upstream.events:
-            break
-        await asyncio.sleep(0.005)
+    await eventually(lambda: bool(upstream.events))  # the turn is upstream
     assert (await gw.client.post("/v1/rollouts/r1/cancel")).status_code == 200
     assert not turn.done()  # the cancel answered while the turn was still upstream
     assert (await turn).status_code == 200  # the turn under way completes
